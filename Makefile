@@ -1,0 +1,80 @@
+# mlx-native for Deno — build, test and run.
+#
+#   make demo    the main job (decode demo on the best available backend)
+#   make test    the whole test suite (builds everything it needs first)
+#   make bench   deno bench
+#   make check   fmt --check, lint, type check, doc lint
+#
+# Needs only node/npm, make and a C compiler: Deno is installed into .tools/ from npm when it is not
+# on PATH; the native library is built with clang when present, else cc.
+
+DENO_VERSION := 2.9.6
+UNAME_S := $(shell uname -s)
+
+# --- Deno: the one on PATH, else a pinned copy from npm in .tools/ ---------------------------
+SYSTEM_DENO := $(shell command -v deno 2>/dev/null)
+ifeq ($(SYSTEM_DENO),)
+  DENO := $(CURDIR)/.tools/node_modules/deno/deno
+  DENO_DEP := $(DENO)
+else
+  DENO := $(SYSTEM_DENO)
+  DENO_DEP :=
+endif
+
+# --- C toolchain ---------------------------------------------------------------------------------
+CC := $(shell command -v clang 2>/dev/null || echo cc)
+CFLAGS_COMMON := -std=c11 -O2 -fPIC -pthread -Wall -Wextra -Wno-unused-parameter -ffp-contract=off \
+  -fvisibility=hidden -D_POSIX_C_SOURCE=200809L
+ifeq ($(UNAME_S),Darwin)
+  SO := dylib
+  SHARED := -dynamiclib
+else
+  SO := so
+  SHARED := -shared
+endif
+
+CPU_LIB := build/libmlxn_cpu.$(SO)
+CPU_SRC := $(wildcard native/cpu/*.c) $(wildcard kernels/cpu/*.c)
+CPU_HDR := native/mlxn.h native/cpu/internal.h kernels/cpu/cpu_kernel.h
+
+DENO_TEST_FLAGS := --allow-ffi --allow-read --allow-env --allow-run --allow-write
+
+.PHONY: all native demo test bench check fmt clean deno
+
+all: native
+
+native: $(CPU_LIB)
+
+$(CPU_LIB): $(CPU_SRC) $(CPU_HDR)
+	@mkdir -p build
+	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(CPU_SRC) -lm
+
+deno: $(DENO_DEP)
+
+$(CURDIR)/.tools/node_modules/deno/deno:
+	@echo "deno not on PATH: installing deno@$(DENO_VERSION) from npm into .tools/"
+	@mkdir -p .tools
+	cd .tools && npm install --no-audit --no-fund --loglevel=error --prefix . deno@$(DENO_VERSION)
+	@test -x $@ || { echo "deno install failed: $@ is missing" >&2; exit 1; }
+	@touch $@
+
+demo: native $(DENO_DEP)
+	$(DENO) run --allow-ffi --allow-read --allow-env examples/decode.ts
+
+test: native $(DENO_DEP)
+	DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" bash scripts/test.sh
+
+bench: native $(DENO_DEP)
+	$(DENO) bench --allow-ffi --allow-read --allow-env bench/
+
+check: $(DENO_DEP)
+	$(DENO) fmt --check
+	$(DENO) lint
+	$(DENO) check mod.ts examples/ tests/ bench/
+	$(DENO) doc --lint mod.ts
+
+fmt: $(DENO_DEP)
+	$(DENO) fmt
+
+clean:
+	rm -rf build

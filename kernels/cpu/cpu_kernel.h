@@ -1,0 +1,177 @@
+/*
+ * The CPU kernel interface: what the CPU backend hands a kernel, and what a kernel declares.
+ *
+ * A kernel mirrors a GPU compute kernel: run() executes ONE threadgroup (all of its threads, in a
+ * loop) and may be called concurrently for different threadgroups and for other dispatches of the
+ * same concurrent group. validate() runs at encode time and must reject every argument set that
+ * would make run() touch memory outside the bound slices; run() then trusts its arguments.
+ */
+#ifndef MLXN_CPU_KERNEL_H
+#define MLXN_CPU_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../native/mlxn.h"
+
+/* Kernels of this backend use at most this many argument slots. */
+#define MLXN_CPU_KERNEL_SLOTS 12
+
+typedef struct mlxn_kargs {
+  /* Slot i: for a buffer, the bound slice; for inline bytes, a private copy. */
+  uint8_t *ptr[MLXN_CPU_KERNEL_SLOTS];
+  uint64_t len[MLXN_CPU_KERNEL_SLOTS];
+  uint32_t grid[3];   /* threads per dimension (a threadgroup dispatch: groups × threadgroup) */
+  uint32_t tg[3];     /* threads per threadgroup */
+  uint32_t groups[3]; /* threadgroups per dimension */
+  uint32_t tg_memory; /* threadgroup memory bytes requested (index 0) */
+} mlxn_kargs;
+
+typedef struct mlxn_cpu_kernel {
+  const char *name;
+  /* One character per slot: 'b' buffer, 'o' optional buffer, 'c' inline bytes. */
+  const char *signature;
+  /* Writes a reason into err and returns non-zero when the arguments are unusable. */
+  int (*validate)(const mlxn_kargs *a, char *err, size_t cap);
+  /* Runs threadgroup (gx, gy, gz); tg_scratch holds a.tg_memory bytes private to this call.
+   * Returns 0, or non-zero when the dispatch failed (the command buffer then reports an error). */
+  int (*run)(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *tg_scratch);
+} mlxn_cpu_kernel;
+
+/* Every kernel family's table (each terminated by a NULL name), NULL-terminated
+ * (kernels/cpu/registry.c). */
+extern const mlxn_cpu_kernel *const mlxn_cpu_kernel_families[];
+
+/* ---- helpers for kernels ------------------------------------------------------------------ */
+
+/* Fails validation with a formatted reason. */
+int mlxn_kfail(char *err, size_t cap, const char *fmt, ...);
+
+/* Reads a little-endian u32 / f32 at byte offset off of an inline-bytes slot. */
+static inline uint32_t mlxn_arg_u32(const mlxn_kargs *a, int slot, uint32_t off) {
+  uint32_t v;
+  __builtin_memcpy(&v, a->ptr[slot] + off, 4);
+  return v;
+}
+static inline float mlxn_arg_f32(const mlxn_kargs *a, int slot, uint32_t off) {
+  float v;
+  __builtin_memcpy(&v, a->ptr[slot] + off, 4);
+  return v;
+}
+
+/* Checks that inline slot `slot` holds at least `need` bytes. */
+#define MLXN_NEED_BYTES(a, slot, need, err, cap)                                                   \
+  do {                                                                                             \
+    if ((a)->len[slot] < (uint64_t)(need))                                                         \
+      return mlxn_kfail(err, cap, "slot %d: inline constants need %u bytes, got %llu", slot,     \
+                        (unsigned)(need), (unsigned long long)(a)->len[slot]);                     \
+  } while (0)
+
+/* Checks that buffer slot `slot` holds at least `need` bytes (need computed in 64 bits). */
+#define MLXN_NEED_BUF(a, slot, need, err, cap)                                                     \
+  do {                                                                                             \
+    if ((a)->len[slot] < (uint64_t)(need))                                                         \
+      return mlxn_kfail(err, cap, "slot %d: bound slice has %llu bytes, kernel needs %llu", slot, \
+                        (unsigned long long)(a)->len[slot], (unsigned long long)(need));           \
+  } while (0)
+
+/* ---- 16-bit float conversions (round to nearest even, NaN preserved) ----------------------- */
+
+static inline float mlxn_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else { /* subnormal: normalise */
+      exp = 127 - 15 + 1;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        exp--;
+      }
+      man &= 0x3ffu;
+      bits = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t mlxn_f32_to_f16(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) /* Inf or NaN */
+    return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+  if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to Inf */
+    return (uint16_t)(sign | 0x7c00u);
+  if (absx < 0x38800000u) { /* below the smallest normal f16: subnormal or zero */
+    if (absx < 0x33000000u) return (uint16_t)sign; /* < half of the smallest subnormal */
+    uint32_t e = absx >> 23;
+    uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t half = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t r = absx + 0xfffu + ((absx >> 13) & 1u); /* round to nearest even at bit 13 */
+  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+static inline float mlxn_bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t mlxn_f32_to_bf16(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+/* Element load/store by dtype, for kernels generic over f32/f16/bf16. */
+typedef enum { MLXN_T_F32 = 0, MLXN_T_F16 = 1, MLXN_T_BF16 = 2 } mlxn_ftype;
+
+static inline uint32_t mlxn_ftype_size(mlxn_ftype t) { return t == MLXN_T_F32 ? 4u : 2u; }
+
+static inline float mlxn_load(const uint8_t *base, uint64_t i, mlxn_ftype t) {
+  if (t == MLXN_T_F32) {
+    float v;
+    __builtin_memcpy(&v, base + i * 4, 4);
+    return v;
+  }
+  uint16_t h;
+  __builtin_memcpy(&h, base + i * 2, 2);
+  return t == MLXN_T_F16 ? mlxn_f16_to_f32(h) : mlxn_bf16_to_f32(h);
+}
+
+static inline void mlxn_store(uint8_t *base, uint64_t i, mlxn_ftype t, float v) {
+  if (t == MLXN_T_F32) {
+    __builtin_memcpy(base + i * 4, &v, 4);
+    return;
+  }
+  uint16_t h = t == MLXN_T_F16 ? mlxn_f32_to_f16(v) : mlxn_f32_to_bf16(v);
+  __builtin_memcpy(base + i * 2, &h, 2);
+}
+
+/* Rounds v through the storage type (what a store followed by a load yields). */
+static inline float mlxn_round_to(float v, mlxn_ftype t) {
+  if (t == MLXN_T_F32) return v;
+  return t == MLXN_T_F16 ? mlxn_f16_to_f32(mlxn_f32_to_f16(v)) : mlxn_bf16_to_f32(mlxn_f32_to_bf16(v));
+}
+
+#endif /* MLXN_CPU_KERNEL_H */

@@ -1,0 +1,113 @@
+/* Elementwise kernels: add, mul (f32/f16/bf16), gelu (tanh form), softcap. One thread per element;
+ * a threadgroup covers tg[0] consecutive elements. Arithmetic is f32; 16-bit types round on store. */
+#include <math.h>
+
+#include "cpu_kernel.h"
+
+/* Elements [first, last) handled by threadgroup gx of a 1-D dispatch limited to n elements. */
+static inline void tg_span(const mlxn_kargs *a, uint32_t gx, uint64_t n, uint64_t *first,
+                           uint64_t *last) {
+  uint64_t lim = n < a->grid[0] ? n : a->grid[0];
+  uint64_t f = (uint64_t)gx * a->tg[0];
+  uint64_t l = f + a->tg[0];
+  *first = f < lim ? f : lim;
+  *last = l < lim ? l : lim;
+}
+
+/* ---- add / mul: 0 a, 1 b, 2 out, 3 {n: u32} ---------------------------------------------- */
+
+static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 3, 4, err, cap);
+  uint64_t bytes = (uint64_t)mlxn_arg_u32(a, 3, 0) * mlxn_ftype_size(t);
+  MLXN_NEED_BUF(a, 0, bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  MLXN_NEED_BUF(a, 2, bytes, err, cap);
+  return 0;
+}
+
+#define BINARY_KERNEL(NAME, T, OP)                                                                 \
+  static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
+    return binary_validate(a, T, err, cap);                                                        \
+  }                                                                                                \
+  static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
+    (void)gy; (void)gz; (void)s;                                                                   \
+    uint64_t i, end;                                                                               \
+    tg_span(a, gx, mlxn_arg_u32(a, 3, 0), &i, &end);                                               \
+    for (; i < end; i++) {                                                                         \
+      float x = mlxn_load(a->ptr[0], i, T), y = mlxn_load(a->ptr[1], i, T);                        \
+      mlxn_store(a->ptr[2], i, T, x OP y);                                                         \
+    }                                                                                              \
+    return 0;                                                                                      \
+  }
+
+BINARY_KERNEL(add_f32, MLXN_T_F32, +)
+BINARY_KERNEL(add_f16, MLXN_T_F16, +)
+BINARY_KERNEL(add_bf16, MLXN_T_BF16, +)
+BINARY_KERNEL(mul_f32, MLXN_T_F32, *)
+BINARY_KERNEL(mul_f16, MLXN_T_F16, *)
+BINARY_KERNEL(mul_bf16, MLXN_T_BF16, *)
+
+/* ---- gelu (tanh approximation): 0 in, 1 out; n = grid[0] ---------------------------------- */
+
+static float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  float inner = k * (x + 0.044715f * x * x * x);
+  /* Clamp: tanh saturates long before ±15, and the clamp keeps GPU fast-math tanh finite. */
+  if (inner > 15.0f) inner = 15.0f;
+  if (inner < -15.0f) inner = -15.0f;
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+#define GELU_KERNEL(NAME, T)                                                                       \
+  static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
+    uint64_t bytes = (uint64_t)a->grid[0] * mlxn_ftype_size(T);                                    \
+    MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
+    MLXN_NEED_BUF(a, 1, bytes, err, cap);                                                          \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
+    (void)gy; (void)gz; (void)s;                                                                   \
+    uint64_t i, end;                                                                               \
+    tg_span(a, gx, a->grid[0], &i, &end);                                                          \
+    for (; i < end; i++) mlxn_store(a->ptr[1], i, T, gelu_tanh(mlxn_load(a->ptr[0], i, T)));       \
+    return 0;                                                                                      \
+  }
+
+GELU_KERNEL(gelu_f32, MLXN_T_F32)
+GELU_KERNEL(gelu_f16, MLXN_T_F16)
+GELU_KERNEL(gelu_bf16, MLXN_T_BF16)
+
+/* ---- softcap: 0 in, 1 out, 2 {cap: f32, n: u32}; out = tanh(x / cap) * cap ---------------- */
+
+static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 2, 8, err, cap);
+  float c = mlxn_arg_f32(a, 2, 0);
+  if (!(c > 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "softcap: cap must be finite and > 0");
+  uint64_t bytes = (uint64_t)mlxn_arg_u32(a, 2, 4) * 4;
+  MLXN_NEED_BUF(a, 0, bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  return 0;
+}
+
+static int softcap_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gy; (void)gz; (void)s;
+  float c = mlxn_arg_f32(a, 2, 0);
+  uint64_t i, end;
+  tg_span(a, gx, mlxn_arg_u32(a, 2, 4), &i, &end);
+  for (; i < end; i++) mlxn_store(a->ptr[1], i, MLXN_T_F32, tanhf(mlxn_load(a->ptr[0], i, MLXN_T_F32) / c) * c);
+  return 0;
+}
+
+const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[] = {
+    {"elementwise_add_f32", "bbbc", add_f32_validate, add_f32_run},
+    {"elementwise_add_f16", "bbbc", add_f16_validate, add_f16_run},
+    {"elementwise_add_bf16", "bbbc", add_bf16_validate, add_bf16_run},
+    {"elementwise_mul_f32", "bbbc", mul_f32_validate, mul_f32_run},
+    {"elementwise_mul_f16", "bbbc", mul_f16_validate, mul_f16_run},
+    {"elementwise_mul_bf16", "bbbc", mul_bf16_validate, mul_bf16_run},
+    {"gelu_f32", "bb", gelu_f32_validate, gelu_f32_run},
+    {"gelu_f16", "bb", gelu_f16_validate, gelu_f16_run},
+    {"gelu_bf16", "bb", gelu_bf16_validate, gelu_bf16_run},
+    {"softcap_f32", "bbc", softcap_f32_validate, softcap_f32_run},
+    {0, 0, 0, 0},
+};

@@ -1,0 +1,106 @@
+/* Rotary position embeddings, f32. Angles and trigonometry are f32, as on the GPU. */
+#include <math.h>
+
+#include "cpu_kernel.h"
+
+/* ---- rope_f32: adjacent pairs (2i, 2i+1) of one head laid out [seq, head_dim] -------------
+ * 0 in, 1 out, 2 {theta: f32, head_dim: u32, seq_len: u32}, 3 positions u32[seq_len];
+ * threads (head_dim/2, seq_len). */
+
+static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 2, 12, err, cap);
+  float theta = mlxn_arg_f32(a, 2, 0);
+  uint32_t hd = mlxn_arg_u32(a, 2, 4), seq = mlxn_arg_u32(a, 2, 8);
+  if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "rope: theta must be finite and > 0");
+  if (hd == 0 || hd % 2) return mlxn_kfail(err, cap, "rope: head_dim must be even and > 0, got %u", hd);
+  MLXN_NEED_BUF(a, 0, (uint64_t)seq * hd * 4, err, cap);
+  MLXN_NEED_BUF(a, 1, (uint64_t)seq * hd * 4, err, cap);
+  MLXN_NEED_BUF(a, 3, (uint64_t)seq * 4, err, cap);
+  return 0;
+}
+
+static int rope_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  float theta = mlxn_arg_f32(a, 2, 0);
+  uint32_t hd = mlxn_arg_u32(a, 2, 4), seq = mlxn_arg_u32(a, 2, 8);
+  const float *in = (const float *)a->ptr[0];
+  float *out = (float *)a->ptr[1];
+  const uint32_t *pos = (const uint32_t *)a->ptr[3];
+  for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
+    uint32_t t = gy * a->tg[1] + ty;
+    if (t >= seq || t >= a->grid[1]) break;
+    for (uint32_t tx = 0; tx < a->tg[0]; tx++) {
+      uint32_t i = gx * a->tg[0] + tx;
+      if (i >= hd / 2 || i >= a->grid[0]) break;
+      float freq = powf(theta, -2.0f * (float)i / (float)hd);
+      float ang = (float)pos[t] * freq;
+      float c = cosf(ang), sn = sinf(ang);
+      uint64_t j = (uint64_t)t * hd + 2 * i;
+      float x0 = in[j], x1 = in[j + 1];
+      out[j] = x0 * c - x1 * sn;
+      out[j + 1] = x0 * sn + x1 * c;
+    }
+  }
+  return 0;
+}
+
+/* ---- rope_neox_f32: pairs (i, i + rope_dim/2); dims [rope_dim, head_dim) pass through ------
+ * 0 in [seq·heads, head_dim], 1 out, 2 {theta: f32, head_dim: u32, rope_dim: u32},
+ * 3 positions u32[seq], 4 {n_heads: u32, has_freq_factors: u32}, 5 freq_factors f32[rope_dim/2]
+ * (optional); threads (rope_dim/2, seq·heads). Row r belongs to token r / n_heads. */
+
+static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 2, 12, err, cap);
+  MLXN_NEED_BYTES(a, 4, 8, err, cap);
+  float theta = mlxn_arg_f32(a, 2, 0);
+  uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
+  uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
+  if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "rope_neox: theta must be finite and > 0");
+  if (rd == 0 || rd % 2 || rd > hd)
+    return mlxn_kfail(err, cap, "rope_neox: rope_dim must be even, > 0 and <= head_dim (%u), got %u", hd, rd);
+  if (heads == 0) return mlxn_kfail(err, cap, "rope_neox: n_heads must be > 0");
+  uint64_t rows = a->grid[1];
+  uint64_t tokens = (rows + heads - 1) / heads;
+  MLXN_NEED_BUF(a, 0, rows * hd * 4, err, cap);
+  MLXN_NEED_BUF(a, 1, rows * hd * 4, err, cap);
+  MLXN_NEED_BUF(a, 3, tokens * 4, err, cap);
+  if (has_ff) MLXN_NEED_BUF(a, 5, (uint64_t)(rd / 2) * 4, err, cap);
+  return 0;
+}
+
+static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  float theta = mlxn_arg_f32(a, 2, 0);
+  uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
+  uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
+  uint32_t half = rd / 2;
+  const float *in = (const float *)a->ptr[0];
+  float *out = (float *)a->ptr[1];
+  const uint32_t *pos = (const uint32_t *)a->ptr[3];
+  const float *ff = (const float *)a->ptr[5];
+  for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
+    uint32_t r = gy * a->tg[1] + ty;
+    if (r >= a->grid[1]) break;
+    uint64_t row = (uint64_t)r * hd;
+    for (uint32_t tx = 0; tx < a->tg[0]; tx++) {
+      uint32_t i = gx * a->tg[0] + tx;
+      if (i >= half || i >= a->grid[0]) break;
+      float freq = powf(theta, -2.0f * (float)i / (float)rd);
+      if (has_ff) freq = freq / ff[i];
+      float ang = (float)pos[r / heads] * freq;
+      float c = cosf(ang), sn = sinf(ang);
+      float x0 = in[row + i], x1 = in[row + i + half];
+      out[row + i] = x0 * c - x1 * sn;
+      out[row + i + half] = x0 * sn + x1 * c;
+      /* Thread i also copies the unrotated tail, striding by the number of pair threads. */
+      for (uint32_t d = rd + i; d < hd; d += half) out[row + d] = in[row + d];
+    }
+  }
+  return 0;
+}
+
+const mlxn_cpu_kernel mlxn_cpu_rope_kernels[] = {
+    {"rope_f32", "bbcb", rope_f32_validate, rope_f32_run},
+    {"rope_neox_f32", "bbcbco", rope_neox_f32_validate, rope_neox_f32_run},
+    {0, 0, 0, 0},
+};

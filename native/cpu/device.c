@@ -1,0 +1,420 @@
+/* CPU backend: device, buffer table, pipelines, command-buffer lifecycle, errors, live counts. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static _Thread_local char last_error[1024];
+
+int32_t mlxn_set_error(int32_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static uint32_t copy_text(const char *text, uint8_t *buf, uint32_t cap) {
+  size_t n = strlen(text);
+  if (buf && cap > 0) {
+    size_t k = n < cap - 1 ? n : cap - 1;
+    memcpy(buf, text, k);
+    buf[k] = 0;
+  }
+  return (uint32_t)n;
+}
+
+uint32_t mlxn_last_error(uint8_t *buf, uint32_t cap) { return copy_text(last_error, buf, cap); }
+
+uint32_t mlxn_abi_version(void) { return MLXN_ABI_VERSION; }
+
+/* ---- live counts ------------------------------------------------------------------------------ */
+
+static _Atomic int64_t live[MLXN_LIVE_COUNT];
+
+void mlxn_live_add(int what, int64_t delta) { atomic_fetch_add(&live[what], delta); }
+
+uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap) {
+  uint32_t n = cap < MLXN_LIVE_COUNT ? cap : MLXN_LIVE_COUNT;
+  for (uint32_t i = 0; i < n; i++) out[i] = (uint64_t)atomic_load(&live[i]);
+  return n;
+}
+
+uint64_t mlxn_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- device ----------------------------------------------------------------------------------- */
+
+mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
+  if (flags & ~(uint32_t)(MLXN_FLAG_SERIAL | MLXN_FLAG_NO_GRAPHS)) {
+    mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "unknown device flags 0x%x", flags);
+    return NULL;
+  }
+  if (threads > 1024) {
+    mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "threads must be <= 1024 (0 = one per core), got %u", threads);
+    return NULL;
+  }
+  mlxn_device *dev = calloc(1, sizeof *dev);
+  if (!dev) {
+    mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory opening the CPU device");
+    return NULL;
+  }
+  dev->flags = flags;
+  dev->next_serial = 1;
+  pthread_mutex_init(&dev->mu, NULL);
+  pthread_cond_init(&dev->queue_cv, NULL);
+  if (threads == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = n > 0 ? (uint32_t)n : 1;
+  }
+  if (mlxn_exec_start(dev, threads) != 0) {
+    pthread_mutex_destroy(&dev->mu);
+    pthread_cond_destroy(&dev->queue_cv);
+    free(dev);
+    mlxn_set_error(MLXN_E_DEVICE, "could not start the CPU backend's threads");
+    return NULL;
+  }
+  mlxn_live_add(MLXN_LIVE_DEVICES, 1);
+  return dev;
+}
+
+void mlxn_device_close(mlxn_device *dev) {
+  if (!dev) return;
+  mlxn_exec_stop(dev); /* drains the queue first */
+  while (dev->live) mlxn_cmdbuf_free(dev->live);
+  for (uint32_t i = 0; i < dev->n_buffers; i++) {
+    buffer_entry *e = &dev->buffers[i];
+    if (e->data) {
+      free(e->data);
+      mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
+      mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
+    }
+  }
+  free(dev->buffers);
+  free(dev->free_slots);
+  pthread_mutex_destroy(&dev->mu);
+  pthread_cond_destroy(&dev->queue_cv);
+  free(dev);
+  mlxn_live_add(MLXN_LIVE_DEVICES, -1);
+}
+
+uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap) {
+  if (!dev) return 0;
+  char text[512];
+  snprintf(text, sizeof text,
+           "{\"backend\":\"cpu\",\"name\":\"CPU (%u threads)\",\"threads\":%u,"
+           "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,"
+           "\"maxSlots\":%d,\"unifiedMemory\":true,\"serial\":%s,\"perDispatchTiming\":true}",
+           dev->n_workers, dev->n_workers, MLXN_MAX_THREADS_PER_GROUP, MLXN_MAX_TG_MEMORY,
+           MLXN_MAX_INLINE_BYTES, MLXN_MAX_SLOTS, (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false");
+  return copy_text(text, buf, cap);
+}
+
+/* ---- buffers ---------------------------------------------------------------------------------- */
+
+#define HANDLE_INDEX_BITS 20u
+#define HANDLE_INDEX_MASK ((1u << HANDLE_INDEX_BITS) - 1u)
+
+static uint32_t make_handle(uint32_t index, uint32_t gen) {
+  return ((gen & 0xfffu) << HANDLE_INDEX_BITS) | (index + 1u);
+}
+
+/* Caller holds dev->mu. */
+buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
+  uint32_t idx1 = handle & HANDLE_INDEX_MASK;
+  if (idx1 == 0 || idx1 > dev->n_buffers) return NULL;
+  buffer_entry *e = &dev->buffers[idx1 - 1];
+  if (!e->alive || (e->gen & 0xfffu) != handle >> HANDLE_INDEX_BITS) return NULL;
+  if (index_out) *index_out = idx1 - 1;
+  return e;
+}
+
+static void recycle_locked(mlxn_device *dev, uint32_t index) {
+  buffer_entry *e = &dev->buffers[index];
+  free(e->data);
+  mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
+  mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
+  e->data = NULL;
+  e->size = 0;
+  e->gen++;
+  e->last_cb = 0;
+  dev->free_slots[dev->n_free++] = index;
+}
+
+/* Drops one command-buffer reference; frees memory whose handle was already released. */
+void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index) {
+  buffer_entry *e = &dev->buffers[index];
+  if (--e->refs == 0 && !e->alive) recycle_locked(dev, index);
+}
+
+uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
+  if (!dev) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device"), 0;
+  if (nbytes == 0) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "buffer size must be > 0"), 0;
+  if (nbytes > ((uint64_t)1 << 46))
+    return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "buffer of %llu bytes is larger than any device",
+                          (unsigned long long)nbytes), 0;
+  uint8_t *data = calloc(1, (size_t)nbytes); /* zero-filled: no cold-run garbage */
+  if (!data)
+    return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "could not allocate %llu bytes", (unsigned long long)nbytes), 0;
+  pthread_mutex_lock(&dev->mu);
+  uint32_t index;
+  if (dev->n_free > 0) {
+    index = dev->free_slots[--dev->n_free];
+  } else {
+    if (dev->n_buffers == HANDLE_INDEX_MASK) {
+      pthread_mutex_unlock(&dev->mu);
+      free(data);
+      return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "too many live buffers (%u)", HANDLE_INDEX_MASK), 0;
+    }
+    if (dev->n_buffers == dev->cap_buffers) {
+      uint32_t cap = dev->cap_buffers ? dev->cap_buffers * 2 : 256;
+      buffer_entry *nb = realloc(dev->buffers, cap * sizeof *nb);
+      uint32_t *nf = realloc(dev->free_slots, cap * sizeof *nf);
+      if (nb) dev->buffers = nb;
+      if (nf) dev->free_slots = nf;
+      if (!nb || !nf) {
+        pthread_mutex_unlock(&dev->mu);
+        free(data);
+        return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer table"), 0;
+      }
+      dev->cap_buffers = dev->cap_free = cap;
+    }
+    index = dev->n_buffers++;
+    memset(&dev->buffers[index], 0, sizeof(buffer_entry));
+  }
+  buffer_entry *e = &dev->buffers[index];
+  e->data = data;
+  e->size = nbytes;
+  e->alive = 1;
+  e->refs = 0;
+  uint32_t h = make_handle(index, e->gen);
+  pthread_mutex_unlock(&dev->mu);
+  mlxn_live_add(MLXN_LIVE_BUFFERS, 1);
+  mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, (int64_t)nbytes);
+  return h;
+}
+
+int32_t mlxn_buffer_free(mlxn_device *dev, uint32_t handle) {
+  if (!dev) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device");
+  pthread_mutex_lock(&dev->mu);
+  uint32_t index;
+  buffer_entry *e = mlxn_buffer_lookup(dev, handle, &index);
+  if (!e) {
+    pthread_mutex_unlock(&dev->mu);
+    return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer", handle);
+  }
+  e->alive = 0;
+  if (e->refs == 0) recycle_locked(dev, index); /* else: the last command buffer frees it */
+  pthread_mutex_unlock(&dev->mu);
+  return MLXN_OK;
+}
+
+void *mlxn_buffer_contents(mlxn_device *dev, uint32_t handle) {
+  if (!dev) return NULL;
+  pthread_mutex_lock(&dev->mu);
+  buffer_entry *e = mlxn_buffer_lookup(dev, handle, NULL);
+  void *p = e ? e->data : NULL;
+  pthread_mutex_unlock(&dev->mu);
+  return p;
+}
+
+static int32_t buffer_copy(mlxn_device *dev, uint32_t handle, uint64_t offset, uint8_t *host,
+                           uint64_t len, int to_device) {
+  if (!dev) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device");
+  if (len > 0 && !host) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null host pointer");
+  pthread_mutex_lock(&dev->mu);
+  buffer_entry *e = mlxn_buffer_lookup(dev, handle, NULL);
+  if (!e) {
+    pthread_mutex_unlock(&dev->mu);
+    return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer", handle);
+  }
+  if (offset > e->size || len > e->size - offset) {
+    uint64_t size = e->size;
+    pthread_mutex_unlock(&dev->mu);
+    return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "range [%llu, %llu) is outside the buffer's %llu bytes",
+                          (unsigned long long)offset, (unsigned long long)(offset + len),
+                          (unsigned long long)size);
+  }
+  uint8_t *data = e->data;
+  pthread_mutex_unlock(&dev->mu);
+  if (len) {
+    if (to_device) memcpy(data + offset, host, (size_t)len);
+    else memcpy(host, data + offset, (size_t)len);
+  }
+  return MLXN_OK;
+}
+
+int32_t mlxn_buffer_write(mlxn_device *dev, uint32_t handle, uint64_t offset, const uint8_t *src,
+                          uint64_t len) {
+  return buffer_copy(dev, handle, offset, (uint8_t *)src, len, 1);
+}
+
+int32_t mlxn_buffer_read(mlxn_device *dev, uint32_t handle, uint64_t offset, uint8_t *dst,
+                         uint64_t len) {
+  return buffer_copy(dev, handle, offset, dst, len, 0);
+}
+
+/* ---- pipelines -------------------------------------------------------------------------------- */
+
+/* Pipeline handles number the kernels of all families in table order, from 1. */
+static const mlxn_cpu_kernel *kernel_at(uint32_t handle) {
+  uint32_t i = 1;
+  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
+    for (const mlxn_cpu_kernel *k = *f; k->name; k++, i++)
+      if (i == handle) return k;
+  return NULL;
+}
+
+const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle) { return kernel_at(handle); }
+
+uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
+  if (!dev || !name) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device or name"), 0;
+  uint32_t i = 1;
+  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
+    for (const mlxn_cpu_kernel *k = *f; k->name; k++, i++)
+      if (strcmp(k->name, (const char *)name) == 0) return i;
+  return mlxn_set_error(MLXN_E_BAD_HANDLE, "no kernel named '%.200s' in the CPU backend", (const char *)name), 0;
+}
+
+uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *buf, uint32_t cap) {
+  const mlxn_cpu_kernel *k = dev ? kernel_at(pipeline) : NULL;
+  return k ? copy_text(k->signature, buf, cap) : 0;
+}
+
+/* ---- command buffers -------------------------------------------------------------------------- */
+
+mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
+  if (!dev) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device"), NULL;
+  mlxn_cmdbuf *cb = calloc(1, sizeof *cb);
+  if (!cb) return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory creating a command buffer"), NULL;
+  cb->dev = dev;
+  pthread_mutex_init(&cb->mu, NULL);
+  pthread_cond_init(&cb->cv, NULL);
+  cb->status = MLXN_CB_ENCODING;
+  pthread_mutex_lock(&dev->mu);
+  cb->serial = dev->next_serial++;
+  cb->live_next = dev->live;
+  if (dev->live) dev->live->live_prev = cb;
+  dev->live = cb;
+  pthread_mutex_unlock(&dev->mu);
+  mlxn_live_add(MLXN_LIVE_CMDBUFS, 1);
+  return cb;
+}
+
+int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
+  if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  if (cb->status != MLXN_CB_ENCODING)
+    return mlxn_set_error(cb->status == MLXN_CB_ERROR ? MLXN_E_STREAM : MLXN_E_STATE,
+                          cb->status == MLXN_CB_ERROR
+                              ? "command buffer already failed: %s"
+                              : "command buffer was already committed; encode into a new one%s",
+                          cb->status == MLXN_CB_ERROR ? cb->error : "");
+  if (len % 4 != 0 || (len > 0 && !stream))
+    return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "stream length %u is not a whole number of words", len);
+  pthread_mutex_lock(&cb->dev->mu);
+  int32_t rc = mlxn_cmdbuf_decode(cb, stream, len);
+  pthread_mutex_unlock(&cb->dev->mu);
+  if (rc != MLXN_OK) {
+    /* A half-decoded command buffer must never run: make the failure sticky. */
+    cb->status = MLXN_CB_ERROR;
+    cb->error_code = rc;
+    copy_text(last_error, (uint8_t *)cb->error, sizeof cb->error);
+  }
+  return rc;
+}
+
+uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) { return cb ? cb->error_offset : 0; }
+
+int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) {
+  if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  if (cb->status == MLXN_CB_ERROR)
+    return mlxn_set_error(cb->error_code, "cannot commit a command buffer that failed to encode: %s", cb->error);
+  if (cb->status != MLXN_CB_ENCODING)
+    return mlxn_set_error(MLXN_E_STATE, "command buffer was already committed");
+  mlxn_device *dev = cb->dev;
+  pthread_mutex_lock(&dev->mu);
+  cb->status = MLXN_CB_COMMITTED;
+  mlxn_exec_enqueue_locked(dev, cb);
+  pthread_mutex_unlock(&dev->mu);
+  return MLXN_OK;
+}
+
+int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb) {
+  if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  pthread_mutex_lock(&cb->mu);
+  if (cb->status == MLXN_CB_ENCODING) {
+    pthread_mutex_unlock(&cb->mu);
+    return mlxn_set_error(MLXN_E_STATE, "command buffer was never committed; commit it before waiting");
+  }
+  while (cb->status == MLXN_CB_COMMITTED) pthread_cond_wait(&cb->cv, &cb->mu);
+  int32_t rc = cb->status == MLXN_CB_ERROR ? cb->error_code : MLXN_OK;
+  if (rc != MLXN_OK) mlxn_set_error(rc, "%s", cb->error);
+  pthread_mutex_unlock(&cb->mu);
+  return rc;
+}
+
+int32_t mlxn_cmdbuf_status(mlxn_cmdbuf *cb) {
+  if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  pthread_mutex_lock(&cb->mu);
+  int32_t s = cb->status;
+  pthread_mutex_unlock(&cb->mu);
+  return s;
+}
+
+uint32_t mlxn_cmdbuf_error(mlxn_cmdbuf *cb, uint8_t *buf, uint32_t cap) {
+  if (!cb) return 0;
+  pthread_mutex_lock(&cb->mu);
+  uint32_t n = copy_text(cb->error, buf, cap);
+  pthread_mutex_unlock(&cb->mu);
+  return n;
+}
+
+uint32_t mlxn_cmdbuf_dispatch_count(mlxn_cmdbuf *cb) { return cb ? cb->n_dispatches : 0; }
+
+uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t cap) {
+  if (!cb || !out || cap < 2) return 0;
+  pthread_mutex_lock(&cb->mu);
+  int done = cb->status == MLXN_CB_COMPLETED || cb->status == MLXN_CB_ERROR;
+  pthread_mutex_unlock(&cb->mu);
+  out[0] = done ? cb->t_start : 0;
+  out[1] = done ? cb->t_end : 0;
+  if (!done) return 0;
+  uint32_t n = (cap - 2) / 3;
+  if (n > cb->n_dispatches) n = cb->n_dispatches;
+  for (uint32_t i = 0; i < n; i++) {
+    decoded_dispatch *d = &cb->dispatches[i];
+    uint64_t s = atomic_load(&d->t_start), e = atomic_load(&d->t_end);
+    out[2 + 3 * i] = d->tag;
+    out[3 + 3 * i] = s == UINT64_MAX ? 0 : s;
+    out[4 + 3 * i] = s == UINT64_MAX ? 0 : e;
+  }
+  return n;
+}
+
+void mlxn_cmdbuf_free(mlxn_cmdbuf *cb) {
+  if (!cb) return;
+  mlxn_device *dev = cb->dev;
+  pthread_mutex_lock(&cb->mu);
+  while (cb->status == MLXN_CB_COMMITTED) pthread_cond_wait(&cb->cv, &cb->mu);
+  pthread_mutex_unlock(&cb->mu);
+  pthread_mutex_lock(&dev->mu);
+  mlxn_cmdbuf_release_content(cb); /* drops buffer references (uncommitted or failed ones too) */
+  if (cb->live_prev) cb->live_prev->live_next = cb->live_next;
+  else dev->live = cb->live_next;
+  if (cb->live_next) cb->live_next->live_prev = cb->live_prev;
+  pthread_mutex_unlock(&dev->mu);
+  pthread_mutex_destroy(&cb->mu);
+  pthread_cond_destroy(&cb->cv);
+  free(cb);
+  mlxn_live_add(MLXN_LIVE_CMDBUFS, -1);
+}

@@ -1,0 +1,139 @@
+/* Private structures of the CPU backend, shared by its modules:
+ *   device.c  device, buffer table, pipelines, errors, live counts
+ *   stream.c  command-stream decoder and validation
+ *   exec.c    command queue thread and the worker pool that runs concurrent groups */
+#ifndef MLXN_CPU_INTERNAL_H
+#define MLXN_CPU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../kernels/cpu/cpu_kernel.h"
+#include "../mlxn.h"
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+/* Sets the calling thread's last error and returns code. */
+int32_t mlxn_set_error(int32_t code, const char *fmt, ...);
+
+/* ---- buffers ---------------------------------------------------------------------------------- */
+
+typedef struct buffer_entry {
+  uint8_t *data;
+  uint64_t size;
+  uint32_t gen;      /* bumped when the slot is recycled; part of the handle */
+  uint32_t refs;     /* command buffers that bind it and have not completed or been freed */
+  uint8_t alive;     /* the handle is valid (not yet freed by the host) */
+  uint64_t last_cb;  /* serial of the last command buffer that took a reference */
+} buffer_entry;
+
+/* ---- command buffers -------------------------------------------------------------------------- */
+
+typedef struct decoded_dispatch {
+  const mlxn_cpu_kernel *kernel;
+  mlxn_kargs args;
+  uint32_t tag;
+  uint64_t tg_total;                /* threadgroups in this dispatch */
+  _Atomic uint64_t t_start, t_end;  /* first threadgroup start / last end, ns */
+} decoded_dispatch;
+
+typedef struct arena_block {
+  struct arena_block *next;
+  uint32_t used, cap;
+  uint8_t data[];
+} arena_block;
+
+struct mlxn_cmdbuf {
+  mlxn_device *dev;
+  uint64_t serial;
+  struct mlxn_cmdbuf *live_prev, *live_next; /* device's list of live command buffers */
+  struct mlxn_cmdbuf *queue_next;            /* device's FIFO of committed ones */
+
+  /* decoded content */
+  decoded_dispatch *dispatches;
+  uint32_t n_dispatches, cap_dispatches;
+  uint32_t *group_starts; /* index of the first dispatch of each concurrent group */
+  uint32_t n_groups, cap_groups;
+  uint8_t barrier_pending; /* a barrier was seen since the last dispatch */
+  arena_block *arena;
+  uint32_t *refs; /* buffer table indices this command buffer holds a reference on */
+  uint32_t n_refs, cap_refs;
+
+  /* decoder state carried across chunks */
+  const mlxn_cpu_kernel *pipeline;
+  uint32_t bound_mask; /* slots bound since the last dispatch */
+  uint8_t *slot_ptr[MLXN_MAX_SLOTS];
+  uint64_t slot_len[MLXN_MAX_SLOTS];
+  uint8_t slot_is_bytes[MLXN_MAX_SLOTS];
+  uint32_t tg_memory;
+  uint32_t error_offset;
+
+  /* lifecycle */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int32_t status;  /* MLXN_CB_* */
+  int32_t error_code;
+  char error[512];
+  uint64_t t_start, t_end;
+};
+
+/* ---- device ----------------------------------------------------------------------------------- */
+
+typedef struct group_job {
+  decoded_dispatch *dispatches; /* the group's first dispatch */
+  uint32_t count;
+  uint64_t *prefix; /* prefix[i] = threadgroups before dispatch i; prefix[count] = total */
+  uint64_t total, chunk;
+  _Atomic uint64_t next;
+  _Atomic int failed; /* index+1 of a dispatch whose kernel reported failure */
+} group_job;
+
+struct mlxn_device {
+  uint32_t flags;
+  uint32_t n_workers; /* executing threads, the queue thread included */
+
+  pthread_mutex_t mu; /* buffer table, live list, queue */
+  pthread_cond_t queue_cv;
+  buffer_entry *buffers;
+  uint32_t n_buffers, cap_buffers;
+  uint32_t *free_slots;
+  uint32_t n_free, cap_free;
+  uint64_t next_serial;
+  struct mlxn_cmdbuf *live; /* live command buffers */
+  struct mlxn_cmdbuf *queue_head, *queue_tail;
+  int closing;
+  pthread_t queue_thread;
+
+  /* worker pool (helpers run alongside the queue thread) */
+  pthread_t *helpers;
+  uint32_t n_helpers;
+  pthread_mutex_t pool_mu;
+  pthread_cond_t pool_cv, pool_done_cv;
+  uint64_t job_seq;       /* incremented for each posted job */
+  uint32_t helpers_done;  /* helpers finished with the current job */
+  int pool_stop;
+  group_job *job;
+  _Atomic uint64_t job_seq_atomic; /* spinning helpers watch this */
+  uint64_t *prefix_scratch;
+  uint32_t prefix_cap;
+  uint32_t tg_scratch_bytes;
+};
+
+/* device.c */
+buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out);
+void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
+void mlxn_live_add(int what, int64_t delta);
+uint64_t mlxn_now_ns(void);
+
+/* stream.c */
+int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb);
+
+/* exec.c */
+int mlxn_exec_start(mlxn_device *dev, uint32_t threads);
+void mlxn_exec_stop(mlxn_device *dev);
+void mlxn_exec_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb);
+
+#endif /* MLXN_CPU_INTERNAL_H */

@@ -1,0 +1,257 @@
+/* CPU backend: the command-stream decoder. Validates every record (format, handles, ranges, the
+ * kernel's signature and its own argument checks) and turns dispatches into decoded_dispatch
+ * entries grouped by barriers. Runs with dev->mu held. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle);
+
+static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
+  if (need <= *cap) return 1;
+  uint32_t ncap = *cap ? *cap : 16;
+  while (ncap < need) ncap *= 2;
+  void *p = realloc(*arr, (size_t)ncap * elem);
+  if (!p) return 0;
+  *arr = p;
+  *cap = ncap;
+  return 1;
+}
+
+static uint8_t *arena_copy(mlxn_cmdbuf *cb, const uint8_t *src, uint32_t n) {
+  arena_block *b = cb->arena;
+  uint32_t need = (n + 15u) & ~15u;
+  if (!b || b->cap - b->used < need) {
+    uint32_t cap = need > 65536 ? need : 65536;
+    arena_block *nb = malloc(sizeof *nb + cap);
+    if (!nb) return NULL;
+    nb->next = b;
+    nb->used = 0;
+    nb->cap = cap;
+    cb->arena = nb;
+    b = nb;
+  }
+  uint8_t *dst = b->data + b->used;
+  memcpy(dst, src, n);
+  b->used += need;
+  return dst;
+}
+
+void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb) {
+  for (uint32_t i = 0; i < cb->n_refs; i++) mlxn_buffer_release_locked(cb->dev, cb->refs[i]);
+  free(cb->refs);
+  cb->refs = NULL;
+  cb->n_refs = cb->cap_refs = 0;
+  while (cb->arena) {
+    arena_block *n = cb->arena->next;
+    free(cb->arena);
+    cb->arena = n;
+  }
+  free(cb->dispatches);
+  cb->dispatches = NULL;
+  cb->n_dispatches = cb->cap_dispatches = 0;
+  free(cb->group_starts);
+  cb->group_starts = NULL;
+  cb->n_groups = cb->cap_groups = 0;
+}
+
+#define FAIL(code, ...)                                                                            \
+  do {                                                                                             \
+    cb->error_offset = off;                                                                        \
+    char msg_[640];                                                                                \
+    snprintf(msg_, sizeof msg_, __VA_ARGS__);                                                      \
+    return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg_);              \
+  } while (0)
+
+static uint32_t word(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+static const char *op_name(uint32_t op) {
+  switch (op) {
+    case MLXN_OP_SET_PIPELINE: return "SET_PIPELINE";
+    case MLXN_OP_SET_BUFFER: return "SET_BUFFER";
+    case MLXN_OP_SET_BYTES: return "SET_BYTES";
+    case MLXN_OP_SET_TG_MEMORY: return "SET_TG_MEMORY";
+    case MLXN_OP_DISPATCH_THREADS: return "DISPATCH_THREADS";
+    case MLXN_OP_DISPATCH_GROUPS: return "DISPATCH_GROUPS";
+    case MLXN_OP_BARRIER: return "BARRIER";
+    default: return "?";
+  }
+}
+
+static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, uint32_t off) {
+  const mlxn_cpu_kernel *k = cb->pipeline;
+  if (!k) FAIL(MLXN_E_STREAM, "dispatch before any SET_PIPELINE");
+  uint32_t g[3], t[3];
+  for (int i = 0; i < 3; i++) {
+    g[i] = word(r + 4 + 4 * i);
+    t[i] = word(r + 16 + 4 * i);
+  }
+  uint32_t tag = word(r + 28);
+  uint64_t tg_threads = (uint64_t)t[0] * t[1] * t[2];
+  if (t[0] == 0 || t[1] == 0 || t[2] == 0 || tg_threads > MLXN_MAX_THREADS_PER_GROUP)
+    FAIL(MLXN_E_STREAM, "kernel %s: threadgroup %ux%ux%u must have 1..%d threads", k->name, t[0],
+         t[1], t[2], MLXN_MAX_THREADS_PER_GROUP);
+  if (g[0] == 0 || g[1] == 0 || g[2] == 0)
+    FAIL(MLXN_E_STREAM, "kernel %s: grid %ux%ux%u has a zero dimension", k->name, g[0], g[1], g[2]);
+  mlxn_kargs a;
+  memset(&a, 0, sizeof a);
+  for (int i = 0; i < 3; i++) {
+    a.tg[i] = t[i];
+    if (op == MLXN_OP_DISPATCH_THREADS) {
+      a.grid[i] = g[i];
+      a.groups[i] = (g[i] + t[i] - 1) / t[i];
+    } else {
+      uint64_t threads = (uint64_t)g[i] * t[i];
+      if (threads > UINT32_MAX)
+        FAIL(MLXN_E_STREAM, "kernel %s: %u threadgroups of %u threads overflow dimension %d", k->name,
+             g[i], t[i], i);
+      a.groups[i] = g[i];
+      a.grid[i] = (uint32_t)threads;
+    }
+  }
+  /* Bindings must match the kernel's signature exactly: no missing, mistyped or extra slot. */
+  uint32_t nslots = (uint32_t)strlen(k->signature);
+  for (uint32_t s = 0; s < nslots; s++) {
+    int bound = (cb->bound_mask >> s) & 1u;
+    char want = k->signature[s];
+    if (!bound && want != 'o')
+      FAIL(MLXN_E_STREAM, "kernel %s: slot %u (%s) is not bound", k->name, s,
+           want == 'c' ? "inline bytes" : "buffer");
+    if (bound && (want == 'c') != (cb->slot_is_bytes[s] != 0))
+      FAIL(MLXN_E_STREAM, "kernel %s: slot %u expects %s but got %s", k->name, s,
+           want == 'c' ? "inline bytes" : "a buffer", cb->slot_is_bytes[s] ? "inline bytes" : "a buffer");
+    a.ptr[s] = bound ? cb->slot_ptr[s] : NULL;
+    a.len[s] = bound ? cb->slot_len[s] : 0;
+  }
+  uint32_t extra = cb->bound_mask >> nslots;
+  if (nslots < 32 && extra) {
+    uint32_t s = nslots + (uint32_t)__builtin_ctz(extra);
+    FAIL(MLXN_E_STREAM, "kernel %s takes %u slots but slot %u is bound", k->name, nslots, s);
+  }
+  a.tg_memory = cb->tg_memory;
+  char why[512];
+  why[0] = 0;
+  if (k->validate(&a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
+
+  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(decoded_dispatch)))
+    FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+  int new_group = cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL);
+  if (new_group) {
+    if (!grow((void **)&cb->group_starts, &cb->cap_groups, cb->n_groups + 1, sizeof(uint32_t)))
+      FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+    cb->group_starts[cb->n_groups++] = cb->n_dispatches;
+  }
+  decoded_dispatch *d = &cb->dispatches[cb->n_dispatches++];
+  d->kernel = k;
+  d->args = a;
+  d->tag = tag;
+  d->tg_total = (uint64_t)a.groups[0] * a.groups[1] * a.groups[2];
+  atomic_store(&d->t_start, UINT64_MAX);
+  atomic_store(&d->t_end, 0);
+  cb->barrier_pending = 0;
+  cb->bound_mask = 0; /* every dispatch carries its complete binding set */
+  return MLXN_OK;
+}
+
+int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
+  mlxn_device *dev = cb->dev;
+  uint32_t off = 0;
+  while (off < len) {
+    const uint8_t *r = stream + off;
+    uint32_t hdr = word(r);
+    uint32_t op = hdr & 0xffu, words = hdr >> 8;
+    if (words == 0) FAIL(MLXN_E_STREAM, "record length is zero");
+    if ((uint64_t)words * 4 > (uint64_t)(len - off))
+      FAIL(MLXN_E_STREAM, "truncated record: %s claims %u words, %u bytes remain", op_name(op), words,
+           len - off);
+    uint32_t fixed = 0;
+    switch (op) {
+      case MLXN_OP_SET_PIPELINE: fixed = MLXN_REC_SET_PIPELINE_WORDS; break;
+      case MLXN_OP_SET_BUFFER: fixed = MLXN_REC_SET_BUFFER_WORDS; break;
+      case MLXN_OP_SET_TG_MEMORY: fixed = MLXN_REC_SET_TG_MEMORY_WORDS; break;
+      case MLXN_OP_DISPATCH_THREADS:
+      case MLXN_OP_DISPATCH_GROUPS: fixed = MLXN_REC_DISPATCH_WORDS; break;
+      case MLXN_OP_BARRIER: fixed = MLXN_REC_BARRIER_WORDS; break;
+      case MLXN_OP_SET_BYTES: break;
+      default: FAIL(MLXN_E_STREAM, "unknown opcode %u", op);
+    }
+    if (fixed && words != fixed)
+      FAIL(MLXN_E_STREAM, "%s must be %u words, header says %u", op_name(op), fixed, words);
+    switch (op) {
+      case MLXN_OP_SET_PIPELINE: {
+        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(word(r + 4));
+        if (!k) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", word(r + 4));
+        cb->pipeline = k;
+        break;
+      }
+      case MLXN_OP_SET_BUFFER: {
+        uint32_t slot = word(r + 4), handle = word(r + 8);
+        uint64_t boff = word(r + 12) | ((uint64_t)word(r + 16) << 32);
+        uint64_t blen = word(r + 20) | ((uint64_t)word(r + 24) << 32);
+        if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
+        uint32_t index;
+        buffer_entry *e = mlxn_buffer_lookup(dev, handle, &index);
+        if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
+        if (boff > e->size || blen > e->size - boff)
+          FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
+               (unsigned long long)boff, (unsigned long long)(boff + blen), (unsigned long long)e->size);
+        if (e->last_cb != cb->serial) { /* first binding in this command buffer: keep it alive */
+          if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
+            FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+          cb->refs[cb->n_refs++] = index;
+          e->refs++;
+          e->last_cb = cb->serial;
+        }
+        cb->slot_ptr[slot] = e->data + boff;
+        cb->slot_len[slot] = blen;
+        cb->slot_is_bytes[slot] = 0;
+        cb->bound_mask |= 1u << slot;
+        break;
+      }
+      case MLXN_OP_SET_BYTES: {
+        if (words < MLXN_REC_SET_BYTES_HEADER_WORDS)
+          FAIL(MLXN_E_STREAM, "SET_BYTES must be at least %d words", MLXN_REC_SET_BYTES_HEADER_WORDS);
+        uint32_t slot = word(r + 4), n = word(r + 8);
+        if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "bytes slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
+        if (n == 0 || n > MLXN_MAX_INLINE_BYTES)
+          FAIL(MLXN_E_STREAM, "slot %u: %u inline bytes, must be 1..%d", slot, n, MLXN_MAX_INLINE_BYTES);
+        if (words != MLXN_REC_SET_BYTES_HEADER_WORDS + (n + 3) / 4)
+          FAIL(MLXN_E_STREAM, "SET_BYTES of %u bytes must be %u words, header says %u", n,
+               MLXN_REC_SET_BYTES_HEADER_WORDS + (n + 3) / 4, words);
+        uint8_t *copy = arena_copy(cb, r + 12, n);
+        if (!copy) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+        cb->slot_ptr[slot] = copy;
+        cb->slot_len[slot] = n;
+        cb->slot_is_bytes[slot] = 1;
+        cb->bound_mask |= 1u << slot;
+        break;
+      }
+      case MLXN_OP_SET_TG_MEMORY: {
+        uint32_t index = word(r + 4), n = word(r + 8);
+        if (index != 0) FAIL(MLXN_E_STREAM, "threadgroup memory index %u: only index 0 is supported", index);
+        if (n > MLXN_MAX_TG_MEMORY)
+          FAIL(MLXN_E_STREAM, "%u bytes of threadgroup memory exceed the limit of %d", n, MLXN_MAX_TG_MEMORY);
+        cb->tg_memory = n;
+        break;
+      }
+      case MLXN_OP_DISPATCH_THREADS:
+      case MLXN_OP_DISPATCH_GROUPS: {
+        int32_t rc = decode_dispatch(cb, r, op, off);
+        if (rc != MLXN_OK) return rc;
+        cb->tg_memory = 0;
+        break;
+      }
+      case MLXN_OP_BARRIER:
+        if (cb->n_dispatches > 0) cb->barrier_pending = 1;
+        break;
+    }
+    off += words * 4;
+  }
+  return MLXN_OK;
+}

@@ -1,0 +1,199 @@
+/*
+ * mlxn.h — the native ABI of mlx-native for Deno.
+ *
+ * One header, several implementations (native/cpu, native/cuda, objc/ for Metal). The TypeScript
+ * side (src/native/abi.ts) mirrors every constant below; tests/abi_sync_test.ts parses this file and
+ * fails when the two disagree, so change both together and bump MLXN_ABI_VERSION on any change to a
+ * signature, a constant or the stream format.
+ *
+ * Conventions
+ *  - Every function is callable from any thread unless noted. Functions returning int32_t return
+ *    MLXN_OK (0) or a negative MLXN_E_* code; the human-readable reason is then available from
+ *    mlxn_last_error() on the same thread.
+ *  - Handles: devices and command buffers are opaque pointers; buffers and pipelines are uint32_t
+ *    handles (0 is never valid). Buffer handles carry a generation, so a stale handle is detected
+ *    instead of aliasing a newer buffer.
+ *  - Nothing reads the process environment: switches arrive through mlxn_device_open flags, so the
+ *    host's permission model (Deno --allow-env) stays in charge.
+ *
+ * Command stream
+ *  Dispatches are not one FFI call each. The host writes a little-endian stream of 32-bit words and
+ *  hands it over with mlxn_cmdbuf_encode(); one command buffer may receive several chunks, and the
+ *  encoder state (pipeline, bindings) carries over from one chunk to the next.
+ *
+ *  Every record starts with one header word:  bits 0..7 = opcode, bits 8..31 = record length in
+ *  words, header included. Fixed-size records must have exactly their MLXN_REC_*_WORDS length.
+ *
+ *    SET_PIPELINE      [hdr, pipeline]                                              2 words
+ *    SET_BUFFER        [hdr, slot, buffer, offset_lo, offset_hi, length_lo, length_hi] 7 words
+ *                      binds bytes [offset, offset+length) of a buffer; a kernel never sees more.
+ *    SET_BYTES         [hdr, slot, nbytes, data…]   data padded to a whole word; nbytes ≤ MLXN_MAX_INLINE_BYTES
+ *                      inline constants: copied into the command buffer at encode time.
+ *    SET_TG_MEMORY     [hdr, index, nbytes]                                         3 words
+ *    DISPATCH_THREADS  [hdr, grid x,y,z, threadgroup x,y,z]   grid counts threads   8 words
+ *    DISPATCH_GROUPS   [hdr, groups x,y,z, threadgroup x,y,z] grid counts groups    8 words
+ *                      both carry [7] = an opaque tag (the host's dispatch index) echoed in timings.
+ *    BARRIER           [hdr]                                                        1 word
+ *                      every dispatch after it sees all memory written before it.
+ *
+ *  Between two barriers, dispatches form a concurrent group and may run in any order or overlap.
+ *  The decoder validates every record against the device and the kernel's signature (slot kinds,
+ *  inline sizes, the bytes each bound buffer must hold for the given geometry and constants). On the
+ *  first bad record it returns a negative code, stores the record's byte offset (see
+ *  mlxn_cmdbuf_error_offset) and leaves the command buffer in the error state; it never crashes.
+ */
+#ifndef MLXN_H
+#define MLXN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MLXN_ABI_VERSION 1
+
+/* ---- status codes ------------------------------------------------------------------------- */
+#define MLXN_OK 0
+#define MLXN_E_INVALID_ARGUMENT -1   /* bad parameter to an ABI function */
+#define MLXN_E_OUT_OF_MEMORY -2      /* allocation failed */
+#define MLXN_E_BAD_HANDLE -3         /* unknown, freed or stale buffer/pipeline handle */
+#define MLXN_E_STREAM -4             /* malformed command stream (see error offset) */
+#define MLXN_E_STATE -5              /* call not allowed in the object's current state */
+#define MLXN_E_EXECUTION -6          /* a dispatch failed while running (sticky on its command buffer) */
+#define MLXN_E_UNSUPPORTED -7        /* the backend cannot do this */
+#define MLXN_E_DEVICE -8             /* no usable device */
+
+/* ---- stream opcodes and record sizes ------------------------------------------------------ */
+#define MLXN_OP_SET_PIPELINE 1
+#define MLXN_OP_SET_BUFFER 2
+#define MLXN_OP_SET_BYTES 3
+#define MLXN_OP_SET_TG_MEMORY 4
+#define MLXN_OP_DISPATCH_THREADS 5
+#define MLXN_OP_DISPATCH_GROUPS 6
+#define MLXN_OP_BARRIER 7
+
+#define MLXN_REC_SET_PIPELINE_WORDS 2
+#define MLXN_REC_SET_BUFFER_WORDS 7
+#define MLXN_REC_SET_BYTES_HEADER_WORDS 3
+#define MLXN_REC_SET_TG_MEMORY_WORDS 3
+#define MLXN_REC_DISPATCH_WORDS 8
+#define MLXN_REC_BARRIER_WORDS 1
+
+/* ---- limits (shared by every backend; Metal's are the tightest) --------------------------- */
+#define MLXN_MAX_SLOTS 31            /* buffer/bytes argument slots per kernel */
+#define MLXN_MAX_INLINE_BYTES 4096   /* setBytes limit */
+#define MLXN_MAX_TG_MEMORY 32768     /* threadgroup memory per dispatch, bytes */
+#define MLXN_MAX_THREADS_PER_GROUP 1024
+#define MLXN_MAX_TG_MEMORY_INDEX 8
+
+/* ---- device open flags --------------------------------------------------------------------- */
+#define MLXN_FLAG_SERIAL 1           /* MLXN_CONCURRENCY=0: an implicit barrier after every dispatch */
+#define MLXN_FLAG_NO_GRAPHS 2        /* CUDA: plain in-order stream launches instead of CUDA graphs */
+
+/* ---- command buffer status ----------------------------------------------------------------- */
+#define MLXN_CB_ENCODING 0
+#define MLXN_CB_COMMITTED 1
+#define MLXN_CB_COMPLETED 2
+#define MLXN_CB_ERROR 3
+
+/* ---- live-object counters (mlxn_live_objects) ---------------------------------------------- */
+#define MLXN_LIVE_DEVICES 0
+#define MLXN_LIVE_BUFFERS 1          /* including buffers whose free is deferred */
+#define MLXN_LIVE_BUFFER_BYTES 2
+#define MLXN_LIVE_CMDBUFS 3
+#define MLXN_LIVE_COUNT 4
+
+#if defined(_WIN32)
+#define MLXN_API __declspec(dllexport)
+#else
+#define MLXN_API __attribute__((visibility("default")))
+#endif
+
+typedef struct mlxn_device mlxn_device;
+typedef struct mlxn_cmdbuf mlxn_cmdbuf;
+
+/* ABI version of this library; the host refuses a library whose version differs from its own. */
+MLXN_API uint32_t mlxn_abi_version(void);
+
+/* Copies the calling thread's last error message (NUL-terminated, truncated to cap) into buf and
+ * returns its full length in bytes without the NUL. */
+MLXN_API uint32_t mlxn_last_error(uint8_t *buf, uint32_t cap);
+
+/* Opens the backend's device. threads = worker threads (0 = one per core; CPU backend only).
+ * Returns NULL on failure (see mlxn_last_error). */
+MLXN_API mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads);
+
+/* Waits for every committed command buffer, then frees the device. Buffers and command buffers
+ * still alive are freed with it. */
+MLXN_API void mlxn_device_close(mlxn_device *dev);
+
+/* Writes a JSON object describing the device ({"backend","name","threads","maxThreadsPerGroup",
+ * "maxThreadgroupMemory","unifiedMemory",…}) into buf; returns its full length. */
+MLXN_API uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap);
+
+/* Allocates a zero-filled buffer of nbytes (> 0). Returns its handle, or 0 on failure. */
+MLXN_API uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes);
+
+/* Releases a buffer. If a command buffer that binds it has not completed yet, the memory is freed
+ * when the last such command buffer completes; the handle is invalid from now on either way. */
+MLXN_API int32_t mlxn_buffer_free(mlxn_device *dev, uint32_t buffer);
+
+/* Host pointer to the buffer's bytes for unified-memory backends, NULL otherwise. */
+MLXN_API void *mlxn_buffer_contents(mlxn_device *dev, uint32_t buffer);
+
+/* Copies len bytes between host memory and [offset, offset+len) of the buffer. */
+MLXN_API int32_t mlxn_buffer_write(mlxn_device *dev, uint32_t buffer, uint64_t offset, const uint8_t *src,
+                          uint64_t len);
+MLXN_API int32_t mlxn_buffer_read(mlxn_device *dev, uint32_t buffer, uint64_t offset, uint8_t *dst,
+                         uint64_t len);
+
+/* Looks a kernel up by name (NUL-terminated). Returns its pipeline handle, or 0 if unknown. */
+MLXN_API uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name);
+
+/* Writes the pipeline's signature: one character per argument slot, 'b' = buffer, 'c' = inline
+ * bytes, '-' = unused; returns its length. */
+MLXN_API uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *buf, uint32_t cap);
+
+/* A new, empty command buffer in the ENCODING state. NULL on failure. */
+MLXN_API mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev);
+
+/* Decodes and validates one chunk of the command stream (len bytes, a multiple of 4). */
+MLXN_API int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+
+/* Byte offset, within the chunk, of the record that made the last mlxn_cmdbuf_encode fail. */
+MLXN_API uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb);
+
+/* Submits the command buffer to the device's queue; command buffers run in commit order. */
+MLXN_API int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb);
+
+/* Blocks until the command buffer has completed (or failed). Returns MLXN_OK or the sticky error.
+ * Safe to call from a thread other than the one that committed. */
+MLXN_API int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb);
+
+/* One of MLXN_CB_*. */
+MLXN_API int32_t mlxn_cmdbuf_status(mlxn_cmdbuf *cb);
+
+/* Copies the command buffer's error text (empty when none) into buf; returns its full length. */
+MLXN_API uint32_t mlxn_cmdbuf_error(mlxn_cmdbuf *cb, uint8_t *buf, uint32_t cap);
+
+/* Number of dispatches encoded so far. */
+MLXN_API uint32_t mlxn_cmdbuf_dispatch_count(mlxn_cmdbuf *cb);
+
+/* After completion: out[0] = start, out[1] = end of execution in ns (backend clock); then, for up
+ * to (cap-2)/3 dispatches: tag, start, end. Returns the number of dispatch entries written;
+ * dispatches without timing report start = end = 0. */
+MLXN_API uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t cap);
+
+/* Frees the command buffer. A committed one is waited for first; an uncommitted one is dropped
+ * without running, releasing every buffer it bound. */
+MLXN_API void mlxn_cmdbuf_free(mlxn_cmdbuf *cb);
+
+/* Process-wide live-object counts: out[MLXN_LIVE_*]; returns the number written. */
+MLXN_API uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MLXN_H */

@@ -1,0 +1,58 @@
+/**
+ * Process-wide counters of the work the module issued, mirroring the seed's: commit-and-wait syncs,
+ * dispatches, command buffers, barriers actually issued, barrier time (when profiling), and the
+ * auto-barrier decisions.
+ *
+ * @module
+ */
+
+/** A snapshot of every counter. */
+export interface CounterSnapshot {
+  /** Commit-and-wait calls. */
+  syncs: number;
+  /** Dispatches encoded (not captured). */
+  dispatches: number;
+  /** Command buffers committed. */
+  commandBuffers: number;
+  /** Barriers actually issued into a command buffer. */
+  barriers: number;
+  /** Nanoseconds spent issuing barriers (only while profiling). */
+  barrierNs: number;
+  /** Tracked dispatches that needed a barrier. */
+  autoBarriers: number;
+  /** Tracked dispatches that joined the current concurrent group. */
+  autoConcurrent: number;
+}
+
+/** Mutable counter storage; the encoder increments these fields directly. */
+export const counterState: CounterSnapshot = {
+  syncs: 0,
+  dispatches: 0,
+  commandBuffers: 0,
+  barriers: 0,
+  barrierNs: 0,
+  autoBarriers: 0,
+  autoConcurrent: 0,
+};
+
+/**
+ * The module's counters.
+ *
+ * @example
+ * ```ts
+ * import { counters } from "./mod.ts";
+ * counters.reset();
+ * // … run a forward pass …
+ * console.log(counters.snapshot().barriers);
+ * ```
+ */
+export const counters = {
+  /** A copy of every counter's current value. */
+  snapshot(): CounterSnapshot {
+    return { ...counterState };
+  },
+  /** Sets every counter to zero. */
+  reset(): void {
+    for (const k of Object.keys(counterState) as (keyof CounterSnapshot)[]) counterState[k] = 0;
+  },
+};

@@ -1,0 +1,66 @@
+/**
+ * The TypeScript mirror of native/mlxn.h: ABI version, status codes, stream opcodes, record sizes,
+ * limits and flags. tests/abi_sync_test.ts checks every entry against the header.
+ *
+ * @module
+ */
+
+/** ABI version this module speaks; a library reporting another version is refused. */
+export const ABI_VERSION = 1;
+
+/** Native status codes (MLXN_OK, MLXN_E_*). */
+export const Status = {
+  OK: 0,
+  E_INVALID_ARGUMENT: -1,
+  E_OUT_OF_MEMORY: -2,
+  E_BAD_HANDLE: -3,
+  E_STREAM: -4,
+  E_STATE: -5,
+  E_EXECUTION: -6,
+  E_UNSUPPORTED: -7,
+  E_DEVICE: -8,
+} as const;
+
+/** Command-stream opcodes (MLXN_OP_*). */
+export const Op = {
+  SET_PIPELINE: 1,
+  SET_BUFFER: 2,
+  SET_BYTES: 3,
+  SET_TG_MEMORY: 4,
+  DISPATCH_THREADS: 5,
+  DISPATCH_GROUPS: 6,
+  BARRIER: 7,
+} as const;
+
+/** Record lengths in 32-bit words, header included (MLXN_REC_*_WORDS). */
+export const RecordWords = {
+  SET_PIPELINE: 2,
+  SET_BUFFER: 7,
+  SET_BYTES_HEADER: 3,
+  SET_TG_MEMORY: 3,
+  DISPATCH: 8,
+  BARRIER: 1,
+} as const;
+
+/** Limits shared by every backend (MLXN_MAX_*). */
+export const Limits = {
+  MAX_SLOTS: 31,
+  MAX_INLINE_BYTES: 4096,
+  MAX_TG_MEMORY: 32768,
+  MAX_THREADS_PER_GROUP: 1024,
+  MAX_TG_MEMORY_INDEX: 8,
+} as const;
+
+/** Device open flags (MLXN_FLAG_*). */
+export const Flag = { SERIAL: 1, NO_GRAPHS: 2 } as const;
+
+/** Command buffer states (MLXN_CB_*). */
+export const CbStatus = { ENCODING: 0, COMMITTED: 1, COMPLETED: 2, ERROR: 3 } as const;
+
+/** Indices of mlxn_live_objects' output (MLXN_LIVE_*). */
+export const Live = { DEVICES: 0, BUFFERS: 1, BUFFER_BYTES: 2, CMDBUFS: 3, COUNT: 4 } as const;
+
+/** The header word of a record: opcode in bits 0..7, length in words in bits 8..31. */
+export function recordHeader(op: number, words: number): number {
+  return (words << 8) | op;
+}
