@@ -9,6 +9,7 @@
 export type MlxErrorCode =
   | "PermissionDenied"
   | "LibraryNotFound"
+  | "LibraryLoadFailed"
   | "AbiMismatch"
   | "KernelNotFound"
   | "InvalidArgument"

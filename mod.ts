@@ -1,0 +1,49 @@
+/**
+ * mlx-native for Deno: GPU compute the way the fastest LLM inference engines drive it. Every
+ * dispatch of a forward pass goes through one concurrent compute encoder into one command buffer,
+ * written as a binary command stream and handed to a native backend (Metal, CUDA or CPU) in one FFI
+ * call per flush; memory barriers separate concurrent groups.
+ *
+ * @example
+ * ```ts
+ * import { DType, KernelRegistry, MlxDevice, ops } from "./mod.ts";
+ *
+ * using device = MlxDevice.open(); // needs --allow-ffi
+ * const registry = new KernelRegistry(device);
+ * using x = device.upload(new Float32Array([1, 2, 3, 4]));
+ * using w = device.upload(new Float32Array([1, 1, 1, 1]));
+ * using y = device.alloc(16, DType.F32);
+ * using enc = device.commandEncoder();
+ * ops.rmsNorm(enc, registry, x, w, y, { rows: 1, dim: 4, eps: 1e-6 });
+ * enc.commitAndWait();
+ * console.log(y.read());
+ * ```
+ *
+ * @module
+ */
+
+export { DType, dtypeSize, type HostArray } from "./src/dtype.ts";
+export { MlxError, type MlxErrorCode } from "./src/errors.ts";
+export { type BackendName, envConfig, type MlxConfig } from "./src/config.ts";
+export { type CounterSnapshot, counters } from "./src/counters.ts";
+export { type HostData, MlxBuffer, type MemRange } from "./src/buffer.ts";
+export { type DeviceInfo, type DeviceOptions, type LiveObjects, MlxDevice } from "./src/device.ts";
+export {
+  type Binding,
+  CommandEncoder,
+  type DispatchDescriptor,
+  type DispatchKind,
+  type DispatchTiming,
+  type Dims,
+} from "./src/encoder.ts";
+export {
+  type Access,
+  allContracts,
+  contractOf,
+  type KernelContract,
+  KernelRegistry,
+  Pipeline,
+  type SlotSpec,
+} from "./src/kernels.ts";
+export { CapturedOpKind, isReorderable } from "./src/graph/op_kind.ts";
+export * as ops from "./src/ops/mod.ts";

@@ -1,0 +1,319 @@
+/**
+ * MlxBuffer: a device allocation or an exact slice of one, with typed host reads and writes.
+ *
+ * @module
+ */
+
+import {
+  bf16BitsToF32,
+  DType,
+  dtypeSize,
+  f16BitsToF32,
+  f32ToBf16Bits,
+  f32ToF16Bits,
+  type HostArray,
+  isDType,
+} from "./dtype.ts";
+import { MlxError } from "./errors.ts";
+import type { NativeSymbols } from "./native/ffi.ts";
+import { check } from "./native/status.ts";
+
+/** A byte range of one allocation: `[allocation id, start, end)`. */
+export type MemRange = readonly [alloc: number, start: number, end: number];
+
+/** What a buffer needs from its device (implemented by MlxDevice). */
+export interface BufferHost {
+  /** Native symbols of the device's library. */
+  readonly sym: NativeSymbols;
+  /** Native device pointer; throws Disposed when the device is closed. */
+  devicePtr(): Deno.PointerObject;
+  /** Frees a native buffer once nothing pending still needs its handle. */
+  releaseBuffer(handle: number): void;
+  /** Queues a free from a finalizer (runs at a safe point later). */
+  deferFree(handle: number): void;
+}
+
+/** Shared by an allocation and all of its slices. */
+interface AllocationState {
+  handle: number; // 0 once disposed
+  readonly allocId: number;
+  readonly byteLength: number;
+}
+
+let nextAllocId = 1;
+
+const finalizer = new FinalizationRegistry<{ host: BufferHost; state: AllocationState }>(
+  ({ host, state }) => {
+    if (state.handle !== 0) host.deferFree(state.handle);
+    state.handle = 0;
+  },
+);
+
+/** Typed data accepted by {@link MlxBuffer.write}. */
+export type HostData = ArrayLike<number> | ArrayBufferView;
+
+/**
+ * A zero-filled device allocation, or a slice view `[byteOffset, byteOffset + byteLength)` of one.
+ * Slices share their parent's allocation; binding a slice binds exactly its bytes.
+ *
+ * @example
+ * ```ts
+ * import { DType, MlxDevice } from "./mod.ts";
+ * using device = MlxDevice.open({ backend: "cpu" });
+ * using buf = device.upload(new Float32Array([1, 2, 3, 4]));
+ * const tail = buf.slice(8, 8); // elements 2..3
+ * console.log(tail.read()); // Float32Array [3, 4]
+ * ```
+ */
+export class MlxBuffer {
+  /** Element type. */
+  readonly dtype: DType;
+  /** Logical shape (elements). */
+  readonly shape: readonly number[];
+  /** Byte offset of this view within its allocation. */
+  readonly byteOffset: number;
+  /** Bytes this view covers. */
+  readonly byteLength: number;
+  readonly #host: BufferHost;
+  readonly #state: AllocationState;
+  readonly #root: MlxBuffer | undefined; // keeps the allocation alive while a slice lives
+
+  /** @internal Use MlxDevice.alloc / upload / MlxBuffer.slice. */
+  constructor(
+    host: BufferHost,
+    state: AllocationState | number,
+    byteOffset: number,
+    byteLength: number,
+    dtype: DType,
+    shape: readonly number[] | undefined,
+    root?: MlxBuffer,
+  ) {
+    this.#host = host;
+    if (typeof state === "number") {
+      this.#state = { handle: state, allocId: nextAllocId++, byteLength };
+      finalizer.register(this, { host, state: this.#state }, this);
+    } else {
+      this.#state = state;
+    }
+    this.byteOffset = byteOffset;
+    this.byteLength = byteLength;
+    this.dtype = dtype;
+    this.shape = Object.freeze(shape ? [...shape] : [Math.floor(byteLength / dtypeSize(dtype))]);
+    this.#root = root;
+  }
+
+  /** Native handle; throws Disposed when the allocation was freed. */
+  get handle(): number {
+    const h = this.#state.handle;
+    if (h === 0) throw this.#disposedError();
+    return h;
+  }
+
+  /** @internal Native handle or 0 when disposed (no throw: for the encoder's hot path). */
+  get rawHandle(): number {
+    return this.#state.handle;
+  }
+
+  /** Identity of the allocation, shared by every slice of it (for memory ranges). */
+  get allocId(): number {
+    return this.#state.allocId;
+  }
+
+  /** Number of elements this view covers. */
+  get length(): number {
+    return Math.floor(this.byteLength / dtypeSize(this.dtype));
+  }
+
+  /** Whether the allocation has been disposed. */
+  get disposed(): boolean {
+    return this.#state.handle === 0;
+  }
+
+  /** The bytes this view covers, as a memory range. */
+  range(): MemRange {
+    return [this.#state.allocId, this.byteOffset, this.byteOffset + this.byteLength];
+  }
+
+  /**
+   * A view of `byteLength` bytes starting `byteOffset` bytes into this view. The offset must be a
+   * multiple of the element size of the view's dtype.
+   */
+  slice(byteOffset: number, byteLength: number, options: { dtype?: DType; shape?: readonly number[] } = {}): MlxBuffer {
+    const dtype = options.dtype ?? this.dtype;
+    if (!isDType(dtype)) throw new MlxError("InvalidArgument", `slice: unknown dtype ${String(dtype)}`);
+    if (
+      !Number.isSafeInteger(byteOffset) || !Number.isSafeInteger(byteLength) || byteOffset < 0 ||
+      byteLength < 0 || byteOffset + byteLength > this.byteLength
+    ) {
+      throw new MlxError(
+        "InvalidArgument",
+        `slice [${byteOffset}, ${byteOffset + byteLength}) is outside this ${this.byteLength}-byte view: ` +
+          `pass an offset and length within it`,
+      );
+    }
+    const es = dtypeSize(dtype);
+    if ((this.byteOffset + byteOffset) % es !== 0 || byteLength % es !== 0) {
+      throw new MlxError(
+        "InvalidArgument",
+        `slice offset ${this.byteOffset + byteOffset} and length ${byteLength} must be multiples of ` +
+          `${es} bytes for ${dtype}`,
+      );
+    }
+    this.handle; // throws if disposed
+    return new MlxBuffer(
+      this.#host,
+      this.#state,
+      this.byteOffset + byteOffset,
+      byteLength,
+      dtype,
+      options.shape,
+      this.#root ?? this,
+    );
+  }
+
+  /**
+   * Writes host data at `elementOffset` elements into this view. Float32Array or plain numbers are
+   * converted to the buffer's dtype (f16/bf16 round to nearest even); a Uint16Array written to an
+   * f16/bf16 buffer is taken as raw bits.
+   */
+  write(data: HostData, elementOffset = 0): void {
+    const bytes = toDeviceBytes(this.dtype, data);
+    this.writeBytes(bytes, elementOffset * dtypeSize(this.dtype));
+  }
+
+  /** Writes raw bytes at `byteOffset` within this view. */
+  writeBytes(bytes: Uint8Array, byteOffset = 0): void {
+    if (!Number.isSafeInteger(byteOffset) || byteOffset < 0 || byteOffset + bytes.byteLength > this.byteLength) {
+      throw new MlxError(
+        "InvalidArgument",
+        `write of ${bytes.byteLength} bytes at ${byteOffset} does not fit this ${this.byteLength}-byte view`,
+      );
+    }
+    if (bytes.byteLength === 0) return;
+    const sym = this.#host.sym;
+    const rc = sym.mlxn_buffer_write(
+      this.#host.devicePtr(),
+      this.handle,
+      BigInt(this.byteOffset + byteOffset),
+      bytes,
+      BigInt(bytes.byteLength),
+    );
+    check(sym, rc, "buffer write");
+  }
+
+  /** Copies this view's bytes to the host. */
+  readBytes(): Uint8Array {
+    const out = new Uint8Array(this.byteLength);
+    if (this.byteLength === 0) return out;
+    const sym = this.#host.sym;
+    const rc = sym.mlxn_buffer_read(
+      this.#host.devicePtr(),
+      this.handle,
+      BigInt(this.byteOffset),
+      out,
+      BigInt(this.byteLength),
+    );
+    check(sym, rc, "buffer read");
+    return out;
+  }
+
+  /** Copies this view to the host as a typed array of its dtype (f16/bf16 widen to f32). */
+  read(): HostArray {
+    return fromDeviceBytes(this.dtype, this.readBytes());
+  }
+
+  /**
+   * Frees the allocation (from any view of it). If a committed command buffer still binds it, the
+   * memory is released when that command buffer completes. Disposing twice is harmless.
+   */
+  dispose(): void {
+    const h = this.#state.handle;
+    if (h === 0) return;
+    this.#state.handle = 0;
+    finalizer.unregister(this.#root ?? this);
+    this.#host.releaseBuffer(h);
+  }
+
+  /** Same as {@link MlxBuffer.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  #disposedError(): MlxError {
+    return new MlxError(
+      "Disposed",
+      `buffer (allocation ${this.#state.allocId}, ${this.#state.byteLength} bytes) was disposed: allocate a new one`,
+    );
+  }
+}
+
+/** Host data → the bytes of a dtype. */
+export function toDeviceBytes(dtype: DType, data: HostData): Uint8Array {
+  let typed: ArrayBufferView;
+  if (ArrayBuffer.isView(data)) {
+    const isRaw16 = data instanceof Uint16Array && (dtype === DType.F16 || dtype === DType.BF16);
+    if (isRaw16 || matchesDType(dtype, data)) typed = data;
+    else typed = convert(dtype, data as unknown as ArrayLike<number>);
+  } else {
+    typed = convert(dtype, data);
+  }
+  return new Uint8Array(typed.buffer, typed.byteOffset, typed.byteLength);
+}
+
+function matchesDType(dtype: DType, v: ArrayBufferView): boolean {
+  switch (dtype) {
+    case DType.F32:
+      return v instanceof Float32Array;
+    case DType.U32:
+      return v instanceof Uint32Array;
+    case DType.I32:
+      return v instanceof Int32Array;
+    case DType.U16:
+      return v instanceof Uint16Array;
+    case DType.U8:
+      return v instanceof Uint8Array;
+    default:
+      return false;
+  }
+}
+
+function convert(dtype: DType, values: ArrayLike<number>): ArrayBufferView {
+  switch (dtype) {
+    case DType.F32:
+      return Float32Array.from(values);
+    case DType.F16:
+      return f32ToF16Bits(values);
+    case DType.BF16:
+      return f32ToBf16Bits(values);
+    case DType.U32:
+      return Uint32Array.from(values);
+    case DType.I32:
+      return Int32Array.from(values);
+    case DType.U16:
+      return Uint16Array.from(values);
+    case DType.U8:
+      return Uint8Array.from(values);
+  }
+}
+
+/** Device bytes of a dtype → a host typed array (f16/bf16 widen to f32). */
+export function fromDeviceBytes(dtype: DType, bytes: Uint8Array): HostArray {
+  const buf = bytes.buffer as ArrayBuffer;
+  const n = Math.floor(bytes.byteLength / dtypeSize(dtype));
+  switch (dtype) {
+    case DType.F32:
+      return new Float32Array(buf, bytes.byteOffset, n);
+    case DType.F16:
+      return f16BitsToF32(new Uint16Array(buf, bytes.byteOffset, n));
+    case DType.BF16:
+      return bf16BitsToF32(new Uint16Array(buf, bytes.byteOffset, n));
+    case DType.U32:
+      return new Uint32Array(buf, bytes.byteOffset, n);
+    case DType.I32:
+      return new Int32Array(buf, bytes.byteOffset, n);
+    case DType.U16:
+      return new Uint16Array(buf, bytes.byteOffset, n);
+    case DType.U8:
+      return bytes;
+  }
+}

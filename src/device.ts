@@ -1,0 +1,302 @@
+/**
+ * MlxDevice: opens a backend (metal, cuda or cpu; best available by default), allocates buffers and
+ * creates command encoders.
+ *
+ * @module
+ */
+
+import { type BufferHost, type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
+import { type BackendName, envConfig } from "./config.ts";
+import { DType, dtypeSize, isDType } from "./dtype.ts";
+import { CommandEncoder, type EncoderHost } from "./encoder.ts";
+import { MlxError } from "./errors.ts";
+import { Flag, Live } from "./native/abi.ts";
+import type { NativeSymbols } from "./native/ffi.ts";
+import { defaultLibraryPath, ffiGranted, loadLibrary, type NativeLibrary } from "./native/loader.ts";
+import { check, lastErrorText, readText } from "./native/status.ts";
+import { StreamWriter } from "./native/stream.ts";
+
+/** Options of {@link MlxDevice.open}; each overrides the matching environment switch. */
+export interface DeviceOptions {
+  /** Backend; default MLXN_BACKEND, else the best available (metal > cuda > cpu). */
+  backend?: BackendName;
+  /** Native library path; default MLXN_LIB, else the module's build/ directory. */
+  libPath?: string;
+  /** false = serial dispatch (MLXN_CONCURRENCY=0). */
+  concurrency?: boolean;
+  /** CPU backend worker threads; 0 = one per core. */
+  threads?: number;
+  /** Collect per-dispatch timings (MLXN_PROFILE=dispatch). */
+  profileDispatches?: boolean;
+  /** CUDA: use CUDA graphs (MLXN_CUDA_GRAPHS). */
+  cudaGraphs?: boolean;
+}
+
+/** What the native device reports about itself. */
+export interface DeviceInfo {
+  /** Backend name. */
+  readonly backend: BackendName;
+  /** Human-readable device name. */
+  readonly name: string;
+  /** Most threads in one threadgroup. */
+  readonly maxThreadsPerGroup: number;
+  /** Most threadgroup memory bytes. */
+  readonly maxThreadgroupMemory: number;
+  /** Whether host and device share memory. */
+  readonly unifiedMemory: boolean;
+  /** Whether dispatches run serially. */
+  readonly serial: boolean;
+  /** Whether per-dispatch timings are available. */
+  readonly perDispatchTiming: boolean;
+  /** Backend-specific extras. */
+  readonly [key: string]: unknown;
+}
+
+/** Live native objects across the process (for leak checks). */
+export interface LiveObjects {
+  /** Open devices. */
+  devices: number;
+  /** Buffers, including those whose free is deferred. */
+  buffers: number;
+  /** Bytes held by those buffers. */
+  bufferBytes: number;
+  /** Command buffers not yet freed. */
+  commandBuffers: number;
+}
+
+const CANDIDATES: readonly BackendName[] = Deno.build.os === "darwin" ? ["metal", "cpu"] : ["cuda", "cpu"];
+
+const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.PointerObject }>(
+  ({ sym, ptr }) => sym.mlxn_device_close(ptr),
+);
+
+/**
+ * A compute device on one backend.
+ *
+ * @example
+ * ```ts
+ * import { DType, MlxDevice } from "./mod.ts";
+ * using device = MlxDevice.open(); // best available backend
+ * console.log(device.backend, device.info.name);
+ * using x = device.alloc(4 * 1024, DType.F32, [1024]); // zero-filled
+ * ```
+ */
+export class MlxDevice implements BufferHost, EncoderHost {
+  /** @internal Native symbols. */
+  readonly sym: NativeSymbols;
+  /** Path of the native library in use. */
+  readonly libraryPath: string;
+  /** Whether per-dispatch timings are collected. */
+  readonly profileDispatches: boolean;
+  /** What the device reports about itself. */
+  readonly info: DeviceInfo;
+  #ptr: Deno.PointerObject | null;
+  readonly #writers: StreamWriter[] = [];
+  readonly #open = new Set<CommandEncoder>();
+  #deferred: number[] = [];
+
+  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, profileDispatches: boolean) {
+    this.sym = lib.symbols;
+    this.libraryPath = lib.path;
+    this.#ptr = ptr;
+    this.profileDispatches = profileDispatches;
+    this.info = JSON.parse(readText((b, cap) => lib.symbols.mlxn_device_info(ptr, b, cap))) as DeviceInfo;
+    deviceCleanup.register(this, { sym: lib.symbols, ptr }, this);
+  }
+
+  /**
+   * Opens a device. Needs `--allow-ffi` (scoped to the library path is enough). Environment
+   * switches apply only when `--allow-env` already grants them.
+   */
+  static open(options: DeviceOptions = {}): MlxDevice {
+    const env = envConfig();
+    const explicit = options.backend ?? env.backend;
+    if (explicit !== undefined && !CANDIDATES.includes(explicit) && explicit !== "cpu") {
+      throw new MlxError("Unsupported", `backend '${explicit}' is not available on ${Deno.build.os}`);
+    }
+    const libPath = options.libPath ?? env.lib;
+    const concurrency = options.concurrency ?? env.concurrency;
+    const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS);
+    const threads = options.threads ?? 0;
+    if ((threads >>> 0) !== threads) throw new MlxError("InvalidArgument", `threads must be a non-negative integer`);
+    const profile = options.profileDispatches ?? env.profile === "dispatch";
+
+    if (libPath !== undefined || explicit !== undefined) {
+      const path = libPath ?? defaultLibraryPath(explicit!);
+      if (path === undefined) throw noLocalBuild(explicit!);
+      return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile);
+    }
+    // Best available: the first candidate whose library is permitted, present and opens a device.
+    let firstError: MlxError | undefined;
+    for (const backend of CANDIDATES) {
+      const path = defaultLibraryPath(backend);
+      if (path === undefined) throw noLocalBuild(backend);
+      const last = backend === CANDIDATES[CANDIDATES.length - 1];
+      if (!last && !ffiGranted(path)) continue;
+      try {
+        return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile);
+      } catch (e) {
+        if (!(e instanceof MlxError) || last) throw e;
+        firstError ??= e;
+      }
+    }
+    throw firstError!;
+  }
+
+  static #openLibrary(lib: NativeLibrary, flags: number, threads: number, profile: boolean): MlxDevice {
+    const ptr = lib.symbols.mlxn_device_open(flags, threads);
+    if (ptr === null) {
+      throw new MlxError("DeviceError", `could not open a device with ${lib.path}: ${lastErrorText(lib.symbols)}`);
+    }
+    return new MlxDevice(lib, ptr, profile);
+  }
+
+  /** Live native objects of every device in the process (a library must be loaded). */
+  static liveObjects(device: MlxDevice): LiveObjects {
+    const out = new BigUint64Array(Live.COUNT);
+    device.sym.mlxn_live_objects(out, out.length);
+    return {
+      devices: Number(out[Live.DEVICES]),
+      buffers: Number(out[Live.BUFFERS]),
+      bufferBytes: Number(out[Live.BUFFER_BYTES]),
+      commandBuffers: Number(out[Live.CMDBUFS]),
+    };
+  }
+
+  /** Backend of this device. */
+  get backend(): BackendName {
+    return this.info.backend;
+  }
+
+  /** Whether {@link MlxDevice.close} was called. */
+  get closed(): boolean {
+    return this.#ptr === null;
+  }
+
+  /** @internal The native device pointer; throws Disposed after close. */
+  devicePtr(): Deno.PointerObject {
+    if (this.#ptr === null) {
+      throw new MlxError("Disposed", "the device was closed: open a new one with MlxDevice.open()");
+    }
+    return this.#ptr;
+  }
+
+  /**
+   * A zero-filled buffer of `byteLength` bytes holding `dtype` elements (default u8), with an
+   * optional logical shape.
+   */
+  alloc(byteLength: number, dtype: DType = DType.U8, shape?: readonly number[]): MlxBuffer {
+    if (!isDType(dtype)) throw new MlxError("InvalidArgument", `alloc: unknown dtype ${String(dtype)}`);
+    if (!Number.isSafeInteger(byteLength) || byteLength <= 0) {
+      throw new MlxError("InvalidArgument", `alloc: byteLength must be a positive integer, got ${byteLength}`);
+    }
+    if (byteLength % dtypeSize(dtype) !== 0) {
+      throw new MlxError("InvalidArgument", `alloc: ${byteLength} bytes is not a whole number of ${dtype} elements`);
+    }
+    if (shape !== undefined) {
+      const n = shape.reduce((a, b) => a * b, 1);
+      if (!shape.every((d) => Number.isSafeInteger(d) && d >= 0) || n * dtypeSize(dtype) > byteLength) {
+        throw new MlxError(
+          "InvalidArgument",
+          `alloc: shape [${shape}] of ${dtype} needs ${n * dtypeSize(dtype)} bytes, more than ${byteLength}`,
+        );
+      }
+    }
+    this.#drainDeferred();
+    const handle = this.sym.mlxn_buffer_alloc(this.devicePtr(), BigInt(byteLength));
+    if (handle === 0) {
+      throw new MlxError("OutOfMemory", `alloc of ${byteLength} bytes failed: ${lastErrorText(this.sym)}`);
+    }
+    return new MlxBuffer(this, handle, 0, byteLength, dtype, shape);
+  }
+
+  /** A new buffer holding `data`, converted to `dtype` (default: f32 for float data). */
+  upload(data: HostData, dtype?: DType, shape?: readonly number[]): MlxBuffer {
+    const dt = dtype ?? inferDType(data);
+    const bytes = toDeviceBytes(dt, data);
+    if (bytes.byteLength === 0) throw new MlxError("InvalidArgument", "upload: data is empty");
+    const buf = this.alloc(bytes.byteLength, dt, shape);
+    buf.writeBytes(bytes);
+    return buf;
+  }
+
+  /** A new command encoder (one command buffer). */
+  commandEncoder(): CommandEncoder {
+    this.devicePtr();
+    return new CommandEncoder(this);
+  }
+
+  /** Waits for all committed work, then frees the device and everything allocated on it. */
+  close(): void {
+    const ptr = this.#ptr;
+    if (ptr === null) return;
+    for (const e of [...this.#open]) e.dispose();
+    this.#ptr = null;
+    deviceCleanup.unregister(this);
+    this.sym.mlxn_device_close(ptr);
+  }
+
+  /** Same as {@link MlxDevice.close}. */
+  [Symbol.dispose](): void {
+    this.close();
+  }
+
+  /** @internal */
+  releaseBuffer(handle: number): void {
+    if (this.#ptr === null) return;
+    // Records still in an encoder's stream name this handle: hand them over first so the native
+    // side holds its reference and defers the free until the command buffer completes.
+    for (const e of this.#open) e.flush();
+    check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
+  }
+
+  /** @internal */
+  deferFree(handle: number): void {
+    if (this.#ptr !== null) this.#deferred.push(handle);
+  }
+
+  #drainDeferred(): void {
+    if (this.#deferred.length === 0 || this.#ptr === null) return;
+    const list = this.#deferred;
+    this.#deferred = [];
+    for (const e of this.#open) e.flush();
+    for (const h of list) this.sym.mlxn_buffer_free(this.#ptr, h);
+  }
+
+  /** @internal */
+  takeWriter(): StreamWriter {
+    return this.#writers.pop() ?? new StreamWriter();
+  }
+
+  /** @internal */
+  returnWriter(w: StreamWriter): void {
+    if (this.#writers.length < 4) this.#writers.push(w);
+  }
+
+  /** @internal */
+  encoderOpened(e: CommandEncoder): void {
+    this.#open.add(e);
+  }
+
+  /** @internal */
+  encoderClosed(e: CommandEncoder): void {
+    this.#open.delete(e);
+    this.#drainDeferred();
+  }
+}
+
+function inferDType(data: HostData): DType {
+  if (data instanceof Uint32Array) return DType.U32;
+  if (data instanceof Int32Array) return DType.I32;
+  if (data instanceof Uint16Array) return DType.U16;
+  if (data instanceof Uint8Array) return DType.U8;
+  return DType.F32;
+}
+
+function noLocalBuild(backend: BackendName): MlxError {
+  return new MlxError(
+    "LibraryNotFound",
+    `mlx-native was imported from a remote URL, so it has no local build/ directory: build the ` +
+      `${backend} library with the package's build entry and pass MlxDevice.open({ libPath })`,
+  );
+}

@@ -1,0 +1,447 @@
+/**
+ * CommandEncoder: ONE command buffer with ONE persistent concurrent compute encoder. Dispatches are
+ * written into a binary command stream and handed to the native library in one FFI call per flush;
+ * `memoryBarrier()` separates concurrent groups.
+ *
+ * @module
+ */
+
+import { MlxBuffer } from "./buffer.ts";
+import { counterState } from "./counters.ts";
+import { MlxError } from "./errors.ts";
+import type { CapturedOpKind } from "./graph/op_kind.ts";
+import type { Pipeline } from "./kernels.ts";
+import { CbStatus, Limits, Status } from "./native/abi.ts";
+import type { NativeSymbols } from "./native/ffi.ts";
+import { codeOf, lastErrorText, readText } from "./native/status.ts";
+import type { StreamWriter } from "./native/stream.ts";
+
+/** A slot's argument: a buffer (view), inline constant bytes, or nothing (optional slots). */
+export type Binding = MlxBuffer | Uint8Array | undefined;
+
+/** Up to three dimensions; missing ones are 1. */
+export type Dims = number | readonly number[];
+
+/** Whether `grid` counts threads or threadgroups. */
+export type DispatchKind = "threads" | "threadgroups";
+
+/** Everything one dispatch needs. */
+export interface DispatchDescriptor {
+  /** The kernel, from a KernelRegistry. */
+  readonly pipeline: Pipeline;
+  /** One entry per slot of the kernel's contract, in slot order. */
+  readonly bindings: readonly Binding[];
+  /** Threads (dispatchKind "threads") or threadgroups ("threadgroups", the default) per dimension. */
+  readonly grid: Dims;
+  /** Threads per threadgroup. */
+  readonly threadgroup: Dims;
+  /** How to read `grid`; default "threadgroups". */
+  readonly dispatchKind?: DispatchKind;
+  /** Threadgroup memory in bytes (index 0). */
+  readonly threadgroupMemory?: number;
+  /** Overrides the contract's op kind (for graph passes). */
+  readonly opKind?: CapturedOpKind;
+}
+
+/** Timing of one dispatch (backend clock, ns). */
+export interface DispatchTiming {
+  /** Dispatch index within the command buffer. */
+  readonly index: number;
+  /** Kernel name. */
+  readonly kernel: string;
+  /** First threadgroup start. */
+  readonly startNs: number;
+  /** Last threadgroup end. */
+  readonly endNs: number;
+}
+
+/** What an encoder needs from its device (implemented by MlxDevice). */
+export interface EncoderHost {
+  /** Native symbols. */
+  readonly sym: NativeSymbols;
+  /** Native device pointer; throws Disposed after close. */
+  devicePtr(): Deno.PointerObject;
+  /** Whether the device is closed (its command buffers are gone). */
+  readonly closed: boolean;
+  /** Whether per-dispatch timings are collected. */
+  readonly profileDispatches: boolean;
+  /** Borrows a stream writer. */
+  takeWriter(): StreamWriter;
+  /** Returns a writer. */
+  returnWriter(w: StreamWriter): void;
+  /** Registers an encoder whose stream may hold unflushed records. */
+  encoderOpened(e: CommandEncoder): void;
+  /** Unregisters it. */
+  encoderClosed(e: CommandEncoder): void;
+}
+
+type State = "encoding" | "committed" | "completed" | "failed" | "disposed";
+
+const cleanup = new FinalizationRegistry<{ host: EncoderHost; ptr: Deno.PointerObject }>(({ host, ptr }) => {
+  if (!host.closed) host.sym.mlxn_cmdbuf_free(ptr);
+});
+
+function dim(d: Dims, i: number): number {
+  if (typeof d === "number") return i === 0 ? d : 1;
+  return i < d.length ? d[i] : 1;
+}
+
+function validDim(v: number): boolean {
+  return (v >>> 0) === v && v > 0;
+}
+
+/**
+ * One command buffer and its concurrent compute encoder. Create with `device.commandEncoder()`;
+ * dispatch, place barriers, then commit exactly once.
+ *
+ * @example
+ * ```ts
+ * import { KernelRegistry, MlxDevice } from "./mod.ts";
+ * using device = MlxDevice.open({ backend: "cpu" });
+ * const add = new KernelRegistry(device).get("elementwise_add_f32");
+ * using a = device.upload(new Float32Array([1, 2])), b = device.upload(new Float32Array([3, 4]));
+ * using out = device.alloc(8);
+ * using enc = device.commandEncoder();
+ * enc.dispatch({
+ *   pipeline: add,
+ *   bindings: [a, b, out, new Uint8Array(new Uint32Array([2]).buffer)],
+ *   grid: 2, threadgroup: 2, dispatchKind: "threads",
+ * });
+ * enc.commitAndWait();
+ * ```
+ */
+export class CommandEncoder {
+  readonly #host: EncoderHost;
+  readonly #sym: NativeSymbols;
+  #ptr: Deno.PointerObject | null;
+  #writer: StreamWriter | null;
+  #state: State = "encoding";
+  #pipeline = 0;
+  #dispatches = 0;
+  #barriers = 0;
+  #label = "";
+  #kernels: string[] | null;
+  #asyncWaits = 0;
+  #error: MlxError | null = null;
+  #gpuStartNs = 0;
+  #gpuEndNs = 0;
+  #timings: DispatchTiming[] | null = null;
+
+  /** @internal Use `device.commandEncoder()`. */
+  constructor(host: EncoderHost) {
+    this.#host = host;
+    this.#sym = host.sym;
+    const ptr = host.sym.mlxn_cmdbuf_new(host.devicePtr());
+    if (ptr === null) {
+      throw new MlxError("OutOfMemory", `could not create a command buffer: ${lastErrorText(host.sym)}`);
+    }
+    this.#ptr = ptr;
+    this.#writer = host.takeWriter();
+    this.#writer.attach((bytes, len) => this.#encodeChunk(bytes, len));
+    this.#kernels = host.profileDispatches ? [] : null;
+    cleanup.register(this, { host, ptr }, this);
+    host.encoderOpened(this);
+  }
+
+  /** Dispatches encoded so far. */
+  get dispatchCount(): number {
+    return this.#dispatches;
+  }
+
+  /** Barriers issued so far. */
+  get barrierCount(): number {
+    return this.#barriers;
+  }
+
+  /** The label given at commit. */
+  get label(): string {
+    return this.#label;
+  }
+
+  /** "encoding", "committed", "completed", "failed" or "disposed". */
+  get state(): State {
+    return this.#state;
+  }
+
+  /** Encodes one dispatch. Bindings must match the kernel's contract slot by slot. */
+  dispatch(d: DispatchDescriptor): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
+    const w = this.#writer!;
+    const p = d.pipeline;
+    const slots = p.contract.slots;
+    const bindings = d.bindings;
+    if (bindings.length > slots.length) {
+      throw new MlxError(
+        "InvalidArgument",
+        `${p.name}: ${bindings.length} bindings given, the kernel has ${slots.length} slots ` +
+          `(${slots.map((s) => s.name).join(", ")})`,
+      );
+    }
+    const g0 = dim(d.grid, 0), g1 = dim(d.grid, 1), g2 = dim(d.grid, 2);
+    const t0 = dim(d.threadgroup, 0), t1 = dim(d.threadgroup, 1), t2 = dim(d.threadgroup, 2);
+    if (!validDim(g0) || !validDim(g1) || !validDim(g2)) {
+      throw new MlxError("InvalidArgument", `${p.name}: grid [${g0}, ${g1}, ${g2}] needs positive integers`);
+    }
+    if (!validDim(t0) || !validDim(t1) || !validDim(t2) || t0 * t1 * t2 > Limits.MAX_THREADS_PER_GROUP) {
+      throw new MlxError(
+        "InvalidArgument",
+        `${p.name}: threadgroup [${t0}, ${t1}, ${t2}] needs positive integers with at most ` +
+          `${Limits.MAX_THREADS_PER_GROUP} threads in all`,
+      );
+    }
+    const tgMem = d.threadgroupMemory ?? 0;
+    if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) {
+      throw new MlxError(
+        "InvalidArgument",
+        `${p.name}: threadgroup memory ${tgMem} must be an integer in 0..${Limits.MAX_TG_MEMORY}`,
+      );
+    }
+    if (this.#pipeline !== p.handle) {
+      w.setPipeline(p.handle);
+      this.#pipeline = p.handle;
+    }
+    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
+    for (let i = 0; i < slots.length; i++) {
+      const b = bindings[i];
+      const s = slots[i];
+      if (s.kind === "buffer") {
+        if (b instanceof MlxBuffer) {
+          const h = b.rawHandle;
+          if (h === 0) throw new MlxError("Disposed", `${p.name}: slot ${i} (${s.name}) binds a disposed buffer`);
+          w.setBuffer(i, h, b.byteOffset, b.byteLength);
+        } else if (b !== undefined || !s.optional) {
+          throw new MlxError(
+            "InvalidArgument",
+            `${p.name}: slot ${i} (${s.name}) needs an MlxBuffer, got ${b === undefined ? "nothing" : "bytes"}`,
+          );
+        }
+      } else if (b instanceof Uint8Array) {
+        const n = b.byteLength;
+        if (n === 0 || n > Limits.MAX_INLINE_BYTES || (s.size !== undefined && n !== s.size)) {
+          throw new MlxError(
+            "InvalidArgument",
+            `${p.name}: slot ${i} (${s.name}) takes ${s.size ?? `1..${Limits.MAX_INLINE_BYTES}`} inline bytes, got ${n}`,
+          );
+        }
+        w.setBytes(i, b);
+      } else {
+        throw new MlxError(
+          "InvalidArgument",
+          `${p.name}: slot ${i} (${s.name}) needs inline bytes (Uint8Array), got ${
+            b === undefined ? "nothing" : "a buffer"
+          }`,
+        );
+      }
+    }
+    w.dispatch(d.dispatchKind === "threads", g0, g1, g2, t0, t1, t2, this.#dispatches);
+    this.#kernels?.push(p.name);
+    this.#dispatches++;
+    counterState.dispatches++;
+  }
+
+  /**
+   * Makes every later dispatch see all memory written by earlier ones. A barrier before the first
+   * dispatch is a no-op and is not counted.
+   */
+  memoryBarrier(): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("memoryBarrier");
+    if (this.#dispatches === 0) return;
+    this.#writer!.barrier();
+    this.#barriers++;
+    counterState.barriers++;
+  }
+
+  /** Hands every record written so far to the native library now. */
+  flush(): void {
+    if (this.#state === "encoding") this.#writer!.flush();
+  }
+
+  /** Commits without waiting; the command buffer runs after every earlier commit of the device. */
+  commit(label = ""): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("commit");
+    this.#label = label;
+    const w = this.#writer!;
+    w.flush();
+    w.attach(undefined);
+    this.#host.returnWriter(w);
+    this.#writer = null;
+    this.#host.encoderClosed(this);
+    const rc = this.#sym.mlxn_cmdbuf_commit(this.#ptr!);
+    if (rc !== Status.OK) {
+      const err = new MlxError(codeOf(rc), `commit failed: ${lastErrorText(this.#sym)}`);
+      this.#finish(err);
+      throw err;
+    }
+    this.#state = "committed";
+    counterState.commandBuffers++;
+  }
+
+  /** {@link CommandEncoder.commit} with a label (kept for per-label profiling). */
+  commitLabeled(label: string): void {
+    this.commit(label);
+  }
+
+  /** Commits and blocks until the command buffer completed; throws CommandBufferError on failure. */
+  commitAndWait(label = ""): void {
+    counterState.syncs++;
+    this.commit(label);
+    this.waitUntilCompleted();
+  }
+
+  /** {@link CommandEncoder.commitAndWait} with a label. */
+  commitAndWaitLabeled(label: string): void {
+    this.commitAndWait(label);
+  }
+
+  /** Commits, waits, and returns the GPU start/end times in ns. */
+  commitWaitWithGpuTime(label = ""): { gpuStartNs: number; gpuEndNs: number } {
+    this.commitAndWait(label);
+    return { gpuStartNs: this.#gpuStartNs, gpuEndNs: this.#gpuEndNs };
+  }
+
+  /** Blocks until the committed command buffer completed; throws its error if it failed. */
+  waitUntilCompleted(): void {
+    if (this.#state === "committed") {
+      const rc = this.#sym.mlxn_cmdbuf_wait(this.#ptr!);
+      if (this.#state === "committed") this.#complete(rc);
+    } else if (this.#state === "encoding") {
+      throw new MlxError("InvalidState", "waitUntilCompleted before commit: commit the command buffer first");
+    }
+    if (this.#error) throw this.#error;
+  }
+
+  /** Resolves when the committed command buffer completed, without blocking the event loop. */
+  async completed(): Promise<void> {
+    if (this.#state === "encoding") {
+      throw new MlxError("InvalidState", "completed() before commit: commit the command buffer first");
+    }
+    if (this.#state === "committed") {
+      this.#asyncWaits++;
+      let rc: number;
+      try {
+        rc = await this.#sym.mlxn_cmdbuf_wait_async(this.#ptr!);
+      } finally {
+        this.#asyncWaits--;
+      }
+      if (this.#state === "committed") this.#complete(rc);
+      else this.#freeNativeIfIdle();
+    }
+    if (this.#error) throw this.#error;
+  }
+
+  /** GPU (backend clock) start of execution in ns; 0 until completed. */
+  get gpuStartNs(): number {
+    return this.#gpuStartNs;
+  }
+
+  /** GPU end of execution in ns; 0 until completed. */
+  get gpuEndNs(): number {
+    return this.#gpuEndNs;
+  }
+
+  /** GPU execution time in ns; 0 until completed. */
+  get gpuNs(): number {
+    return this.#gpuEndNs - this.#gpuStartNs;
+  }
+
+  /** Per-dispatch timings, when the device profiles dispatches (MLXN_PROFILE=dispatch). */
+  get dispatchTimings(): readonly DispatchTiming[] | null {
+    return this.#timings;
+  }
+
+  /**
+   * Releases the command buffer. An uncommitted one is dropped without running (releasing every
+   * buffer it bound); a committed one is waited for first.
+   */
+  dispose(): void {
+    if (this.#state === "disposed") return;
+    if (this.#state === "encoding") {
+      const w = this.#writer!;
+      w.attach(undefined);
+      this.#host.returnWriter(w);
+      this.#writer = null;
+      this.#host.encoderClosed(this);
+    } else if (this.#state === "committed" && !this.#host.closed) {
+      const rc = this.#sym.mlxn_cmdbuf_wait(this.#ptr!);
+      if (this.#state === "committed") this.#complete(rc);
+    }
+    this.#state = "disposed";
+    this.#freeNativeIfIdle();
+  }
+
+  /** Same as {@link CommandEncoder.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  #encodeChunk(bytes: Uint8Array, byteLength: number): void {
+    const rc = this.#sym.mlxn_cmdbuf_encode(this.#ptr!, bytes, byteLength);
+    if (rc !== Status.OK) {
+      const err = new MlxError(codeOf(rc), lastErrorText(this.#sym));
+      // The native command buffer is now in its sticky error state; nothing more can be encoded.
+      const w = this.#writer!;
+      w.attach(undefined);
+      this.#host.returnWriter(w);
+      this.#writer = null;
+      this.#host.encoderClosed(this);
+      this.#finish(err);
+      throw err;
+    }
+  }
+
+  #complete(rc: number): void {
+    const sym = this.#sym, ptr = this.#ptr!;
+    const n = this.#kernels ? this.#dispatches : 0;
+    const out = new BigUint64Array(2 + 3 * n);
+    const got = sym.mlxn_cmdbuf_timings(ptr, out, out.length);
+    this.#gpuStartNs = Number(out[0]);
+    this.#gpuEndNs = Number(out[1]);
+    if (this.#kernels) {
+      const t: DispatchTiming[] = [];
+      for (let i = 0; i < got; i++) {
+        const tag = Number(out[2 + 3 * i]);
+        t.push({
+          index: tag,
+          kernel: this.#kernels[tag] ?? "?",
+          startNs: Number(out[3 + 3 * i]),
+          endNs: Number(out[4 + 3 * i]),
+        });
+      }
+      this.#timings = t;
+    }
+    let err: MlxError | null = null;
+    if (rc !== Status.OK || sym.mlxn_cmdbuf_status(ptr) === CbStatus.ERROR) {
+      const text = readText((b, cap) => sym.mlxn_cmdbuf_error(ptr, b, cap));
+      err = new MlxError(
+        "CommandBufferError",
+        `command buffer${this.#label ? ` '${this.#label}'` : ""} failed: ${text || lastErrorText(sym)}`,
+      );
+    }
+    this.#finish(err);
+  }
+
+  #finish(err: MlxError | null): void {
+    this.#error = err;
+    this.#state = err ? "failed" : "completed";
+    this.#freeNativeIfIdle();
+  }
+
+  #freeNativeIfIdle(): void {
+    if (this.#ptr === null || this.#asyncWaits > 0 || this.#state === "committed") return;
+    const ptr = this.#ptr;
+    this.#ptr = null;
+    cleanup.unregister(this);
+    if (!this.#host.closed) this.#sym.mlxn_cmdbuf_free(ptr);
+  }
+
+  #notEncoding(what: string): MlxError {
+    if (this.#state === "disposed") {
+      return new MlxError("Disposed", `${what}: this command encoder was disposed; create a new one`);
+    }
+    return new MlxError(
+      "InvalidState",
+      `${what}: this command buffer was already committed (${this.#state}); ` +
+        `create a new encoder with device.commandEncoder()`,
+    );
+  }
+}

@@ -1,0 +1,165 @@
+/**
+ * Kernel contracts (one TypeScript description per kernel: slots, their kind and access mode) and
+ * the KernelRegistry that resolves kernel names to native pipelines of a device.
+ *
+ * @module
+ */
+
+import { MlxError } from "./errors.ts";
+import { CapturedOpKind } from "./graph/op_kind.ts";
+import type { NativeSymbols } from "./native/ffi.ts";
+import { lastErrorText, readText } from "./native/status.ts";
+
+/** How a dispatch touches a buffer slot. */
+export type Access = "read" | "write" | "readwrite";
+
+/** One argument slot of a kernel. */
+export interface SlotSpec {
+  /** Name, for messages. */
+  readonly name: string;
+  /** A buffer, or inline constant bytes. */
+  readonly kind: "buffer" | "bytes";
+  /** For buffers: how the kernel accesses it. */
+  readonly access?: Access;
+  /** For buffers: may be left unbound. */
+  readonly optional?: boolean;
+  /** For bytes: exact size in bytes. */
+  readonly size?: number;
+}
+
+/** The one description of a kernel that every backend implements. */
+export interface KernelContract {
+  /** Kernel name, identical in every backend. */
+  readonly name: string;
+  /** Argument slots in order. */
+  readonly slots: readonly SlotSpec[];
+  /** Op kind its dispatches carry. */
+  readonly opKind: CapturedOpKind;
+}
+
+/** The native signature string of a contract ('b' buffer, 'o' optional buffer, 'c' bytes). */
+export function contractSignature(c: KernelContract): string {
+  return c.slots.map((s) => s.kind === "bytes" ? "c" : s.optional ? "o" : "b").join("");
+}
+
+/** A kernel resolved on a device: its native handle and contract. */
+export class Pipeline {
+  /** Kernel name. */
+  readonly name: string;
+  /** Native pipeline handle. */
+  readonly handle: number;
+  /** The kernel's contract. */
+  readonly contract: KernelContract;
+
+  /** @internal Created by KernelRegistry. */
+  constructor(name: string, handle: number, contract: KernelContract) {
+    this.name = name;
+    this.handle = handle;
+    this.contract = contract;
+  }
+}
+
+const contracts = new Map<string, KernelContract>();
+
+/** Adds kernel contracts to the global table (each op module registers its own). */
+export function registerContracts(list: readonly KernelContract[]): void {
+  for (const c of list) contracts.set(c.name, c);
+}
+
+/** The contract of a kernel, if one is registered. */
+export function contractOf(name: string): KernelContract | undefined {
+  return contracts.get(name);
+}
+
+/** Every registered contract. */
+export function allContracts(): KernelContract[] {
+  return [...contracts.values()];
+}
+
+/** The pieces of a device a registry needs. */
+export interface RegistryHost {
+  /** Native symbols. */
+  readonly sym: NativeSymbols;
+  /** Native device pointer. */
+  devicePtr(): Deno.PointerObject;
+  /** Backend name, for messages. */
+  readonly backend: string;
+}
+
+const encoder = new TextEncoder();
+
+/**
+ * Resolves kernel names to pipelines of one device, once each.
+ *
+ * @example
+ * ```ts
+ * import { KernelRegistry, MlxDevice } from "./mod.ts";
+ * using device = MlxDevice.open({ backend: "cpu" });
+ * const registry = new KernelRegistry(device);
+ * const add = registry.get("elementwise_add_f32");
+ * console.log(add.contract.slots.length); // 4
+ * ```
+ */
+export class KernelRegistry {
+  readonly #host: RegistryHost;
+  readonly #cache = new Map<string, Pipeline>();
+
+  /** A registry for `device`. */
+  constructor(device: RegistryHost) {
+    this.#host = device;
+  }
+
+  /** The pipeline of kernel `name`; throws KernelNotFound when no backend kernel has that name. */
+  get(name: string): Pipeline {
+    const hit = this.#cache.get(name);
+    if (hit) return hit;
+    const sym = this.#host.sym;
+    const dev = this.#host.devicePtr();
+    const handle = sym.mlxn_pipeline_get(dev, encoder.encode(name + "\0"));
+    if (handle === 0) {
+      const known = allContracts().map((c) => c.name).sort().join(", ");
+      throw new MlxError(
+        "KernelNotFound",
+        `kernel '${name}' is not available on the ${this.#host.backend} backend (${lastErrorText(sym)}). ` +
+          `Known kernels: ${known}`,
+      );
+    }
+    const signature = readText((b, cap) => sym.mlxn_pipeline_signature(dev, handle, b, cap));
+    const contract = contractOf(name) ?? contractFromSignature(name, signature);
+    const expected = contractSignature(contract);
+    if (signature !== expected) {
+      throw new MlxError(
+        "AbiMismatch",
+        `kernel '${name}': the native library's signature '${signature}' differs from the contract ` +
+          `'${expected}': rebuild the native library from this release (\`make native\`)`,
+      );
+    }
+    const p = new Pipeline(name, handle, contract);
+    this.#cache.set(name, p);
+    return p;
+  }
+
+  /** Whether the device has a kernel called `name`. */
+  has(name: string): boolean {
+    try {
+      this.get(name);
+      return true;
+    } catch (e) {
+      if (e instanceof MlxError && e.code === "KernelNotFound") return false;
+      throw e;
+    }
+  }
+}
+
+/** A conservative contract for a native kernel without a TS description: buffers read+written. */
+function contractFromSignature(name: string, signature: string): KernelContract {
+  return {
+    name,
+    opKind: CapturedOpKind.Other,
+    slots: [...signature].map((ch, i) =>
+      ch === "c"
+        ? { name: `arg${i}`, kind: "bytes" as const }
+        : { name: `arg${i}`, kind: "buffer" as const, access: "readwrite" as const, optional: ch === "o" }
+    ),
+  };
+}

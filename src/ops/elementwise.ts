@@ -1,0 +1,142 @@
+/**
+ * Elementwise ops: add, mul (f32/f16/bf16), gelu (tanh form, f32/f16/bf16), softcap (f32).
+ * Geometry: one thread per element, threadgroups of min(256, n).
+ *
+ * @module
+ */
+
+import type { MlxBuffer } from "../buffer.ts";
+import { DType } from "../dtype.ts";
+import { CapturedOpKind } from "../graph/op_kind.ts";
+import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { checkBuffer, checkFinite, checkFloatDType, checkU32, type DispatchTarget, packParams } from "./common.ts";
+
+const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
+
+function binaryContract(op: "add" | "mul", dtype: string): KernelContract {
+  return {
+    name: `elementwise_${op}_${dtype}`,
+    opKind: op === "add" ? CapturedOpKind.ElemAdd : CapturedOpKind.ElemMul,
+    slots: [
+      { name: "a", kind: "buffer", access: "read" },
+      { name: "b", kind: "buffer", access: "read" },
+      { name: "out", kind: "buffer", access: "write" },
+      { name: "params{n:u32}", kind: "bytes", size: 4 },
+    ],
+  };
+}
+
+/** Contracts of this family. */
+export const elementwiseContracts: readonly KernelContract[] = [
+  ...FLOATS.map((t) => binaryContract("add", t)),
+  ...FLOATS.map((t) => binaryContract("mul", t)),
+  ...FLOATS.map((t): KernelContract => ({
+    name: `gelu_${t}`,
+    opKind: CapturedOpKind.Activation,
+    slots: [
+      { name: "in", kind: "buffer", access: "read" },
+      { name: "out", kind: "buffer", access: "write" },
+    ],
+  })),
+  {
+    name: "softcap_f32",
+    opKind: CapturedOpKind.Activation,
+    slots: [
+      { name: "in", kind: "buffer", access: "read" },
+      { name: "out", kind: "buffer", access: "write" },
+      { name: "params{cap:f32,n:u32}", kind: "bytes", size: 8 },
+    ],
+  },
+];
+registerContracts(elementwiseContracts);
+
+function binary(
+  op: "add" | "mul",
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  a: MlxBuffer,
+  b: MlxBuffer,
+  out: MlxBuffer,
+  n: number,
+): void {
+  const name = `elementwise_${op}`;
+  checkFloatDType(name, a.dtype, FLOATS);
+  checkU32(name, "n", n);
+  checkBuffer(name, "a", a, a.dtype, n);
+  checkBuffer(name, "b", b, a.dtype, n);
+  checkBuffer(name, "out", out, a.dtype, n);
+  target.dispatch({
+    pipeline: registry.get(`${name}_${a.dtype}`),
+    bindings: [a, b, out, packParams([["u32", n]])],
+    grid: n,
+    threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
+
+/** out[i] = a[i] + b[i] for i < n (default: out's length). */
+export function elementwiseAdd(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  a: MlxBuffer,
+  b: MlxBuffer,
+  out: MlxBuffer,
+  n: number = out.length,
+): void {
+  binary("add", target, registry, a, b, out, n);
+}
+
+/** out[i] = a[i] · b[i] for i < n (default: out's length). */
+export function elementwiseMul(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  a: MlxBuffer,
+  b: MlxBuffer,
+  out: MlxBuffer,
+  n: number = out.length,
+): void {
+  binary("mul", target, registry, a, b, out, n);
+}
+
+/** out = gelu(in) with the tanh approximation (tanh argument clamped to ±15). */
+export function gelu(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  n: number = output.length,
+): void {
+  checkFloatDType("gelu", input.dtype, FLOATS);
+  checkU32("gelu", "n", n);
+  checkBuffer("gelu", "input", input, input.dtype, n);
+  checkBuffer("gelu", "output", output, input.dtype, n);
+  target.dispatch({
+    pipeline: registry.get(`gelu_${input.dtype}`),
+    bindings: [input, output],
+    grid: n,
+    threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
+
+/** out = tanh(in / cap) · cap (f32). */
+export function softcap(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  options: { cap: number; n?: number },
+): void {
+  const n = options.n ?? output.length;
+  checkFinite("softcap", "cap", options.cap, { positive: true });
+  checkU32("softcap", "n", n);
+  checkBuffer("softcap", "input", input, DType.F32, n);
+  checkBuffer("softcap", "output", output, DType.F32, n);
+  target.dispatch({
+    pipeline: registry.get("softcap_f32"),
+    bindings: [input, output, packParams([["f32", options.cap], ["u32", n]])],
+    grid: n,
+    threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
