@@ -25,16 +25,17 @@
 export { DType, dtypeSize, type HostArray } from "./src/dtype.ts";
 export { MlxError, type MlxErrorCode } from "./src/errors.ts";
 export { type BackendName, envConfig, type MlxConfig } from "./src/config.ts";
-export { type CounterSnapshot, counters } from "./src/counters.ts";
-export { type HostData, MlxBuffer, type MemRange } from "./src/buffer.ts";
+export { counters, type CounterSnapshot } from "./src/counters.ts";
+export { type HostData, type MemRange, MlxBuffer } from "./src/buffer.ts";
 export { type DeviceInfo, type DeviceOptions, type LiveObjects, MlxDevice } from "./src/device.ts";
 export {
   type Binding,
   CommandEncoder,
+  type Dims,
   type DispatchDescriptor,
   type DispatchKind,
   type DispatchTiming,
-  type Dims,
+  type EncoderState,
 } from "./src/encoder.ts";
 export {
   type Access,

@@ -46,7 +46,12 @@ export const counterState: CounterSnapshot = {
  * console.log(counters.snapshot().barriers);
  * ```
  */
-export const counters = {
+export const counters: {
+  /** A copy of every counter's current value. */
+  snapshot(): CounterSnapshot;
+  /** Sets every counter to zero. */
+  reset(): void;
+} = {
   /** A copy of every counter's current value. */
   snapshot(): CounterSnapshot {
     return { ...counterState };

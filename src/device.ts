@@ -5,10 +5,10 @@
  * @module
  */
 
-import { type BufferHost, type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
+import { type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
 import { type BackendName, envConfig } from "./config.ts";
 import { DType, dtypeSize, isDType } from "./dtype.ts";
-import { CommandEncoder, type EncoderHost } from "./encoder.ts";
+import { CommandEncoder } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
 import { Flag, Live } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
@@ -81,7 +81,7 @@ const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.P
  * using x = device.alloc(4 * 1024, DType.F32, [1024]); // zero-filled
  * ```
  */
-export class MlxDevice implements BufferHost, EncoderHost {
+export class MlxDevice {
   /** @internal Native symbols. */
   readonly sym: NativeSymbols;
   /** Path of the native library in use. */

@@ -75,7 +75,8 @@ export interface EncoderHost {
   encoderClosed(e: CommandEncoder): void;
 }
 
-type State = "encoding" | "committed" | "completed" | "failed" | "disposed";
+/** Lifecycle state of a CommandEncoder. */
+export type EncoderState = "encoding" | "committed" | "completed" | "failed" | "disposed";
 
 const cleanup = new FinalizationRegistry<{ host: EncoderHost; ptr: Deno.PointerObject }>(({ host, ptr }) => {
   if (!host.closed) host.sym.mlxn_cmdbuf_free(ptr);
@@ -115,7 +116,7 @@ export class CommandEncoder {
   readonly #sym: NativeSymbols;
   #ptr: Deno.PointerObject | null;
   #writer: StreamWriter | null;
-  #state: State = "encoding";
+  #state: EncoderState = "encoding";
   #pipeline = 0;
   #dispatches = 0;
   #barriers = 0;
@@ -159,7 +160,7 @@ export class CommandEncoder {
   }
 
   /** "encoding", "committed", "completed", "failed" or "disposed". */
-  get state(): State {
+  get state(): EncoderState {
     return this.#state;
   }
 
@@ -220,7 +221,9 @@ export class CommandEncoder {
         if (n === 0 || n > Limits.MAX_INLINE_BYTES || (s.size !== undefined && n !== s.size)) {
           throw new MlxError(
             "InvalidArgument",
-            `${p.name}: slot ${i} (${s.name}) takes ${s.size ?? `1..${Limits.MAX_INLINE_BYTES}`} inline bytes, got ${n}`,
+            `${p.name}: slot ${i} (${s.name}) takes ${
+              s.size ?? `1..${Limits.MAX_INLINE_BYTES}`
+            } inline bytes, got ${n}`,
           );
         }
         w.setBytes(i, b);

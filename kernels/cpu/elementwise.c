@@ -1,4 +1,4 @@
-/* Elementwise kernels: add, mul (f32/f16/bf16), gelu (tanh form), softcap. One thread per element;
+/* Elementwise kernels: add, mul (f32/f16/bf16), gelu (tanh form), softcap, axpby. One thread per element;
  * a threadgroup covers tg[0] consecutive elements. Arithmetic is f32; 16-bit types round on store. */
 #include <math.h>
 
@@ -98,6 +98,29 @@ static int softcap_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32
   return 0;
 }
 
+/* ---- axpby: 0 a, 1 b, 2 out, 3 {alpha: f32, beta: f32, n: u32, pad: u32}; out = αa + βb ------ */
+
+static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 3, 16, err, cap);
+  uint64_t bytes = (uint64_t)mlxn_arg_u32(a, 3, 8) * 4;
+  MLXN_NEED_BUF(a, 0, bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  MLXN_NEED_BUF(a, 2, bytes, err, cap);
+  return 0;
+}
+
+static int axpby_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gy; (void)gz; (void)s;
+  float alpha = mlxn_arg_f32(a, 3, 0), beta = mlxn_arg_f32(a, 3, 4);
+  uint64_t i, end;
+  tg_span(a, gx, mlxn_arg_u32(a, 3, 8), &i, &end);
+  for (; i < end; i++) {
+    float x = mlxn_load(a->ptr[0], i, MLXN_T_F32), y = mlxn_load(a->ptr[1], i, MLXN_T_F32);
+    mlxn_store(a->ptr[2], i, MLXN_T_F32, alpha * x + beta * y);
+  }
+  return 0;
+}
+
 const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[] = {
     {"elementwise_add_f32", "bbbc", add_f32_validate, add_f32_run},
     {"elementwise_add_f16", "bbbc", add_f16_validate, add_f16_run},
@@ -109,5 +132,6 @@ const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[] = {
     {"gelu_f16", "bb", gelu_f16_validate, gelu_f16_run},
     {"gelu_bf16", "bb", gelu_bf16_validate, gelu_bf16_run},
     {"softcap_f32", "bbc", softcap_f32_validate, softcap_f32_run},
+    {"axpby_f32", "bbbc", axpby_f32_validate, axpby_f32_run},
     {0, 0, 0, 0},
 };

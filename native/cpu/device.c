@@ -319,13 +319,17 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
                               ? "command buffer already failed: %s"
                               : "command buffer was already committed; encode into a new one%s",
                           cb->status == MLXN_CB_ERROR ? cb->error : "");
-  if (len % 4 != 0 || (len > 0 && !stream))
-    return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "stream length %u is not a whole number of words", len);
-  pthread_mutex_lock(&cb->dev->mu);
-  int32_t rc = mlxn_cmdbuf_decode(cb, stream, len);
-  pthread_mutex_unlock(&cb->dev->mu);
+  int32_t rc;
+  if (len % 4 != 0 || (len > 0 && !stream)) {
+    cb->error_offset = 0;
+    rc = mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "stream length %u is not a whole number of words", len);
+  } else {
+    pthread_mutex_lock(&cb->dev->mu);
+    rc = mlxn_cmdbuf_decode(cb, stream, len);
+    pthread_mutex_unlock(&cb->dev->mu);
+  }
   if (rc != MLXN_OK) {
-    /* A half-decoded command buffer must never run: make the failure sticky. */
+    /* A half-decoded (or dropped) chunk means the command buffer must never run: sticky error. */
     cb->status = MLXN_CB_ERROR;
     cb->error_code = rc;
     copy_text(last_error, (uint8_t *)cb->error, sizeof cb->error);

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { Op, RecordWords, recordHeader } from "./abi.ts";
+import { Op, recordHeader, RecordWords } from "./abi.ts";
 
 const H_SET_PIPELINE = recordHeader(Op.SET_PIPELINE, RecordWords.SET_PIPELINE);
 const H_SET_BUFFER = recordHeader(Op.SET_BUFFER, RecordWords.SET_BUFFER);

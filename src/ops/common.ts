@@ -40,7 +40,12 @@ export function checkU32(op: string, name: string, v: number, min = 1): void {
 }
 
 /** Throws InvalidArgument unless `v` is finite and in the allowed range. */
-export function checkFinite(op: string, name: string, v: number, opts: { min?: number; positive?: boolean } = {}): void {
+export function checkFinite(
+  op: string,
+  name: string,
+  v: number,
+  opts: { min?: number; positive?: boolean } = {},
+): void {
   if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
   if (opts.positive && !(v > 0)) throw new MlxError("InvalidArgument", `${op}: ${name} must be > 0, got ${v}`);
   if (opts.min !== undefined && v < opts.min) {

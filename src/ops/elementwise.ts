@@ -1,5 +1,6 @@
 /**
- * Elementwise ops: add, mul (f32/f16/bf16), gelu (tanh form, f32/f16/bf16), softcap (f32).
+ * Elementwise ops: add, mul (f32/f16/bf16), gelu (tanh form, f32/f16/bf16), softcap and
+ * axpby (f32).
  * Geometry: one thread per element, threadgroups of min(256, n).
  *
  * @module
@@ -45,6 +46,16 @@ export const elementwiseContracts: readonly KernelContract[] = [
       { name: "in", kind: "buffer", access: "read" },
       { name: "out", kind: "buffer", access: "write" },
       { name: "params{cap:f32,n:u32}", kind: "bytes", size: 8 },
+    ],
+  },
+  {
+    name: "axpby_f32",
+    opKind: CapturedOpKind.ElemAdd,
+    slots: [
+      { name: "a", kind: "buffer", access: "read" },
+      { name: "b", kind: "buffer", access: "read" },
+      { name: "out", kind: "buffer", access: "write" },
+      { name: "params{alpha:f32,beta:f32,n:u32,pad:u32}", kind: "bytes", size: 16 },
     ],
   },
 ];
@@ -135,6 +146,31 @@ export function softcap(
   target.dispatch({
     pipeline: registry.get("softcap_f32"),
     bindings: [input, output, packParams([["f32", options.cap], ["u32", n]])],
+    grid: n,
+    threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
+
+/** out = alpha · a + beta · b (f32), e.g. a scaled residual add. */
+export function axpby(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  a: MlxBuffer,
+  b: MlxBuffer,
+  out: MlxBuffer,
+  options: { alpha: number; beta: number; n?: number },
+): void {
+  const n = options.n ?? out.length;
+  checkFinite("axpby", "alpha", options.alpha);
+  checkFinite("axpby", "beta", options.beta);
+  checkU32("axpby", "n", n);
+  checkBuffer("axpby", "a", a, DType.F32, n);
+  checkBuffer("axpby", "b", b, DType.F32, n);
+  checkBuffer("axpby", "out", out, DType.F32, n);
+  target.dispatch({
+    pipeline: registry.get("axpby_f32"),
+    bindings: [a, b, out, packParams([["f32", options.alpha], ["f32", options.beta], ["u32", n], ["u32", 0]])],
     grid: n,
     threadgroup: Math.min(256, n),
     dispatchKind: "threads",

@@ -78,7 +78,10 @@ export interface NormOptions {
 }
 
 /** Row geometry shared by every kernel of this family. */
-export function rowGeometry(rows: number, cols: number): { grid: number; threadgroup: number; threadgroupMemory: number } {
+export function rowGeometry(
+  rows: number,
+  cols: number,
+): { grid: number; threadgroup: number; threadgroupMemory: number } {
   const tg = Math.min(256, nextPow2(cols));
   return { grid: rows, threadgroup: tg, threadgroupMemory: tg * 4 };
 }
