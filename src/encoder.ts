@@ -11,10 +11,10 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import type { Pipeline } from "./kernels.ts";
-import { CbStatus, Limits, Status } from "./native/abi.ts";
+import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
-import type { StreamWriter } from "./native/stream.ts";
+import { StreamWriter } from "./native/stream.ts";
 
 /** A slot's argument: a buffer (view), inline constant bytes, or nothing (optional slots). */
 export type Binding = MlxBuffer | Uint8Array | undefined;
@@ -197,19 +197,17 @@ export class CommandEncoder {
         `${p.name}: threadgroup memory ${tgMem} must be an integer in 0..${Limits.MAX_TG_MEMORY}`,
       );
     }
-    if (this.#pipeline !== p.handle) {
-      w.setPipeline(p.handle);
-      this.#pipeline = p.handle;
-    }
-    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
+    // Pass 1: validate every binding and size the records; nothing is written on failure.
+    let words = RecordWords.SET_PIPELINE + RecordWords.SET_TG_MEMORY + RecordWords.DISPATCH;
     for (let i = 0; i < slots.length; i++) {
       const b = bindings[i];
       const s = slots[i];
       if (s.kind === "buffer") {
         if (b instanceof MlxBuffer) {
-          const h = b.rawHandle;
-          if (h === 0) throw new MlxError("Disposed", `${p.name}: slot ${i} (${s.name}) binds a disposed buffer`);
-          w.setBuffer(i, h, b.byteOffset, b.byteLength);
+          if (b.rawHandle === 0) {
+            throw new MlxError("Disposed", `${p.name}: slot ${i} (${s.name}) binds a disposed buffer`);
+          }
+          words += RecordWords.SET_BUFFER;
         } else if (b !== undefined || !s.optional) {
           throw new MlxError(
             "InvalidArgument",
@@ -226,7 +224,7 @@ export class CommandEncoder {
             } inline bytes, got ${n}`,
           );
         }
-        w.setBytes(i, b);
+        words += StreamWriter.bytesRecordWords(n);
       } else {
         throw new MlxError(
           "InvalidArgument",
@@ -235,6 +233,18 @@ export class CommandEncoder {
           }`,
         );
       }
+    }
+    // Pass 2: write the records into room reserved once.
+    w.reserve(words);
+    if (this.#pipeline !== p.handle) {
+      w.setPipeline(p.handle);
+      this.#pipeline = p.handle;
+    }
+    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
+    for (let i = 0; i < slots.length; i++) {
+      const b = bindings[i];
+      if (b instanceof MlxBuffer) w.setBuffer(i, b.rawHandle, b.byteOffset, b.byteLength);
+      else if (b !== undefined) w.setBytes(i, b);
     }
     w.dispatch(d.dispatchKind === "threads", g0, g1, g2, t0, t1, t2, this.#dispatches);
     this.#kernels?.push(p.name);
@@ -249,7 +259,9 @@ export class CommandEncoder {
   memoryBarrier(): void {
     if (this.#state !== "encoding") throw this.#notEncoding("memoryBarrier");
     if (this.#dispatches === 0) return;
-    this.#writer!.barrier();
+    const w = this.#writer!;
+    w.reserve(RecordWords.BARRIER);
+    w.barrier();
     this.#barriers++;
     counterState.barriers++;
   }

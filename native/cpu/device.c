@@ -102,6 +102,12 @@ void mlxn_device_close(mlxn_device *dev) {
   }
   free(dev->buffers);
   free(dev->free_slots);
+  for (uint32_t i = 0; i < dev->n_spare; i++) {
+    mlxn_cmdbuf tmp;
+    memset(&tmp, 0, sizeof tmp);
+    mlxn_storage_adopt(&tmp, &dev->spare[i]);
+    mlxn_storage_free(&tmp);
+  }
   pthread_mutex_destroy(&dev->mu);
   pthread_cond_destroy(&dev->queue_cv);
   free(dev);
@@ -266,23 +272,42 @@ int32_t mlxn_buffer_read(mlxn_device *dev, uint32_t handle, uint64_t offset, uin
 
 /* ---- pipelines -------------------------------------------------------------------------------- */
 
-/* Pipeline handles number the kernels of all families in table order, from 1. */
-static const mlxn_cpu_kernel *kernel_at(uint32_t handle) {
-  uint32_t i = 1;
+/* Pipeline handles number the kernels of all families in table order, from 1. The flat table is
+ * built once so that SET_PIPELINE is an array index, not a search. */
+#define MAX_KERNELS 512
+static const mlxn_cpu_kernel *kernel_table[MAX_KERNELS + 1];
+static mlxn_slot_masks kernel_masks[MAX_KERNELS + 1];
+static uint32_t kernel_count;
+static pthread_once_t kernel_once = PTHREAD_ONCE_INIT;
+
+static void build_kernel_table(void) {
   for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
-    for (const mlxn_cpu_kernel *k = *f; k->name; k++, i++)
-      if (i == handle) return k;
-  return NULL;
+    for (const mlxn_cpu_kernel *k = *f; k->name && kernel_count < MAX_KERNELS; k++) {
+      mlxn_slot_masks *m = &kernel_masks[++kernel_count];
+      kernel_table[kernel_count] = k;
+      m->nslots = (uint32_t)strlen(k->signature);
+      for (uint32_t i = 0; i < m->nslots; i++) {
+        m->all |= 1u << i;
+        if (k->signature[i] != 'o') m->required |= 1u << i;
+        if (k->signature[i] == 'c') m->bytes |= 1u << i;
+      }
+    }
 }
 
-const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle) { return kernel_at(handle); }
+const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks) {
+  pthread_once(&kernel_once, build_kernel_table);
+  if (handle == 0 || handle > kernel_count) return NULL;
+  if (masks) *masks = &kernel_masks[handle];
+  return kernel_table[handle];
+}
+
+static const mlxn_cpu_kernel *kernel_at(uint32_t handle) { return mlxn_pipeline_kernel(handle, NULL); }
 
 uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
   if (!dev || !name) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device or name"), 0;
-  uint32_t i = 1;
-  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
-    for (const mlxn_cpu_kernel *k = *f; k->name; k++, i++)
-      if (strcmp(k->name, (const char *)name) == 0) return i;
+  pthread_once(&kernel_once, build_kernel_table);
+  for (uint32_t i = 1; i <= kernel_count; i++)
+    if (strcmp(kernel_table[i]->name, (const char *)name) == 0) return i;
   return mlxn_set_error(MLXN_E_BAD_HANDLE, "no kernel named '%.200s' in the CPU backend", (const char *)name), 0;
 }
 
@@ -302,6 +327,7 @@ mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
   pthread_cond_init(&cb->cv, NULL);
   cb->status = MLXN_CB_ENCODING;
   pthread_mutex_lock(&dev->mu);
+  if (dev->n_spare > 0) mlxn_storage_adopt(cb, &dev->spare[--dev->n_spare]);
   cb->serial = dev->next_serial++;
   cb->live_next = dev->live;
   if (dev->live) dev->live->live_prev = cb;
@@ -413,6 +439,8 @@ void mlxn_cmdbuf_free(mlxn_cmdbuf *cb) {
   pthread_mutex_unlock(&cb->mu);
   pthread_mutex_lock(&dev->mu);
   mlxn_cmdbuf_release_content(cb); /* drops buffer references (uncommitted or failed ones too) */
+  if (dev->n_spare < MLXN_SPARE_STORAGE) mlxn_storage_give(cb, &dev->spare[dev->n_spare++]);
+  mlxn_storage_free(cb);
   if (cb->live_prev) cb->live_prev->live_next = cb->live_next;
   else dev->live = cb->live_next;
   if (cb->live_next) cb->live_next->live_prev = cb->live_prev;

@@ -29,6 +29,14 @@ typedef struct buffer_entry {
   uint64_t last_cb;  /* serial of the last command buffer that took a reference */
 } buffer_entry;
 
+/* A kernel's signature as bit masks over its slots, for O(1) binding checks. */
+typedef struct mlxn_slot_masks {
+  uint32_t nslots;
+  uint32_t all;      /* every slot of the signature */
+  uint32_t required; /* slots that must be bound ('b', 'c') */
+  uint32_t bytes;    /* inline-bytes slots ('c') */
+} mlxn_slot_masks;
+
 /* ---- command buffers -------------------------------------------------------------------------- */
 
 typedef struct decoded_dispatch {
@@ -63,10 +71,12 @@ struct mlxn_cmdbuf {
 
   /* decoder state carried across chunks */
   const mlxn_cpu_kernel *pipeline;
+  const mlxn_slot_masks *pipeline_masks;
+  uint32_t pipeline_handle;
   uint32_t bound_mask; /* slots bound since the last dispatch */
+  uint32_t bytes_mask; /* of those, the ones bound to inline bytes */
   uint8_t *slot_ptr[MLXN_MAX_SLOTS];
   uint64_t slot_len[MLXN_MAX_SLOTS];
-  uint8_t slot_is_bytes[MLXN_MAX_SLOTS];
   uint32_t tg_memory;
   uint32_t error_offset;
 
@@ -78,6 +88,20 @@ struct mlxn_cmdbuf {
   char error[512];
   uint64_t t_start, t_end;
 };
+
+/* Growable arrays of a command buffer, recycled through the device so that steady-state encoding
+ * allocates nothing. */
+typedef struct cb_storage {
+  decoded_dispatch *dispatches;
+  uint32_t cap_dispatches;
+  uint32_t *group_starts;
+  uint32_t cap_groups;
+  uint32_t *refs;
+  uint32_t cap_refs;
+  arena_block *arena; /* one empty block */
+} cb_storage;
+
+#define MLXN_SPARE_STORAGE 4
 
 /* ---- device ----------------------------------------------------------------------------------- */
 
@@ -116,6 +140,8 @@ struct mlxn_device {
   int pool_stop;
   group_job *job;
   _Atomic uint64_t job_seq_atomic; /* spinning helpers watch this */
+  cb_storage spare[MLXN_SPARE_STORAGE];
+  uint32_t n_spare;
   uint64_t *prefix_scratch;
   uint32_t prefix_cap;
   uint32_t tg_scratch_bytes;
@@ -127,9 +153,17 @@ void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
 void mlxn_live_add(int what, int64_t delta);
 uint64_t mlxn_now_ns(void);
 
+const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks);
+
 /* stream.c */
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+/* Drops buffer references and empties the content (keeping capacity). */
 void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb);
+/* Moves a spare storage into an empty command buffer / a command buffer's storage into a spare. */
+void mlxn_storage_adopt(mlxn_cmdbuf *cb, cb_storage *spare);
+void mlxn_storage_give(mlxn_cmdbuf *cb, cb_storage *spare);
+/* Frees whatever storage the command buffer still owns. */
+void mlxn_storage_free(mlxn_cmdbuf *cb);
 
 /* exec.c */
 int mlxn_exec_start(mlxn_device *dev, uint32_t threads);

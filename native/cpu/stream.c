@@ -7,8 +7,6 @@
 
 #include "internal.h"
 
-const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle);
-
 static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
   if (need <= *cap) return 1;
   uint32_t ncap = *cap ? *cap : 16;
@@ -41,20 +39,57 @@ static uint8_t *arena_copy(mlxn_cmdbuf *cb, const uint8_t *src, uint32_t n) {
 
 void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb) {
   for (uint32_t i = 0; i < cb->n_refs; i++) mlxn_buffer_release_locked(cb->dev, cb->refs[i]);
-  free(cb->refs);
+  cb->n_refs = 0;
+  cb->n_dispatches = 0;
+  cb->n_groups = 0;
+  /* Keep one arena block (the oldest, at the tail) for reuse; free the rest. */
+  while (cb->arena && cb->arena->next) {
+    arena_block *n = cb->arena->next;
+    free(cb->arena);
+    cb->arena = n;
+  }
+  if (cb->arena) cb->arena->used = 0;
+}
+
+void mlxn_storage_adopt(mlxn_cmdbuf *cb, cb_storage *sp) {
+  cb->dispatches = sp->dispatches;
+  cb->cap_dispatches = sp->cap_dispatches;
+  cb->group_starts = sp->group_starts;
+  cb->cap_groups = sp->cap_groups;
+  cb->refs = sp->refs;
+  cb->cap_refs = sp->cap_refs;
+  cb->arena = sp->arena;
+  memset(sp, 0, sizeof *sp);
+}
+
+void mlxn_storage_give(mlxn_cmdbuf *cb, cb_storage *sp) {
+  sp->dispatches = cb->dispatches;
+  sp->cap_dispatches = cb->cap_dispatches;
+  sp->group_starts = cb->group_starts;
+  sp->cap_groups = cb->cap_groups;
+  sp->refs = cb->refs;
+  sp->cap_refs = cb->cap_refs;
+  sp->arena = cb->arena;
+  cb->dispatches = NULL;
+  cb->group_starts = NULL;
   cb->refs = NULL;
-  cb->n_refs = cb->cap_refs = 0;
+  cb->arena = NULL;
+  cb->cap_dispatches = cb->cap_groups = cb->cap_refs = 0;
+}
+
+void mlxn_storage_free(mlxn_cmdbuf *cb) {
+  free(cb->dispatches);
+  free(cb->group_starts);
+  free(cb->refs);
   while (cb->arena) {
     arena_block *n = cb->arena->next;
     free(cb->arena);
     cb->arena = n;
   }
-  free(cb->dispatches);
   cb->dispatches = NULL;
-  cb->n_dispatches = cb->cap_dispatches = 0;
-  free(cb->group_starts);
   cb->group_starts = NULL;
-  cb->n_groups = cb->cap_groups = 0;
+  cb->refs = NULL;
+  cb->cap_dispatches = cb->cap_groups = cb->cap_refs = 0;
 }
 
 #define FAIL(code, ...)                                                                            \
@@ -99,61 +134,66 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
          t[1], t[2], MLXN_MAX_THREADS_PER_GROUP);
   if (g[0] == 0 || g[1] == 0 || g[2] == 0)
     FAIL(MLXN_E_STREAM, "kernel %s: grid %ux%ux%u has a zero dimension", k->name, g[0], g[1], g[2]);
-  mlxn_kargs a;
-  memset(&a, 0, sizeof a);
+  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(decoded_dispatch)))
+    FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+  decoded_dispatch *d = &cb->dispatches[cb->n_dispatches]; /* filled in place, kept only if valid */
+  mlxn_kargs *a = &d->args;
   for (int i = 0; i < 3; i++) {
-    a.tg[i] = t[i];
+    a->tg[i] = t[i];
     if (op == MLXN_OP_DISPATCH_THREADS) {
-      a.grid[i] = g[i];
-      a.groups[i] = (g[i] + t[i] - 1) / t[i];
+      a->grid[i] = g[i];
+      a->groups[i] = (g[i] + t[i] - 1) / t[i];
     } else {
       uint64_t threads = (uint64_t)g[i] * t[i];
       if (threads > UINT32_MAX)
         FAIL(MLXN_E_STREAM, "kernel %s: %u threadgroups of %u threads overflow dimension %d", k->name,
              g[i], t[i], i);
-      a.groups[i] = g[i];
-      a.grid[i] = (uint32_t)threads;
+      a->groups[i] = g[i];
+      a->grid[i] = (uint32_t)threads;
     }
   }
   /* Bindings must match the kernel's signature exactly: no missing, mistyped or extra slot. */
-  uint32_t nslots = (uint32_t)strlen(k->signature);
-  for (uint32_t s = 0; s < nslots; s++) {
-    int bound = (cb->bound_mask >> s) & 1u;
-    char want = k->signature[s];
-    if (!bound && want != 'o')
+  const mlxn_slot_masks *m = cb->pipeline_masks;
+  uint32_t bound = cb->bound_mask;
+  uint32_t missing = m->required & ~bound;
+  uint32_t extra = bound & ~m->all;
+  uint32_t mistyped = bound & (cb->bytes_mask ^ m->bytes);
+  if (missing | extra | mistyped) {
+    if (missing) {
+      uint32_t s = (uint32_t)__builtin_ctz(missing);
       FAIL(MLXN_E_STREAM, "kernel %s: slot %u (%s) is not bound", k->name, s,
-           want == 'c' ? "inline bytes" : "buffer");
-    if (bound && (want == 'c') != (cb->slot_is_bytes[s] != 0))
-      FAIL(MLXN_E_STREAM, "kernel %s: slot %u expects %s but got %s", k->name, s,
-           want == 'c' ? "inline bytes" : "a buffer", cb->slot_is_bytes[s] ? "inline bytes" : "a buffer");
-    a.ptr[s] = bound ? cb->slot_ptr[s] : NULL;
-    a.len[s] = bound ? cb->slot_len[s] : 0;
+           (m->bytes >> s) & 1u ? "inline bytes" : "buffer");
+    }
+    if (extra)
+      FAIL(MLXN_E_STREAM, "kernel %s takes %u slots but slot %u is bound", k->name, m->nslots,
+           (uint32_t)__builtin_ctz(extra));
+    uint32_t s = (uint32_t)__builtin_ctz(mistyped);
+    FAIL(MLXN_E_STREAM, "kernel %s: slot %u expects %s but got %s", k->name, s,
+         (m->bytes >> s) & 1u ? "inline bytes" : "a buffer", (m->bytes >> s) & 1u ? "a buffer" : "inline bytes");
   }
-  uint32_t extra = cb->bound_mask >> nslots;
-  if (nslots < 32 && extra) {
-    uint32_t s = nslots + (uint32_t)__builtin_ctz(extra);
-    FAIL(MLXN_E_STREAM, "kernel %s takes %u slots but slot %u is bound", k->name, nslots, s);
+  /* Unbound optional slots read as NULL/0; slots past the signature are never read by the kernel. */
+  for (uint32_t s = 0; s < m->nslots; s++) {
+    int is_bound = (bound >> s) & 1u;
+    a->ptr[s] = is_bound ? cb->slot_ptr[s] : NULL;
+    a->len[s] = is_bound ? cb->slot_len[s] : 0;
   }
-  a.tg_memory = cb->tg_memory;
+  a->tg_memory = cb->tg_memory;
   char why[512];
   why[0] = 0;
-  if (k->validate(&a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
+  if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
 
-  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(decoded_dispatch)))
-    FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
   int new_group = cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL);
   if (new_group) {
     if (!grow((void **)&cb->group_starts, &cb->cap_groups, cb->n_groups + 1, sizeof(uint32_t)))
       FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
     cb->group_starts[cb->n_groups++] = cb->n_dispatches;
   }
-  decoded_dispatch *d = &cb->dispatches[cb->n_dispatches++];
+  cb->n_dispatches++;
   d->kernel = k;
-  d->args = a;
   d->tag = tag;
-  d->tg_total = (uint64_t)a.groups[0] * a.groups[1] * a.groups[2];
-  atomic_store(&d->t_start, UINT64_MAX);
-  atomic_store(&d->t_end, 0);
+  d->tg_total = (uint64_t)a->groups[0] * a->groups[1] * a->groups[2];
+  atomic_store_explicit(&d->t_start, UINT64_MAX, memory_order_relaxed);
+  atomic_store_explicit(&d->t_end, 0, memory_order_relaxed);
   cb->barrier_pending = 0;
   cb->bound_mask = 0; /* every dispatch carries its complete binding set */
   return MLXN_OK;
@@ -185,9 +225,14 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       FAIL(MLXN_E_STREAM, "%s must be %u words, header says %u", op_name(op), fixed, words);
     switch (op) {
       case MLXN_OP_SET_PIPELINE: {
-        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(word(r + 4));
-        if (!k) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", word(r + 4));
+        uint32_t handle = word(r + 4);
+        if (handle == cb->pipeline_handle && cb->pipeline) break;
+        const mlxn_slot_masks *masks = NULL;
+        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(handle, &masks);
+        if (!k) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
         cb->pipeline = k;
+        cb->pipeline_masks = masks;
+        cb->pipeline_handle = handle;
         break;
       }
       case MLXN_OP_SET_BUFFER: {
@@ -210,7 +255,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         }
         cb->slot_ptr[slot] = e->data + boff;
         cb->slot_len[slot] = blen;
-        cb->slot_is_bytes[slot] = 0;
+        cb->bytes_mask &= ~(1u << slot);
         cb->bound_mask |= 1u << slot;
         break;
       }
@@ -228,7 +273,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         if (!copy) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
         cb->slot_ptr[slot] = copy;
         cb->slot_len[slot] = n;
-        cb->slot_is_bytes[slot] = 1;
+        cb->bytes_mask |= 1u << slot;
         cb->bound_mask |= 1u << slot;
         break;
       }

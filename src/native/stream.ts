@@ -21,7 +21,11 @@ export type StreamSink = (bytes: Uint8Array, byteLength: number) => void;
 /** Default capacity in words (256 KiB): ~1,800 typical dispatches per chunk. */
 export const DEFAULT_STREAM_WORDS = 65536;
 
-/** Writes records; calls the sink when the buffer is full and on {@link StreamWriter.flush}. */
+/**
+ * Writes records; calls the sink when the buffer is full and on {@link StreamWriter.flush}. Callers
+ * {@link StreamWriter.reserve} room for a whole group of records first; the record writers then
+ * store without further checks (one capacity check per dispatch, not per record).
+ */
 export class StreamWriter {
   /** The words written so far (valid up to `pos`). */
   readonly words: Uint32Array;
@@ -51,13 +55,18 @@ export class StreamWriter {
     this.#sink!(this.bytes, n * 4);
   }
 
-  #reserve(n: number): void {
+  /** Makes room for `n` words (flushing if needed). `n` must not exceed the capacity. */
+  reserve(n: number): void {
     if (this.pos + n > this.words.length) this.flush();
+  }
+
+  /** Words a SET_BYTES record of `n` bytes takes. */
+  static bytesRecordWords(n: number): number {
+    return 3 + ((n + 3) >>> 2);
   }
 
   /** SET_PIPELINE. */
   setPipeline(handle: number): void {
-    this.#reserve(2);
     const w = this.words, p = this.pos;
     w[p] = H_SET_PIPELINE;
     w[p + 1] = handle;
@@ -66,7 +75,6 @@ export class StreamWriter {
 
   /** SET_BUFFER: bytes [offset, offset + length) of buffer `handle` at `slot`. */
   setBuffer(slot: number, handle: number, offset: number, length: number): void {
-    this.#reserve(7);
     const w = this.words, p = this.pos;
     w[p] = H_SET_BUFFER;
     w[p + 1] = slot;
@@ -82,7 +90,6 @@ export class StreamWriter {
   setBytes(slot: number, data: Uint8Array): void {
     const n = data.byteLength;
     const dataWords = (n + 3) >>> 2;
-    this.#reserve(3 + dataWords);
     const w = this.words, p = this.pos;
     w[p] = recordHeader(Op.SET_BYTES, 3 + dataWords);
     w[p + 1] = slot;
@@ -99,7 +106,6 @@ export class StreamWriter {
 
   /** SET_TG_MEMORY for index 0. */
   setThreadgroupMemory(bytes: number): void {
-    this.#reserve(3);
     const w = this.words, p = this.pos;
     w[p] = H_SET_TG_MEMORY;
     w[p + 1] = 0;
@@ -118,7 +124,6 @@ export class StreamWriter {
     t2: number,
     tag: number,
   ): void {
-    this.#reserve(8);
     const w = this.words, p = this.pos;
     w[p] = threads ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
     w[p + 1] = g0;
@@ -133,7 +138,6 @@ export class StreamWriter {
 
   /** BARRIER. */
   barrier(): void {
-    this.#reserve(1);
     this.words[this.pos++] = H_BARRIER;
   }
 }
