@@ -36,6 +36,7 @@ export {
   type DispatchKind,
   type DispatchTiming,
   type EncoderState,
+  type InlineWords,
 } from "./src/encoder.ts";
 export {
   type Access,

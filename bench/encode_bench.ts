@@ -6,7 +6,7 @@
  *   make bench            (or: deno bench --allow-ffi --allow-read --allow-env bench/)
  */
 import { DType, KernelRegistry, MlxDevice, ops } from "../mod.ts";
-import { packParams } from "../src/ops/common.ts";
+import { f32Bits } from "../src/ops/common.ts";
 
 const N = 800;
 const device = MlxDevice.open();
@@ -14,7 +14,7 @@ const registry = new KernelRegistry(device);
 const a = device.alloc(4096 * 4, DType.F32), b = device.alloc(4096 * 4, DType.F32);
 const c = device.alloc(4096 * 4, DType.F32);
 const axpby = registry.get("axpby_f32");
-const params = packParams([["f32", 0.5], ["f32", 2], ["u32", 4096], ["u32", 0]]);
+const params = [f32Bits(0.5), f32Bits(2), 4096, 0];
 const descriptor = {
   pipeline: axpby,
   bindings: [a, b, c, params],

@@ -21,18 +21,23 @@
  *  hands it over with mlxn_cmdbuf_encode(); one command buffer may receive several chunks, and the
  *  encoder state (pipeline, bindings) carries over from one chunk to the next.
  *
- *  Every record starts with one header word:  bits 0..7 = opcode, bits 8..31 = record length in
- *  words, header included. Fixed-size records must have exactly their MLXN_REC_*_WORDS length.
+ *  Every record starts with one header word: bits 0..7 = opcode, bits 8..15 = argument slot (or
+ *  threadgroup-memory index; 0 for other records), bits 16..31 = record length in words, header
+ *  included. Fixed-size records must have exactly their MLXN_REC_*_WORDS length.
  *
  *    SET_PIPELINE      [hdr, pipeline]                                              2 words
- *    SET_BUFFER        [hdr, slot, buffer, offset_lo, offset_hi, length_lo, length_hi] 7 words
- *                      binds bytes [offset, offset+length) of a buffer; a kernel never sees more.
- *    SET_BYTES         [hdr, slot, nbytes, data…]   data padded to a whole word; nbytes ≤ MLXN_MAX_INLINE_BYTES
- *                      inline constants: copied into the command buffer at encode time.
- *    SET_TG_MEMORY     [hdr, index, nbytes]                                         3 words
- *    DISPATCH_THREADS  [hdr, grid x,y,z, threadgroup x,y,z]   grid counts threads   8 words
- *    DISPATCH_GROUPS   [hdr, groups x,y,z, threadgroup x,y,z] grid counts groups    8 words
- *                      both carry [7] = an opaque tag (the host's dispatch index) echoed in timings.
+ *    SET_BUFFER        [hdr, buffer, offset, length]                                4 words
+ *    SET_BUFFER64      [hdr, buffer, offset_lo, offset_hi, length_lo, length_hi]    6 words
+ *                      binds bytes [offset, offset+length) of a buffer at the header's slot; a
+ *                      kernel never sees more. SET_BUFFER64 is for views beyond 4 GiB.
+ *    SET_BYTES         [hdr, nbytes, data…]   data padded to a whole word; nbytes ≤ MLXN_MAX_INLINE_BYTES
+ *                      inline constants for the header's slot, copied into the command buffer.
+ *    SET_TG_MEMORY     [hdr, nbytes]          threadgroup memory for the header's index    2 words
+ *    DISPATCH_THREADS  [hdr, grid x,y,z, threadgroup x,y,z, tag]   grid counts threads    8 words
+ *    DISPATCH_GROUPS   [hdr, groups x,y,z, threadgroup x,y,z, tag] grid counts groups     8 words
+ *                      tag: an opaque value (the host's dispatch index) echoed in timings. Every
+ *                      dispatch consumes the bindings set since the previous one: each dispatch
+ *                      carries its complete binding set; the pipeline stays set.
  *    BARRIER           [hdr]                                                        1 word
  *                      every dispatch after it sees all memory written before it.
  *
@@ -72,11 +77,13 @@ extern "C" {
 #define MLXN_OP_DISPATCH_THREADS 5
 #define MLXN_OP_DISPATCH_GROUPS 6
 #define MLXN_OP_BARRIER 7
+#define MLXN_OP_SET_BUFFER64 8
 
 #define MLXN_REC_SET_PIPELINE_WORDS 2
-#define MLXN_REC_SET_BUFFER_WORDS 7
-#define MLXN_REC_SET_BYTES_HEADER_WORDS 3
-#define MLXN_REC_SET_TG_MEMORY_WORDS 3
+#define MLXN_REC_SET_BUFFER_WORDS 4
+#define MLXN_REC_SET_BUFFER64_WORDS 6
+#define MLXN_REC_SET_BYTES_HEADER_WORDS 2
+#define MLXN_REC_SET_TG_MEMORY_WORDS 2
 #define MLXN_REC_DISPATCH_WORDS 8
 #define MLXN_REC_BARRIER_WORDS 1
 

@@ -10,14 +10,23 @@ import { MlxBuffer } from "./buffer.ts";
 import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
-import type { Pipeline } from "./kernels.ts";
+import type { Pipeline, SlotSpec } from "./kernels.ts";
 import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
 import { StreamWriter } from "./native/stream.ts";
 
-/** A slot's argument: a buffer (view), inline constant bytes, or nothing (optional slots). */
-export type Binding = MlxBuffer | Uint8Array | undefined;
+/**
+ * A slot's argument: a buffer (view); inline constants; or nothing (optional slots).
+ *
+ * Inline constants are little-endian 32-bit words, given as a plain array of u32 values (the fast
+ * form: no typed-array allocation per dispatch; use `f32Bits(x)` for floats) or as a Uint32Array,
+ * or as raw bytes in a Uint8Array.
+ */
+export type Binding = MlxBuffer | InlineWords | Uint8Array | Uint32Array | undefined;
+
+/** Inline constants as u32 words (`f32Bits(x)` for an f32 field). */
+export type InlineWords = readonly number[];
 
 /** Up to three dimensions; missing ones are 1. */
 export type Dims = number | readonly number[];
@@ -81,6 +90,8 @@ export type EncoderState = "encoding" | "committed" | "completed" | "failed" | "
 const cleanup = new FinalizationRegistry<{ host: EncoderHost; ptr: Deno.PointerObject }>(({ host, ptr }) => {
   if (!host.closed) host.sym.mlxn_cmdbuf_free(ptr);
 });
+
+const timingScratch = new BigUint64Array(2);
 
 function dim(d: Dims, i: number): number {
   if (typeof d === "number") return i === 0 ? d : 1;
@@ -207,28 +218,33 @@ export class CommandEncoder {
           if (b.rawHandle === 0) {
             throw new MlxError("Disposed", `${p.name}: slot ${i} (${s.name}) binds a disposed buffer`);
           }
-          words += RecordWords.SET_BUFFER;
+          words += StreamWriter.bufferRecordWords(b.byteOffset, b.byteLength);
         } else if (b !== undefined || !s.optional) {
           throw new MlxError(
             "InvalidArgument",
             `${p.name}: slot ${i} (${s.name}) needs an MlxBuffer, got ${b === undefined ? "nothing" : "bytes"}`,
           );
         }
-      } else if (b instanceof Uint8Array) {
-        const n = b.byteLength;
-        if (n === 0 || n > Limits.MAX_INLINE_BYTES || (s.size !== undefined && n !== s.size)) {
-          throw new MlxError(
-            "InvalidArgument",
-            `${p.name}: slot ${i} (${s.name}) takes ${
-              s.size ?? `1..${Limits.MAX_INLINE_BYTES}`
-            } inline bytes, got ${n}`,
-          );
+      } else if (Array.isArray(b)) {
+        const n = b.length * 4;
+        for (let k = 0; k < b.length; k++) {
+          const v = b[k];
+          if ((v >>> 0) !== v) {
+            throw new MlxError(
+              "InvalidArgument",
+              `${p.name}: slot ${i} (${s.name}) word ${k} is ${v}, not a u32: encode floats with f32Bits()`,
+            );
+          }
         }
-        words += StreamWriter.bytesRecordWords(n);
+        this.#checkInlineSize(p.name, i, s, n);
+        words += RecordWords.SET_BYTES_HEADER + b.length;
+      } else if (b instanceof Uint32Array || b instanceof Uint8Array) {
+        this.#checkInlineSize(p.name, i, s, b.byteLength);
+        words += StreamWriter.bytesRecordWords(b.byteLength);
       } else {
         throw new MlxError(
           "InvalidArgument",
-          `${p.name}: slot ${i} (${s.name}) needs inline bytes (Uint8Array), got ${
+          `${p.name}: slot ${i} (${s.name}) needs inline constants (u32 words or bytes), got ${
             b === undefined ? "nothing" : "a buffer"
           }`,
         );
@@ -244,7 +260,8 @@ export class CommandEncoder {
     for (let i = 0; i < slots.length; i++) {
       const b = bindings[i];
       if (b instanceof MlxBuffer) w.setBuffer(i, b.rawHandle, b.byteOffset, b.byteLength);
-      else if (b !== undefined) w.setBytes(i, b);
+      else if (Array.isArray(b) || b instanceof Uint32Array) w.setWords(i, b as ArrayLike<number>);
+      else if (b !== undefined) w.setBytes(i, b as Uint8Array);
     }
     w.dispatch(d.dispatchKind === "threads", g0, g1, g2, t0, t1, t2, this.#dispatches);
     this.#kernels?.push(p.name);
@@ -407,7 +424,8 @@ export class CommandEncoder {
   #complete(rc: number): void {
     const sym = this.#sym, ptr = this.#ptr!;
     const n = this.#kernels ? this.#dispatches : 0;
-    const out = new BigUint64Array(2 + 3 * n);
+    // Typed-array allocation is costly in Deno: reuse a scratch unless per-dispatch timings are on.
+    const out = n === 0 ? timingScratch : new BigUint64Array(2 + 3 * n);
     const got = sym.mlxn_cmdbuf_timings(ptr, out, out.length);
     this.#gpuStartNs = Number(out[0]);
     this.#gpuEndNs = Number(out[1]);
@@ -447,6 +465,15 @@ export class CommandEncoder {
     this.#ptr = null;
     cleanup.unregister(this);
     if (!this.#host.closed) this.#sym.mlxn_cmdbuf_free(ptr);
+  }
+
+  #checkInlineSize(kernel: string, i: number, s: SlotSpec, n: number): void {
+    if (n === 0 || n > Limits.MAX_INLINE_BYTES || (s.size !== undefined && n !== s.size)) {
+      throw new MlxError(
+        "InvalidArgument",
+        `${kernel}: slot ${i} (${s.name}) takes ${s.size ?? `1..${Limits.MAX_INLINE_BYTES}`} inline bytes, got ${n}`,
+      );
+    }
   }
 
   #notEncoding(what: string): MlxError {

@@ -11,28 +11,28 @@ import { rng, testContext } from "./helpers.ts";
 /** Builds raw stream words. */
 class Raw {
   words: number[] = [];
-  rec(op: number, ...payload: number[]): this {
-    this.words.push(recordHeader(op, 1 + payload.length), ...payload);
+  rec(op: number, slot: number, ...payload: number[]): this {
+    this.words.push(recordHeader(op, 1 + payload.length, slot), ...payload);
     return this;
   }
   pipeline(h: number) {
-    return this.rec(Op.SET_PIPELINE, h);
+    return this.rec(Op.SET_PIPELINE, 0, h);
   }
   buffer(slot: number, handle: number, off: number, len: number) {
-    return this.rec(Op.SET_BUFFER, slot, handle, off, 0, len, 0);
+    return this.rec(Op.SET_BUFFER, slot, handle, off, len);
   }
   bytes(slot: number, ...u32: number[]) {
     return this.rec(Op.SET_BYTES, slot, u32.length * 4, ...u32);
   }
   threads(g: number, t: number) {
-    return this.rec(Op.DISPATCH_THREADS, g, 1, 1, t, 1, 1, 0);
+    return this.rec(Op.DISPATCH_THREADS, 0, g, 1, 1, t, 1, 1, 0);
   }
   u8(): Uint8Array {
     return new Uint8Array(Uint32Array.from(this.words).buffer);
   }
   byteOffsetOfRecord(index: number): number {
     let off = 0;
-    for (let i = 0; i < index; i++) off += (this.words[off / 4] >>> 8) * 4;
+    for (let i = 0; i < index; i++) off += (this.words[off / 4] >>> 16) * 4;
     return off;
   }
 }
@@ -62,14 +62,31 @@ Deno.test("malformed streams are refused with a code, the record's byte offset a
 
   const cases: { name: string; raw: Raw; rc: number; record: number; reason: RegExp; len?: number }[] = [
     {
-      name: "truncated record",
+      name: "truncated record (stream ends inside it)",
+      raw: (() => {
+        const r = valid();
+        r.words.push(recordHeader(Op.SET_BUFFER, 4, 2), c.handle); // claims 4 words, 2 present
+        return r;
+      })(),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /truncated record: SET_BUFFER claims 4 words, 8 bytes remain/,
+    },
+    {
+      name: "fixed-size record with the wrong length",
       raw: valid().rec(Op.SET_BUFFER, 2, c.handle, 0),
       rc: Status.E_STREAM,
       record: 3,
-      reason: /truncated|must be 7 words/,
+      reason: /SET_BUFFER must be 4 words, header says 3/,
     },
-    { name: "unknown opcode", raw: valid().rec(99, 1, 2), rc: Status.E_STREAM, record: 3, reason: /unknown opcode 99/ },
-    { name: "zero-length record", raw: valid().rec(0), rc: Status.E_STREAM, record: 3, reason: /.+/ },
+    {
+      name: "unknown opcode",
+      raw: valid().rec(99, 0, 1, 2),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /unknown opcode 99/,
+    },
+    { name: "zero-length record", raw: valid().rec(0, 0), rc: Status.E_STREAM, record: 3, reason: /.+/ },
     {
       name: "bad buffer handle",
       raw: valid().buffer(2, 0xdead, 0, 64),
@@ -183,6 +200,20 @@ Deno.test("malformed streams are refused with a code, the record's byte offset a
       reason: /threadgroup memory/,
     },
     {
+      name: "a slot on a record that has none",
+      raw: valid().rec(Op.BARRIER, 5),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /BARRIER has no slot/,
+    },
+    {
+      name: "64-bit binding past the end",
+      raw: valid().rec(Op.SET_BUFFER64, 2, c.handle, 0, 1, 64, 0),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /past the end/,
+    },
+    {
       name: "length not a multiple of 4",
       raw: valid(),
       len: 10,
@@ -227,9 +258,10 @@ Deno.test("random corruptions of a valid stream never crash the decoder", () => 
   const add = registry.get("elementwise_add_f32").handle, norm = registry.get("rms_norm_f32").handle;
   const raw = new Raw()
     .pipeline(add).buffer(0, a.handle, 0, 4096).buffer(1, b.handle, 0, 4096).buffer(2, c.handle, 0, 4096)
-    .bytes(3, 1024).threads(1024, 256).rec(Op.BARRIER)
+    .bytes(3, 1024).threads(1024, 256).rec(Op.BARRIER, 0)
     .pipeline(norm).buffer(0, c.handle, 0, 4096).buffer(1, w.handle, 0, 4096).buffer(2, a.handle, 0, 4096)
-    .bytes(3, 0x3727c5ac, 256).rec(Op.DISPATCH_GROUPS, 4, 1, 1, 256, 1, 1, 1);
+    .bytes(3, 0x3727c5ac, 256).rec(Op.DISPATCH_GROUPS, 0, 4, 1, 1, 256, 1, 1, 1)
+    .rec(Op.SET_BUFFER64, 0, a.handle, 0, 0, 4096, 0);
   words.push(...raw.words);
   const r = rng(1234);
   let refused = 0, accepted = 0;
@@ -275,7 +307,7 @@ Deno.test("the TS encoder rejects bad dispatches before they reach native code",
   const n = new Uint8Array(new Uint32Array([16]).buffer);
   bad({ pipeline: add, bindings: [a, a, a, n, a], grid: 16, threadgroup: 16 }, /5 bindings given/);
   bad({ pipeline: add, bindings: [a, a, n, n], grid: 16, threadgroup: 16 }, /slot 2 \(out\) needs an MlxBuffer/);
-  bad({ pipeline: add, bindings: [a, a, a, a], grid: 16, threadgroup: 16 }, /slot 3 .* needs inline bytes/);
+  bad({ pipeline: add, bindings: [a, a, a, a], grid: 16, threadgroup: 16 }, /slot 3 .* needs inline constants/);
   bad({ pipeline: add, bindings: [a, a, a, new Uint8Array(8)], grid: 16, threadgroup: 16 }, /takes 4 inline bytes/);
   bad({ pipeline: add, bindings: [a, a, a, n], grid: 0, threadgroup: 16 }, /grid/);
   bad({ pipeline: add, bindings: [a, a, a, n], grid: 16, threadgroup: [64, 32, 1] }, /at most 1024/);

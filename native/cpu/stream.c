@@ -115,6 +115,7 @@ static const char *op_name(uint32_t op) {
     case MLXN_OP_DISPATCH_THREADS: return "DISPATCH_THREADS";
     case MLXN_OP_DISPATCH_GROUPS: return "DISPATCH_GROUPS";
     case MLXN_OP_BARRIER: return "BARRIER";
+    case MLXN_OP_SET_BUFFER64: return "SET_BUFFER64";
     default: return "?";
   }
 }
@@ -205,7 +206,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
   while (off < len) {
     const uint8_t *r = stream + off;
     uint32_t hdr = word(r);
-    uint32_t op = hdr & 0xffu, words = hdr >> 8;
+    uint32_t op = hdr & 0xffu, slot = (hdr >> 8) & 0xffu, words = hdr >> 16;
     if (words == 0) FAIL(MLXN_E_STREAM, "record length is zero");
     if ((uint64_t)words * 4 > (uint64_t)(len - off))
       FAIL(MLXN_E_STREAM, "truncated record: %s claims %u words, %u bytes remain", op_name(op), words,
@@ -214,6 +215,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     switch (op) {
       case MLXN_OP_SET_PIPELINE: fixed = MLXN_REC_SET_PIPELINE_WORDS; break;
       case MLXN_OP_SET_BUFFER: fixed = MLXN_REC_SET_BUFFER_WORDS; break;
+      case MLXN_OP_SET_BUFFER64: fixed = MLXN_REC_SET_BUFFER64_WORDS; break;
       case MLXN_OP_SET_TG_MEMORY: fixed = MLXN_REC_SET_TG_MEMORY_WORDS; break;
       case MLXN_OP_DISPATCH_THREADS:
       case MLXN_OP_DISPATCH_GROUPS: fixed = MLXN_REC_DISPATCH_WORDS; break;
@@ -223,6 +225,9 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     }
     if (fixed && words != fixed)
       FAIL(MLXN_E_STREAM, "%s must be %u words, header says %u", op_name(op), fixed, words);
+    if (slot != 0 && (op == MLXN_OP_SET_PIPELINE || op == MLXN_OP_BARRIER || op == MLXN_OP_DISPATCH_THREADS ||
+                      op == MLXN_OP_DISPATCH_GROUPS))
+      FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot);
     switch (op) {
       case MLXN_OP_SET_PIPELINE: {
         uint32_t handle = word(r + 4);
@@ -235,10 +240,17 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         cb->pipeline_handle = handle;
         break;
       }
-      case MLXN_OP_SET_BUFFER: {
-        uint32_t slot = word(r + 4), handle = word(r + 8);
-        uint64_t boff = word(r + 12) | ((uint64_t)word(r + 16) << 32);
-        uint64_t blen = word(r + 20) | ((uint64_t)word(r + 24) << 32);
+      case MLXN_OP_SET_BUFFER:
+      case MLXN_OP_SET_BUFFER64: {
+        uint32_t handle = word(r + 4);
+        uint64_t boff, blen;
+        if (op == MLXN_OP_SET_BUFFER) {
+          boff = word(r + 8);
+          blen = word(r + 12);
+        } else {
+          boff = word(r + 8) | ((uint64_t)word(r + 12) << 32);
+          blen = word(r + 16) | ((uint64_t)word(r + 20) << 32);
+        }
         if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
         uint32_t index;
         buffer_entry *e = mlxn_buffer_lookup(dev, handle, &index);
@@ -262,14 +274,14 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       case MLXN_OP_SET_BYTES: {
         if (words < MLXN_REC_SET_BYTES_HEADER_WORDS)
           FAIL(MLXN_E_STREAM, "SET_BYTES must be at least %d words", MLXN_REC_SET_BYTES_HEADER_WORDS);
-        uint32_t slot = word(r + 4), n = word(r + 8);
+        uint32_t n = word(r + 4);
         if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "bytes slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
         if (n == 0 || n > MLXN_MAX_INLINE_BYTES)
           FAIL(MLXN_E_STREAM, "slot %u: %u inline bytes, must be 1..%d", slot, n, MLXN_MAX_INLINE_BYTES);
         if (words != MLXN_REC_SET_BYTES_HEADER_WORDS + (n + 3) / 4)
           FAIL(MLXN_E_STREAM, "SET_BYTES of %u bytes must be %u words, header says %u", n,
                MLXN_REC_SET_BYTES_HEADER_WORDS + (n + 3) / 4, words);
-        uint8_t *copy = arena_copy(cb, r + 12, n);
+        uint8_t *copy = arena_copy(cb, r + 8, n);
         if (!copy) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
         cb->slot_ptr[slot] = copy;
         cb->slot_len[slot] = n;
@@ -278,8 +290,8 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         break;
       }
       case MLXN_OP_SET_TG_MEMORY: {
-        uint32_t index = word(r + 4), n = word(r + 8);
-        if (index != 0) FAIL(MLXN_E_STREAM, "threadgroup memory index %u: only index 0 is supported", index);
+        uint32_t n = word(r + 4);
+        if (slot != 0) FAIL(MLXN_E_STREAM, "threadgroup memory index %u: only index 0 is supported", slot);
         if (n > MLXN_MAX_TG_MEMORY)
           FAIL(MLXN_E_STREAM, "%u bytes of threadgroup memory exceed the limit of %d", n, MLXN_MAX_TG_MEMORY);
         cb->tg_memory = n;

@@ -30,14 +30,16 @@ export const Op = {
   DISPATCH_THREADS: 5,
   DISPATCH_GROUPS: 6,
   BARRIER: 7,
+  SET_BUFFER64: 8,
 } as const;
 
 /** Record lengths in 32-bit words, header included (MLXN_REC_*_WORDS). */
 export const RecordWords = {
   SET_PIPELINE: 2,
-  SET_BUFFER: 7,
-  SET_BYTES_HEADER: 3,
-  SET_TG_MEMORY: 3,
+  SET_BUFFER: 4,
+  SET_BUFFER64: 6,
+  SET_BYTES_HEADER: 2,
+  SET_TG_MEMORY: 2,
   DISPATCH: 8,
   BARRIER: 1,
 } as const;
@@ -60,7 +62,7 @@ export const CbStatus = { ENCODING: 0, COMMITTED: 1, COMPLETED: 2, ERROR: 3 } as
 /** Indices of mlxn_live_objects' output (MLXN_LIVE_*). */
 export const Live = { DEVICES: 0, BUFFERS: 1, BUFFER_BYTES: 2, CMDBUFS: 3, COUNT: 4 } as const;
 
-/** The header word of a record: opcode in bits 0..7, length in words in bits 8..31. */
-export function recordHeader(op: number, words: number): number {
-  return (words << 8) | op;
+/** The header word of a record: opcode in bits 0..7, slot in bits 8..15, length in words in 16..31. */
+export function recordHeader(op: number, words: number, slot = 0): number {
+  return ((words << 16) | (slot << 8) | op) >>> 0;
 }

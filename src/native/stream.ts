@@ -9,6 +9,7 @@ import { Op, recordHeader, RecordWords } from "./abi.ts";
 
 const H_SET_PIPELINE = recordHeader(Op.SET_PIPELINE, RecordWords.SET_PIPELINE);
 const H_SET_BUFFER = recordHeader(Op.SET_BUFFER, RecordWords.SET_BUFFER);
+const H_SET_BUFFER64 = recordHeader(Op.SET_BUFFER64, RecordWords.SET_BUFFER64);
 const H_SET_TG_MEMORY = recordHeader(Op.SET_TG_MEMORY, RecordWords.SET_TG_MEMORY);
 const H_DISPATCH_THREADS = recordHeader(Op.DISPATCH_THREADS, RecordWords.DISPATCH);
 const H_DISPATCH_GROUPS = recordHeader(Op.DISPATCH_GROUPS, RecordWords.DISPATCH);
@@ -62,7 +63,7 @@ export class StreamWriter {
 
   /** Words a SET_BYTES record of `n` bytes takes. */
   static bytesRecordWords(n: number): number {
-    return 3 + ((n + 3) >>> 2);
+    return RecordWords.SET_BYTES_HEADER + ((n + 3) >>> 2);
   }
 
   /** SET_PIPELINE. */
@@ -73,17 +74,29 @@ export class StreamWriter {
     this.pos = p + 2;
   }
 
-  /** SET_BUFFER: bytes [offset, offset + length) of buffer `handle` at `slot`. */
+  /** Words the binding of a view takes (SET_BUFFER, or SET_BUFFER64 past 4 GiB). */
+  static bufferRecordWords(offset: number, length: number): number {
+    return offset + length < TWO_32 ? RecordWords.SET_BUFFER : RecordWords.SET_BUFFER64;
+  }
+
+  /** SET_BUFFER / SET_BUFFER64: bytes [offset, offset + length) of buffer `handle` at `slot`. */
   setBuffer(slot: number, handle: number, offset: number, length: number): void {
     const w = this.words, p = this.pos;
-    w[p] = H_SET_BUFFER;
-    w[p + 1] = slot;
-    w[p + 2] = handle;
-    w[p + 3] = offset >>> 0;
-    w[p + 4] = offset >= TWO_32 ? Math.floor(offset / TWO_32) : 0;
-    w[p + 5] = length >>> 0;
-    w[p + 6] = length >= TWO_32 ? Math.floor(length / TWO_32) : 0;
-    this.pos = p + 7;
+    if (offset + length < TWO_32) {
+      w[p] = H_SET_BUFFER | (slot << 8);
+      w[p + 1] = handle;
+      w[p + 2] = offset;
+      w[p + 3] = length;
+      this.pos = p + 4;
+    } else {
+      w[p] = H_SET_BUFFER64 | (slot << 8);
+      w[p + 1] = handle;
+      w[p + 2] = offset >>> 0;
+      w[p + 3] = Math.floor(offset / TWO_32);
+      w[p + 4] = length >>> 0;
+      w[p + 5] = Math.floor(length / TWO_32);
+      this.pos = p + 6;
+    }
   }
 
   /** SET_BYTES: inline constants copied into the record. */
@@ -91,26 +104,34 @@ export class StreamWriter {
     const n = data.byteLength;
     const dataWords = (n + 3) >>> 2;
     const w = this.words, p = this.pos;
-    w[p] = recordHeader(Op.SET_BYTES, 3 + dataWords);
-    w[p + 1] = slot;
-    w[p + 2] = n;
-    w[p + 2 + dataWords] = 0; // zero the padding of the last word
-    const b = this.bytes, at = (p + 3) * 4;
+    w[p] = recordHeader(Op.SET_BYTES, 2 + dataWords, slot);
+    w[p + 1] = n;
+    w[p + 1 + dataWords] = 0; // zero the padding of the last word
+    const b = this.bytes, at = (p + 2) * 4;
     if (n <= 32) {
       for (let i = 0; i < n; i++) b[at + i] = data[i];
     } else {
       b.set(data, at);
     }
-    this.pos = p + 3 + dataWords;
+    this.pos = p + 2 + dataWords;
+  }
+
+  /** SET_BYTES from little-endian 32-bit words (no byte shuffling). */
+  setWords(slot: number, data: ArrayLike<number>): void {
+    const n = data.length;
+    const w = this.words, p = this.pos;
+    w[p] = recordHeader(Op.SET_BYTES, 2 + n, slot);
+    w[p + 1] = n * 4;
+    for (let i = 0; i < n; i++) w[p + 2 + i] = data[i];
+    this.pos = p + 2 + n;
   }
 
   /** SET_TG_MEMORY for index 0. */
   setThreadgroupMemory(bytes: number): void {
     const w = this.words, p = this.pos;
     w[p] = H_SET_TG_MEMORY;
-    w[p + 1] = 0;
-    w[p + 2] = bytes;
-    this.pos = p + 3;
+    w[p + 1] = bytes;
+    this.pos = p + 2;
   }
 
   /** DISPATCH_THREADS (grid counts threads) or DISPATCH_GROUPS (grid counts threadgroups). */

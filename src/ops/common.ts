@@ -1,5 +1,5 @@
 /**
- * Shared pieces of the op dispatchers: the dispatch target interface, inline-constant packing and
+ * Shared pieces of the op dispatchers: the dispatch target interface, f32 bits for inline constants and
  * argument checks with actionable messages.
  *
  * @module
@@ -16,20 +16,13 @@ export interface DispatchTarget {
   dispatch(d: DispatchDescriptor): void;
 }
 
-/** A field of an inline-constant block. */
-export type ParamField = readonly ["f32" | "u32" | "i32", number];
+const f32Scratch = new Float32Array(1);
+const u32OfF32 = new Uint32Array(f32Scratch.buffer);
 
-/** Packs little-endian 4-byte fields into inline bytes. */
-export function packParams(fields: readonly ParamField[]): Uint8Array {
-  const out = new Uint8Array(fields.length * 4);
-  const view = new DataView(out.buffer);
-  for (let i = 0; i < fields.length; i++) {
-    const [type, v] = fields[i];
-    if (type === "f32") view.setFloat32(i * 4, v, true);
-    else if (type === "u32") view.setUint32(i * 4, v, true);
-    else view.setInt32(i * 4, v, true);
-  }
-  return out;
+/** The bits of `v` rounded to f32, as a u32 (for building inline constants). */
+export function f32Bits(v: number): number {
+  f32Scratch[0] = v;
+  return u32OfF32[0];
 }
 
 /** Throws InvalidArgument unless `v` is an integer in [min, 2³²). */

@@ -10,7 +10,7 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkFloatDType, checkU32, type DispatchTarget, packParams } from "./common.ts";
+import { checkBuffer, checkFinite, checkFloatDType, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
 
 const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
 
@@ -78,7 +78,7 @@ function binary(
   checkBuffer(name, "out", out, a.dtype, n);
   target.dispatch({
     pipeline: registry.get(`${name}_${a.dtype}`),
-    bindings: [a, b, out, packParams([["u32", n]])],
+    bindings: [a, b, out, [n]],
     grid: n,
     threadgroup: Math.min(256, n),
     dispatchKind: "threads",
@@ -145,7 +145,7 @@ export function softcap(
   checkBuffer("softcap", "output", output, DType.F32, n);
   target.dispatch({
     pipeline: registry.get("softcap_f32"),
-    bindings: [input, output, packParams([["f32", options.cap], ["u32", n]])],
+    bindings: [input, output, [f32Bits(options.cap), n]],
     grid: n,
     threadgroup: Math.min(256, n),
     dispatchKind: "threads",
@@ -170,7 +170,7 @@ export function axpby(
   checkBuffer("axpby", "out", out, DType.F32, n);
   target.dispatch({
     pipeline: registry.get("axpby_f32"),
-    bindings: [a, b, out, packParams([["f32", options.alpha], ["f32", options.beta], ["u32", n], ["u32", 0]])],
+    bindings: [a, b, out, [f32Bits(options.alpha), f32Bits(options.beta), n, 0]],
     grid: n,
     threadgroup: Math.min(256, n),
     dispatchKind: "threads",

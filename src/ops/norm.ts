@@ -16,8 +16,8 @@ import {
   checkFloatDType,
   checkU32,
   type DispatchTarget,
+  f32Bits,
   nextPow2,
-  packParams,
 } from "./common.ts";
 
 const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
@@ -108,7 +108,7 @@ export function rmsNorm(
   checkBuffer("rms_norm", "output", output, input.dtype, o.rows * o.dim);
   target.dispatch({
     pipeline: registry.get(`rms_norm_${input.dtype}`),
-    bindings: [input, weight, output, packParams([["f32", o.eps], ["u32", o.dim]])],
+    bindings: [input, weight, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
 }
@@ -131,7 +131,7 @@ export function rmsNormMul(
   checkBuffer("rms_norm_mul", "output", output, input.dtype, o.rows * o.dim);
   target.dispatch({
     pipeline: registry.get(`rms_norm_mul_${input.dtype}`),
-    bindings: [input, weight, scale, output, packParams([["f32", o.eps], ["u32", o.dim]])],
+    bindings: [input, weight, scale, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
 }
@@ -149,7 +149,7 @@ export function rmsNormNoScale(
   checkBuffer("rms_norm_no_scale", "output", output, DType.F32, o.rows * o.dim);
   target.dispatch({
     pipeline: registry.get("rms_norm_no_scale_f32"),
-    bindings: [input, output, packParams([["f32", o.eps], ["u32", o.dim]])],
+    bindings: [input, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
 }
@@ -168,7 +168,7 @@ export function softmax(
   checkBuffer("softmax", "output", output, DType.F32, o.rows * o.cols);
   target.dispatch({
     pipeline: registry.get("softmax_f32"),
-    bindings: [input, output, packParams([["u32", o.cols]])],
+    bindings: [input, output, [o.cols]],
     ...rowGeometry(o.rows, o.cols),
   });
 }

@@ -11,7 +11,7 @@ import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, packParams } from "./common.ts";
+import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
 
 /** Contracts of this family. */
 export const ropeContracts: readonly KernelContract[] = [
@@ -63,7 +63,7 @@ export function rope(
   const half = o.headDim / 2;
   target.dispatch({
     pipeline: registry.get("rope_f32"),
-    bindings: [input, output, packParams([["f32", o.theta], ["u32", o.headDim], ["u32", o.seqLen]]), positions],
+    bindings: [input, output, [f32Bits(o.theta), o.headDim, o.seqLen], positions],
     grid: [half, o.seqLen, 1],
     threadgroup: [Math.min(half, 256), 1, 1],
     dispatchKind: "threads",
@@ -115,9 +115,9 @@ export function ropeNeox(
     bindings: [
       input,
       output,
-      packParams([["f32", o.theta], ["u32", o.headDim], ["u32", o.ropeDim]]),
+      [f32Bits(o.theta), o.headDim, o.ropeDim],
       positions,
-      packParams([["u32", o.nHeads], ["u32", o.freqFactors ? 1 : 0]]),
+      [o.nHeads, o.freqFactors ? 1 : 0],
       o.freqFactors,
     ],
     grid: [half, rows, 1],
