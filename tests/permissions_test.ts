@@ -46,7 +46,7 @@ Deno.test("--allow-ffi scoped to the library path is enough", async () => {
 });
 
 Deno.test("--allow-ffi scoped to another path is PermissionDenied, not 'library not found'", async () => {
-  const r = await runProbe(["--allow-ffi=/tmp"]);
+  const r = await runProbe(["--allow-ffi=/nonexistent-mlxn-dir"]);
   equal(r.code, "PermissionDenied");
 });
 
