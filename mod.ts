@@ -35,8 +35,11 @@ export {
   type DispatchDescriptor,
   type DispatchKind,
   type DispatchTiming,
+  type EncoderOptions,
   type EncoderState,
+  type GroupStats,
   type InlineWords,
+  type RangeLike,
 } from "./src/encoder.ts";
 export {
   type Access,
@@ -48,4 +51,35 @@ export {
   type SlotSpec,
 } from "./src/kernels.ts";
 export { CapturedOpKind, isReorderable } from "./src/graph/op_kind.ts";
+export { type Accesses, accessesOf, rangesOverlap } from "./src/graph/ranges.ts";
+export { type ConflictReason, ConflictTracker } from "./src/graph/tracker.ts";
+export {
+  BARRIER,
+  type BarrierNode,
+  type CapturedNode,
+  type DispatchNode,
+  type PipelineRef,
+} from "./src/graph/nodes.ts";
+export {
+  ComputeGraph,
+  dualBufferSplit,
+  type GraphEncodeTarget,
+  type PipelineResolver,
+} from "./src/graph/compute_graph.ts";
+export {
+  countRedundantBarriers,
+  type DispatchRef,
+  findHazards,
+  formatHazards,
+  type Hazard,
+} from "./src/graph/validate.ts";
+export {
+  type ExecutorOptions,
+  type FinishOptions,
+  type FinishReport,
+  GraphExecutor,
+  GraphSession,
+  type PendingPass,
+  type SessionOptions,
+} from "./src/executor.ts";
 export * as ops from "./src/ops/mod.ts";

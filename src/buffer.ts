@@ -18,8 +18,8 @@ import { MlxError } from "./errors.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { check } from "./native/status.ts";
 
-/** A byte range of one allocation: `[allocation id, start, end)`. */
-export type MemRange = readonly [alloc: number, start: number, end: number];
+import type { MemRange } from "./graph/ranges.ts";
+export type { MemRange };
 
 /** What a buffer needs from its device (implemented by MlxDevice). */
 export interface BufferHost {

@@ -8,7 +8,8 @@
 import { type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
 import { type BackendName, envConfig } from "./config.ts";
 import { DType, dtypeSize, isDType } from "./dtype.ts";
-import { CommandEncoder } from "./encoder.ts";
+import { CommandEncoder, type EncoderOptions } from "./encoder.ts";
+import { KernelRegistry } from "./kernels.ts";
 import { MlxError } from "./errors.ts";
 import { Flag, Live } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
@@ -30,6 +31,8 @@ export interface DeviceOptions {
   profileDispatches?: boolean;
   /** CUDA: use CUDA graphs (MLXN_CUDA_GRAPHS). */
   cudaGraphs?: boolean;
+  /** Check every command buffer for missing barriers at commit (MLXN_VALIDATE=1). */
+  validate?: boolean;
 }
 
 /** What the native device reports about itself. */
@@ -90,13 +93,17 @@ export class MlxDevice {
   readonly profileDispatches: boolean;
   /** What the device reports about itself. */
   readonly info: DeviceInfo;
+  /** Whether command encoders validate hazards at commit by default. */
+  readonly validate: boolean;
   #ptr: Deno.PointerObject | null;
+  #kernels: KernelRegistry | undefined;
   readonly #writers: StreamWriter[] = [];
   readonly #open = new Set<CommandEncoder>();
   #deferred: number[] = [];
 
-  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, profileDispatches: boolean) {
+  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, profileDispatches: boolean, validate: boolean) {
     this.sym = lib.symbols;
+    this.validate = validate;
     this.libraryPath = lib.path;
     this.#ptr = ptr;
     this.profileDispatches = profileDispatches;
@@ -120,11 +127,12 @@ export class MlxDevice {
     const threads = options.threads ?? 0;
     if ((threads >>> 0) !== threads) throw new MlxError("InvalidArgument", `threads must be a non-negative integer`);
     const profile = options.profileDispatches ?? env.profile === "dispatch";
+    const validate = options.validate ?? env.validate;
 
     if (libPath !== undefined || explicit !== undefined) {
       const path = libPath ?? defaultLibraryPath(explicit!);
       if (path === undefined) throw noLocalBuild(explicit!);
-      return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile);
+      return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate);
     }
     // Best available: the first candidate whose library is permitted, present and opens a device.
     let firstError: MlxError | undefined;
@@ -134,7 +142,7 @@ export class MlxDevice {
       const last = backend === CANDIDATES[CANDIDATES.length - 1];
       if (!last && !ffiGranted(path)) continue;
       try {
-        return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile);
+        return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate);
       } catch (e) {
         if (!(e instanceof MlxError) || last) throw e;
         firstError ??= e;
@@ -143,12 +151,18 @@ export class MlxDevice {
     throw firstError!;
   }
 
-  static #openLibrary(lib: NativeLibrary, flags: number, threads: number, profile: boolean): MlxDevice {
+  static #openLibrary(
+    lib: NativeLibrary,
+    flags: number,
+    threads: number,
+    profile: boolean,
+    validate: boolean,
+  ): MlxDevice {
     const ptr = lib.symbols.mlxn_device_open(flags, threads);
     if (ptr === null) {
       throw new MlxError("DeviceError", `could not open a device with ${lib.path}: ${lastErrorText(lib.symbols)}`);
     }
-    return new MlxDevice(lib, ptr, profile);
+    return new MlxDevice(lib, ptr, profile, validate);
   }
 
   /** Live native objects of every device in the process (a library must be loaded). */
@@ -220,10 +234,15 @@ export class MlxDevice {
     return buf;
   }
 
-  /** A new command encoder (one command buffer). */
-  commandEncoder(): CommandEncoder {
+  /** The device's kernel registry (pipelines resolved once per name). */
+  get kernels(): KernelRegistry {
+    return this.#kernels ??= new KernelRegistry(this);
+  }
+
+  /** A new command encoder (one command buffer); validation defaults to the device's setting. */
+  commandEncoder(options: EncoderOptions = {}): CommandEncoder {
     this.devicePtr();
-    return new CommandEncoder(this);
+    return new CommandEncoder(this, { validate: this.validate, ...options });
   }
 
   /** Waits for all committed work, then frees the device and everything allocated on it. */

@@ -9,8 +9,12 @@
 import { MlxBuffer } from "./buffer.ts";
 import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
+import { BARRIER, type CapturedNode, type DispatchNode, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
-import type { Pipeline, SlotSpec } from "./kernels.ts";
+import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
+import { ConflictTracker } from "./graph/tracker.ts";
+import { findHazards, formatHazards, type Hazard } from "./graph/validate.ts";
+import { type KernelRegistry, Pipeline, type SlotSpec } from "./kernels.ts";
 import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
@@ -74,6 +78,8 @@ export interface EncoderHost {
   readonly closed: boolean;
   /** Whether per-dispatch timings are collected. */
   readonly profileDispatches: boolean;
+  /** The device's kernel registry (resolves pipelines by name). */
+  readonly kernels: KernelRegistry;
   /** Borrows a stream writer. */
   takeWriter(): StreamWriter;
   /** Returns a writer. */
@@ -82,6 +88,33 @@ export interface EncoderHost {
   encoderOpened(e: CommandEncoder): void;
   /** Unregisters it. */
   encoderClosed(e: CommandEncoder): void;
+}
+
+/** Options of a command encoder. */
+export interface EncoderOptions {
+  /** Track every dispatch and insert a barrier exactly where its accesses conflict. */
+  autoBarriers?: boolean;
+  /** Check every concurrent group for hazards at commit (MLXN_VALIDATE=1). */
+  validate?: boolean;
+}
+
+/** Concurrent-group statistics of an encoder. */
+export interface GroupStats {
+  /** Dispatches encoded. */
+  readonly dispatches: number;
+  /** Concurrent groups (runs of dispatches between barriers). */
+  readonly groups: number;
+  /** Mean dispatches per group. */
+  readonly meanGroupSize: number;
+  /** histogram[k] = number of groups of exactly k dispatches. */
+  readonly histogram: readonly number[];
+}
+
+/** A buffer view or an explicit range, for barrierBetween / trackDispatch. */
+export type RangeLike = MlxBuffer | MemRange;
+
+function toRanges(list: readonly RangeLike[]): MemRange[] {
+  return list.map((x) => x instanceof MlxBuffer ? x.range() : x);
 }
 
 /** Lifecycle state of a CommandEncoder. */
@@ -138,9 +171,23 @@ export class CommandEncoder {
   #gpuStartNs = 0;
   #gpuEndNs = 0;
   #timings: DispatchTiming[] | null = null;
+  // capture mode
+  #capture: CapturedNode[] | null = null;
+  #pendingOpKind: CapturedOpKind | undefined;
+  #pendingRanges: Accesses | undefined;
+  // auto barriers and group statistics
+  #autoBarriers: boolean;
+  readonly #tracker = new ConflictTracker();
+  #groupSize = 0;
+  readonly #groupHistogram: number[] = [];
+  // validation: what was encoded, to check at commit
+  #log: CapturedNode[] | null;
+  #hazards: Hazard[] = [];
 
   /** @internal Use `device.commandEncoder()`. */
-  constructor(host: EncoderHost) {
+  constructor(host: EncoderHost, options: EncoderOptions = {}) {
+    this.#autoBarriers = options.autoBarriers ?? false;
+    this.#log = options.validate ? [] : null;
     this.#host = host;
     this.#sym = host.sym;
     const ptr = host.sym.mlxn_cmdbuf_new(host.devicePtr());
@@ -175,10 +222,27 @@ export class CommandEncoder {
     return this.#state;
   }
 
-  /** Encodes one dispatch. Bindings must match the kernel's contract slot by slot. */
+  /**
+   * Encodes one dispatch (or records it, in capture mode). Bindings must match the kernel's contract
+   * slot by slot. With auto barriers on, a barrier is inserted first if the dispatch's accesses
+   * conflict with its concurrent group.
+   */
   dispatch(d: DispatchDescriptor): void {
     if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
-    const w = this.#writer!;
+    const words = this.#check(d);
+    if (this.#autoBarriers) {
+      const acc = accessesOf(d.pipeline.contract, d.bindings);
+      this.#track(acc.reads, acc.writes, true, d.pipeline.name);
+    }
+    if (this.#capture !== null) {
+      this.#record(d);
+      return;
+    }
+    this.#write(d, words);
+  }
+
+  /** Validates a descriptor; returns the stream words its records take. */
+  #check(d: DispatchDescriptor): number {
     const p = d.pipeline;
     const slots = p.contract.slots;
     const bindings = d.bindings;
@@ -250,7 +314,14 @@ export class CommandEncoder {
         );
       }
     }
-    // Pass 2: write the records into room reserved once.
+    return words;
+  }
+
+  /** Writes a validated dispatch's records into room reserved once. */
+  #write(d: DispatchDescriptor, words: number): void {
+    const w = this.#writer!;
+    const p = d.pipeline, slots = p.contract.slots, bindings = d.bindings;
+    const tgMem = d.threadgroupMemory ?? 0;
     w.reserve(words);
     if (this.#pipeline !== p.handle) {
       w.setPipeline(p.handle);
@@ -263,10 +334,45 @@ export class CommandEncoder {
       else if (Array.isArray(b) || b instanceof Uint32Array) w.setWords(i, b as ArrayLike<number>);
       else if (b !== undefined) w.setBytes(i, b as Uint8Array);
     }
-    w.dispatch(d.dispatchKind === "threads", g0, g1, g2, t0, t1, t2, this.#dispatches);
+    w.dispatch(
+      d.dispatchKind === "threads",
+      dim(d.grid, 0),
+      dim(d.grid, 1),
+      dim(d.grid, 2),
+      dim(d.threadgroup, 0),
+      dim(d.threadgroup, 1),
+      dim(d.threadgroup, 2),
+      this.#dispatches,
+    );
     this.#kernels?.push(p.name);
+    this.#log?.push(this.#node(d));
     this.#dispatches++;
+    this.#groupSize++;
     counterState.dispatches++;
+  }
+
+  /** A graph node for a dispatch: its accesses derived from bindings, unless annotated. */
+  #node(d: DispatchDescriptor): DispatchNode {
+    const acc = this.#pendingRanges ?? accessesOf(d.pipeline.contract, d.bindings);
+    const node: DispatchNode = {
+      kind: "dispatch",
+      pipeline: d.pipeline,
+      bindings: [...d.bindings],
+      grid: d.grid,
+      threadgroup: d.threadgroup,
+      threadgroupMemory: d.threadgroupMemory,
+      dispatchKind: d.dispatchKind ?? "threadgroups",
+      opKind: this.#pendingOpKind ?? d.opKind ?? d.pipeline.contract.opKind,
+      reads: acc.reads,
+      writes: acc.writes,
+    };
+    this.#pendingOpKind = undefined;
+    this.#pendingRanges = undefined;
+    return node;
+  }
+
+  #record(d: DispatchDescriptor): void {
+    this.#capture!.push(this.#node(d));
   }
 
   /**
@@ -275,12 +381,154 @@ export class CommandEncoder {
    */
   memoryBarrier(): void {
     if (this.#state !== "encoding") throw this.#notEncoding("memoryBarrier");
+    this.#tracker.reset(); // every earlier write is now visible
+    if (this.#capture !== null) {
+      // In capture mode a barrier is a node; nothing is issued or counted.
+      if (this.#capture.length > 0) this.#capture.push(BARRIER);
+      return;
+    }
     if (this.#dispatches === 0) return;
     const w = this.#writer!;
     w.reserve(RecordWords.BARRIER);
     w.barrier();
+    this.#log?.push(BARRIER);
     this.#barriers++;
+    this.#endGroup();
     counterState.barriers++;
+  }
+
+  // ---- auto barriers ------------------------------------------------------------------------
+
+  /** Whether every dispatch is tracked and gets a barrier exactly on conflict. */
+  get autoBarriers(): boolean {
+    return this.#autoBarriers;
+  }
+
+  /** Turns automatic barriers on or off (the tracker is reset). */
+  set autoBarriers(on: boolean) {
+    this.#autoBarriers = on;
+    this.#tracker.reset();
+  }
+
+  /**
+   * Places a barrier if a dispatch with these accesses would conflict with the current concurrent
+   * group, then adds them to the group (the seed's barrier_between). In capture mode the ranges
+   * also annotate the next captured dispatch.
+   */
+  barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
+    const r = toRanges(reads), w = toRanges(writes);
+    if (this.#capture !== null) this.#pendingRanges = { reads: r, writes: w };
+    this.#track(r, w, true, "barrierBetween");
+  }
+
+  /**
+   * Adds a dispatch's accesses to the current group without a check (the seed's track_dispatch);
+   * in capture mode they annotate the last captured dispatch if it has none.
+   */
+  trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
+    const r = toRanges(reads), w = toRanges(writes);
+    if (this.#capture !== null) this.annotateLastDispatchIfMissing(r, w);
+    this.#track(r, w, false, "trackDispatch");
+  }
+
+  /** Issues a barrier now and forgets the tracked group. */
+  forceBarrierAndResetTracker(): void {
+    this.memoryBarrier();
+    this.#tracker.reset();
+  }
+
+  #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean, _what: string): void {
+    if (check) {
+      const capturing = this.#capture !== null;
+      const hasWork = capturing ? this.#capture!.length > 0 : this.#dispatches > 0;
+      if (hasWork && this.#tracker.conflicts(reads, writes)) {
+        this.memoryBarrier();
+        if (!capturing) counterState.autoBarriers++;
+      } else if (!capturing) {
+        counterState.autoConcurrent++;
+      }
+    }
+    this.#tracker.add(reads, writes);
+  }
+
+  #endGroup(): void {
+    if (this.#groupSize === 0) return;
+    const h = this.#groupHistogram;
+    while (h.length <= this.#groupSize) h.push(0);
+    h[this.#groupSize]++;
+    this.#groupSize = 0;
+  }
+
+  /** The concurrent-group size histogram of what was encoded so far. */
+  groupStats(): GroupStats {
+    const h = [...this.#groupHistogram];
+    if (this.#groupSize > 0) {
+      while (h.length <= this.#groupSize) h.push(0);
+      h[this.#groupSize]++;
+    }
+    const groups = h.reduce((a, b) => a + b, 0);
+    return {
+      dispatches: this.#dispatches,
+      groups,
+      meanGroupSize: groups > 0 ? this.#dispatches / groups : 0,
+      histogram: h,
+    };
+  }
+
+  // ---- capture mode ---------------------------------------------------------------------------
+
+  /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
+  startCapture(): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("startCapture");
+    if (this.#capture === null) this.#capture = [];
+  }
+
+  /** Whether the encoder is recording. */
+  get isCapturing(): boolean {
+    return this.#capture !== null;
+  }
+
+  /** Ends capture mode and returns the recorded nodes (null when not capturing). */
+  takeCapture(): CapturedNode[] | null {
+    const nodes = this.#capture;
+    this.#capture = null;
+    this.#pendingOpKind = undefined;
+    this.#pendingRanges = undefined;
+    this.#tracker.reset();
+    if (nodes && nodes.length > 0 && nodes[nodes.length - 1].kind === "barrier") nodes.pop();
+    return nodes;
+  }
+
+  /** Sets the op kind of the next captured dispatch. */
+  setOpKind(kind: CapturedOpKind): void {
+    this.#pendingOpKind = kind;
+  }
+
+  /** Sets the read/write ranges of the next captured dispatch (instead of the derived ones). */
+  setPendingRanges(reads: readonly MemRange[], writes: readonly MemRange[]): void {
+    this.#pendingRanges = { reads: [...reads], writes: [...writes] };
+  }
+
+  /** Annotates the last captured dispatch with these ranges if it has none. */
+  annotateLastDispatchIfMissing(reads: readonly MemRange[], writes: readonly MemRange[]): void {
+    const nodes = this.#capture;
+    if (!nodes) return;
+    for (let i = nodes.length - 1; i >= 0; i--) {
+      const n = nodes[i];
+      if (n.kind !== "dispatch") continue;
+      if (n.reads.length === 0 && n.writes.length === 0) nodes[i] = { ...n, reads: [...reads], writes: [...writes] };
+      return;
+    }
+  }
+
+  /** Resolves a pipeline reference (a Pipeline, or just `{ name }`) on this encoder's device. */
+  resolvePipeline(ref: PipelineRef): Pipeline {
+    return ref instanceof Pipeline ? ref : this.#host.kernels.get(ref.name);
+  }
+
+  /** Hazards found by the validator at the last commit (validation on). */
+  get hazards(): readonly Hazard[] {
+    return this.#hazards;
   }
 
   /** Hands every record written so far to the native library now. */
@@ -291,6 +539,25 @@ export class CommandEncoder {
   /** Commits without waiting; the command buffer runs after every earlier commit of the device. */
   commit(label = ""): void {
     if (this.#state !== "encoding") throw this.#notEncoding("commit");
+    if (this.#capture !== null) {
+      throw new MlxError(
+        "InvalidState",
+        "commit while capturing: takeCapture() first and encode the graph (or dispose the encoder)",
+      );
+    }
+    if (this.#log !== null) {
+      this.#hazards = findHazards(this.#log);
+      if (this.#hazards.length > 0) {
+        const err = new MlxError(
+          "HazardError",
+          `${this.#hazards.length} missing barrier(s) in command buffer${label ? ` '${label}'` : ""} ` +
+            `(nothing was committed):\n${formatHazards(this.#hazards)}`,
+        );
+        this.dispose();
+        throw err;
+      }
+    }
+    this.#endGroup();
     this.#label = label;
     const w = this.#writer!;
     w.flush();

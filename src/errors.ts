@@ -15,6 +15,7 @@ export type MlxErrorCode =
   | "InvalidArgument"
   | "OutOfMemory"
   | "CommandBufferError"
+  | "HazardError"
   | "StreamError"
   | "InvalidState"
   | "Disposed"

@@ -1,4 +1,5 @@
-/* Row kernels: rms_norm (f32/f16/bf16), the fused rms_norm_mul, rms_norm_no_scale_f32, softmax_f32.
+/* Row kernels: rms_norm (f32/f16/bf16), the fused rms_norm_mul and rms_norm_mul_add,
+ * rms_norm_no_scale_f32, softmax_f32.
  * One threadgroup per row (groups[0] = rows). Sums run in f32 in index order, so the fused kernel
  * and the unfused pair norm → mul produce the same bits. */
 #include <math.h>
@@ -71,6 +72,33 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
     return 0;                                                                                      \
   }
 
+/* ---- rms_norm_mul_add: 0 in, 1 weight, 2 scale, 3 residual, 4 out, 5 {eps, dim}:
+ *      out = (norm(in)·w·scale) + residual, rounding each intermediate through the dtype exactly as
+ *      rms_norm → mul → add do, so the fused result is bit-identical. */
+
+#define NORM_MUL_ADD_KERNEL(SUF, T)                                                               \
+  static int rms_norm_mul_add_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {     \
+    static const int rows[] = {0, 2, 3, 4};                                                        \
+    return norm_validate(a, 5, rows, 4, 1, T, err, cap);                                           \
+  }                                                                                                \
+  static int rms_norm_mul_add_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy,         \
+                                          uint32_t gz, void *s) {                                  \
+    (void)s;                                                                                       \
+    uint32_t dim = mlxn_arg_u32(a, 5, 4);                                                          \
+    uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 5, 0));                       \
+    for (uint32_t i = 0; i < dim; i++) {                                                           \
+      float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
+      float m = mlxn_round_to(n * mlxn_load(a->ptr[2], base + i, T), T);                           \
+      mlxn_store(a->ptr[4], base + i, T, m + mlxn_load(a->ptr[3], base + i, T));                  \
+    }                                                                                              \
+    return 0;                                                                                      \
+  }
+
+NORM_MUL_ADD_KERNEL(f32, MLXN_T_F32)
+NORM_MUL_ADD_KERNEL(f16, MLXN_T_F16)
+NORM_MUL_ADD_KERNEL(bf16, MLXN_T_BF16)
+
 NORM_KERNELS(f32, MLXN_T_F32)
 NORM_KERNELS(f16, MLXN_T_F16)
 NORM_KERNELS(bf16, MLXN_T_BF16)
@@ -130,6 +158,9 @@ const mlxn_cpu_kernel mlxn_cpu_norm_kernels[] = {
     {"rms_norm_mul_f32", "bbbbc", rms_norm_mul_f32_validate, rms_norm_mul_f32_run},
     {"rms_norm_mul_f16", "bbbbc", rms_norm_mul_f16_validate, rms_norm_mul_f16_run},
     {"rms_norm_mul_bf16", "bbbbc", rms_norm_mul_bf16_validate, rms_norm_mul_bf16_run},
+    {"rms_norm_mul_add_f32", "bbbbbc", rms_norm_mul_add_f32_validate, rms_norm_mul_add_f32_run},
+    {"rms_norm_mul_add_f16", "bbbbbc", rms_norm_mul_add_f16_validate, rms_norm_mul_add_f16_run},
+    {"rms_norm_mul_add_bf16", "bbbbbc", rms_norm_mul_add_bf16_validate, rms_norm_mul_add_bf16_run},
     {"rms_norm_no_scale_f32", "bbc", rms_norm_no_scale_f32_validate, rms_norm_no_scale_f32_run},
     {"softmax_f32", "bbc", softmax_f32_validate, softmax_f32_run},
     {0, 0, 0, 0},

@@ -1,5 +1,6 @@
 /**
- * Row ops: rms_norm (f32/f16/bf16), the fused rms_norm_mul, rms_norm_no_scale_f32 and softmax_f32.
+ * Row ops: rms_norm (f32/f16/bf16), the fused rms_norm_mul and rms_norm_mul_add, rms_norm_no_scale_f32
+ * and softmax_f32.
  * Geometry: one threadgroup per row of min(256, next_pow2(dim)) threads with 4 B of threadgroup
  * memory per thread (the GPU kernels reduce through it).
  *
@@ -42,6 +43,18 @@ export const normContracts: readonly KernelContract[] = [
       { name: "input", kind: "buffer", access: "read" },
       { name: "weight", kind: "buffer", access: "read" },
       { name: "scale", kind: "buffer", access: "read" },
+      { name: "output", kind: "buffer", access: "write" },
+      PARAMS,
+    ],
+  })),
+  ...FLOATS.map((t): KernelContract => ({
+    name: `rms_norm_mul_add_${t}`,
+    opKind: CapturedOpKind.RmsNormMul,
+    slots: [
+      { name: "input", kind: "buffer", access: "read" },
+      { name: "weight", kind: "buffer", access: "read" },
+      { name: "scale", kind: "buffer", access: "read" },
+      { name: "residual", kind: "buffer", access: "read" },
       { name: "output", kind: "buffer", access: "write" },
       PARAMS,
     ],
@@ -132,6 +145,32 @@ export function rmsNormMul(
   target.dispatch({
     pipeline: registry.get(`rms_norm_mul_${input.dtype}`),
     bindings: [input, weight, scale, output, [f32Bits(o.eps), o.dim]],
+    ...rowGeometry(o.rows, o.dim),
+  });
+}
+
+/** output = (input / rms(input) · weight) · scale + residual, per row: the fused norm → mul → add. */
+export function rmsNormMulAdd(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  weight: MlxBuffer,
+  scale: MlxBuffer,
+  residual: MlxBuffer,
+  output: MlxBuffer,
+  o: NormOptions,
+): void {
+  const op = "rms_norm_mul_add";
+  checkNorm(op, o);
+  checkFloatDType(op, input.dtype, FLOATS);
+  checkBuffer(op, "input", input, input.dtype, o.rows * o.dim);
+  checkBuffer(op, "weight", weight, input.dtype, o.dim);
+  checkBuffer(op, "scale", scale, input.dtype, o.rows * o.dim);
+  checkBuffer(op, "residual", residual, input.dtype, o.rows * o.dim);
+  checkBuffer(op, "output", output, input.dtype, o.rows * o.dim);
+  target.dispatch({
+    pipeline: registry.get(`${op}_${input.dtype}`),
+    bindings: [input, weight, scale, residual, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
 }

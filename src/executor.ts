@@ -1,0 +1,377 @@
+/**
+ * GraphExecutor and GraphSession: one forward pass = one session = one command buffer (two with the
+ * dual-buffer split). A session either encodes directly (`begin`) or records a graph (`beginRecorded`)
+ * that `finish` optimises — fusion, reorder, barriers recomputed from ranges — and replays.
+ *
+ * @module
+ */
+
+import type { MlxBuffer } from "./buffer.ts";
+import { envConfig } from "./config.ts";
+import type { MlxDevice } from "./device.ts";
+import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
+import { MlxError } from "./errors.ts";
+import { ComputeGraph } from "./graph/compute_graph.ts";
+import type { KernelRegistry } from "./kernels.ts";
+import type { DispatchTarget } from "./ops/common.ts";
+import * as ops from "./ops/mod.ts";
+
+/** Optimisations and checks, as executor defaults (the environment's kill switches always win). */
+export interface ExecutorOptions {
+  /** Allow the fusion pass (MLXN_FUSION=0 forbids it). */
+  fusion?: boolean;
+  /** Allow the reorder pass (MLXN_REORDER=0 forbids it). */
+  reorder?: boolean;
+  /** Validate every command buffer for missing barriers (MLXN_VALIDATE=1). */
+  validate?: boolean;
+  /** Sessions insert barriers automatically, exactly where accesses conflict. */
+  autoBarriers?: boolean;
+}
+
+/** Options of one session. */
+export interface SessionOptions {
+  /** Insert barriers automatically (default: the executor's setting). */
+  autoBarriers?: boolean;
+  /** Validate hazards at commit (default: the executor's setting). */
+  validate?: boolean;
+}
+
+/** What `finish` / `commit` should do; every flag defaults to off. */
+export interface FinishOptions {
+  /** Run the fusion pass (recorded sessions). */
+  fuse?: boolean;
+  /** Run the reorder pass; barriers are then recomputed from ranges (recorded sessions). */
+  reorder?: boolean;
+  /** Split over two command buffers, the first committed while the second is encoded (recorded). */
+  dualBuffer?: boolean;
+  /** Label of the command buffer(s). */
+  label?: string;
+}
+
+/** What a finished pass did and how long it took. */
+export interface FinishReport {
+  /** "direct" or "recorded". */
+  readonly mode: "direct" | "recorded";
+  /** Fusions applied. */
+  readonly fusions: number;
+  /** Nodes moved by the reorder pass. */
+  readonly reordered: number;
+  /** Barriers issued, per command buffer. */
+  readonly barriers: readonly number[];
+  /** Dispatches encoded. */
+  readonly dispatches: number;
+  /** Concurrent groups (runs of dispatches between barriers), over all command buffers. */
+  readonly groups: number;
+  /** Host time from session begin to the last commit, ns. */
+  readonly encodingNs: number;
+  /** Host time from the last commit to completion, ns (0 until waited). */
+  readonly gpuWaitNs: number;
+  /** Device execution time summed over the command buffers, ns (0 until waited). */
+  readonly gpuNs: number;
+}
+
+/** A committed pass that has not been waited for. */
+export interface PendingPass {
+  /** The committed encoders, in commit order. */
+  readonly encoders: readonly CommandEncoder[];
+  /** Blocks until every command buffer completed; throws CommandBufferError on failure. */
+  wait(): FinishReport;
+  /** Resolves when every command buffer completed. */
+  completed(): Promise<FinishReport>;
+}
+
+const nowNs = () => performance.now() * 1e6;
+
+/**
+ * Runs forward passes on one device: every op of a pass goes through one session into one
+ * command buffer.
+ *
+ * @example
+ * ```ts
+ * import { DType, GraphExecutor, MlxDevice } from "./mod.ts";
+ * using device = MlxDevice.open();
+ * const exec = new GraphExecutor(device);
+ * using a = device.upload(new Float32Array([1, 2])), b = device.upload(new Float32Array([3, 4]));
+ * using out = device.alloc(8, DType.F32);
+ * using s = exec.beginRecorded();
+ * s.elementwiseAdd(a, b, out);
+ * const report = s.finish({ fuse: true, reorder: true, dualBuffer: true });
+ * console.log(out.read(), report.barriers);
+ * ```
+ */
+export class GraphExecutor {
+  /** The device. */
+  readonly device: MlxDevice;
+  /** Its kernel registry. */
+  readonly registry: KernelRegistry;
+  /** Resolved defaults. */
+  readonly options: Readonly<Required<ExecutorOptions>>;
+
+  /** An executor on `device`. */
+  constructor(device: MlxDevice, options: ExecutorOptions = {}) {
+    const env = envConfig();
+    this.device = device;
+    this.registry = device.kernels;
+    this.options = Object.freeze({
+      fusion: env.fusion && (options.fusion ?? true),
+      reorder: env.reorder && (options.reorder ?? true),
+      validate: options.validate ?? device.validate,
+      autoBarriers: options.autoBarriers ?? false,
+    });
+  }
+
+  /** A session that encodes every op directly into its command buffer. */
+  begin(options: SessionOptions = {}): GraphSession {
+    return new GraphSession(this, false, options);
+  }
+
+  /** A session that records a graph; `finish` optimises and replays it. */
+  beginRecorded(options: SessionOptions = {}): GraphSession {
+    return new GraphSession(this, true, options);
+  }
+}
+
+/**
+ * One forward pass. Every op method encodes (or records) into the session's single encoder; call
+ * `finish()` once. A session disposed or dropped without finishing releases its command buffer
+ * without running it.
+ */
+export class GraphSession implements DispatchTarget {
+  readonly #exec: GraphExecutor;
+  readonly #registry: KernelRegistry;
+  readonly #recorded: boolean;
+  readonly #validate: boolean;
+  readonly #began = nowNs();
+  #encoder: CommandEncoder;
+  #done = false;
+
+  /** @internal Use GraphExecutor.begin / beginRecorded. */
+  constructor(exec: GraphExecutor, recorded: boolean, options: SessionOptions) {
+    this.#exec = exec;
+    this.#registry = exec.registry;
+    this.#recorded = recorded;
+    this.#validate = options.validate ?? exec.options.validate;
+    this.#encoder = exec.device.commandEncoder({
+      autoBarriers: options.autoBarriers ?? exec.options.autoBarriers,
+      validate: this.#validate,
+    });
+    if (recorded) this.#encoder.startCapture();
+  }
+
+  /** Whether this session records a graph. */
+  get isRecording(): boolean {
+    return this.#recorded;
+  }
+
+  /** The session's encoder: the escape hatch for ops without a session method. */
+  get encoder(): CommandEncoder {
+    this.#assertOpen("encoder");
+    return this.#encoder;
+  }
+
+  /** Encodes (or records) one dispatch. */
+  dispatch(d: DispatchDescriptor): void {
+    this.#assertOpen("dispatch");
+    this.#encoder.dispatch(d);
+  }
+
+  /** A memory barrier. */
+  barrier(): void {
+    this.#assertOpen("barrier");
+    this.#encoder.memoryBarrier();
+  }
+
+  /** Barrier only if these accesses conflict with the current concurrent group. */
+  barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
+    this.#assertOpen("barrierBetween");
+    this.#encoder.barrierBetween(reads, writes);
+  }
+
+  /** Adds accesses to the current group without a check. */
+  trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
+    this.#assertOpen("trackDispatch");
+    this.#encoder.trackDispatch(reads, writes);
+  }
+
+  // ---- ops --------------------------------------------------------------------------------------
+
+  /** out = a + b. */
+  elementwiseAdd(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, n?: number): void {
+    ops.elementwiseAdd(this, this.#registry, a, b, out, n);
+  }
+
+  /** out = a · b. */
+  elementwiseMul(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, n?: number): void {
+    ops.elementwiseMul(this, this.#registry, a, b, out, n);
+  }
+
+  /** out = α·a + β·b. */
+  axpby(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, o: { alpha: number; beta: number; n?: number }): void {
+    ops.axpby(this, this.#registry, a, b, out, o);
+  }
+
+  /** GELU (tanh form). */
+  gelu(input: MlxBuffer, output: MlxBuffer, n?: number): void {
+    ops.gelu(this, this.#registry, input, output, n);
+  }
+
+  /** tanh(x / cap) · cap. */
+  softcap(input: MlxBuffer, output: MlxBuffer, o: { cap: number; n?: number }): void {
+    ops.softcap(this, this.#registry, input, output, o);
+  }
+
+  /** Row softmax. */
+  softmax(input: MlxBuffer, output: MlxBuffer, o: { rows: number; cols: number }): void {
+    ops.softmax(this, this.#registry, input, output, o);
+  }
+
+  /** RMS norm with a learned weight. */
+  rmsNorm(input: MlxBuffer, weight: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
+    ops.rmsNorm(this, this.#registry, input, weight, output, o);
+  }
+
+  /** Fused RMS norm × scale. */
+  rmsNormMul(input: MlxBuffer, weight: MlxBuffer, scale: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
+    ops.rmsNormMul(this, this.#registry, input, weight, scale, output, o);
+  }
+
+  /** Fused RMS norm × scale + residual. */
+  rmsNormMulAdd(
+    input: MlxBuffer,
+    weight: MlxBuffer,
+    scale: MlxBuffer,
+    residual: MlxBuffer,
+    output: MlxBuffer,
+    o: ops.NormOptions,
+  ): void {
+    ops.rmsNormMulAdd(this, this.#registry, input, weight, scale, residual, output, o);
+  }
+
+  /** RMS norm without a weight. */
+  rmsNormNoScale(input: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
+    ops.rmsNormNoScale(this, this.#registry, input, output, o);
+  }
+
+  /** Rope over adjacent pairs. */
+  rope(
+    input: MlxBuffer,
+    output: MlxBuffer,
+    positions: MlxBuffer,
+    o: { theta: number; headDim: number; seqLen: number },
+  ): void {
+    ops.rope(this, this.#registry, input, output, positions, o);
+  }
+
+  /** NeoX rope. */
+  ropeNeox(input: MlxBuffer, output: MlxBuffer, positions: MlxBuffer, o: ops.RopeNeoxOptions): void {
+    ops.ropeNeox(this, this.#registry, input, output, positions, o);
+  }
+
+  // ---- completion -------------------------------------------------------------------------------
+
+  /** Commits the pass (optimised as asked, for recorded sessions) and waits for it. */
+  finish(options: FinishOptions = {}): FinishReport {
+    return this.commit(options).wait();
+  }
+
+  /** Commits the pass without waiting. */
+  commit(options: FinishOptions = {}): PendingPass {
+    this.#assertOpen("commit");
+    this.#done = true;
+    const enc = this.#encoder;
+    const label = options.label ?? "";
+    const exec = this.#exec;
+    let fusions = 0, reordered = 0;
+    let encoders: CommandEncoder[];
+    let barriers: number[];
+    try {
+      if (!this.#recorded) {
+        enc.commit(label);
+        encoders = [enc];
+        barriers = [enc.barrierCount];
+      } else {
+        const graph = new ComputeGraph(enc.takeCapture() ?? []);
+        enc.autoBarriers = false; // the graph carries its barriers (or they are recomputed)
+        const fuse = (options.fuse ?? false) && exec.options.fusion;
+        const reorder = (options.reorder ?? false) && exec.options.reorder;
+        if (fuse) fusions = graph.fuse(this.#registry);
+        if (reorder) reordered = graph.reorder();
+        if (options.dualBuffer) {
+          const second = exec.device.commandEncoder({ validate: this.#validate });
+          try {
+            barriers = graph.encodeDualBuffer({
+              dispatch: (d) => enc.dispatch(d),
+              memoryBarrier: () => enc.memoryBarrier(),
+              commit: () => enc.commit(label),
+              resolvePipeline: (p) => enc.resolvePipeline(p),
+            }, second);
+            second.commit(label);
+          } catch (e) {
+            second.dispose();
+            throw e;
+          }
+          encoders = [enc, second];
+        } else {
+          barriers = [reorder ? graph.encodeWithBarriers(enc) : graph.encodeSequential(enc)];
+          enc.commit(label);
+          encoders = [enc];
+        }
+      }
+    } catch (e) {
+      enc.dispose();
+      throw e;
+    }
+    const committedAt = nowNs();
+    const base = {
+      mode: this.#recorded ? "recorded" as const : "direct" as const,
+      fusions,
+      reordered,
+      barriers,
+      dispatches: encoders.reduce((n, e) => n + e.dispatchCount, 0),
+      groups: encoders.reduce((n, e) => n + e.groupStats().groups, 0),
+      encodingNs: committedAt - this.#began,
+    };
+    const report = (): FinishReport => ({
+      ...base,
+      gpuWaitNs: nowNs() - committedAt,
+      gpuNs: encoders.reduce((n, e) => n + e.gpuNs, 0),
+    });
+    return {
+      encoders,
+      wait: () => {
+        try {
+          for (const e of encoders) e.waitUntilCompleted();
+          return report();
+        } finally {
+          for (const e of encoders) e.dispose();
+        }
+      },
+      completed: async () => {
+        try {
+          for (const e of encoders) await e.completed();
+          return report();
+        } finally {
+          for (const e of encoders) e.dispose();
+        }
+      },
+    };
+  }
+
+  /** Releases the command buffer if the session was never finished (nothing runs). */
+  dispose(): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.#encoder.dispose();
+  }
+
+  /** Same as {@link GraphSession.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  #assertOpen(what: string): void {
+    if (this.#done) {
+      throw new MlxError("InvalidState", `${what}: this session was already finished or disposed; begin a new one`);
+    }
+  }
+}
