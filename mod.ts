@@ -83,3 +83,7 @@ export {
   type SessionOptions,
 } from "./src/executor.ts";
 export * as ops from "./src/ops/mod.ts";
+export type { DispatchTarget } from "./src/ops/common.ts";
+export type { NormOptions } from "./src/ops/norm.ts";
+export type { RopeNeoxOptions } from "./src/ops/rope.ts";
+export { f32Bits } from "./src/ops/common.ts";
