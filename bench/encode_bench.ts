@@ -58,3 +58,16 @@ Deno.bench(`${N} dispatches, no barriers`, { group: "barriers", baseline: true }
   enc.flush();
   enc.dispose();
 });
+
+Deno.bench("empty command buffer: commit + wait", { group: "sync" }, () => {
+  const enc = device.commandEncoder();
+  enc.commitAndWait();
+  enc.dispose();
+});
+
+Deno.bench("one small dispatch: commit + wait", { group: "sync" }, () => {
+  const enc = device.commandEncoder();
+  enc.dispatch(descriptor);
+  enc.commitAndWait();
+  enc.dispose();
+});

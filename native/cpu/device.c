@@ -379,8 +379,16 @@ int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) {
   return MLXN_OK;
 }
 
+static int cmdbuf_not_running(void *arg) {
+  return atomic_load(&((mlxn_cmdbuf *)arg)->status) != MLXN_CB_COMMITTED;
+}
+
+/* How long a waiter polls before sleeping: short command buffers complete within it. */
+#define WAIT_SPIN_NS 30000u
+
 int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  mlxn_spin_until(cmdbuf_not_running, cb, WAIT_SPIN_NS);
   pthread_mutex_lock(&cb->mu);
   if (cb->status == MLXN_CB_ENCODING) {
     pthread_mutex_unlock(&cb->mu);

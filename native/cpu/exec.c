@@ -3,6 +3,7 @@
  * dispatches, are handed out in chunks to the queue thread and the helper threads; a barrier is
  * the point where every thread has finished the group. */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,73 +70,77 @@ static void work_on(group_job *job, void *scratch) {
 
 static void *alloc_scratch(void) { return aligned_alloc(64, MLXN_MAX_TG_MEMORY); }
 
+static int job_posted(void *arg) {
+  mlxn_device *dev = ((void **)arg)[0];
+  uint64_t seen = *(uint64_t *)((void **)arg)[1];
+  return atomic_load(&dev->job_seq) != seen || atomic_load(&dev->pool_stop);
+}
+
 static void *helper_main(void *arg) {
   mlxn_device *dev = arg;
   void *scratch = alloc_scratch();
   uint64_t seen = 0;
+  void *poll[2] = {dev, &seen};
   for (;;) {
-    uint64_t s = atomic_load(&dev->job_seq_atomic);
-    uint64_t t0 = mlxn_now_ns();
-    for (uint32_t n = 0; s == seen; n++) {
-      cpu_relax();
-      s = atomic_load(&dev->job_seq_atomic);
-      if ((n & 255u) == 255u && mlxn_now_ns() - t0 > SPIN_NS) break;
-    }
-    if (s == seen) {
+    if (!mlxn_spin_until(job_posted, poll, SPIN_NS)) {
       pthread_mutex_lock(&dev->pool_mu);
-      while (dev->job_seq == seen && !dev->pool_stop) pthread_cond_wait(&dev->pool_cv, &dev->pool_mu);
-      s = dev->job_seq;
+      atomic_fetch_add(&dev->sleepers, 1);
+      while (atomic_load(&dev->job_seq) == seen && !atomic_load(&dev->pool_stop))
+        pthread_cond_wait(&dev->pool_cv, &dev->pool_mu);
+      atomic_fetch_sub(&dev->sleepers, 1);
       pthread_mutex_unlock(&dev->pool_mu);
     }
+    if (atomic_load(&dev->pool_stop)) break;
+    uint64_t s = atomic_load(&dev->job_seq);
+    atomic_fetch_add(&dev->active, 1);
+    /* Still the job we saw? Then its slot is not being refilled (that needs active == 0). */
+    if (atomic_load(&dev->job_seq) == s && scratch) work_on(&dev->jobs[s & 1], scratch);
+    atomic_fetch_sub(&dev->active, 1);
     seen = s;
-    if (dev->pool_stop) break;
-    if (scratch) work_on(dev->job, scratch);
-    pthread_mutex_lock(&dev->pool_mu);
-    dev->helpers_done++;
-    if (dev->helpers_done == dev->n_helpers) pthread_cond_signal(&dev->pool_done_cv);
-    pthread_mutex_unlock(&dev->pool_mu);
   }
   free(scratch);
   return NULL;
 }
 
+static void wait_helpers_idle(mlxn_device *dev) {
+  while (atomic_load(&dev->active) != 0) cpu_relax();
+}
+
 /* Runs one concurrent group; returns GROUP_OK, GROUP_OUT_OF_MEMORY or a failed dispatch index. */
 static uint32_t run_group(mlxn_device *dev, decoded_dispatch *ds, uint32_t count, void *scratch) {
-  if (count + 1 > dev->prefix_cap) {
+  /* Helpers still inside the previous job only find it drained; let them leave before the slot
+   * that job K-1 used is refilled for K+1. */
+  wait_helpers_idle(dev);
+  uint64_t seq = atomic_load(&dev->job_seq) + 1;
+  group_job *job = &dev->jobs[seq & 1];
+  if (count + 1 > job->prefix_cap) {
     uint32_t cap = (count + 1) * 2;
-    uint64_t *p = realloc(dev->prefix_scratch, cap * sizeof *p);
+    uint64_t *p = realloc(job->prefix, cap * sizeof *p);
     if (!p) return GROUP_OUT_OF_MEMORY;
-    dev->prefix_scratch = p;
-    dev->prefix_cap = cap;
+    job->prefix = p;
+    job->prefix_cap = cap;
   }
-  group_job job;
-  job.dispatches = ds;
-  job.count = count;
-  job.prefix = dev->prefix_scratch;
-  job.prefix[0] = 0;
-  for (uint32_t i = 0; i < count; i++) job.prefix[i + 1] = job.prefix[i] + ds[i].tg_total;
-  job.total = job.prefix[count];
-  uint64_t per = job.total / ((uint64_t)dev->n_workers * 4);
-  job.chunk = per > 0 ? per : 1;
-  atomic_store(&job.next, 0);
-  atomic_store(&job.failed, 0);
-  if (dev->n_helpers == 0 || job.total == 1) {
-    work_on(&job, scratch);
-  } else {
-    pthread_mutex_lock(&dev->pool_mu);
-    dev->job = &job;
-    dev->helpers_done = 0;
-    dev->job_seq++;
-    atomic_store(&dev->job_seq_atomic, dev->job_seq);
-    pthread_cond_broadcast(&dev->pool_cv);
-    pthread_mutex_unlock(&dev->pool_mu);
-    work_on(&job, scratch);
-    /* The barrier: every helper must be done before the next group starts. */
-    pthread_mutex_lock(&dev->pool_mu);
-    while (dev->helpers_done < dev->n_helpers) pthread_cond_wait(&dev->pool_done_cv, &dev->pool_mu);
-    pthread_mutex_unlock(&dev->pool_mu);
+  job->dispatches = ds;
+  job->count = count;
+  job->prefix[0] = 0;
+  for (uint32_t i = 0; i < count; i++) job->prefix[i + 1] = job->prefix[i] + ds[i].tg_total;
+  job->total = job->prefix[count];
+  uint64_t per = job->total / ((uint64_t)dev->n_workers * 4);
+  job->chunk = per > 0 ? per : 1;
+  atomic_store(&job->next, 0);
+  atomic_store(&job->failed, 0);
+  if (dev->n_helpers > 0 && job->total > 1) {
+    atomic_store(&dev->job_seq, seq); /* publish: helpers may join from here on */
+    if (atomic_load(&dev->sleepers) > 0) {
+      pthread_mutex_lock(&dev->pool_mu);
+      pthread_cond_broadcast(&dev->pool_cv);
+      pthread_mutex_unlock(&dev->pool_mu);
+    }
   }
-  int failed = atomic_load(&job.failed);
+  work_on(job, scratch);
+  /* The barrier: every chunk was taken; wait for the helpers still running theirs. */
+  wait_helpers_idle(dev);
+  int failed = atomic_load(&job->failed);
   return failed ? (uint32_t)(failed - 1) : GROUP_OK;
 }
 
@@ -158,16 +163,37 @@ static void run_cmdbuf(mlxn_device *dev, mlxn_cmdbuf *cb, void *scratch) {
   cb->t_end = mlxn_now_ns();
 }
 
+int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns) {
+  uint64_t t0 = mlxn_now_ns();
+  for (uint32_t n = 0;; n++) {
+    if (done(arg)) return 1;
+    /* Yield rather than burn the core: on small machines the thread we wait for (the caller's,
+     * the queue's or a helper) may need this very core to make progress. */
+    if (n & 1u) sched_yield();
+    else cpu_relax();
+    if ((n & 15u) == 15u && mlxn_now_ns() - t0 > ns) return done(arg);
+  }
+}
+
+static int queue_has_work(void *arg) { return atomic_load(&((mlxn_device *)arg)->queued) > 0; }
+
 static void *queue_main(void *arg) {
   mlxn_device *dev = arg;
   void *scratch = alloc_scratch();
   pthread_mutex_lock(&dev->mu);
   for (;;) {
+    if (!dev->queue_head && !dev->closing) {
+      /* Idle: poll briefly (a commit usually follows a commit), then sleep. */
+      pthread_mutex_unlock(&dev->mu);
+      mlxn_spin_until(queue_has_work, dev, SPIN_NS);
+      pthread_mutex_lock(&dev->mu);
+    }
     while (!dev->queue_head && !dev->closing) pthread_cond_wait(&dev->queue_cv, &dev->mu);
     mlxn_cmdbuf *cb = dev->queue_head;
     if (!cb) break; /* closing and drained */
     dev->queue_head = cb->queue_next;
     if (!dev->queue_head) dev->queue_tail = NULL;
+    atomic_fetch_sub(&dev->queued, 1);
     pthread_mutex_unlock(&dev->mu);
 
     run_cmdbuf(dev, cb, scratch);
@@ -193,6 +219,7 @@ void mlxn_exec_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb) {
   if (dev->queue_tail) dev->queue_tail->queue_next = cb;
   else dev->queue_head = cb;
   dev->queue_tail = cb;
+  atomic_fetch_add(&dev->queued, 1);
   pthread_cond_signal(&dev->queue_cv);
 }
 
@@ -201,7 +228,6 @@ int mlxn_exec_start(mlxn_device *dev, uint32_t threads) {
   dev->n_helpers = 0;
   pthread_mutex_init(&dev->pool_mu, NULL);
   pthread_cond_init(&dev->pool_cv, NULL);
-  pthread_cond_init(&dev->pool_done_cv, NULL);
   if (threads > 1) {
     dev->helpers = calloc(threads - 1, sizeof(pthread_t));
     if (!dev->helpers) return -1;
@@ -227,18 +253,17 @@ void mlxn_exec_stop(mlxn_device *dev) {
   pthread_mutex_unlock(&dev->mu);
   if (had_queue) pthread_join(dev->queue_thread, NULL);
   pthread_mutex_lock(&dev->pool_mu);
-  dev->pool_stop = 1;
-  dev->job_seq++;
-  atomic_store(&dev->job_seq_atomic, dev->job_seq);
+  atomic_store(&dev->pool_stop, 1);
   pthread_cond_broadcast(&dev->pool_cv);
   pthread_mutex_unlock(&dev->pool_mu);
   for (uint32_t i = 0; i < dev->n_helpers; i++) pthread_join(dev->helpers[i], NULL);
   free(dev->helpers);
   dev->helpers = NULL;
   dev->n_helpers = 0;
-  free(dev->prefix_scratch);
-  dev->prefix_scratch = NULL;
+  for (int i = 0; i < 2; i++) {
+    free(dev->jobs[i].prefix);
+    dev->jobs[i].prefix = NULL;
+  }
   pthread_mutex_destroy(&dev->pool_mu);
   pthread_cond_destroy(&dev->pool_cv);
-  pthread_cond_destroy(&dev->pool_done_cv);
 }

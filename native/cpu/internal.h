@@ -83,7 +83,7 @@ struct mlxn_cmdbuf {
   /* lifecycle */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int32_t status;  /* MLXN_CB_* */
+  _Atomic int32_t status; /* MLXN_CB_*; written under mu, readable without it (spinning waiters) */
   int32_t error_code;
   char error[512];
   uint64_t t_start, t_end;
@@ -109,6 +109,7 @@ typedef struct group_job {
   decoded_dispatch *dispatches; /* the group's first dispatch */
   uint32_t count;
   uint64_t *prefix; /* prefix[i] = threadgroups before dispatch i; prefix[count] = total */
+  uint32_t prefix_cap;
   uint64_t total, chunk;
   _Atomic uint64_t next;
   _Atomic int failed; /* index+1 of a dispatch whose kernel reported failure */
@@ -127,23 +128,24 @@ struct mlxn_device {
   uint64_t next_serial;
   struct mlxn_cmdbuf *live; /* live command buffers */
   struct mlxn_cmdbuf *queue_head, *queue_tail;
+  _Atomic uint32_t queued; /* committed, not yet taken by the queue thread (polled while idle) */
   int closing;
   pthread_t queue_thread;
 
-  /* worker pool (helpers run alongside the queue thread) */
+  /* Worker pool: helpers join the queue thread on each concurrent group. Jobs alternate between
+   * two slots so a helper arriving late for job K (finding it already drained) never touches the
+   * slot being filled for job K+1; the coordinator waits only for helpers that joined. */
   pthread_t *helpers;
   uint32_t n_helpers;
   pthread_mutex_t pool_mu;
-  pthread_cond_t pool_cv, pool_done_cv;
-  uint64_t job_seq;       /* incremented for each posted job */
-  uint32_t helpers_done;  /* helpers finished with the current job */
-  int pool_stop;
-  group_job *job;
-  _Atomic uint64_t job_seq_atomic; /* spinning helpers watch this */
+  pthread_cond_t pool_cv;
+  group_job jobs[2];
+  _Atomic uint64_t job_seq;    /* the current job is jobs[job_seq & 1] */
+  _Atomic uint32_t active;     /* helpers inside a job right now */
+  _Atomic uint32_t sleepers;   /* helpers blocked on pool_cv */
+  _Atomic int pool_stop;
   cb_storage spare[MLXN_SPARE_STORAGE];
   uint32_t n_spare;
-  uint64_t *prefix_scratch;
-  uint32_t prefix_cap;
   uint32_t tg_scratch_bytes;
 };
 
@@ -152,6 +154,9 @@ buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *in
 void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
 void mlxn_live_add(int what, int64_t delta);
 uint64_t mlxn_now_ns(void);
+/* Polls `done(arg)` for up to ns nanoseconds; returns whether it became true. Cheap waits for work
+ * that is about to arrive, before falling back to a condition variable. */
+int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns);
 
 const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks);
 
