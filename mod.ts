@@ -86,4 +86,18 @@ export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
 export type { RopeNeoxOptions } from "./src/ops/rope.ts";
+export type { AffineMatmulOptions, GgmlMatmulOptions, GgmlMoeOptions, MatmulShape } from "./src/ops/matmul.ts";
+export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/attention.ts";
+export {
+  type AffineBits,
+  type AffineGroupSize,
+  type AffineQuantized,
+  dequantizeAffine,
+  dequantizeGgml,
+  GGML_BLOCK,
+  ggmlBytes,
+  type GgmlFormat,
+  quantizeAffine,
+  quantizeGgml,
+} from "./src/quant.ts";
 export { f32Bits } from "./src/ops/common.ts";

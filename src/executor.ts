@@ -181,6 +181,11 @@ export class GraphSession implements DispatchTarget {
     this.#encoder.memoryBarrier();
   }
 
+  /** Same as {@link GraphSession.barrier} (the DispatchTarget name). */
+  memoryBarrier(): void {
+    this.barrier();
+  }
+
   /** Barrier only if these accesses conflict with the current concurrent group. */
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     this.#assertOpen("barrierBetween");
@@ -265,6 +270,50 @@ export class GraphSession implements DispatchTarget {
   /** NeoX rope. */
   ropeNeox(input: MlxBuffer, output: MlxBuffer, positions: MlxBuffer, o: ops.RopeNeoxOptions): void {
     ops.ropeNeox(this, this.#registry, input, output, positions, o);
+  }
+
+  /** y = x · Wᵀ, dense f32/bf16 weights. */
+  matmul(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.MatmulShape): void {
+    ops.matmul(this, this.#registry, x, w, y, o);
+  }
+
+  /** y = x · Wᵀ, MLX affine-quantized weights. */
+  quantizedMatmul(
+    x: MlxBuffer,
+    w: MlxBuffer,
+    scales: MlxBuffer,
+    biases: MlxBuffer,
+    y: MlxBuffer,
+    o: ops.AffineMatmulOptions,
+  ): void {
+    ops.quantizedMatmul(this, this.#registry, x, w, scales, biases, y, o);
+  }
+
+  /** y = x · Wᵀ, ggml block weights. */
+  quantizedMatmulGgml(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.GgmlMatmulOptions): void {
+    ops.quantizedMatmulGgml(this, this.#registry, x, w, y, o);
+  }
+
+  /** MoE expert-routed product, ggml block weights. */
+  quantizedMatmulIdGgml(x: MlxBuffer, w: MlxBuffer, ids: MlxBuffer, y: MlxBuffer, o: ops.GgmlMoeOptions): void {
+    ops.quantizedMatmulIdGgml(this, this.#registry, x, w, ids, y, o);
+  }
+
+  /** Causal scaled dot-product attention. */
+  sdpa(q: MlxBuffer, k: MlxBuffer, v: MlxBuffer, out: MlxBuffer, o: ops.SdpaOptions): void {
+    ops.sdpa(this, this.#registry, q, k, v, out, o);
+  }
+
+  /** Decode attention, split over workgroups then reduced (places its own barrier). */
+  flashAttnVec(
+    q: MlxBuffer,
+    k: MlxBuffer,
+    v: MlxBuffer,
+    tmp: MlxBuffer,
+    out: MlxBuffer,
+    o: ops.FlashAttnVecOptions,
+  ): void {
+    ops.flashAttnVec(this, this.#registry, q, k, v, tmp, out, o);
   }
 
   // ---- completion -------------------------------------------------------------------------------

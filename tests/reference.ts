@@ -106,3 +106,113 @@ export function refRopeNeox(
   }
   return out;
 }
+
+/** y = x · Wᵀ (x [m, k], w [n, k]) in float64, with Σ|x·w| per output for error bounds. */
+export function refMatmul(
+  x: ArrayLike<number>,
+  w: ArrayLike<number>,
+  m: number,
+  n: number,
+  k: number,
+): { y: Float64Array; mag: Float64Array } {
+  const y = new Float64Array(m * n), mag = new Float64Array(m * n);
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < n; j++) {
+      let s = 0, a = 0;
+      for (let t = 0; t < k; t++) {
+        const p = x[i * k + t] * w[j * k + t];
+        s += p;
+        a += Math.abs(p);
+      }
+      y[i * n + j] = s;
+      mag[i * n + j] = a;
+    }
+  }
+  return { y, mag };
+}
+
+/** Softmax-weighted sum of value rows for one query over the given keys (float64). */
+function attendOne(
+  q: ArrayLike<number>,
+  qOff: number,
+  keys: number[],
+  kv: { k: ArrayLike<number>; v: ArrayLike<number>; base: number; hd: number },
+  scale: number,
+  softcap: number,
+): Float64Array {
+  const scores = keys.map((key) => {
+    let s = 0;
+    for (let d = 0; d < kv.hd; d++) s += q[qOff + d] * kv.k[kv.base + key * kv.hd + d];
+    s *= scale;
+    return softcap > 0 ? softcap * Math.tanh(s / softcap) : s;
+  });
+  const m = Math.max(...scores);
+  const p = scores.map((s) => Math.exp(s - m));
+  const l = p.reduce((a, b) => a + b, 0);
+  const out = new Float64Array(kv.hd);
+  keys.forEach((key, i) => {
+    for (let d = 0; d < kv.hd; d++) out[d] += (p[i] / l) * kv.v[kv.base + key * kv.hd + d];
+  });
+  return out;
+}
+
+/** Causal GQA attention: Q/O [batch, heads, seq, hd], K/V [batch, kvHeads, cap, hd]. */
+export function refSdpa(
+  q: ArrayLike<number>,
+  k: ArrayLike<number>,
+  v: ArrayLike<number>,
+  o: {
+    batch: number;
+    nHeads: number;
+    nKvHeads: number;
+    headDim: number;
+    seqLen: number;
+    kvSeqLen: number;
+    kvCapacity: number;
+    scale: number;
+  },
+): Float64Array {
+  const { batch, nHeads, nKvHeads, headDim: hd, seqLen, kvSeqLen, kvCapacity } = o;
+  const out = new Float64Array(batch * nHeads * seqLen * hd);
+  for (let b = 0; b < batch; b++) {
+    for (let h = 0; h < nHeads; h++) {
+      const kvh = Math.floor(h / (nHeads / nKvHeads));
+      const base = (b * nKvHeads + kvh) * kvCapacity * hd;
+      for (let r = 0; r < seqLen; r++) {
+        const last = kvSeqLen - seqLen + r;
+        const keys = Array.from({ length: last + 1 }, (_, i) => i);
+        const qOff = ((b * nHeads + h) * seqLen + r) * hd;
+        out.set(attendOne(q, qOff, keys, { k, v, base, hd }, o.scale, 0), qOff);
+      }
+    }
+  }
+  return out;
+}
+
+/** Decode attention of one query per head, with a mask and an optional softcap. */
+export function refAttentionDecode(
+  q: ArrayLike<number>,
+  k: ArrayLike<number>,
+  v: ArrayLike<number>,
+  o: {
+    nHeads: number;
+    nKvHeads: number;
+    headDim: number;
+    kvSeqLen: number;
+    kvCapacity: number;
+    scale: number;
+    mask: "none" | "causal" | "sliding";
+    slidingWindow?: number;
+    softcap?: number;
+  },
+): Float64Array {
+  const hd = o.headDim, pos = o.kvSeqLen - 1;
+  const out = new Float64Array(o.nHeads * hd);
+  const keys = Array.from({ length: o.kvSeqLen }, (_, i) => i)
+    .filter((key) => o.mask !== "sliding" || pos - key < (o.slidingWindow ?? 0));
+  for (let h = 0; h < o.nHeads; h++) {
+    const base = Math.floor(h / (o.nHeads / o.nKvHeads)) * o.kvCapacity * hd;
+    out.set(attendOne(q, h * hd, keys, { k, v, base, hd }, o.scale, o.softcap ?? 0), h * hd);
+  }
+  return out;
+}

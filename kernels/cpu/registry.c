@@ -7,11 +7,15 @@
 extern const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[];
 extern const mlxn_cpu_kernel mlxn_cpu_norm_kernels[];
 extern const mlxn_cpu_kernel mlxn_cpu_rope_kernels[];
+extern const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[];
+extern const mlxn_cpu_kernel mlxn_cpu_attention_kernels[];
 
 const mlxn_cpu_kernel *const mlxn_cpu_kernel_families[] = {
     mlxn_cpu_elementwise_kernels,
     mlxn_cpu_norm_kernels,
     mlxn_cpu_rope_kernels,
+    mlxn_cpu_matmul_kernels,
+    mlxn_cpu_attention_kernels,
     0,
 };
 

@@ -21,6 +21,8 @@ export const CapturedOpKind = {
   Softmax: "Softmax",
   /** Rotary embedding. */
   Rope: "Rope",
+  /** Matrix products (dense or quantized). */
+  MatMul: "MatMul",
   /** Activation functions (gelu, softcap). */
   Activation: "Activation",
   /** Anything else. */

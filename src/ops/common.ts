@@ -14,6 +14,8 @@ import { MlxError } from "../errors.ts";
 export interface DispatchTarget {
   /** Encodes (or records) one dispatch. */
   dispatch(d: DispatchDescriptor): void;
+  /** A barrier (multi-dispatch ops place their own between dependent steps). */
+  memoryBarrier(): void;
 }
 
 const f32Scratch = new Float32Array(1);

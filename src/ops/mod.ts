@@ -8,3 +8,5 @@ export * from "./common.ts";
 export * from "./elementwise.ts";
 export * from "./norm.ts";
 export * from "./rope.ts";
+export * from "./matmul.ts";
+export * from "./attention.ts";

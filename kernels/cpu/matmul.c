@@ -1,0 +1,330 @@
+/* Matrix products y = x · Wᵀ (x f32 [M, K], W [N, K], y f32 [M, N]) with W dense (f32/bf16),
+ * MLX affine-quantized (4/6/8 bits, groups of 32/64/128, bf16 scales and biases) or in ggml block
+ * formats (Q4_0, Q8_0, Q6_K), plus the MoE variant that picks an expert's weights per output row.
+ *
+ * Geometry (shared with the GPU kernels): threadgroups (ceil(N / OUTS), rows) — each threadgroup
+ * produces OUTS consecutive outputs of one row of x (rows = M, or tokens·top_k for MoE). The CPU
+ * kernels accumulate in f32 in index order. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernel.h"
+
+#define OUTS 4      /* outputs per threadgroup, scalar kernels */
+#define OUTS_FAST 8 /* outputs per threadgroup, the fast affine kernel */
+
+/* ---- common parameter block: {M, N, K, ...} ------------------------------------------------- */
+
+typedef struct mm_params {
+  uint32_t m, n, k;
+} mm_params;
+
+static mm_params read_mm(const mlxn_kargs *a, int slot) {
+  mm_params p = {mlxn_arg_u32(a, slot, 0), mlxn_arg_u32(a, slot, 4), mlxn_arg_u32(a, slot, 8)};
+  return p;
+}
+
+static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, size_t cap) {
+  if (p.m == 0 || p.n == 0 || p.k == 0) return mlxn_kfail(err, cap, "M, N and K must be > 0");
+  if ((uint64_t)a->groups[0] * outs < p.n || a->groups[1] < p.m)
+    return mlxn_kfail(err, cap, "grid %ux%u threadgroups does not cover N=%u (x%u per group) and M=%u",
+                      a->groups[0], a->groups[1], p.n, outs, p.m);
+  return 0;
+}
+
+/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K} ---------------------------------------------------------- */
+
+#define DENSE_KERNEL(SUF, T)                                                                      \
+  static int matmul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
+    MLXN_NEED_BYTES(a, 3, 12, err, cap);                                                           \
+    mm_params p = read_mm(a, 3);                                                                   \
+    if (check_mm(a, p, OUTS, err, cap)) return 1;                                                  \
+    MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
+    MLXN_NEED_BUF(a, 1, (uint64_t)p.n * p.k * mlxn_ftype_size(T), err, cap);                       \
+    MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
+                                void *s) {                                                         \
+    (void)gz; (void)s;                                                                             \
+    mm_params p = read_mm(a, 3);                                                                   \
+    if (gy >= p.m) return 0;                                                                       \
+    const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
+    float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \
+    for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++) {                            \
+      float acc = 0.0f;                                                                            \
+      uint64_t row = (uint64_t)n * p.k;                                                            \
+      for (uint32_t k = 0; k < p.k; k++) acc += x[k] * mlxn_load(a->ptr[1], row + k, T);          \
+      y[n] = acc;                                                                                  \
+    }                                                                                              \
+    return 0;                                                                                      \
+  }
+
+DENSE_KERNEL(f32, MLXN_T_F32)
+DENSE_KERNEL(bf16, MLXN_T_BF16)
+
+/* ---- MLX affine: 0 x, 1 packed W, 2 scales bf16 [N, K/gs], 3 biases bf16, 4 y,
+ *      5 {M, N, K, bits, group_size}; w = scale · q + bias -------------------------------------
+ * Packing of one row (K values, K·bits/8 bytes): 4 and 8 bits — little-endian u32 words holding
+ * 32/bits values, value j of a word at bit j·bits; 6 bits — every 4 values in 3 bytes, value j at
+ * bit 6j of the little-endian 24-bit integer. */
+
+static inline uint32_t affine_q(const uint8_t *row, uint32_t k, uint32_t bits) {
+  if (bits == 8) return row[k];
+  if (bits == 4) return (row[k >> 1] >> ((k & 1u) * 4)) & 0xfu;
+  const uint8_t *t = row + (k >> 2) * 3; /* bits == 6 */
+  uint32_t v = (uint32_t)t[0] | ((uint32_t)t[1] << 8) | ((uint32_t)t[2] << 16);
+  return (v >> ((k & 3u) * 6)) & 0x3fu;
+}
+
+static int affine_validate_common(const mlxn_kargs *a, uint32_t outs, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 5, 20, err, cap);
+  mm_params p = read_mm(a, 5);
+  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
+  if (check_mm(a, p, outs, err, cap)) return 1;
+  if (bits != 4 && bits != 6 && bits != 8) return mlxn_kfail(err, cap, "bits must be 4, 6 or 8, got %u", bits);
+  if (gs != 32 && gs != 64 && gs != 128) return mlxn_kfail(err, cap, "group size must be 32, 64 or 128, got %u", gs);
+  if (p.k % gs) return mlxn_kfail(err, cap, "K=%u must be a multiple of the group size %u", p.k, gs);
+  MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);
+  MLXN_NEED_BUF(a, 1, (uint64_t)p.n * p.k * bits / 8, err, cap);
+  MLXN_NEED_BUF(a, 2, (uint64_t)p.n * (p.k / gs) * 2, err, cap);
+  MLXN_NEED_BUF(a, 3, (uint64_t)p.n * (p.k / gs) * 2, err, cap);
+  MLXN_NEED_BUF(a, 4, (uint64_t)p.m * p.n * 4, err, cap);
+  return 0;
+}
+
+static int qmatmul_affine_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  return affine_validate_common(a, OUTS, err, cap);
+}
+
+static int qmatmul_affine_fast_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  if (affine_validate_common(a, OUTS_FAST, err, cap)) return 1;
+  mm_params p = read_mm(a, 5);
+  uint32_t bits = mlxn_arg_u32(a, 5, 12);
+  if (p.n % 8 || p.k % 256 || (bits != 4 && bits != 8))
+    return mlxn_kfail(err, cap, "the fast kernel needs N %% 8 == 0, K %% 256 == 0 and 4 or 8 bits");
+  return 0;
+}
+
+/* Scalar: dequantize each weight, then multiply-accumulate in index order. */
+static int qmatmul_affine_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  mm_params p = read_mm(a, 5);
+  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
+  if (gy >= p.m) return 0;
+  const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;
+  float *y = (float *)a->ptr[4] + (uint64_t)gy * p.n;
+  uint64_t row_bytes = (uint64_t)p.k * bits / 8, groups = p.k / gs;
+  for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++) {
+    const uint8_t *row = a->ptr[1] + n * row_bytes;
+    const uint8_t *sc = a->ptr[2] + n * groups * 2, *bi = a->ptr[3] + n * groups * 2;
+    float acc = 0.0f;
+    for (uint32_t g = 0; g < groups; g++) {
+      float scale = mlxn_load(sc, g, MLXN_T_BF16), bias = mlxn_load(bi, g, MLXN_T_BF16);
+      for (uint32_t k = g * gs; k < (g + 1) * gs; k++) acc += x[k] * (scale * (float)affine_q(row, k, bits) + bias);
+    }
+    y[n] = acc;
+  }
+  return 0;
+}
+
+/* Fast: per group, Σ q·x and Σ x, then scale·Σqx + bias·Σx (MLX's SIMD formulation). */
+static int qmatmul_affine_fast_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  mm_params p = read_mm(a, 5);
+  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
+  if (gy >= p.m) return 0;
+  const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;
+  float *y = (float *)a->ptr[4] + (uint64_t)gy * p.n;
+  uint64_t row_bytes = (uint64_t)p.k * bits / 8, groups = p.k / gs;
+  for (uint32_t n = gx * OUTS_FAST; n < p.n && n < (gx + 1) * OUTS_FAST; n++) {
+    const uint8_t *row = a->ptr[1] + n * row_bytes;
+    const uint8_t *sc = a->ptr[2] + n * groups * 2, *bi = a->ptr[3] + n * groups * 2;
+    float acc = 0.0f;
+    for (uint32_t g = 0; g < groups; g++) {
+      float qx = 0.0f, sx = 0.0f;
+      for (uint32_t k = g * gs; k < (g + 1) * gs; k++) {
+        qx += (float)affine_q(row, k, bits) * x[k];
+        sx += x[k];
+      }
+      acc += mlxn_load(sc, g, MLXN_T_BF16) * qx + mlxn_load(bi, g, MLXN_T_BF16) * sx;
+    }
+    y[n] = acc;
+  }
+  return 0;
+}
+
+/* ---- ggml block formats ------------------------------------------------------------------------ */
+
+typedef enum { GGML_Q4_0 = 0, GGML_Q8_0 = 1, GGML_Q6_K = 2 } ggml_fmt;
+
+static const uint32_t ggml_block_values[] = {32, 32, 256};
+static const uint32_t ggml_block_bytes[] = {18, 34, 210};
+
+static inline float half_at(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return mlxn_f16_to_f32(h);
+}
+
+/* Dequantizes one block into out[values]. */
+static void ggml_dequant_block(ggml_fmt f, const uint8_t *b, float *out) {
+  if (f == GGML_Q4_0) {
+    float d = half_at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+      out[j] = (float)((int)(qs[j] & 0xf) - 8) * d;
+      out[j + 16] = (float)((int)(qs[j] >> 4) - 8) * d;
+    }
+  } else if (f == GGML_Q8_0) {
+    float d = half_at(b);
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) out[j] = (float)qs[j] * d;
+  } else { /* Q6_K: ql[128] qh[64] scales[16] d */
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = half_at(b + 208);
+    for (int n = 0; n < 256; n += 128) {
+      for (int l = 0; l < 32; l++) {
+        int is = l / 16;
+        int q1 = (int)((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        int q2 = (int)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        out[n + l] = d * (float)sc[is] * (float)q1;
+        out[n + l + 32] = d * (float)sc[is + 2] * (float)q2;
+        out[n + l + 64] = d * (float)sc[is + 4] * (float)q3;
+        out[n + l + 96] = d * (float)sc[is + 6] * (float)q4;
+      }
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+/* One output: dot(x[0..K), row n of a ggml matrix). */
+static float ggml_dot(ggml_fmt f, const uint8_t *row, const float *x, uint32_t k) {
+  float w[256];
+  float acc = 0.0f;
+  uint32_t bv = ggml_block_values[f], bb = ggml_block_bytes[f];
+  for (uint32_t blk = 0; blk < k / bv; blk++) {
+    ggml_dequant_block(f, row + (uint64_t)blk * bb, w);
+    for (uint32_t j = 0; j < bv; j++) acc += x[blk * bv + j] * w[j];
+  }
+  return acc;
+}
+
+static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
+  if (k % ggml_block_values[f])
+    return mlxn_kfail(err, cap, "K=%u must be a multiple of the block size %u", k, ggml_block_values[f]);
+  return 0;
+}
+
+/* ---- quantized_matmul_ggml: 0 x, 1 W blocks [N, K/bv], 2 y, 3 {M, N, K} ------------------------
+ * mv (M ≤ 8): OUTS outputs for every row per threadgroup, grid (ceil(N/OUTS), 1);
+ * mm: grid (ceil(N/OUTS), M). Same arithmetic, different work split. */
+
+#define GGML_KERNELS(NAME, F)                                                                     \
+  static int NAME##_validate_common(const mlxn_kargs *a, uint32_t rows_needed, char *err,        \
+                                    size_t cap) {                                                  \
+    MLXN_NEED_BYTES(a, 3, 12, err, cap);                                                           \
+    mm_params p = read_mm(a, 3);                                                                   \
+    if (p.m == 0 || p.n == 0 || p.k == 0) return mlxn_kfail(err, cap, "M, N and K must be > 0"); \
+    if (ggml_check_k(F, p.k, err, cap)) return 1;                                                  \
+    if ((uint64_t)a->groups[0] * OUTS < p.n || a->groups[1] < rows_needed)                         \
+      return mlxn_kfail(err, cap, "grid does not cover N=%u, M=%u", p.n, p.m);                     \
+    MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
+    MLXN_NEED_BUF(a, 1, (uint64_t)p.n * (p.k / ggml_block_values[F]) * ggml_block_bytes[F], err, cap); \
+    MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int NAME##_mv_validate(const mlxn_kargs *a, char *err, size_t cap) {                    \
+    if (NAME##_validate_common(a, 1, err, cap)) return 1;                                          \
+    if (read_mm(a, 3).m > 8) return mlxn_kfail(err, cap, "the mat-vec kernel takes M <= 8");       \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int NAME##_mm_validate(const mlxn_kargs *a, char *err, size_t cap) {                    \
+    return NAME##_validate_common(a, read_mm(a, 3).m, err, cap);                                   \
+  }                                                                                                \
+  static void NAME##_rows(const mlxn_kargs *a, uint32_t gx, uint32_t m0, uint32_t m1) {          \
+    mm_params p = read_mm(a, 3);                                                                   \
+    uint64_t row_bytes = (uint64_t)(p.k / ggml_block_values[F]) * ggml_block_bytes[F];            \
+    for (uint32_t m = m0; m < m1 && m < p.m; m++)                                                  \
+      for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++)                            \
+        ((float *)a->ptr[2])[(uint64_t)m * p.n + n] =                                              \
+            ggml_dot(F, a->ptr[1] + n * row_bytes, (const float *)a->ptr[0] + (uint64_t)m * p.k, p.k); \
+  }                                                                                                \
+  static int NAME##_mv_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {\
+    (void)gy; (void)gz; (void)s;                                                                   \
+    NAME##_rows(a, gx, 0, 8);                                                                      \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int NAME##_mm_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {\
+    (void)gz; (void)s;                                                                             \
+    NAME##_rows(a, gx, gy, gy + 1);                                                                \
+    return 0;                                                                                      \
+  }
+
+GGML_KERNELS(qmatmul_q4_0, GGML_Q4_0)
+GGML_KERNELS(qmatmul_q8_0, GGML_Q8_0)
+GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
+
+/* ---- quantized_matmul_id_ggml (MoE): 0 x [tokens, K], 1 W [E, N, K/bv blocks], 2 ids u32
+ *      [tokens·top_k], 3 y [tokens·top_k, N], 4 {rows = tokens·top_k, N, K, top_k, n_experts};
+ *      output row r = x[r / top_k] · W[ids[r]]ᵀ. Grid (ceil(N/OUTS), rows). Expert ids are checked
+ *      at run time (they are data): an out-of-range id fails the dispatch. */
+
+#define GGML_ID_KERNEL(NAME, F)                                                                   \
+  static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
+    MLXN_NEED_BYTES(a, 4, 20, err, cap);                                                           \
+    uint32_t rows = mlxn_arg_u32(a, 4, 0), n = mlxn_arg_u32(a, 4, 4), k = mlxn_arg_u32(a, 4, 8);  \
+    uint32_t top_k = mlxn_arg_u32(a, 4, 12), experts = mlxn_arg_u32(a, 4, 16);                    \
+    if (!rows || !n || !k || !top_k || !experts)                                                   \
+      return mlxn_kfail(err, cap, "rows, N, K, top_k and n_experts must be > 0");                  \
+    if (rows % top_k) return mlxn_kfail(err, cap, "rows=%u must be a multiple of top_k=%u", rows, top_k); \
+    if (ggml_check_k(F, k, err, cap)) return 1;                                                    \
+    if ((uint64_t)a->groups[0] * OUTS < n || a->groups[1] < rows)                                  \
+      return mlxn_kfail(err, cap, "grid does not cover N=%u, rows=%u", n, rows);                   \
+    uint64_t row_bytes = (uint64_t)(k / ggml_block_values[F]) * ggml_block_bytes[F];              \
+    MLXN_NEED_BUF(a, 0, (uint64_t)(rows / top_k) * k * 4, err, cap);                               \
+    MLXN_NEED_BUF(a, 1, (uint64_t)experts * n * row_bytes, err, cap);                              \
+    MLXN_NEED_BUF(a, 2, (uint64_t)rows * 4, err, cap);                                             \
+    MLXN_NEED_BUF(a, 3, (uint64_t)rows * n * 4, err, cap);                                         \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
+    (void)gz; (void)s;                                                                             \
+    uint32_t rows = mlxn_arg_u32(a, 4, 0), n = mlxn_arg_u32(a, 4, 4), k = mlxn_arg_u32(a, 4, 8);  \
+    uint32_t top_k = mlxn_arg_u32(a, 4, 12), experts = mlxn_arg_u32(a, 4, 16);                    \
+    if (gy >= rows) return 0;                                                                      \
+    uint32_t e = ((const uint32_t *)a->ptr[2])[gy];                                                \
+    if (e >= experts) return 1; /* data-dependent: reported as a failed dispatch */                \
+    uint64_t row_bytes = (uint64_t)(k / ggml_block_values[F]) * ggml_block_bytes[F];              \
+    const uint8_t *w = a->ptr[1] + (uint64_t)e * n * row_bytes;                                    \
+    const float *x = (const float *)a->ptr[0] + (uint64_t)(gy / top_k) * k;                        \
+    float *y = (float *)a->ptr[3] + (uint64_t)gy * n;                                              \
+    for (uint32_t o = gx * OUTS; o < n && o < (gx + 1) * OUTS; o++) y[o] = ggml_dot(F, w + o * row_bytes, x, k); \
+    return 0;                                                                                      \
+  }
+
+GGML_ID_KERNEL(qmatmul_id_q4_0, GGML_Q4_0)
+GGML_ID_KERNEL(qmatmul_id_q8_0, GGML_Q8_0)
+GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
+
+const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
+    {"matmul_f32", "bbbc", matmul_f32_validate, matmul_f32_run},
+    {"matmul_bf16", "bbbc", matmul_bf16_validate, matmul_bf16_run},
+    {"qmatmul_affine", "bbbbbc", qmatmul_affine_validate, qmatmul_affine_run},
+    {"qmatmul_affine_fast", "bbbbbc", qmatmul_affine_fast_validate, qmatmul_affine_fast_run},
+    {"qmatmul_q4_0_mv", "bbbc", qmatmul_q4_0_mv_validate, qmatmul_q4_0_mv_run},
+    {"qmatmul_q4_0_mm", "bbbc", qmatmul_q4_0_mm_validate, qmatmul_q4_0_mm_run},
+    {"qmatmul_q8_0_mv", "bbbc", qmatmul_q8_0_mv_validate, qmatmul_q8_0_mv_run},
+    {"qmatmul_q8_0_mm", "bbbc", qmatmul_q8_0_mm_validate, qmatmul_q8_0_mm_run},
+    {"qmatmul_q6_k_mv", "bbbc", qmatmul_q6_k_mv_validate, qmatmul_q6_k_mv_run},
+    {"qmatmul_q6_k_mm", "bbbc", qmatmul_q6_k_mm_validate, qmatmul_q6_k_mm_run},
+    {"qmatmul_id_q4_0", "bbbbc", qmatmul_id_q4_0_validate, qmatmul_id_q4_0_run},
+    {"qmatmul_id_q8_0", "bbbbc", qmatmul_id_q8_0_validate, qmatmul_id_q8_0_run},
+    {"qmatmul_id_q6_k", "bbbbc", qmatmul_id_q6_k_validate, qmatmul_id_q6_k_run},
+    {0, 0, 0, 0},
+};

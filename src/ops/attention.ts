@@ -1,0 +1,214 @@
+/**
+ * Attention: `sdpa` (any number of query rows, causal, GQA, KV cache with a capacity stride; f32 or
+ * bf16) and `flashAttnVec` (decode: one query per head, split over `nwg` workgroups per head, then
+ * a reduce; K/V f32 or f16; no mask, causal or a sliding window; optional score softcap). The
+ * split-then-reduce op places the barrier between its two dispatches itself.
+ *
+ * @module
+ */
+
+import type { MlxBuffer } from "../buffer.ts";
+import { DType } from "../dtype.ts";
+import { MlxError } from "../errors.ts";
+import { CapturedOpKind } from "../graph/op_kind.ts";
+import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
+
+const R = "read" as const, W = "write" as const;
+const qkvo = (params: string, size: number): KernelContract["slots"] => [
+  { name: "q", kind: "buffer", access: R },
+  { name: "k", kind: "buffer", access: R },
+  { name: "v", kind: "buffer", access: R },
+  { name: "out", kind: "buffer", access: W },
+  { name: params, kind: "bytes", size },
+];
+
+/** Contracts of this family. */
+export const attentionContracts: readonly KernelContract[] = [
+  ...["f32", "bf16"].map((t): KernelContract => ({
+    name: `sdpa_${t}`,
+    opKind: CapturedOpKind.Sdpa,
+    slots: qkvo("params{n_heads,n_kv_heads,head_dim,seq,kv_seq,scale,kv_capacity}", 28),
+  })),
+  ...["f32", "f16"].map((t): KernelContract => ({
+    name: `flash_attn_vec_${t}`,
+    opKind: CapturedOpKind.Sdpa,
+    slots: qkvo("params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg}", 40),
+  })),
+  {
+    name: "flash_attn_vec_reduce",
+    opKind: CapturedOpKind.Sdpa,
+    slots: [
+      { name: "tmp", kind: "buffer", access: R },
+      { name: "out", kind: "buffer", access: W },
+      { name: "params{n_heads,head_dim,nwg}", kind: "bytes", size: 12 },
+    ],
+  },
+];
+registerContracts(attentionContracts);
+
+function checkHeads(op: string, nHeads: number, nKvHeads: number): void {
+  checkU32(op, "nHeads", nHeads);
+  checkU32(op, "nKvHeads", nKvHeads);
+  if (nHeads % nKvHeads !== 0) {
+    throw new MlxError("InvalidArgument", `${op}: nKvHeads (${nKvHeads}) must divide nHeads (${nHeads})`);
+  }
+}
+
+/** Options of {@link sdpa}. */
+export interface SdpaOptions {
+  /** Batch (default 1). */
+  batch?: number;
+  /** Query heads. */
+  nHeads: number;
+  /** Key/value heads (divides nHeads). */
+  nKvHeads: number;
+  /** Elements per head (≤ 512). */
+  headDim: number;
+  /** Query rows. */
+  seqLen: number;
+  /** Valid keys (≥ seqLen); query q sits at position kvSeqLen − seqLen + q. */
+  kvSeqLen: number;
+  /** Rows allocated per KV head (the cache stride). */
+  kvCapacity: number;
+  /** Score scale (default 1/√headDim). */
+  scale?: number;
+}
+
+/** Causal scaled dot-product attention. Q/O [batch, nHeads, seq, hd]; K/V [batch, nKvHeads, cap, hd]. */
+export function sdpa(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  q: MlxBuffer,
+  k: MlxBuffer,
+  v: MlxBuffer,
+  out: MlxBuffer,
+  o: SdpaOptions,
+): void {
+  const op = "sdpa", batch = o.batch ?? 1, scale = o.scale ?? 1 / Math.sqrt(o.headDim);
+  checkHeads(op, o.nHeads, o.nKvHeads);
+  checkU32(op, "batch", batch);
+  checkU32(op, "headDim", o.headDim);
+  if (o.headDim > 512) throw new MlxError("InvalidArgument", `${op}: headDim must be <= 512`);
+  checkU32(op, "seqLen", o.seqLen);
+  if (!(o.seqLen <= o.kvSeqLen && o.kvSeqLen <= o.kvCapacity)) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: need seqLen (${o.seqLen}) <= kvSeqLen (${o.kvSeqLen}) <= kvCapacity (${o.kvCapacity})`,
+    );
+  }
+  checkFinite(op, "scale", scale);
+  const t = q.dtype;
+  if (t !== DType.F32 && t !== DType.BF16) throw new MlxError("InvalidArgument", `${op}: dtype must be f32 or bf16`);
+  checkBuffer(op, "q", q, t, batch * o.nHeads * o.seqLen * o.headDim);
+  checkBuffer(op, "k", k, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
+  checkBuffer(op, "v", v, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
+  checkBuffer(op, "out", out, t, batch * o.nHeads * o.seqLen * o.headDim);
+  target.dispatch({
+    pipeline: registry.get(`sdpa_${t}`),
+    bindings: [q, k, v, out, [o.nHeads, o.nKvHeads, o.headDim, o.seqLen, o.kvSeqLen, f32Bits(scale), o.kvCapacity]],
+    grid: [batch, o.nHeads, Math.ceil(o.seqLen / 32)],
+    threadgroup: 32,
+  });
+}
+
+/** Mask of {@link flashAttnVec}. */
+export type AttentionMask = "none" | "causal" | "sliding";
+
+/** Options of {@link flashAttnVec}. */
+export interface FlashAttnVecOptions {
+  /** Query heads. */
+  nHeads: number;
+  /** Key/value heads. */
+  nKvHeads: number;
+  /** 64, 128, 256 or 512. */
+  headDim: 64 | 128 | 256 | 512;
+  /** Valid keys; the query sits at position kvSeqLen − 1. */
+  kvSeqLen: number;
+  /** Rows allocated per KV head. */
+  kvCapacity: number;
+  /** Score scale (default 1/√headDim). */
+  scale?: number;
+  /** Default "causal" (for one decode query: every cached key). */
+  mask?: AttentionMask;
+  /** Keys within this distance of the query (mask "sliding"). */
+  slidingWindow?: number;
+  /** Scores become softcap·tanh(score/softcap) when > 0. */
+  softcap?: number;
+  /** Workgroups per head (default 32). */
+  nwg?: number;
+}
+
+/** Bytes of the scratch buffer flashAttnVec needs: nHeads · nwg · (headDim + 2) f32. */
+export function flashAttnVecScratchBytes(o: Pick<FlashAttnVecOptions, "nHeads" | "headDim" | "nwg">): number {
+  return o.nHeads * (o.nwg ?? 32) * (o.headDim + 2) * 4;
+}
+
+/**
+ * Decode attention for one query per head: partial results of `nwg` workgroups per head go to
+ * `tmp`, a barrier, then a reduce writes `out` [nHeads, headDim] f32. K/V f32 or f16
+ * [nKvHeads, kvCapacity, headDim]; q f32 [nHeads, headDim].
+ */
+export function flashAttnVec(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  q: MlxBuffer,
+  k: MlxBuffer,
+  v: MlxBuffer,
+  tmp: MlxBuffer,
+  out: MlxBuffer,
+  o: FlashAttnVecOptions,
+): void {
+  const op = "flash_attn_vec";
+  checkHeads(op, o.nHeads, o.nKvHeads);
+  if (![64, 128, 256, 512].includes(o.headDim)) {
+    throw new MlxError("InvalidArgument", `${op}: headDim must be 64, 128, 256 or 512, got ${o.headDim}`);
+  }
+  checkU32(op, "kvSeqLen", o.kvSeqLen);
+  if (o.kvSeqLen > o.kvCapacity) {
+    throw new MlxError("InvalidArgument", `${op}: kvSeqLen (${o.kvSeqLen}) exceeds kvCapacity (${o.kvCapacity})`);
+  }
+  const nwg = o.nwg ?? 32, scale = o.scale ?? 1 / Math.sqrt(o.headDim), softcap = o.softcap ?? 0;
+  checkU32(op, "nwg", nwg);
+  if (nwg > 256) throw new MlxError("InvalidArgument", `${op}: nwg must be <= 256`);
+  checkFinite(op, "scale", scale);
+  checkFinite(op, "softcap", softcap, { min: 0 });
+  const mask = o.mask ?? "causal";
+  const maskCode = mask === "none" ? 0 : mask === "causal" ? 1 : mask === "sliding" ? 2 : -1;
+  if (maskCode < 0) throw new MlxError("InvalidArgument", `${op}: mask must be none, causal or sliding`);
+  const window = o.slidingWindow ?? 0;
+  if (mask === "sliding") checkU32(op, "slidingWindow", window);
+  const kvType = k.dtype;
+  if (kvType !== DType.F32 && kvType !== DType.F16) {
+    throw new MlxError("InvalidArgument", `${op}: K/V must be f32 or f16, got ${kvType}`);
+  }
+  checkBuffer(op, "q", q, DType.F32, o.nHeads * o.headDim);
+  checkBuffer(op, "k", k, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
+  checkBuffer(op, "v", v, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
+  checkBuffer(op, "tmp", tmp, DType.F32, flashAttnVecScratchBytes({ ...o, nwg }) / 4);
+  checkBuffer(op, "out", out, DType.F32, o.nHeads * o.headDim);
+  target.dispatch({
+    pipeline: registry.get(`flash_attn_vec_${kvType}`),
+    bindings: [q, k, v, tmp, [
+      o.nHeads,
+      o.nKvHeads,
+      o.headDim,
+      o.kvSeqLen,
+      o.kvCapacity,
+      f32Bits(scale),
+      maskCode,
+      window,
+      f32Bits(softcap),
+      nwg,
+    ]],
+    grid: [o.nHeads, nwg, 1],
+    threadgroup: 32,
+  });
+  target.memoryBarrier(); // the reduce reads every workgroup's partial result
+  target.dispatch({
+    pipeline: registry.get("flash_attn_vec_reduce"),
+    bindings: [tmp, out, [o.nHeads, o.headDim, nwg]],
+    grid: o.nHeads,
+    threadgroup: Math.min(o.headDim, 256),
+  });
+}

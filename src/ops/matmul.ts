@@ -1,0 +1,257 @@
+/**
+ * Matrix products y = x · Wᵀ: x f32 [M, K], W [N, K], y f32 [M, N]. Dense (f32 or bf16 weights),
+ * MLX affine-quantized (4/6/8 bits; the fast kernel when N % 8 = 0, K % 256 = 0 and 4 or 8 bits, as
+ * the seed selects its SIMD kernel), ggml blocks (Q4_0, Q8_0, Q6_K; mat-vec for M ≤ 8, else
+ * mat-mat) and the MoE variant with per-row experts. Formats: src/quant.ts.
+ * Geometry: threadgroups (ceil(N / outputs per group), rows), 128 threads.
+ *
+ * @module
+ */
+
+import type { MlxBuffer } from "../buffer.ts";
+import { DType } from "../dtype.ts";
+import { MlxError } from "../errors.ts";
+import { CapturedOpKind } from "../graph/op_kind.ts";
+import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
+import { checkBuffer, checkU32, type DispatchTarget } from "./common.ts";
+
+const R = "read" as const, W = "write" as const;
+const OUTS = 4, OUTS_FAST = 8, THREADS = 128;
+const FORMATS: readonly GgmlFormat[] = ["q4_0", "q8_0", "q6_k"];
+
+const contract = (name: string, slots: KernelContract["slots"]): KernelContract => ({
+  name,
+  opKind: CapturedOpKind.MatMul,
+  slots,
+});
+
+/** Contracts of this family. */
+export const matmulContracts: readonly KernelContract[] = [
+  ...["f32", "bf16"].map((t) =>
+    contract(`matmul_${t}`, [
+      { name: "x", kind: "buffer", access: R },
+      { name: "w", kind: "buffer", access: R },
+      { name: "y", kind: "buffer", access: W },
+      { name: "params{m,n,k}", kind: "bytes", size: 12 },
+    ])
+  ),
+  ...["qmatmul_affine", "qmatmul_affine_fast"].map((name) =>
+    contract(name, [
+      { name: "x", kind: "buffer", access: R },
+      { name: "w", kind: "buffer", access: R },
+      { name: "scales", kind: "buffer", access: R },
+      { name: "biases", kind: "buffer", access: R },
+      { name: "y", kind: "buffer", access: W },
+      { name: "params{m,n,k,bits,group_size}", kind: "bytes", size: 20 },
+    ])
+  ),
+  ...FORMATS.flatMap((f) =>
+    ["mv", "mm"].map((v) =>
+      contract(`qmatmul_${f}_${v}`, [
+        { name: "x", kind: "buffer", access: R },
+        { name: "w", kind: "buffer", access: R },
+        { name: "y", kind: "buffer", access: W },
+        { name: "params{m,n,k}", kind: "bytes", size: 12 },
+      ])
+    )
+  ),
+  ...FORMATS.map((f) =>
+    contract(`qmatmul_id_${f}`, [
+      { name: "x", kind: "buffer", access: R },
+      { name: "w", kind: "buffer", access: R },
+      { name: "ids", kind: "buffer", access: R },
+      { name: "y", kind: "buffer", access: W },
+      { name: "params{rows,n,k,top_k,n_experts}", kind: "bytes", size: 20 },
+    ])
+  ),
+];
+registerContracts(matmulContracts);
+
+/** Shape of a product. */
+export interface MatmulShape {
+  /** Rows of x and y. */
+  m: number;
+  /** Rows of W, columns of y. */
+  n: number;
+  /** Columns of x and W. */
+  k: number;
+}
+
+function checkShape(op: string, s: MatmulShape): void {
+  checkU32(op, "m", s.m);
+  checkU32(op, "n", s.n);
+  checkU32(op, "k", s.k);
+}
+
+function checkBytes(op: string, name: string, buf: MlxBuffer, bytes: number): void {
+  if (buf.byteLength < bytes) {
+    throw new MlxError("InvalidArgument", `${op}: ${name} holds ${buf.byteLength} bytes, needs ${bytes}`);
+  }
+}
+
+/** y = x · Wᵀ with dense f32 or bf16 weights (embeddings, lm-head). */
+export function matmul(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  y: MlxBuffer,
+  s: MatmulShape,
+): void {
+  checkShape("matmul", s);
+  if (w.dtype !== DType.F32 && w.dtype !== DType.BF16) {
+    throw new MlxError("InvalidArgument", `matmul: weights must be f32 or bf16, got ${w.dtype}`);
+  }
+  checkBuffer("matmul", "x", x, DType.F32, s.m * s.k);
+  checkBuffer("matmul", "w", w, w.dtype, s.n * s.k);
+  checkBuffer("matmul", "y", y, DType.F32, s.m * s.n);
+  target.dispatch({
+    pipeline: registry.get(`matmul_${w.dtype}`),
+    bindings: [x, w, y, [s.m, s.n, s.k]],
+    grid: [Math.ceil(s.n / OUTS), s.m, 1],
+    threadgroup: THREADS,
+  });
+}
+
+/** Options of {@link quantizedMatmul}. */
+export interface AffineMatmulOptions extends MatmulShape {
+  /** Bits per weight. */
+  bits: 4 | 6 | 8;
+  /** Values per scale/bias. */
+  groupSize: 32 | 64 | 128;
+  /** Force a kernel; by default the fast one whenever its shape rules hold. */
+  variant?: "scalar" | "fast";
+}
+
+/** Whether the fast affine kernel applies (the seed's rule for its SIMD kernel). */
+export function affineFastApplies(o: AffineMatmulOptions): boolean {
+  return o.n % 8 === 0 && o.k % 256 === 0 && (o.bits === 4 || o.bits === 8);
+}
+
+/** y = x · Wᵀ with MLX affine-quantized W (w = scale·q + bias). */
+export function quantizedMatmul(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  y: MlxBuffer,
+  o: AffineMatmulOptions,
+): void {
+  const op = "quantized_matmul";
+  checkShape(op, o);
+  if (o.bits !== 4 && o.bits !== 6 && o.bits !== 8) {
+    throw new MlxError("InvalidArgument", `${op}: bits must be 4, 6 or 8`);
+  }
+  if (o.groupSize !== 32 && o.groupSize !== 64 && o.groupSize !== 128) {
+    throw new MlxError("InvalidArgument", `${op}: groupSize must be 32, 64 or 128`);
+  }
+  if (o.k % o.groupSize !== 0) throw new MlxError("InvalidArgument", `${op}: k must be a multiple of groupSize`);
+  const fast = o.variant === "fast" || (o.variant === undefined && affineFastApplies(o));
+  if (fast && !affineFastApplies(o)) {
+    throw new MlxError("InvalidArgument", `${op}: the fast kernel needs n % 8 = 0, k % 256 = 0 and 4 or 8 bits`);
+  }
+  const groups = o.k / o.groupSize;
+  checkBuffer(op, "x", x, DType.F32, o.m * o.k);
+  checkBytes(op, "w", w, (o.n * o.k * o.bits) / 8);
+  checkBuffer(op, "scales", scales, DType.BF16, o.n * groups);
+  checkBuffer(op, "biases", biases, DType.BF16, o.n * groups);
+  checkBuffer(op, "y", y, DType.F32, o.m * o.n);
+  target.dispatch({
+    pipeline: registry.get(fast ? "qmatmul_affine_fast" : "qmatmul_affine"),
+    bindings: [x, w, scales, biases, y, [o.m, o.n, o.k, o.bits, o.groupSize]],
+    grid: [Math.ceil(o.n / (fast ? OUTS_FAST : OUTS)), o.m, 1],
+    threadgroup: fast ? 256 : THREADS,
+  });
+}
+
+/** Options of {@link quantizedMatmulGgml}. */
+export interface GgmlMatmulOptions extends MatmulShape {
+  /** Block format of W. */
+  format: GgmlFormat;
+  /** Force a path; by default mat-vec for m ≤ 8, else mat-mat. */
+  variant?: "mv" | "mm";
+}
+
+function checkFormat(op: string, format: GgmlFormat, k: number): void {
+  const blk = GGML_BLOCK[format];
+  if (!blk) throw new MlxError("InvalidArgument", `${op}: unknown format ${format} (use ${FORMATS.join(", ")})`);
+  if (k % blk.values !== 0) {
+    throw new MlxError("InvalidArgument", `${op}: k (${k}) must be a multiple of ${blk.values} for ${format}`);
+  }
+}
+
+/** y = x · Wᵀ with W in a ggml block format. */
+export function quantizedMatmulGgml(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  y: MlxBuffer,
+  o: GgmlMatmulOptions,
+): void {
+  const op = "quantized_matmul_ggml";
+  checkShape(op, o);
+  checkFormat(op, o.format, o.k);
+  const variant = o.variant ?? (o.m <= 8 ? "mv" : "mm");
+  if (variant === "mv" && o.m > 8) throw new MlxError("InvalidArgument", `${op}: the mat-vec path takes m <= 8`);
+  const blk = GGML_BLOCK[o.format];
+  checkBuffer(op, "x", x, DType.F32, o.m * o.k);
+  checkBytes(op, "w", w, o.n * (o.k / blk.values) * blk.bytes);
+  checkBuffer(op, "y", y, DType.F32, o.m * o.n);
+  target.dispatch({
+    pipeline: registry.get(`qmatmul_${o.format}_${variant}`),
+    bindings: [x, w, y, [o.m, o.n, o.k]],
+    grid: [Math.ceil(o.n / OUTS), variant === "mv" ? 1 : o.m, 1],
+    threadgroup: THREADS,
+  });
+}
+
+/** Options of {@link quantizedMatmulIdGgml}. */
+export interface GgmlMoeOptions {
+  /** Tokens (rows of x). */
+  tokens: number;
+  /** Experts per token. */
+  topK: number;
+  /** Output columns per expert. */
+  n: number;
+  /** Columns of x. */
+  k: number;
+  /** Experts stacked in W. */
+  experts: number;
+  /** Block format. */
+  format: GgmlFormat;
+}
+
+/**
+ * MoE expert-routed product: W stacks `experts` matrices [N, K]; ids u32 [tokens·topK]; output row
+ * r (of tokens·topK) = x[r / topK] · W[ids[r]]ᵀ. An id ≥ experts fails the command buffer.
+ */
+export function quantizedMatmulIdGgml(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  ids: MlxBuffer,
+  y: MlxBuffer,
+  o: GgmlMoeOptions,
+): void {
+  const op = "quantized_matmul_id_ggml";
+  for (const [k, v] of Object.entries({ tokens: o.tokens, topK: o.topK, n: o.n, k: o.k, experts: o.experts })) {
+    checkU32(op, k, v);
+  }
+  checkFormat(op, o.format, o.k);
+  const rows = o.tokens * o.topK, blk = GGML_BLOCK[o.format];
+  checkBuffer(op, "x", x, DType.F32, o.tokens * o.k);
+  checkBytes(op, "w", w, o.experts * o.n * (o.k / blk.values) * blk.bytes);
+  checkBuffer(op, "ids", ids, DType.U32, rows);
+  checkBuffer(op, "y", y, DType.F32, rows * o.n);
+  target.dispatch({
+    pipeline: registry.get(`qmatmul_id_${o.format}`),
+    bindings: [x, w, ids, y, [rows, o.n, o.k, o.topK, o.experts]],
+    grid: [Math.ceil(o.n / OUTS), rows, 1],
+    threadgroup: THREADS,
+  });
+}
