@@ -70,8 +70,9 @@ bench: native $(DENO_DEP)
 check: $(DENO_DEP)
 	$(DENO) fmt --check
 	$(DENO) lint
-	$(DENO) check mod.ts examples/ tests/ bench/
-	$(DENO) doc --lint mod.ts
+	$(DENO) check mod.ts build.ts examples/ tests/ bench/
+	$(DENO) doc --lint mod.ts build.ts
+	$(DENO) publish --dry-run --allow-dirty
 
 fmt: $(DENO_DEP)
 	$(DENO) fmt

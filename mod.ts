@@ -29,6 +29,13 @@ export { counters, type CounterSnapshot } from "./src/counters.ts";
 export { type HostData, type MemRange, MlxBuffer } from "./src/buffer.ts";
 export { type DeviceInfo, type DeviceOptions, type LiveObjects, MlxDevice } from "./src/device.ts";
 export {
+  type LabelStats,
+  type ProfiledCommandBuffer,
+  type ProfiledDispatch,
+  Profiler,
+  type TraceEvent,
+} from "./src/profile.ts";
+export {
   type Binding,
   CommandEncoder,
   type Dims,
@@ -66,6 +73,7 @@ export {
   type GraphEncodeTarget,
   type PipelineResolver,
 } from "./src/graph/compute_graph.ts";
+export { barrierLowerBound, dependencyDepth, dependsOn } from "./src/graph/analysis.ts";
 export {
   countRedundantBarriers,
   type DispatchRef,
@@ -85,6 +93,7 @@ export {
 export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
+export type { StridedCopyOptions } from "./src/ops/elementwise.ts";
 export type { RopeNeoxOptions } from "./src/ops/rope.ts";
 export type { AffineMatmulOptions, GgmlMatmulOptions, GgmlMoeOptions, MatmulShape } from "./src/ops/matmul.ts";
 export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/attention.ts";

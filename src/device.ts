@@ -16,6 +16,7 @@ import type { NativeSymbols } from "./native/ffi.ts";
 import { defaultLibraryPath, ffiGranted, loadLibrary, type NativeLibrary } from "./native/loader.ts";
 import { check, lastErrorText, readText } from "./native/status.ts";
 import { StreamWriter } from "./native/stream.ts";
+import { assertWritable, Profiler } from "./profile.ts";
 
 /** Options of {@link MlxDevice.open}; each overrides the matching environment switch. */
 export interface DeviceOptions {
@@ -27,8 +28,12 @@ export interface DeviceOptions {
   concurrency?: boolean;
   /** CPU backend worker threads; 0 = one per core. */
   threads?: number;
-  /** Collect per-dispatch timings (MLXN_PROFILE=dispatch). */
+  /** Collect per-dispatch timings (same as profile: "dispatch"). */
   profileDispatches?: boolean;
+  /** MLXN_PROFILE: per-label command-buffer times ("cb"), plus per-dispatch timings ("dispatch"). */
+  profile?: "cb" | "dispatch";
+  /** MLXN_TRACE: write a Chrome trace / Perfetto JSON file here on close (needs --allow-write). */
+  trace?: string;
   /** CUDA: use CUDA graphs (MLXN_CUDA_GRAPHS). */
   cudaGraphs?: boolean;
   /** Check every command buffer for missing barriers at commit (MLXN_VALIDATE=1). */
@@ -67,6 +72,12 @@ export interface LiveObjects {
   commandBuffers: number;
 }
 
+interface ProfileSettings {
+  enabled: boolean;
+  dispatches: boolean;
+  tracePath: string | undefined;
+}
+
 const CANDIDATES: readonly BackendName[] = Deno.build.os === "darwin" ? ["metal", "cpu"] : ["cuda", "cpu"];
 
 const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.PointerObject }>(
@@ -95,19 +106,24 @@ export class MlxDevice {
   readonly info: DeviceInfo;
   /** Whether command encoders validate hazards at commit by default. */
   readonly validate: boolean;
+  /** Profiler fed by this device's command buffers (null when profiling is off). */
+  readonly profiler: Profiler | null;
   #ptr: Deno.PointerObject | null;
   #kernels: KernelRegistry | undefined;
   readonly #writers: StreamWriter[] = [];
   readonly #open = new Set<CommandEncoder>();
   #deferred: number[] = [];
 
-  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, profileDispatches: boolean, validate: boolean) {
+  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, prof: ProfileSettings, validate: boolean) {
     this.sym = lib.symbols;
     this.validate = validate;
     this.libraryPath = lib.path;
     this.#ptr = ptr;
-    this.profileDispatches = profileDispatches;
     this.info = JSON.parse(readText((b, cap) => lib.symbols.mlxn_device_info(ptr, b, cap))) as DeviceInfo;
+    this.profiler = prof.enabled
+      ? new Profiler({ dispatches: prof.dispatches, tracePath: prof.tracePath, backend: this.info.backend })
+      : null;
+    this.profileDispatches = this.profiler?.dispatches ?? false;
     deviceCleanup.register(this, { sym: lib.symbols, ptr }, this);
   }
 
@@ -126,7 +142,14 @@ export class MlxDevice {
     const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS);
     const threads = options.threads ?? 0;
     if ((threads >>> 0) !== threads) throw new MlxError("InvalidArgument", `threads must be a non-negative integer`);
-    const profile = options.profileDispatches ?? env.profile === "dispatch";
+    const level = options.profile ?? (options.profileDispatches ? "dispatch" : undefined) ?? env.profile;
+    const tracePath = options.trace ?? env.trace;
+    if (tracePath !== undefined) assertWritable(tracePath); // fail now, not after the run
+    const profile: ProfileSettings = {
+      enabled: level !== undefined || tracePath !== undefined,
+      dispatches: level === "dispatch",
+      tracePath,
+    };
     const validate = options.validate ?? env.validate;
 
     if (libPath !== undefined || explicit !== undefined) {
@@ -155,7 +178,7 @@ export class MlxDevice {
     lib: NativeLibrary,
     flags: number,
     threads: number,
-    profile: boolean,
+    profile: ProfileSettings,
     validate: boolean,
   ): MlxDevice {
     const ptr = lib.symbols.mlxn_device_open(flags, threads);
@@ -250,6 +273,7 @@ export class MlxDevice {
     const ptr = this.#ptr;
     if (ptr === null) return;
     for (const e of [...this.#open]) e.dispose();
+    if (this.profiler?.tracePath !== undefined) this.profiler.writeTrace();
     this.#ptr = null;
     deviceCleanup.unregister(this);
     this.sym.mlxn_device_close(ptr);

@@ -15,6 +15,7 @@ import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import { ConflictTracker } from "./graph/tracker.ts";
 import { findHazards, formatHazards, type Hazard } from "./graph/validate.ts";
 import { type KernelRegistry, Pipeline, type SlotSpec } from "./kernels.ts";
+import type { Profiler } from "./profile.ts";
 import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
@@ -62,6 +63,8 @@ export interface DispatchTiming {
   readonly index: number;
   /** Kernel name. */
   readonly kernel: string;
+  /** Op kind of the dispatch. */
+  readonly opKind: string;
   /** First threadgroup start. */
   readonly startNs: number;
   /** Last threadgroup end. */
@@ -78,6 +81,8 @@ export interface EncoderHost {
   readonly closed: boolean;
   /** Whether per-dispatch timings are collected. */
   readonly profileDispatches: boolean;
+  /** Receives completed command buffers (null: profiling off). */
+  readonly profiler: Profiler | null;
   /** The device's kernel registry (resolves pipelines by name). */
   readonly kernels: KernelRegistry;
   /** Borrows a stream writer. */
@@ -165,7 +170,8 @@ export class CommandEncoder {
   #dispatches = 0;
   #barriers = 0;
   #label = "";
-  #kernels: string[] | null;
+  #kernels: { kernel: string; opKind: string }[] | null; // per dispatch, when profiling dispatches
+  #barriersBefore: number[] | null; // dispatch counts at barriers, when profiling
   #asyncWaits = 0;
   #error: MlxError | null = null;
   #gpuStartNs = 0;
@@ -198,6 +204,7 @@ export class CommandEncoder {
     this.#writer = host.takeWriter();
     this.#writer.attach((bytes, len) => this.#encodeChunk(bytes, len));
     this.#kernels = host.profileDispatches ? [] : null;
+    this.#barriersBefore = host.profiler ? [] : null;
     cleanup.register(this, { host, ptr }, this);
     host.encoderOpened(this);
   }
@@ -344,7 +351,7 @@ export class CommandEncoder {
       dim(d.threadgroup, 2),
       this.#dispatches,
     );
-    this.#kernels?.push(p.name);
+    this.#kernels?.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
     this.#log?.push(this.#node(d));
     this.#dispatches++;
     this.#groupSize++;
@@ -392,6 +399,7 @@ export class CommandEncoder {
     w.reserve(RecordWords.BARRIER);
     w.barrier();
     this.#log?.push(BARRIER);
+    this.#barriersBefore?.push(this.#dispatches);
     this.#barriers++;
     this.#endGroup();
     counterState.barriers++;
@@ -700,15 +708,24 @@ export class CommandEncoder {
       const t: DispatchTiming[] = [];
       for (let i = 0; i < got; i++) {
         const tag = Number(out[2 + 3 * i]);
+        const k = this.#kernels[tag];
         t.push({
           index: tag,
-          kernel: this.#kernels[tag] ?? "?",
+          kernel: k?.kernel ?? "?",
+          opKind: k?.opKind ?? "?",
           startNs: Number(out[3 + 3 * i]),
           endNs: Number(out[4 + 3 * i]),
         });
       }
       this.#timings = t;
     }
+    this.#host.profiler?.record({
+      label: this.#label,
+      startNs: this.#gpuStartNs,
+      endNs: this.#gpuEndNs,
+      dispatches: this.#timings ?? [],
+      barriersBefore: this.#barriersBefore ?? [],
+    });
     let err: MlxError | null = null;
     if (rc !== Status.OK || sym.mlxn_cmdbuf_status(ptr) === CbStatus.ERROR) {
       const text = readText((b, cap) => sym.mlxn_cmdbuf_error(ptr, b, cap));

@@ -220,6 +220,16 @@ export class GraphSession implements DispatchTarget {
     ops.gelu(this, this.#registry, input, output, n);
   }
 
+  /** SiLU. */
+  silu(input: MlxBuffer, output: MlxBuffer, n?: number): void {
+    ops.silu(this, this.#registry, input, output, n);
+  }
+
+  /** Strided row copy (e.g. a K/V cache append). */
+  stridedCopy(src: MlxBuffer, dst: MlxBuffer, o: ops.StridedCopyOptions): void {
+    ops.stridedCopy(this, this.#registry, src, dst, o);
+  }
+
   /** tanh(x / cap) · cap. */
   softcap(input: MlxBuffer, output: MlxBuffer, o: { cap: number; n?: number }): void {
     ops.softcap(this, this.#registry, input, output, o);

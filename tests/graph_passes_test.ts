@@ -5,10 +5,12 @@
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
 import {
   BARRIER,
+  barrierLowerBound,
   type CapturedNode,
   CapturedOpKind as K,
   ComputeGraph,
   countRedundantBarriers,
+  dependencyDepth,
   type DispatchNode,
   dualBufferSplit,
   findHazards,
@@ -233,3 +235,13 @@ function recordingTarget(shared?: string[], tag = ""): GraphEncodeTarget & { log
     resolvePipeline: (p) => p as never,
   };
 }
+
+Deno.test("dependency depth: the longest RAW/WAR/WAW chain bounds the barriers from below", () => {
+  const a = other("a", [], [r(1, 0, 8)]), b = other("b", [r(1, 0, 8)], [r(2, 0, 8)]);
+  const c = other("c", [], [r(3, 0, 8)]), d = other("d", [r(2, 0, 8), r(3, 0, 8)], []);
+  equal(dependencyDepth([a, b, c, d]), 3); // a → b → d, c alongside
+  equal(barrierLowerBound([a, BARRIER, b, BARRIER, c, BARRIER, d]), 2);
+  equal(barrierLowerBound([]), 0);
+  const w = other("w", [r(1, 0, 8)], []), war = other("war", [], [r(1, 4, 8)]);
+  equal(dependencyDepth([w, war]), 2, "WAR counts");
+});

@@ -17,6 +17,7 @@ import {
   refRmsNorm,
   refRope,
   refRopeNeox,
+  refSilu,
   refSoftcap,
   refSoftmax,
 } from "./reference.ts";
@@ -199,6 +200,50 @@ Deno.test("axpby matches the reference", async (t) => {
       assertClose(y.read(), want, (i) => 3 * U32 * (Math.abs(alpha * av[i]) + Math.abs(beta * bv[i])), "axpby");
     });
   }
+});
+
+Deno.test("silu matches the reference; strided_copy moves exactly its rows", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  for (const dtype of FLOATS) {
+    for (const n of [1, 7, 4097]) {
+      await t.step(`silu ${dtype} n=${n}`, () => {
+        const xv = randomValues(n, n + 5, dtype, -20, 20);
+        using x = device.upload(xv, dtype), y = device.alloc(n * (dtype === D.F32 ? 4 : 2), dtype);
+        run((enc) => ops.silu(enc, registry, x, y), device);
+        // expf, one addition, one division in f32 (≤ 4 u32 relative), then the dtype rounding.
+        const want = refSilu(xv), u = unitRoundoff(dtype);
+        assertClose(
+          y.read(),
+          want,
+          (i) => Math.abs(want[i]) * (8 * U32 + 2 * u) + 1e-30 + subnormalFloor(dtype),
+          "silu",
+        );
+      });
+    }
+  }
+  await t.step("strided_copy into a [heads, capacity, hd] cache row", () => {
+    const heads = 3, cap = 5, hd = 4, pos = 2;
+    const src = Float32Array.from({ length: heads * hd }, (_, i) => i + 1);
+    using s = device.upload(src), cache = device.alloc(heads * cap * hd * 4, D.F32);
+    run(
+      (enc) =>
+        ops.stridedCopy(enc, registry, s, cache.slice(pos * hd * 4, ((heads - 1) * cap + 1) * hd * 4), {
+          rows: heads,
+          cols: hd,
+          dstStride: cap * hd,
+        }),
+      device,
+    );
+    const got = cache.read();
+    for (let h = 0; h < heads; h++) {
+      for (let r = 0; r < cap; r++) {
+        for (let d = 0; d < hd; d++) {
+          assertEquals(got[(h * cap + r) * hd + d], r === pos ? src[h * hd + d] : 0, `head ${h} row ${r} dim ${d}`);
+        }
+      }
+    }
+  });
 });
 
 Deno.test("rope rotates adjacent pairs like the reference", async (t) => {

@@ -216,3 +216,8 @@ export function refAttentionDecode(
   }
   return out;
 }
+
+/** SiLU: x · sigmoid(x). */
+export function refSilu(x: ArrayLike<number>): Float64Array {
+  return Float64Array.from({ length: x.length }, (_, i) => x[i] / (1 + Math.exp(-x[i])));
+}

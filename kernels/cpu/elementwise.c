@@ -1,4 +1,5 @@
-/* Elementwise kernels: add, mul (f32/f16/bf16), gelu (tanh form), softcap, axpby. One thread per element;
+/* Elementwise kernels: add, mul (f32/f16/bf16), gelu (tanh form), softcap, axpby, silu,
+ * strided_copy. One thread per element;
  * a threadgroup covers tg[0] consecutive elements. Arithmetic is f32; 16-bit types round on store. */
 #include <math.h>
 
@@ -77,6 +78,62 @@ GELU_KERNEL(gelu_f32, MLXN_T_F32)
 GELU_KERNEL(gelu_f16, MLXN_T_F16)
 GELU_KERNEL(gelu_bf16, MLXN_T_BF16)
 
+/* ---- silu: 0 in, 1 out; out = x · sigmoid(x); n = grid[0] ------------------------------------- */
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+#define SILU_KERNEL(NAME, T)                                                                       \
+  static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
+    uint64_t bytes = (uint64_t)a->grid[0] * mlxn_ftype_size(T);                                    \
+    MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
+    MLXN_NEED_BUF(a, 1, bytes, err, cap);                                                          \
+    return 0;                                                                                      \
+  }                                                                                                \
+  static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
+    (void)gy; (void)gz; (void)s;                                                                   \
+    uint64_t i, end;                                                                               \
+    tg_span(a, gx, a->grid[0], &i, &end);                                                          \
+    for (; i < end; i++) mlxn_store(a->ptr[1], i, T, silu(mlxn_load(a->ptr[0], i, T)));            \
+    return 0;                                                                                      \
+  }
+
+SILU_KERNEL(silu_f32, MLXN_T_F32)
+SILU_KERNEL(silu_f16, MLXN_T_F16)
+SILU_KERNEL(silu_bf16, MLXN_T_BF16)
+
+/* ---- strided_copy_f32: 0 src, 1 dst, 2 {rows, cols, src_stride, dst_stride} (elements):
+ *      dst[r·dst_stride + c] = src[r·src_stride + c]; threads (cols, rows). Appends K/V rows into a
+ *      cache laid out [kv_heads, capacity, head_dim]. */
+
+static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 2, 16, err, cap);
+  uint32_t rows = mlxn_arg_u32(a, 2, 0), cols = mlxn_arg_u32(a, 2, 4);
+  uint32_t ss = mlxn_arg_u32(a, 2, 8), ds = mlxn_arg_u32(a, 2, 12);
+  if (!rows || !cols || ss < cols || ds < cols)
+    return mlxn_kfail(err, cap, "need rows, cols > 0 and strides >= cols");
+  MLXN_NEED_BUF(a, 0, ((uint64_t)(rows - 1) * ss + cols) * 4, err, cap);
+  MLXN_NEED_BUF(a, 1, ((uint64_t)(rows - 1) * ds + cols) * 4, err, cap);
+  return 0;
+}
+
+static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  uint32_t rows = mlxn_arg_u32(a, 2, 0), cols = mlxn_arg_u32(a, 2, 4);
+  uint32_t ss = mlxn_arg_u32(a, 2, 8), ds = mlxn_arg_u32(a, 2, 12);
+  const float *src = (const float *)a->ptr[0];
+  float *dst = (float *)a->ptr[1];
+  for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
+    uint32_t r = gy * a->tg[1] + ty;
+    if (r >= rows || r >= a->grid[1]) break;
+    for (uint32_t tx = 0; tx < a->tg[0]; tx++) {
+      uint32_t c = gx * a->tg[0] + tx;
+      if (c >= cols || c >= a->grid[0]) break;
+      dst[(uint64_t)r * ds + c] = src[(uint64_t)r * ss + c];
+    }
+  }
+  return 0;
+}
+
 /* ---- softcap: 0 in, 1 out, 2 {cap: f32, n: u32}; out = tanh(x / cap) * cap ---------------- */
 
 static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
@@ -133,5 +190,9 @@ const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[] = {
     {"gelu_bf16", "bb", gelu_bf16_validate, gelu_bf16_run},
     {"softcap_f32", "bbc", softcap_f32_validate, softcap_f32_run},
     {"axpby_f32", "bbbc", axpby_f32_validate, axpby_f32_run},
+    {"silu_f32", "bb", silu_f32_validate, silu_f32_run},
+    {"silu_f16", "bb", silu_f16_validate, silu_f16_run},
+    {"silu_bf16", "bb", silu_bf16_validate, silu_bf16_run},
+    {"strided_copy_f32", "bbc", strided_copy_f32_validate, strided_copy_f32_run},
     {0, 0, 0, 0},
 };

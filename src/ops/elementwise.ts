@@ -48,6 +48,23 @@ export const elementwiseContracts: readonly KernelContract[] = [
       { name: "params{cap:f32,n:u32}", kind: "bytes", size: 8 },
     ],
   },
+  ...FLOATS.map((t): KernelContract => ({
+    name: `silu_${t}`,
+    opKind: CapturedOpKind.Activation,
+    slots: [
+      { name: "in", kind: "buffer", access: "read" },
+      { name: "out", kind: "buffer", access: "write" },
+    ],
+  })),
+  {
+    name: "strided_copy_f32",
+    opKind: CapturedOpKind.Other,
+    slots: [
+      { name: "src", kind: "buffer", access: "read" },
+      { name: "dst", kind: "buffer", access: "write" },
+      { name: "params{rows,cols,src_stride,dst_stride}", kind: "bytes", size: 16 },
+    ],
+  },
   {
     name: "axpby_f32",
     opKind: CapturedOpKind.ElemAdd,
@@ -126,6 +143,67 @@ export function gelu(
     bindings: [input, output],
     grid: n,
     threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
+
+/** out = x · sigmoid(x) (SiLU, the gate of SwiGLU). */
+export function silu(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  n: number = output.length,
+): void {
+  checkFloatDType("silu", input.dtype, FLOATS);
+  checkU32("silu", "n", n);
+  checkBuffer("silu", "input", input, input.dtype, n);
+  checkBuffer("silu", "output", output, input.dtype, n);
+  target.dispatch({
+    pipeline: registry.get(`silu_${input.dtype}`),
+    bindings: [input, output],
+    grid: n,
+    threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
+
+/** Options of {@link stridedCopy}: a rows × cols block, strides in elements. */
+export interface StridedCopyOptions {
+  /** Rows to copy. */
+  rows: number;
+  /** Elements per row. */
+  cols: number;
+  /** Elements between source rows (default cols). */
+  srcStride?: number;
+  /** Elements between destination rows (default cols). */
+  dstStride?: number;
+}
+
+/**
+ * dst[r·dstStride + c] = src[r·srcStride + c] (f32): e.g. append one token's K/V rows into a cache
+ * laid out [kvHeads, capacity, headDim] by binding `dst` as the cache sliced at the token's row.
+ */
+export function stridedCopy(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  src: MlxBuffer,
+  dst: MlxBuffer,
+  o: StridedCopyOptions,
+): void {
+  const op = "strided_copy";
+  const ss = o.srcStride ?? o.cols, ds = o.dstStride ?? o.cols;
+  checkU32(op, "rows", o.rows);
+  checkU32(op, "cols", o.cols);
+  checkU32(op, "srcStride", ss, o.cols);
+  checkU32(op, "dstStride", ds, o.cols);
+  checkBuffer(op, "src", src, DType.F32, (o.rows - 1) * ss + o.cols);
+  checkBuffer(op, "dst", dst, DType.F32, (o.rows - 1) * ds + o.cols);
+  target.dispatch({
+    pipeline: registry.get("strided_copy_f32"),
+    bindings: [src, dst, [o.rows, o.cols, ss, ds]],
+    grid: [o.cols, o.rows, 1],
+    threadgroup: [Math.min(o.cols, 256), 1, 1],
     dispatchKind: "threads",
   });
 }

@@ -1,0 +1,73 @@
+/** Profiling: per-label command-buffer stats and the Chrome trace file (spans, lanes, barriers). */
+import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
+import { DType, GraphExecutor, MlxDevice, type TraceEvent } from "../mod.ts";
+
+Deno.test("the trace file has a span per dispatch, lanes for overlap, and barriers between groups", () => {
+  const dir = Deno.makeTempDirSync();
+  const path = `${dir}/trace.json`;
+  const device = MlxDevice.open({ trace: path, threads: 2 });
+  const exec = new GraphExecutor(device);
+  const dim = 1 << 20;
+  const x = device.upload(new Float32Array(dim).fill(1)), w = device.upload(new Float32Array(dim).fill(1));
+  const a = device.alloc(dim * 4, DType.F32),
+    b = device.alloc(dim * 4, DType.F32),
+    c = device.alloc(dim * 4, DType.F32);
+  for (let pass = 0; pass < 2; pass++) {
+    using s = exec.begin();
+    s.rmsNorm(x, w, a, { rows: 1, dim, eps: 1e-6 }); // group 1: two independent rows of work
+    s.rmsNorm(x, w, b, { rows: 1, dim, eps: 1e-6 });
+    s.barrier();
+    s.elementwiseAdd(a, b, c); // group 2
+    s.finish({ label: `pass ${pass}` });
+  }
+  const stats = device.profiler!.labels();
+  deepStrictEqual([...stats.keys()], ["pass 0", "pass 1"]);
+  equal(stats.get("pass 0")!.count, 1);
+  device.close(); // writes the trace
+  const trace = JSON.parse(Deno.readTextFileSync(path)) as { traceEvents: TraceEvent[] };
+  const spans = trace.traceEvents.filter((e) => e.ph === "X" && e.tid > 0);
+  const cbs = trace.traceEvents.filter((e) => e.ph === "X" && e.tid === 0);
+  const barriers = trace.traceEvents.filter((e) => e.ph === "i");
+  deepStrictEqual(cbs.map((e) => e.name), ["pass 0", "pass 1"]);
+  equal(spans.length, 6);
+  equal(barriers.length, 2);
+  deepStrictEqual(spans.map((e) => e.name).sort(), [
+    "elementwise_add_f32",
+    "elementwise_add_f32",
+    "rms_norm_f32",
+    "rms_norm_f32",
+    "rms_norm_f32",
+    "rms_norm_f32",
+  ]);
+  ok(spans.every((e) => e.cat === (e.name === "rms_norm_f32" ? "RmsNorm" : "ElemAdd")), "op kinds as categories");
+  for (let pass = 0; pass < 2; pass++) {
+    const mine = spans.filter((e) => e.args!.commandBuffer === `pass ${pass}`);
+    const norms = mine.filter((e) => e.name === "rms_norm_f32"),
+      add = mine.find((e) => e.name === "elementwise_add_f32")!;
+    const cb = cbs[pass], barrier = barriers[pass];
+    // Ordering: every span inside its command buffer; the barrier after both norms, before the add.
+    for (const e of mine) ok(e.ts >= cb.ts - 1e-3 && e.ts + e.dur! <= cb.ts + cb.dur! + 1e-3);
+    for (const n of norms) ok(barrier.ts >= n.ts + n.dur! - 1e-3, "barrier after the first group");
+    ok(add.ts >= barrier.ts - 1e-3, "second group after the barrier");
+    // Lanes: spans that overlap in time are on different tracks.
+    const [n0, n1] = norms;
+    const overlap = Math.max(n0.ts, n1.ts) < Math.min(n0.ts + n0.dur!, n1.ts + n1.dur!);
+    if (overlap) ok(n0.tid !== n1.tid, "overlapping spans share a lane");
+  }
+  const lanes = trace.traceEvents.filter((e) => e.ph === "M" && e.name === "thread_name").map((e) => e.args!.name);
+  ok(lanes.includes("command buffers") && lanes.includes("lane 1"));
+  Deno.removeSync(dir, { recursive: true });
+});
+
+Deno.test("MLXN_TRACE without write permission is a clear PermissionDenied at open", async () => {
+  const probe = new URL("./fixtures/open_probe.ts", import.meta.url).pathname;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe],
+    env: { MLXN_TRACE: "/tmp/mlxn-trace-denied.json" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const r = JSON.parse(new TextDecoder().decode(out.stdout).trim());
+  equal(r.code, "PermissionDenied");
+  match(r.message, /--allow-write=\/tmp\/mlxn-trace-denied\.json/);
+});
