@@ -95,3 +95,28 @@ for (const size of [4, 16, 64]) {
     tracker.conflicts(probe, probe);
   });
 }
+
+// Barrier overhead on 200 small dispatches: placed by hand, placed by the tracker (a dependent
+// chain: every dispatch needs one), and elided by the tracker (independent dispatches: none needed).
+const chainBufs = Array.from({ length: 201 }, () => device.alloc(64 * 4, DType.F32));
+Deno.bench("200-dispatch chain, manual barriers", { group: "barriers", baseline: true }, () => {
+  const s = exec.begin();
+  for (let i = 0; i < 200; i++) {
+    s.elementwiseAdd(chainBufs[i], chainBufs[i], chainBufs[i + 1]);
+    s.barrier();
+  }
+  s.encoder.flush();
+  s.dispose();
+});
+Deno.bench("200-dispatch chain, auto barriers (200 placed)", { group: "barriers" }, () => {
+  const s = exec.begin({ autoBarriers: true });
+  for (let i = 0; i < 200; i++) s.elementwiseAdd(chainBufs[i], chainBufs[i], chainBufs[i + 1]);
+  s.encoder.flush();
+  s.dispose();
+});
+Deno.bench("200 independent dispatches, auto barriers (all elided)", { group: "barriers" }, () => {
+  const s = exec.begin({ autoBarriers: true });
+  for (let i = 0; i < 200; i++) s.elementwiseAdd(chainBufs[0], chainBufs[0], chainBufs[i + 1]);
+  s.encoder.flush();
+  s.dispose();
+});
