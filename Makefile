@@ -39,7 +39,7 @@ CPU_HDR := native/mlxn.h native/cpu/internal.h kernels/cpu/cpu_kernel.h
 
 DENO_TEST_FLAGS := --allow-ffi --allow-read --allow-env --allow-run --allow-write
 
-.PHONY: all native demo test bench check fmt clean deno
+.PHONY: all native demo test bench check fmt clean deno sanitize-test fuzz cuda
 
 all: native
 
@@ -76,6 +76,36 @@ check: $(DENO_DEP)
 
 fmt: $(DENO_DEP)
 	$(DENO) fmt
+
+# --- hardening: the suite against an ASan+UBSan build, and the stream-decoder fuzzer (clang) -------
+SAN_LIB := build/san/libmlxn_cpu.$(SO)
+SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+FUZZ_BIN := build/fuzz_stream
+FUZZ_TIME ?= 30
+FUZZ_RUNS ?= -1
+
+$(SAN_LIB): $(CPU_SRC) $(CPU_HDR)
+	@command -v clang >/dev/null || { echo "sanitize-test needs clang" >&2; exit 1; }
+	@mkdir -p build/san
+	clang $(CFLAGS_COMMON) $(SAN_FLAGS) $(SHARED) -o $@ $(CPU_SRC) -lm
+
+# Deno itself is not instrumented: the ASan runtime is preloaded and the library picked via MLXN_LIB.
+sanitize-test: $(SAN_LIB) $(DENO_DEP)
+	LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
+	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	MLXN_LIB=$(CURDIR)/$(SAN_LIB) DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" bash scripts/test.sh
+
+$(FUZZ_BIN): tests/fuzz/fuzz_stream.c $(CPU_SRC) $(CPU_HDR)
+	@command -v clang >/dev/null || { echo "fuzz needs clang" >&2; exit 1; }
+	@mkdir -p build
+	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -lm
+
+# Bounded by FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
+fuzz: $(FUZZ_BIN)
+	@mkdir -p build/fuzz-corpus
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \
+	  build/fuzz-corpus tests/fuzz/corpus
 
 clean:
 	rm -rf build

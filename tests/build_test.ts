@@ -2,6 +2,7 @@
 import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import { buildNative } from "../build.ts";
 import { CPU_CFLAGS, CPU_SOURCES } from "../src/native/sources.ts";
+import { runDeno } from "./helpers.ts";
 
 const root = new URL("../", import.meta.url);
 
@@ -32,12 +33,8 @@ Deno.test("the build entry compiles a library that opens and computes", async ()
   const lib = await buildNative({ outDir: out });
   ok(Deno.statSync(lib).size > 0);
   const probe = new URL("./fixtures/open_probe.ts", import.meta.url).pathname;
-  const res = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--no-prompt", "--quiet", `--allow-ffi=${lib}`, probe, lib],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const r = JSON.parse(new TextDecoder().decode(res.stdout).trim());
+  const res = await runDeno(["run", "--no-prompt", "--quiet", `--allow-ffi=${lib}`, probe, lib]);
+  const r = JSON.parse(res.stdout.trim());
   equal(r.ok, true, r.message);
   deepStrictEqual(r.result, [2, 4]);
   Deno.removeSync(out, { recursive: true });

@@ -1,7 +1,7 @@
 /** GraphExecutor / GraphSession / capture mode on a real device (the seed's graph tests and more). */
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
 import { CapturedOpKind, counters, DType, GraphExecutor, MlxDevice, MlxError, ops } from "../mod.ts";
-import { randomValues, testContext } from "./helpers.ts";
+import { randomValues, runDeno, testContext } from "./helpers.ts";
 
 const isCode = (code: string) => (e: unknown) => e instanceof MlxError && e.code === code;
 
@@ -252,14 +252,9 @@ Deno.test("kill switches as options: fusion and reorder off", () => {
 Deno.test("kill switches from the environment (MLXN_FUSION=0, MLXN_REORDER=0) with --allow-env", async () => {
   const probe = new URL("./fixtures/switch_probe.ts", import.meta.url).pathname;
   const run = async (env: Record<string, string>) => {
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe],
-      env,
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    ok(out.success, new TextDecoder().decode(out.stderr));
-    return JSON.parse(new TextDecoder().decode(out.stdout));
+    const out = await runDeno(["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe], env);
+    ok(out.success, out.stderr);
+    return JSON.parse(out.stdout);
   };
   deepStrictEqual(await run({}), { fusions: 1, fusionAllowed: true, reorderAllowed: true });
   deepStrictEqual(await run({ MLXN_FUSION: "0", MLXN_REORDER: "0" }), {

@@ -82,3 +82,24 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
   return m;
 }
+
+/**
+ * Runs a Deno subprocess with exactly the given MLXN_* switches: inherited MLXN_* variables (say,
+ * MLXN_LIB from a sanitizer run) are removed so each case controls its own configuration.
+ */
+export async function runDeno(
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<{ success: boolean; code: number; stdout: string; stderr: string }> {
+  const inherited = Object.fromEntries(Object.entries(Deno.env.toObject()).filter(([k]) => !k.startsWith("MLXN_")));
+  const out = await new Deno.Command(Deno.execPath(), {
+    args,
+    env: { ...inherited, ...env, NO_COLOR: "1" },
+    clearEnv: true,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  return { success: out.success, code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}

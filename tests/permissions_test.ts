@@ -4,6 +4,7 @@
  */
 import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
 import { defaultLibraryPath } from "../src/native/loader.ts";
+import { runDeno } from "./helpers.ts";
 
 const probe = new URL("./fixtures/open_probe.ts", import.meta.url).pathname;
 const cpuLib = defaultLibraryPath("cpu")!;
@@ -18,17 +19,9 @@ interface Outcome {
 }
 
 async function runProbe(flags: string[], args: string[] = [], env: Record<string, string> = {}): Promise<Outcome> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--no-prompt", "--quiet", ...flags, probe, ...args],
-    env: { ...env, NO_COLOR: "1" },
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout).trim();
-  const err = new TextDecoder().decode(out.stderr);
-  ok(out.success, `probe exited with ${out.code}: ${err}`);
-  return JSON.parse(text.split("\n").pop()!);
+  const out = await runDeno(["run", "--no-prompt", "--quiet", ...flags, probe, ...args], env);
+  ok(out.success, `probe exited with ${out.code}: ${out.stderr}`);
+  return JSON.parse(out.stdout.trim().split("\n").pop()!);
 }
 
 Deno.test("without --allow-ffi: PermissionDenied naming the exact flag; pure-TS parts still work", async () => {

@@ -1,6 +1,7 @@
 /** Profiling: per-label command-buffer stats and the Chrome trace file (spans, lanes, barriers). */
 import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
 import { DType, GraphExecutor, MlxDevice, type TraceEvent } from "../mod.ts";
+import { runDeno } from "./helpers.ts";
 
 Deno.test("the trace file has a span per dispatch, lanes for overlap, and barriers between groups", () => {
   const dir = Deno.makeTempDirSync();
@@ -61,13 +62,10 @@ Deno.test("the trace file has a span per dispatch, lanes for overlap, and barrie
 
 Deno.test("MLXN_TRACE without write permission is a clear PermissionDenied at open", async () => {
   const probe = new URL("./fixtures/open_probe.ts", import.meta.url).pathname;
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe],
-    env: { MLXN_TRACE: "/tmp/mlxn-trace-denied.json" },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const r = JSON.parse(new TextDecoder().decode(out.stdout).trim());
+  const out = await runDeno(["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe], {
+    MLXN_TRACE: "/tmp/mlxn-trace-denied.json",
+  });
+  const r = JSON.parse(out.stdout.trim());
   equal(r.code, "PermissionDenied");
   match(r.message, /--allow-write=\/tmp\/mlxn-trace-denied\.json/);
 });

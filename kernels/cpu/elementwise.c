@@ -134,6 +134,24 @@ static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, u
   return 0;
 }
 
+/* ---- debug_fault: 0 marker u32[1], 1 {fail: u32}. Fault injection for tests: with fail = 0 it
+ *      writes 1 to the marker; otherwise the dispatch reports failure, which fails its command
+ *      buffer at wait (the error is sticky; later groups of that command buffer do not run). */
+
+static int debug_fault_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BUF(a, 0, 4, err, cap);
+  MLXN_NEED_BYTES(a, 1, 4, err, cap);
+  return 0;
+}
+
+static int debug_fault_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gx; (void)gy; (void)gz; (void)s;
+  if (mlxn_arg_u32(a, 1, 0)) return 1;
+  uint32_t one = 1;
+  __builtin_memcpy(a->ptr[0], &one, 4);
+  return 0;
+}
+
 /* ---- softcap: 0 in, 1 out, 2 {cap: f32, n: u32}; out = tanh(x / cap) * cap ---------------- */
 
 static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
@@ -194,5 +212,6 @@ const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[] = {
     {"silu_f16", "bb", silu_f16_validate, silu_f16_run},
     {"silu_bf16", "bb", silu_bf16_validate, silu_bf16_run},
     {"strided_copy_f32", "bbc", strided_copy_f32_validate, strided_copy_f32_run},
+    {"debug_fault", "bc", debug_fault_validate, debug_fault_run},
     {0, 0, 0, 0},
 };

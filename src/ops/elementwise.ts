@@ -66,6 +66,14 @@ export const elementwiseContracts: readonly KernelContract[] = [
     ],
   },
   {
+    name: "debug_fault",
+    opKind: CapturedOpKind.Other,
+    slots: [
+      { name: "marker", kind: "buffer", access: "write" },
+      { name: "params{fail:u32}", kind: "bytes", size: 4 },
+    ],
+  },
+  {
     name: "axpby_f32",
     opKind: CapturedOpKind.ElemAdd,
     slots: [
@@ -252,5 +260,25 @@ export function axpby(
     grid: n,
     threadgroup: Math.min(256, n),
     dispatchKind: "threads",
+  });
+}
+
+/**
+ * Fault injection for tests: with `fail` the dispatch fails at run time, so its command buffer
+ * reports a CommandBufferError at wait (sticky; later groups do not run); otherwise it writes 1 to
+ * marker[0] (u32).
+ */
+export function debugFault(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  marker: MlxBuffer,
+  options: { fail: boolean },
+): void {
+  checkBuffer("debug_fault", "marker", marker, DType.U32, 1);
+  target.dispatch({
+    pipeline: registry.get("debug_fault"),
+    bindings: [marker, [options.fail ? 1 : 0]],
+    grid: 1,
+    threadgroup: 1,
   });
 }
