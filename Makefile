@@ -34,8 +34,9 @@ else
 endif
 
 CPU_LIB := build/libmlxn_cpu.$(SO)
-CPU_SRC := $(wildcard native/cpu/*.c) $(wildcard kernels/cpu/*.c)
-CPU_HDR := native/mlxn.h native/cpu/internal.h kernels/cpu/cpu_kernel.h
+CORE_SRC := $(wildcard native/core/*.c) $(wildcard kernels/cpu/*.c)
+CPU_SRC := $(CORE_SRC) $(wildcard native/cpu/*.c)
+CPU_HDR := native/mlxn.h native/core/internal.h kernels/cpu/cpu_kernel.h
 
 DENO_TEST_FLAGS := --allow-ffi --allow-read --allow-env --allow-run --allow-write
 

@@ -15,6 +15,7 @@ function filesUnder(dir: string, exts: string[]): string[] {
 Deno.test("the build entry's sources are exactly the CPU backend's files", () => {
   const tree = [
     "native/mlxn.h",
+    ...filesUnder("native/core/", [".c", ".h"]),
     ...filesUnder("native/cpu/", [".c", ".h"]),
     ...filesUnder("kernels/cpu/", [".c", ".h"]),
   ];

@@ -8,11 +8,12 @@
 /** Sources of the CPU backend, relative to the package root (headers first). */
 export const CPU_SOURCES: readonly string[] = [
   "native/mlxn.h",
-  "native/cpu/internal.h",
+  "native/core/internal.h",
   "kernels/cpu/cpu_kernel.h",
-  "native/cpu/device.c",
-  "native/cpu/exec.c",
-  "native/cpu/stream.c",
+  "native/core/device.c",
+  "native/core/queue.c",
+  "native/core/stream.c",
+  "native/cpu/backend.c",
   "kernels/cpu/attention.c",
   "kernels/cpu/elementwise.c",
   "kernels/cpu/matmul.c",

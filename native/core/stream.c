@@ -234,7 +234,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         if (handle == cb->pipeline_handle && cb->pipeline) break;
         const mlxn_slot_masks *masks = NULL;
         const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(handle, &masks);
-        if (!k) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
+        if (!k || !mlxn_backend_has_kernel(dev, k)) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
         cb->pipeline = k;
         cb->pipeline_masks = masks;
         cb->pipeline_handle = handle;

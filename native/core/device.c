@@ -1,4 +1,5 @@
-/* CPU backend: device, buffer table, pipelines, command-buffer lifecycle, errors, live counts. */
+/* Native core: the ABI entry points — device, buffer table, pipelines, command-buffer lifecycle,
+ * errors, live counts. Backend specifics go through the hooks of internal.h. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
@@ -73,15 +74,18 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   dev->next_serial = 1;
   pthread_mutex_init(&dev->mu, NULL);
   pthread_cond_init(&dev->queue_cv, NULL);
-  if (threads == 0) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = n > 0 ? (uint32_t)n : 1;
-  }
-  if (mlxn_exec_start(dev, threads) != 0) {
+  if (mlxn_backend_open(dev, threads) != 0) {
     pthread_mutex_destroy(&dev->mu);
     pthread_cond_destroy(&dev->queue_cv);
     free(dev);
-    mlxn_set_error(MLXN_E_DEVICE, "could not start the CPU backend's threads");
+    return NULL; /* the backend set the error */
+  }
+  if (mlxn_queue_start(dev) != 0) {
+    mlxn_backend_close(dev);
+    pthread_mutex_destroy(&dev->mu);
+    pthread_cond_destroy(&dev->queue_cv);
+    free(dev);
+    mlxn_set_error(MLXN_E_DEVICE, "could not start the command queue thread");
     return NULL;
   }
   mlxn_live_add(MLXN_LIVE_DEVICES, 1);
@@ -90,12 +94,12 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
 
 void mlxn_device_close(mlxn_device *dev) {
   if (!dev) return;
-  mlxn_exec_stop(dev); /* drains the queue first */
+  mlxn_queue_stop(dev); /* drains the queue first */
   while (dev->live) mlxn_cmdbuf_free(dev->live);
   for (uint32_t i = 0; i < dev->n_buffers; i++) {
     buffer_entry *e = &dev->buffers[i];
     if (e->data) {
-      free(e->data);
+      mlxn_backend_free(dev, e->data);
       mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
       mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
     }
@@ -108,6 +112,7 @@ void mlxn_device_close(mlxn_device *dev) {
     mlxn_storage_adopt(&tmp, &dev->spare[i]);
     mlxn_storage_free(&tmp);
   }
+  mlxn_backend_close(dev);
   pthread_mutex_destroy(&dev->mu);
   pthread_cond_destroy(&dev->queue_cv);
   free(dev);
@@ -116,13 +121,8 @@ void mlxn_device_close(mlxn_device *dev) {
 
 uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap) {
   if (!dev) return 0;
-  char text[512];
-  snprintf(text, sizeof text,
-           "{\"backend\":\"cpu\",\"name\":\"CPU (%u threads)\",\"threads\":%u,"
-           "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,"
-           "\"maxSlots\":%d,\"unifiedMemory\":true,\"serial\":%s,\"perDispatchTiming\":true}",
-           dev->n_workers, dev->n_workers, MLXN_MAX_THREADS_PER_GROUP, MLXN_MAX_TG_MEMORY,
-           MLXN_MAX_INLINE_BYTES, MLXN_MAX_SLOTS, (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false");
+  char text[1024];
+  mlxn_backend_info(dev, text, sizeof text);
   return copy_text(text, buf, cap);
 }
 
@@ -147,7 +147,7 @@ buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *in
 
 static void recycle_locked(mlxn_device *dev, uint32_t index) {
   buffer_entry *e = &dev->buffers[index];
-  free(e->data);
+  mlxn_backend_free(dev, e->data);
   mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
   mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
   e->data = NULL;
@@ -169,7 +169,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   if (nbytes > ((uint64_t)1 << 46))
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "buffer of %llu bytes is larger than any device",
                           (unsigned long long)nbytes), 0;
-  uint8_t *data = calloc(1, (size_t)nbytes); /* zero-filled: no cold-run garbage */
+  uint8_t *data = mlxn_backend_alloc(dev, nbytes); /* zero-filled: no cold-run garbage */
   if (!data)
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "could not allocate %llu bytes", (unsigned long long)nbytes), 0;
   pthread_mutex_lock(&dev->mu);
@@ -179,7 +179,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   } else {
     if (dev->n_buffers == HANDLE_INDEX_MASK) {
       pthread_mutex_unlock(&dev->mu);
-      free(data);
+      mlxn_backend_free(dev, data);
       return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "too many live buffers (%u)", HANDLE_INDEX_MASK), 0;
     }
     if (dev->n_buffers == dev->cap_buffers) {
@@ -190,7 +190,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
       if (nf) dev->free_slots = nf;
       if (!nb || !nf) {
         pthread_mutex_unlock(&dev->mu);
-        free(data);
+        mlxn_backend_free(dev, data);
         return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer table"), 0;
       }
       dev->cap_buffers = dev->cap_free = cap;
@@ -229,7 +229,7 @@ void *mlxn_buffer_contents(mlxn_device *dev, uint32_t handle) {
   if (!dev) return NULL;
   pthread_mutex_lock(&dev->mu);
   buffer_entry *e = mlxn_buffer_lookup(dev, handle, NULL);
-  void *p = e ? e->data : NULL;
+  void *p = e && mlxn_backend_host_visible(dev) ? e->data : NULL;
   pthread_mutex_unlock(&dev->mu);
   return p;
 }
@@ -253,11 +253,7 @@ static int32_t buffer_copy(mlxn_device *dev, uint32_t handle, uint64_t offset, u
   }
   uint8_t *data = e->data;
   pthread_mutex_unlock(&dev->mu);
-  if (len) {
-    if (to_device) memcpy(data + offset, host, (size_t)len);
-    else memcpy(host, data + offset, (size_t)len);
-  }
-  return MLXN_OK;
+  return len ? mlxn_backend_copy(dev, data + offset, host, len, to_device) : MLXN_OK;
 }
 
 int32_t mlxn_buffer_write(mlxn_device *dev, uint32_t handle, uint64_t offset, const uint8_t *src,
@@ -307,8 +303,8 @@ uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
   if (!dev || !name) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device or name"), 0;
   pthread_once(&kernel_once, build_kernel_table);
   for (uint32_t i = 1; i <= kernel_count; i++)
-    if (strcmp(kernel_table[i]->name, (const char *)name) == 0) return i;
-  return mlxn_set_error(MLXN_E_BAD_HANDLE, "no kernel named '%.200s' in the CPU backend", (const char *)name), 0;
+    if (strcmp(kernel_table[i]->name, (const char *)name) == 0 && mlxn_backend_has_kernel(dev, kernel_table[i])) return i;
+  return mlxn_set_error(MLXN_E_BAD_HANDLE, "no kernel named '%.200s' in this backend", (const char *)name), 0;
 }
 
 uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *buf, uint32_t cap) {
@@ -374,7 +370,7 @@ int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) {
   mlxn_device *dev = cb->dev;
   pthread_mutex_lock(&dev->mu);
   cb->status = MLXN_CB_COMMITTED;
-  mlxn_exec_enqueue_locked(dev, cb);
+  mlxn_queue_enqueue_locked(dev, cb);
   pthread_mutex_unlock(&dev->mu);
   return MLXN_OK;
 }

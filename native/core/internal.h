@@ -1,7 +1,9 @@
-/* Private structures of the CPU backend, shared by its modules:
- *   device.c  device, buffer table, pipelines, errors, live counts
- *   stream.c  command-stream decoder and validation
- *   exec.c    command queue thread and the worker pool that runs concurrent groups */
+/* Private structures of the native core, shared by every backend:
+ *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors
+ *   core/stream.c  command-stream decoder and validation (kernel contracts from kernels/cpu)
+ *   core/queue.c   the command queue thread (command buffers run in commit order)
+ * A backend (native/cpu, native/cuda) implements the hooks declared at the end: memory, device
+ * info, which kernels it runs, and how a decoded command buffer executes. */
 #ifndef MLXN_CPU_INTERNAL_H
 #define MLXN_CPU_INTERNAL_H
 
@@ -105,19 +107,8 @@ typedef struct cb_storage {
 
 /* ---- device ----------------------------------------------------------------------------------- */
 
-typedef struct group_job {
-  decoded_dispatch *dispatches; /* the group's first dispatch */
-  uint32_t count;
-  uint64_t *prefix; /* prefix[i] = threadgroups before dispatch i; prefix[count] = total */
-  uint32_t prefix_cap;
-  uint64_t total, chunk;
-  _Atomic uint64_t next;
-  _Atomic int failed; /* index+1 of a dispatch whose kernel reported failure */
-} group_job;
-
 struct mlxn_device {
   uint32_t flags;
-  uint32_t n_workers; /* executing threads, the queue thread included */
 
   pthread_mutex_t mu; /* buffer table, live list, queue */
   pthread_cond_t queue_cv;
@@ -132,21 +123,9 @@ struct mlxn_device {
   int closing;
   pthread_t queue_thread;
 
-  /* Worker pool: helpers join the queue thread on each concurrent group. Jobs alternate between
-   * two slots so a helper arriving late for job K (finding it already drained) never touches the
-   * slot being filled for job K+1; the coordinator waits only for helpers that joined. */
-  pthread_t *helpers;
-  uint32_t n_helpers;
-  pthread_mutex_t pool_mu;
-  pthread_cond_t pool_cv;
-  group_job jobs[2];
-  _Atomic uint64_t job_seq;    /* the current job is jobs[job_seq & 1] */
-  _Atomic uint32_t active;     /* helpers inside a job right now */
-  _Atomic uint32_t sleepers;   /* helpers blocked on pool_cv */
-  _Atomic int pool_stop;
+  void *backend; /* the backend's private state */
   cb_storage spare[MLXN_SPARE_STORAGE];
   uint32_t n_spare;
-  uint32_t tg_scratch_bytes;
 };
 
 /* device.c */
@@ -170,9 +149,30 @@ void mlxn_storage_give(mlxn_cmdbuf *cb, cb_storage *spare);
 /* Frees whatever storage the command buffer still owns. */
 void mlxn_storage_free(mlxn_cmdbuf *cb);
 
-/* exec.c */
-int mlxn_exec_start(mlxn_device *dev, uint32_t threads);
-void mlxn_exec_stop(mlxn_device *dev);
-void mlxn_exec_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb);
+/* queue.c */
+int mlxn_queue_start(mlxn_device *dev);
+void mlxn_queue_stop(mlxn_device *dev);
+void mlxn_queue_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb);
+
+/* ---- backend hooks ------------------------------------------------------------------------------- */
+
+/* Creates the backend's state in dev->backend; returns 0, or sets the thread's error and returns -1. */
+int mlxn_backend_open(mlxn_device *dev, uint32_t threads);
+/* Frees it (the queue is drained and stopped first). */
+void mlxn_backend_close(mlxn_device *dev);
+/* Writes the device-info JSON; returns its length. */
+uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap);
+/* nbytes of zero-filled device memory, or NULL. */
+void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes);
+void mlxn_backend_free(mlxn_device *dev, void *mem);
+/* Copies between host memory and device memory; returns MLXN_OK or an error code (error set). */
+int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device);
+/* Whether buffer memory is host-addressable (mlxn_buffer_contents returns it). */
+int mlxn_backend_host_visible(mlxn_device *dev);
+/* Whether the backend implements kernel k. */
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k);
+/* Executes a decoded command buffer on the queue thread and returns when it is done: sets
+ * cb->t_start/t_end, per-dispatch times where available, and cb->error_code/error on failure. */
+void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb);
 
 #endif /* MLXN_CPU_INTERNAL_H */
