@@ -78,6 +78,30 @@ check: $(DENO_DEP)
 fmt: $(DENO_DEP)
 	$(DENO) fmt
 
+# --- CUDA backend (make cuda): the core and the kernel contracts in C, kernels and graphs in CUDA -----
+NVCC ?= nvcc
+CUDA_LIB := build/libmlxn_cuda.so
+CUDA_C_SRC := $(CORE_SRC) native/cuda/bridge.c
+CUDA_CU_SRC := native/cuda/backend.cu $(wildcard kernels/cuda/*.cu)
+CUDA_HDR := $(CPU_HDR) native/cuda/cuda_api.h kernels/cuda/common.cuh
+CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+  -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden
+
+$(CUDA_LIB): $(CUDA_C_SRC) $(CUDA_CU_SRC) $(CUDA_HDR)
+	@mkdir -p build/cuda-obj
+	@for f in $(CUDA_C_SRC); do \
+	  o=build/cuda-obj/$$(echo $$f | tr / _).o; \
+	  echo "$(CC) -c $$f"; $(CC) $(CFLAGS_COMMON) -c -o $$o $$f || exit 1; \
+	done
+	@for f in $(CUDA_CU_SRC); do \
+	  o=build/cuda-obj/$$(echo $$f | tr / _).o; \
+	  echo "$(NVCC) -c $$f"; $(NVCC) $(NVCC_FLAGS) -c -o $$o $$f || exit 1; \
+	done
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ build/cuda-obj/*.o -lpthread -lm
+
+cuda: $(CUDA_LIB)
+
 # --- hardening: the suite against an ASan+UBSan build, and the stream-decoder fuzzer (clang) -------
 SAN_LIB := build/san/libmlxn_cpu.$(SO)
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

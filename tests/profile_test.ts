@@ -3,7 +3,15 @@ import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
 import { DType, GraphExecutor, MlxDevice, type TraceEvent } from "../mod.ts";
 import { runDeno } from "./helpers.ts";
 
-Deno.test("the trace file has a span per dispatch, lanes for overlap, and barriers between groups", () => {
+const timed = (() => {
+  using d = MlxDevice.open();
+  return d.info.perDispatchTiming;
+})();
+
+Deno.test({
+  name: "the trace file has a span per dispatch, lanes for overlap, and barriers between groups",
+  ignore: !timed,
+}, () => {
   const dir = Deno.makeTempDirSync();
   const path = `${dir}/trace.json`;
   const device = MlxDevice.open({ trace: path, threads: 2 });
@@ -58,6 +66,22 @@ Deno.test("the trace file has a span per dispatch, lanes for overlap, and barrie
   const lanes = trace.traceEvents.filter((e) => e.ph === "M" && e.name === "thread_name").map((e) => e.args!.name);
   ok(lanes.includes("command buffers") && lanes.includes("lane 1"));
   Deno.removeSync(dir, { recursive: true });
+});
+
+Deno.test("per-label command-buffer statistics on every backend", () => {
+  using device = MlxDevice.open({ profile: "cb" });
+  const exec = new GraphExecutor(device);
+  using x = device.upload(new Float32Array(64).fill(1));
+  for (const label of ["a", "b", "a"]) {
+    using s = exec.begin();
+    s.elementwiseAdd(x, x, x);
+    s.finish({ label });
+  }
+  const stats = device.profiler!.labels();
+  deepStrictEqual([...stats.keys()], ["a", "b"]);
+  equal(stats.get("a")!.count, 2);
+  ok(stats.get("a")!.totalNs >= stats.get("a")!.maxNs && stats.get("a")!.minNs <= stats.get("a")!.maxNs);
+  equal(device.profiler!.table()["b"].count, 1);
 });
 
 Deno.test("MLXN_TRACE without write permission is a clear PermissionDenied at open", async () => {

@@ -1,0 +1,103 @@
+// Shared pieces of the CUDA kernels: the argument block every kernel receives by value, dtype
+// loads/stores and warp/block reductions. Geometry matches the CPU kernels: blockIdx = threadgroup,
+// threadIdx = thread within it, `grid` = threads per dimension (for the non-uniform edge).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define MLXN_GPU_SLOTS 12
+#define MLXN_GPU_BYTES 256
+
+struct mlxn_gpu_args {
+  unsigned long long ptr[MLXN_GPU_SLOTS]; // device address of each buffer slot (bytes slots: 0)
+  unsigned long long len[MLXN_GPU_SLOTS]; // bytes visible in the slot
+  unsigned int boff[MLXN_GPU_SLOTS];      // offset of each inline-bytes slot in `bytes`
+  unsigned int grid[3], tg[3], groups[3];
+  unsigned int tag;                       // the host's dispatch tag, reported on a fault
+  unsigned long long fault;               // device address of the device's fault word
+  alignas(16) unsigned char bytes[MLXN_GPU_BYTES];
+};
+
+enum mlxn_gpu_type { T_F32 = 0, T_F16 = 1, T_BF16 = 2 };
+
+__device__ __forceinline__ uint32_t arg_u32(const mlxn_gpu_args &a, int slot, int off) {
+  uint32_t v;
+  memcpy(&v, a.bytes + a.boff[slot] + off, 4);
+  return v;
+}
+__device__ __forceinline__ float arg_f32(const mlxn_gpu_args &a, int slot, int off) {
+  float v;
+  memcpy(&v, a.bytes + a.boff[slot] + off, 4);
+  return v;
+}
+template <typename P> __device__ __forceinline__ P *buf(const mlxn_gpu_args &a, int slot) {
+  return reinterpret_cast<P *>(a.ptr[slot]);
+}
+
+template <int T> __device__ __forceinline__ float load(const void *base, uint64_t i) {
+  if (T == T_F32) return static_cast<const float *>(base)[i];
+  if (T == T_F16) return __half2float(static_cast<const __half *>(base)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
+}
+template <int T> __device__ __forceinline__ void store(void *base, uint64_t i, float v) {
+  if (T == T_F32) static_cast<float *>(base)[i] = v;
+  else if (T == T_F16) static_cast<__half *>(base)[i] = __float2half_rn(v);
+  else static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
+}
+// What a store followed by a load yields (fused kernels round intermediates like the unfused pair).
+template <int T> __device__ __forceinline__ float round_to(float v) {
+  if (T == T_F32) return v;
+  if (T == T_F16) return __half2float(__float2half_rn(v));
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Deterministic block reductions over blockDim.x threads (a power of two), through `sh`.
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  float r = sh[0];
+  __syncthreads();
+  return r;
+}
+__device__ __forceinline__ float block_max(float v, float *sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
+    __syncthreads();
+  }
+  float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// Reports a data-dependent failure of this dispatch (e.g. an expert id out of range).
+__device__ __forceinline__ void fault(const mlxn_gpu_args &a) {
+  atomicCAS(reinterpret_cast<unsigned int *>(a.fault), 0u, a.tag + 1u);
+}
+
+__device__ __forceinline__ uint64_t thread_x(const mlxn_gpu_args &a) {
+  return (uint64_t)blockIdx.x * a.tg[0] + threadIdx.x;
+}
+
+// A kernel of this backend: name (as in the contract), entry point, and whether it needs
+// blockDim.x floats of dynamic shared memory.
+struct mlxn_cuda_kernel {
+  const char *name;
+  const void *func;
+  int shared_floats_per_thread;
+};

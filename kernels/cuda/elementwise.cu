@@ -1,0 +1,70 @@
+// Elementwise CUDA kernels: one thread per element (the CPU kernels' per-thread bodies).
+#include "common.cuh"
+
+template <int T, int OP> __global__ void k_binary(const mlxn_gpu_args a) {
+  uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
+  if (i >= n || i >= a.grid[0]) return;
+  float x = load<T>(buf<void>(a, 0), i), y = load<T>(buf<void>(a, 1), i);
+  store<T>(buf<void>(a, 2), i, OP == 0 ? __fadd_rn(x, y) : __fmul_rn(x, y));
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  inner = fminf(15.0f, fmaxf(-15.0f, inner)); // clamp: tanh is saturated long before
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args a) {
+  uint64_t i = thread_x(a);
+  if (i >= a.grid[0]) return;
+  float x = load<T>(buf<void>(a, 0), i);
+  store<T>(buf<void>(a, 1), i, FN == 0 ? gelu_tanh(x) : x / (1.0f + expf(-x)));
+}
+
+__global__ void k_softcap(const mlxn_gpu_args a) {
+  uint64_t i = thread_x(a);
+  if (i >= arg_u32(a, 2, 4) || i >= a.grid[0]) return;
+  float c = arg_f32(a, 2, 0);
+  buf<float>(a, 1)[i] = tanhf(buf<const float>(a, 0)[i] / c) * c;
+}
+
+__global__ void k_axpby(const mlxn_gpu_args a) {
+  uint64_t i = thread_x(a);
+  if (i >= arg_u32(a, 3, 8) || i >= a.grid[0]) return;
+  float alpha = arg_f32(a, 3, 0), beta = arg_f32(a, 3, 4);
+  float x = buf<const float>(a, 0)[i], y = buf<const float>(a, 1)[i];
+  buf<float>(a, 2)[i] = __fadd_rn(__fmul_rn(alpha, x), __fmul_rn(beta, y)); // no FMA contraction
+}
+
+__global__ void k_strided_copy(const mlxn_gpu_args a) {
+  uint32_t c = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
+  uint32_t rows = arg_u32(a, 2, 0), cols = arg_u32(a, 2, 4), ss = arg_u32(a, 2, 8), ds = arg_u32(a, 2, 12);
+  if (c >= cols || r >= rows || c >= a.grid[0] || r >= a.grid[1]) return;
+  buf<float>(a, 1)[(uint64_t)r * ds + c] = buf<const float>(a, 0)[(uint64_t)r * ss + c];
+}
+
+__global__ void k_debug_fault(const mlxn_gpu_args a) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (arg_u32(a, 1, 0)) fault(a);
+  else buf<uint32_t>(a, 0)[0] = 1;
+}
+
+extern const mlxn_cuda_kernel mlxn_cuda_elementwise_kernels[] = {
+    {"elementwise_add_f32", (const void *)k_binary<T_F32, 0>, 0},
+    {"elementwise_add_f16", (const void *)k_binary<T_F16, 0>, 0},
+    {"elementwise_add_bf16", (const void *)k_binary<T_BF16, 0>, 0},
+    {"elementwise_mul_f32", (const void *)k_binary<T_F32, 1>, 0},
+    {"elementwise_mul_f16", (const void *)k_binary<T_F16, 1>, 0},
+    {"elementwise_mul_bf16", (const void *)k_binary<T_BF16, 1>, 0},
+    {"gelu_f32", (const void *)k_unary<T_F32, 0>, 0},
+    {"gelu_f16", (const void *)k_unary<T_F16, 0>, 0},
+    {"gelu_bf16", (const void *)k_unary<T_BF16, 0>, 0},
+    {"silu_f32", (const void *)k_unary<T_F32, 1>, 0},
+    {"silu_f16", (const void *)k_unary<T_F16, 1>, 0},
+    {"silu_bf16", (const void *)k_unary<T_BF16, 1>, 0},
+    {"softcap_f32", (const void *)k_softcap, 0},
+    {"axpby_f32", (const void *)k_axpby, 0},
+    {"strided_copy_f32", (const void *)k_strided_copy, 0},
+    {"debug_fault", (const void *)k_debug_fault, 0},
+    {nullptr, nullptr, 0},
+};

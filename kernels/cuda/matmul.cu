@@ -1,0 +1,170 @@
+// Matrix products y = x · Wᵀ on CUDA: one warp per output element (warp w of a 128-thread block
+// computes output n = blockIdx.x·4 + w of row blockIdx.y; the fast affine kernel uses 8 warps).
+// Lanes split K, then a fixed xor-shuffle reduction: deterministic, and the mat-vec and mat-mat
+// ggml paths share the per-lane arithmetic, so they agree bit for bit.
+#include "common.cuh"
+
+#define WARPS 4
+
+__device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31u; }
+__device__ __forceinline__ uint32_t warp_id() { return threadIdx.x >> 5; }
+
+// ---- dense ------------------------------------------------------------------------------------
+template <int T> __global__ void k_matmul(const mlxn_gpu_args a) {
+  uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), row = blockIdx.y, lane = lane_id();
+  if (n >= n_ || row >= m) return;
+  const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
+  const void *w = buf<const void>(a, 1);
+  uint64_t wrow = (uint64_t)n * k;
+  float acc = 0.0f;
+  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
+  if (T == T_BF16 && k % 8 == 0 && aligned) {
+    // 8 bf16 weights (16 B) and 8 inputs per lane per step: coalesced wide loads.
+    const uint4 *w4 = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(w) + wrow);
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    for (uint32_t c = lane; c < k / 8; c += 32) {
+      uint4 wv = w4[c];
+      float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
+      const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv);
+      float2 w01 = __bfloat1622float2(p[0]), w23 = __bfloat1622float2(p[1]);
+      float2 w45 = __bfloat1622float2(p[2]), w67 = __bfloat1622float2(p[3]);
+      acc += x0.x * w01.x + x0.y * w01.y + x0.z * w23.x + x0.w * w23.y;
+      acc += x1.x * w45.x + x1.y * w45.y + x1.z * w67.x + x1.w * w67.y;
+    }
+  } else {
+    for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) buf<float>(a, 2)[(uint64_t)row * n_ + n] = acc;
+}
+
+// ---- MLX affine ---------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t affine_q(const uint8_t *row, uint32_t k, uint32_t bits) {
+  if (bits == 8) return row[k];
+  if (bits == 4) return (row[k >> 1] >> ((k & 1u) * 4)) & 0xfu;
+  const uint8_t *t = row + (k >> 2) * 3;
+  uint32_t v = (uint32_t)t[0] | ((uint32_t)t[1] << 8) | ((uint32_t)t[2] << 16);
+  return (v >> ((k & 3u) * 6)) & 0x3fu;
+}
+
+template <bool FAST> __global__ void k_affine(const mlxn_gpu_args a) {
+  uint32_t m = arg_u32(a, 5, 0), n_ = arg_u32(a, 5, 4), k = arg_u32(a, 5, 8);
+  uint32_t bits = arg_u32(a, 5, 12), gs = arg_u32(a, 5, 16);
+  uint32_t n = blockIdx.x * (FAST ? 8 : WARPS) + warp_id(), row = blockIdx.y, lane = lane_id();
+  if (n >= n_ || row >= m) return;
+  const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
+  uint64_t row_bytes = (uint64_t)k * bits / 8, groups = k / gs;
+  const uint8_t *w = buf<const uint8_t>(a, 1) + n * row_bytes;
+  const __nv_bfloat16 *sc = buf<const __nv_bfloat16>(a, 2) + n * groups, *bi = buf<const __nv_bfloat16>(a, 3) + n * groups;
+  float acc = 0.0f;
+  if (FAST) { // 8 values per lane step, all in one group: scale·Σqx + bias·Σx (MLX's formulation)
+    for (uint32_t c = lane; c < k / 8; c += 32) {
+      uint32_t k0 = c * 8, g = k0 / gs;
+      float qx = 0.0f, sx = 0.0f;
+      for (uint32_t j = 0; j < 8; j++) {
+        qx += (float)affine_q(w, k0 + j, bits) * x[k0 + j];
+        sx += x[k0 + j];
+      }
+      acc += __bfloat162float(sc[g]) * qx + __bfloat162float(bi[g]) * sx;
+    }
+  } else {
+    for (uint32_t i = lane; i < k; i += 32) {
+      uint32_t g = i / gs;
+      acc += x[i] * (__bfloat162float(sc[g]) * (float)affine_q(w, i, bits) + __bfloat162float(bi[g]));
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) buf<float>(a, 4)[(uint64_t)row * n_ + n] = acc;
+}
+
+// ---- ggml blocks -------------------------------------------------------------------------------
+enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2 };
+__host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K ? 256 : 32; }
+__host__ __device__ constexpr uint32_t block_bytes(int f) { return f == Q4_0 ? 18 : f == Q8_0 ? 34 : 210; }
+
+__device__ __forceinline__ float half_at(const uint8_t *p) {
+  return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+
+// This lane's share of dot(x[0..k), row): Q4_0/Q8_0 lanes take whole blocks, Q6_K lanes take
+// 16-value sub-blocks (a 256-value block would leave most lanes idle).
+template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float *x, uint32_t k, uint32_t lane) {
+  float acc = 0.0f;
+  if (F == Q4_0 || F == Q8_0) {
+    for (uint32_t b = lane; b < k / 32; b += 32) {
+      const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
+      float d = half_at(blk);
+      const float *xb = x + b * 32;
+      if (F == Q4_0) {
+        for (int j = 0; j < 16; j++) {
+          acc += xb[j] * ((float)((int)(blk[2 + j] & 0xf) - 8) * d);
+          acc += xb[j + 16] * ((float)((int)(blk[2 + j] >> 4) - 8) * d);
+        }
+      } else {
+        for (int j = 0; j < 32; j++) acc += xb[j] * ((float)(int8_t)blk[2 + j] * d);
+      }
+    }
+  } else {
+    for (uint32_t sb = lane; sb < k / 16; sb += 32) {
+      const uint8_t *blk = row + (uint64_t)(sb / 16) * 210;
+      float ds = half_at(blk + 208) * (float)(int8_t)blk[192 + (sb % 16)];
+      uint32_t v0 = (sb % 16) * 16;
+      const float *xb = x + (uint64_t)(sb / 16) * 256;
+      for (uint32_t j = 0; j < 16; j++) {
+        uint32_t v = v0 + j, half = v >> 7, off = v & 127, quad = off >> 5, l = off & 31;
+        uint8_t ql = blk[half * 64 + l + (quad & 1) * 32];
+        uint32_t low = quad < 2 ? (ql & 0xf) : (ql >> 4);
+        uint32_t high = (blk[128 + half * 32 + l] >> (2 * quad)) & 3;
+        acc += xb[v] * (ds * (float)((int)(low | (high << 4)) - 32));
+      }
+    }
+  }
+  return acc;
+}
+
+template <int F, bool MV> __global__ void k_ggml(const mlxn_gpu_args a) {
+  uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), lane = lane_id();
+  if (n >= n_) return;
+  uint64_t row_bytes = (uint64_t)(k / block_values(F)) * block_bytes(F);
+  const uint8_t *w = buf<const uint8_t>(a, 1) + n * row_bytes;
+  uint32_t r0 = MV ? 0 : blockIdx.y, r1 = MV ? m : blockIdx.y + 1;
+  for (uint32_t r = r0; r < r1 && r < m; r++) {
+    float acc = warp_sum(ggml_lane_dot<F>(w, buf<const float>(a, 0) + (uint64_t)r * k, k, lane));
+    if (lane == 0) buf<float>(a, 2)[(uint64_t)r * n_ + n] = acc;
+  }
+}
+
+template <int F> __global__ void k_ggml_id(const mlxn_gpu_args a) {
+  uint32_t rows = arg_u32(a, 4, 0), n_ = arg_u32(a, 4, 4), k = arg_u32(a, 4, 8);
+  uint32_t top_k = arg_u32(a, 4, 12), experts = arg_u32(a, 4, 16);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), r = blockIdx.y, lane = lane_id();
+  if (n >= n_ || r >= rows) return;
+  uint32_t e = buf<const uint32_t>(a, 2)[r];
+  if (e >= experts) { // data-dependent: the dispatch fails, the command buffer reports it
+    if (lane == 0) fault(a);
+    return;
+  }
+  uint64_t row_bytes = (uint64_t)(k / block_values(F)) * block_bytes(F);
+  const uint8_t *w = buf<const uint8_t>(a, 1) + ((uint64_t)e * n_ + n) * row_bytes;
+  float acc = warp_sum(ggml_lane_dot<F>(w, buf<const float>(a, 0) + (uint64_t)(r / top_k) * k, k, lane));
+  if (lane == 0) buf<float>(a, 3)[(uint64_t)r * n_ + n] = acc;
+}
+
+extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
+    {"matmul_f32", (const void *)k_matmul<T_F32>, 0},
+    {"matmul_bf16", (const void *)k_matmul<T_BF16>, 0},
+    {"qmatmul_affine", (const void *)k_affine<false>, 0},
+    {"qmatmul_affine_fast", (const void *)k_affine<true>, 0},
+    {"qmatmul_q4_0_mv", (const void *)k_ggml<Q4_0, true>, 0},
+    {"qmatmul_q4_0_mm", (const void *)k_ggml<Q4_0, false>, 0},
+    {"qmatmul_q8_0_mv", (const void *)k_ggml<Q8_0, true>, 0},
+    {"qmatmul_q8_0_mm", (const void *)k_ggml<Q8_0, false>, 0},
+    {"qmatmul_q6_k_mv", (const void *)k_ggml<Q6_K, true>, 0},
+    {"qmatmul_q6_k_mm", (const void *)k_ggml<Q6_K, false>, 0},
+    {"qmatmul_id_q4_0", (const void *)k_ggml_id<Q4_0>, 0},
+    {"qmatmul_id_q8_0", (const void *)k_ggml_id<Q8_0>, 0},
+    {"qmatmul_id_q6_k", (const void *)k_ggml_id<Q6_K>, 0},
+    {nullptr, nullptr, 0},
+};

@@ -1,0 +1,77 @@
+// Row CUDA kernels: one block per row. The row reduction is a fixed tree over blockDim.x threads,
+// shared by the unfused and fused kernels, so fusion stays bit-identical on this backend.
+#include "common.cuh"
+
+extern __shared__ float shmem[];
+
+template <int T> __device__ __forceinline__ float row_inv_rms(const void *x, uint64_t base, uint32_t dim, float eps) {
+  float part = 0.0f;
+  for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = load<T>(x, base + i);
+    part += v * v;
+  }
+  float sum = block_sum(part, shmem);
+  return 1.0f / sqrtf(sum / (float)dim + eps);
+}
+
+__device__ __forceinline__ uint64_t row_index() {
+  return ((uint64_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+}
+
+// MODE 0: rms_norm (in, w, out, params); 1: rms_norm_mul (in, w, scale, out, params);
+// 2: rms_norm_mul_add (in, w, scale, residual, out, params); 3: rms_norm_no_scale (in, out, params).
+template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args a) {
+  const int pslot = MODE == 0 ? 3 : MODE == 1 ? 4 : MODE == 2 ? 5 : 2;
+  const int oslot = MODE == 0 ? 2 : MODE == 1 ? 3 : MODE == 2 ? 4 : 1;
+  float eps = arg_f32(a, pslot, 0);
+  uint32_t dim = arg_u32(a, pslot, 4);
+  uint64_t base = row_index() * dim;
+  const void *x = buf<const void>(a, 0);
+  float inv = row_inv_rms<T>(x, base, dim, eps);
+  for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = __fmul_rn(load<T>(x, base + i), inv);
+    if (MODE == 3) {
+      store<T>(buf<void>(a, oslot), base + i, v);
+      continue;
+    }
+    // Explicit _rn intrinsics: never contracted into an FMA, so the fused kernels round exactly
+    // like the unfused mul and add kernels do.
+    float n = __fmul_rn(v, load<T>(buf<const void>(a, 1), i));
+    if (MODE == 0) {
+      store<T>(buf<void>(a, oslot), base + i, n);
+      continue;
+    }
+    float m = __fmul_rn(round_to<T>(n), load<T>(buf<const void>(a, 2), base + i));
+    if (MODE == 2) m = __fadd_rn(round_to<T>(m), load<T>(buf<const void>(a, 3), base + i));
+    store<T>(buf<void>(a, oslot), base + i, m);
+  }
+}
+
+__global__ void k_softmax(const mlxn_gpu_args a) {
+  uint32_t cols = arg_u32(a, 2, 0);
+  uint64_t base = row_index() * cols;
+  const float *x = buf<const float>(a, 0);
+  float *y = buf<float>(a, 1);
+  float m = -INFINITY;
+  for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, x[base + i]);
+  m = block_max(m, shmem);
+  float part = 0.0f;
+  for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) part += expf(x[base + i] - m);
+  float inv = 1.0f / block_sum(part, shmem);
+  for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] = expf(x[base + i] - m) * inv;
+}
+
+extern const mlxn_cuda_kernel mlxn_cuda_norm_kernels[] = {
+    {"rms_norm_f32", (const void *)k_rms_norm<T_F32, 0>, 1},
+    {"rms_norm_f16", (const void *)k_rms_norm<T_F16, 0>, 1},
+    {"rms_norm_bf16", (const void *)k_rms_norm<T_BF16, 0>, 1},
+    {"rms_norm_mul_f32", (const void *)k_rms_norm<T_F32, 1>, 1},
+    {"rms_norm_mul_f16", (const void *)k_rms_norm<T_F16, 1>, 1},
+    {"rms_norm_mul_bf16", (const void *)k_rms_norm<T_BF16, 1>, 1},
+    {"rms_norm_mul_add_f32", (const void *)k_rms_norm<T_F32, 2>, 1},
+    {"rms_norm_mul_add_f16", (const void *)k_rms_norm<T_F16, 2>, 1},
+    {"rms_norm_mul_add_bf16", (const void *)k_rms_norm<T_BF16, 2>, 1},
+    {"rms_norm_no_scale_f32", (const void *)k_rms_norm<T_F32, 3>, 1},
+    {"softmax_f32", (const void *)k_softmax, 1},
+    {nullptr, nullptr, 0},
+};

@@ -1,0 +1,43 @@
+// Rotary embeddings (f32), one thread per rotated pair, as the CPU kernels.
+#include "common.cuh"
+
+__global__ void k_rope(const mlxn_gpu_args a) {
+  uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, t = blockIdx.y * a.tg[1] + threadIdx.y;
+  float theta = arg_f32(a, 2, 0);
+  uint32_t hd = arg_u32(a, 2, 4), seq = arg_u32(a, 2, 8);
+  if (i >= hd / 2 || i >= a.grid[0] || t >= seq || t >= a.grid[1]) return;
+  float freq = powf(theta, -2.0f * (float)i / (float)hd);
+  float ang = (float)buf<const uint32_t>(a, 3)[t] * freq;
+  float c = cosf(ang), s = sinf(ang);
+  uint64_t j = (uint64_t)t * hd + 2 * i;
+  const float *in = buf<const float>(a, 0);
+  float x0 = in[j], x1 = in[j + 1];
+  float *out = buf<float>(a, 1);
+  out[j] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  out[j + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+__global__ void k_rope_neox(const mlxn_gpu_args a) {
+  uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
+  float theta = arg_f32(a, 2, 0);
+  uint32_t hd = arg_u32(a, 2, 4), rd = arg_u32(a, 2, 8), heads = arg_u32(a, 4, 0), has_ff = arg_u32(a, 4, 4);
+  uint32_t half = rd / 2;
+  if (i >= half || i >= a.grid[0] || r >= a.grid[1]) return;
+  float freq = powf(theta, -2.0f * (float)i / (float)rd);
+  if (has_ff) freq = freq / buf<const float>(a, 5)[i];
+  float ang = (float)buf<const uint32_t>(a, 3)[r / heads] * freq;
+  float c = cosf(ang), s = sinf(ang);
+  uint64_t row = (uint64_t)r * hd;
+  const float *in = buf<const float>(a, 0);
+  float *out = buf<float>(a, 1);
+  float x0 = in[row + i], x1 = in[row + i + half];
+  out[row + i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  out[row + i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  for (uint32_t d = rd + i; d < hd; d += half) out[row + d] = in[row + d]; // unrotated tail
+}
+
+extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[] = {
+    {"rope_f32", (const void *)k_rope, 0},
+    {"rope_neox_f32", (const void *)k_rope_neox, 0},
+    {nullptr, nullptr, 0},
+};

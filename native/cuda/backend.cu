@@ -1,0 +1,338 @@
+// CUDA backend: implements the core's hooks (native/core/internal.h) on the CUDA runtime.
+//
+// Memory: cudaMalloc (never managed memory), zero-filled; reads and writes copy. Execution: the
+// queue thread turns a decoded command buffer into a CUDA graph — every dispatch of a concurrent
+// group depends on an empty join node after the previous group, so independent dispatches run
+// concurrently and a barrier orders exactly what it must. Executable graphs are cached by
+// topology; a command buffer with a known topology updates only the nodes whose arguments changed
+// (cudaGraphExecKernelNodeSetParams) and relaunches. MLXN_FLAG_NO_GRAPHS launches the kernels in
+// order on the stream instead. Data-dependent kernel failures set a device fault word that the
+// host checks after each command buffer; CUDA errors carry their CUDA error names.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "../../kernels/cuda/common.cuh"
+
+#include "../mlxn.h"
+#include "cuda_api.h"
+
+extern const mlxn_cuda_kernel mlxn_cuda_elementwise_kernels[];
+extern const mlxn_cuda_kernel mlxn_cuda_norm_kernels[];
+extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[];
+extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[];
+extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[];
+
+static const mlxn_cuda_kernel *const families[] = {
+    mlxn_cuda_elementwise_kernels, mlxn_cuda_norm_kernels, mlxn_cuda_rope_kernels,
+    mlxn_cuda_matmul_kernels,      mlxn_cuda_attention_kernels,
+};
+
+static const mlxn_cuda_kernel *find_kernel(const char *name) {
+  for (const mlxn_cuda_kernel *f : families)
+    for (const mlxn_cuda_kernel *k = f; k->name; k++)
+      if (strcmp(k->name, name) == 0) return k;
+  return nullptr;
+}
+
+// The launch shape of one dispatch: what decides whether a cached graph can be reused.
+struct node_shape {
+  const void *func;
+  dim3 grid, block;
+  unsigned shared;
+  uint32_t group;
+  bool operator==(const node_shape &o) const {
+    return func == o.func && grid.x == o.grid.x && grid.y == o.grid.y && grid.z == o.grid.z &&
+           block.x == o.block.x && block.y == o.block.y && block.z == o.block.z && shared == o.shared &&
+           group == o.group;
+  }
+};
+
+struct cached_graph {
+  std::vector<node_shape> shape;
+  std::vector<mlxn_gpu_args> args; // the arguments each node currently holds
+  std::vector<cudaGraphNode_t> nodes;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  uint64_t last_used = 0;
+};
+
+struct cuda_state {
+  int ordinal = 0;
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  unsigned int *fault = nullptr; // device word: tag + 1 of a failed dispatch
+  std::vector<cached_graph> cache;
+  uint64_t uses = 0;
+  uint64_t graph_builds = 0, graph_updates = 0, graph_reuses = 0, node_updates = 0;
+};
+
+static const size_t CACHE_SIZE = 8;
+
+static int cuda_error(cudaError_t e, const char *what, char *err, size_t cap) {
+  snprintf(err, cap, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? MLXN_E_OUT_OF_MEMORY : MLXN_E_DEVICE;
+}
+
+extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    snprintf(err, cap, "no CUDA device: %s", e == cudaSuccess ? "none found" : cudaGetErrorName(e));
+    return MLXN_E_DEVICE;
+  }
+  cuda_state *s = new cuda_state();
+  if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaGetDeviceProperties(&s->prop, 0)) != cudaSuccess ||
+      (e = cudaStreamCreate(&s->stream)) != cudaSuccess || (e = cudaEventCreate(&s->start)) != cudaSuccess ||
+      (e = cudaEventCreate(&s->stop)) != cudaSuccess ||
+      (e = cudaMalloc(reinterpret_cast<void **>(&s->fault), sizeof(unsigned int))) != cudaSuccess ||
+      (e = cudaMemset(s->fault, 0, sizeof(unsigned int))) != cudaSuccess) {
+    int rc = cuda_error(e, "opening the CUDA device", err, cap);
+    delete s;
+    return rc;
+  }
+  *state = s;
+  return 0;
+}
+
+static void drop_graph(cached_graph &g) {
+  if (g.exec) cudaGraphExecDestroy(g.exec);
+  if (g.graph) cudaGraphDestroy(g.graph);
+  g.exec = nullptr;
+  g.graph = nullptr;
+}
+
+extern "C" void mlxn_cuda_close(void *state) {
+  cuda_state *s = static_cast<cuda_state *>(state);
+  if (!s) return;
+  cudaSetDevice(s->ordinal);
+  for (cached_graph &g : s->cache) drop_graph(g);
+  cudaFree(s->fault);
+  cudaEventDestroy(s->start);
+  cudaEventDestroy(s->stop);
+  cudaStreamDestroy(s->stream);
+  delete s;
+}
+
+extern "C" uint32_t mlxn_cuda_info(void *state, uint32_t flags, char *buf, uint32_t cap) {
+  cuda_state *s = static_cast<cuda_state *>(state);
+  return (uint32_t)snprintf(
+      buf, cap,
+      "{\"backend\":\"cuda\",\"name\":\"%s\",\"computeCapability\":\"%d.%d\",\"memoryBytes\":%zu,"
+      "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,\"maxSlots\":%d,"
+      "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"perDispatchTiming\":false,"
+      "\"graphBuilds\":%llu,\"graphReuses\":%llu,\"nodeUpdates\":%llu}",
+      s->prop.name, s->prop.major, s->prop.minor, s->prop.totalGlobalMem, MLXN_MAX_THREADS_PER_GROUP,
+      MLXN_MAX_TG_MEMORY, MLXN_MAX_INLINE_BYTES, MLXN_MAX_SLOTS, (flags & MLXN_FLAG_SERIAL) ? "true" : "false",
+      (flags & MLXN_FLAG_NO_GRAPHS) ? "false" : "true", (unsigned long long)s->graph_builds,
+      (unsigned long long)s->graph_reuses, (unsigned long long)s->node_updates);
+}
+
+extern "C" void *mlxn_cuda_alloc(uint64_t nbytes) {
+  void *p = nullptr;
+  if (cudaMalloc(&p, nbytes) != cudaSuccess) return nullptr;
+  if (cudaMemset(p, 0, nbytes) != cudaSuccess) { // zero-filled, like every backend
+    cudaFree(p);
+    return nullptr;
+  }
+  return p;
+}
+
+extern "C" void mlxn_cuda_free(void *mem) { cudaFree(mem); }
+
+extern "C" int mlxn_cuda_copy(uint8_t *mem, uint8_t *host, uint64_t len, int to_device, char *err, size_t cap) {
+  // Plain cudaMemcpy orders after the work already queued on the (blocking) stream.
+  cudaError_t e = to_device ? cudaMemcpy(mem, host, len, cudaMemcpyHostToDevice)
+                            : cudaMemcpy(host, mem, len, cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? 0 : cuda_error(e, to_device ? "buffer write" : "buffer read", err, cap);
+}
+
+extern "C" int mlxn_cuda_has_kernel(const char *name) { return find_kernel(name) != nullptr; }
+
+// The outcome of running one command buffer.
+struct run_status {
+  int code = 0;
+  char *err;
+  size_t cap;
+};
+
+static bool cuda_ok(cudaError_t e, run_status &st, const char *what) {
+  if (e == cudaSuccess) return true;
+  if (st.code == 0) {
+    st.code = MLXN_E_EXECUTION;
+    snprintf(st.err, st.cap, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return false;
+}
+
+// Packs a decoded dispatch into the kernel's argument block.
+static bool pack_args(const mlxn_cuda_dispatch &d, const cuda_state *s, mlxn_gpu_args &g, run_status &st) {
+  memset(&g, 0, sizeof g);
+  uint32_t used = 0, nslots = (uint32_t)strlen(d.signature);
+  for (uint32_t i = 0; i < nslots && i < MLXN_GPU_SLOTS; i++) {
+    g.len[i] = d.len[i];
+    if (d.signature[i] == 'c') {
+      uint32_t n = (uint32_t)d.len[i], at = (used + 15u) & ~15u;
+      if (at + n > MLXN_GPU_BYTES) {
+        st.code = MLXN_E_UNSUPPORTED;
+        snprintf(st.err, st.cap, "kernel %s: more than %d bytes of inline constants", d.kernel, MLXN_GPU_BYTES);
+        return false;
+      }
+      memcpy(g.bytes + at, d.ptr[i], n);
+      g.boff[i] = at;
+      used = at + n;
+    } else {
+      g.ptr[i] = reinterpret_cast<unsigned long long>(d.ptr[i]);
+    }
+  }
+  for (int i = 0; i < 3; i++) {
+    g.grid[i] = d.grid[i];
+    g.tg[i] = d.tg[i];
+    g.groups[i] = d.groups[i];
+  }
+  g.tag = d.tag;
+  g.fault = reinterpret_cast<unsigned long long>(s->fault);
+  return true;
+}
+
+static node_shape shape_of(const mlxn_cuda_dispatch &d) {
+  const mlxn_cuda_kernel *k = find_kernel(d.kernel);
+  unsigned threads = d.tg[0] * d.tg[1] * d.tg[2];
+  unsigned shared = d.tg_memory;
+  if (k->shared_floats_per_thread) { // the kernel reduces through shared memory: make sure it fits
+    unsigned need = threads * 4u * (unsigned)k->shared_floats_per_thread;
+    if (shared < need) shared = need;
+  }
+  return node_shape{k->func, dim3(d.groups[0], d.groups[1], d.groups[2]), dim3(d.tg[0], d.tg[1], d.tg[2]), shared,
+                    d.group};
+}
+
+static cudaKernelNodeParams node_params(const node_shape &sh, mlxn_gpu_args *args, void **slot) {
+  cudaKernelNodeParams p{};
+  p.func = const_cast<void *>(sh.func);
+  p.gridDim = sh.grid;
+  p.blockDim = sh.block;
+  p.sharedMemBytes = sh.shared;
+  *slot = args;
+  p.kernelParams = slot;
+  return p;
+}
+
+// Builds and instantiates a graph for this topology.
+static bool build_graph(cached_graph &g, run_status &cb) {
+  if (!cuda_ok(cudaGraphCreate(&g.graph, 0), cb, "cudaGraphCreate")) return false;
+  g.nodes.assign(g.shape.size(), nullptr);
+  cudaGraphNode_t join = nullptr;
+  std::vector<cudaGraphNode_t> group_nodes;
+  uint32_t group = 0;
+  for (size_t i = 0; i < g.shape.size(); i++) {
+    if (g.shape[i].group != group) { // a barrier: everything of the previous group joins first
+      if (!cuda_ok(cudaGraphAddEmptyNode(&join, g.graph, group_nodes.data(), group_nodes.size()), cb,
+                   "cudaGraphAddEmptyNode"))
+        return false;
+      group_nodes.clear();
+      group = g.shape[i].group;
+    }
+    void *slot;
+    cudaKernelNodeParams p = node_params(g.shape[i], &g.args[i], &slot);
+    if (!cuda_ok(cudaGraphAddKernelNode(&g.nodes[i], g.graph, join ? &join : nullptr, join ? 1 : 0, &p), cb,
+                 "cudaGraphAddKernelNode"))
+      return false;
+    group_nodes.push_back(g.nodes[i]);
+  }
+  return cuda_ok(cudaGraphInstantiate(&g.exec, g.graph, 0), cb, "cudaGraphInstantiate");
+}
+
+static void run_graph(cuda_state *s, run_status &cb, const std::vector<node_shape> &shape,
+                      std::vector<mlxn_gpu_args> &args) {
+  cached_graph *hit = nullptr;
+  for (cached_graph &g : s->cache)
+    if (g.exec && g.shape.size() == shape.size() && g.shape == shape) hit = &g;
+  if (hit) {
+    // Same topology: only nodes whose arguments changed are updated in place.
+    for (size_t i = 0; i < shape.size(); i++) {
+      if (memcmp(&hit->args[i], &args[i], sizeof(mlxn_gpu_args)) == 0) continue;
+      hit->args[i] = args[i];
+      void *slot;
+      cudaKernelNodeParams p = node_params(shape[i], &hit->args[i], &slot);
+      if (!cuda_ok(cudaGraphExecKernelNodeSetParams(hit->exec, hit->nodes[i], &p), cb, "cudaGraphExecKernelNodeSetParams"))
+        return;
+      s->node_updates++;
+    }
+    s->graph_reuses++;
+  } else {
+    cached_graph *slot = nullptr;
+    if (s->cache.size() < CACHE_SIZE) {
+      s->cache.emplace_back();
+      slot = &s->cache.back();
+    } else { // evict the least recently used
+      slot = &s->cache[0];
+      for (cached_graph &g : s->cache)
+        if (g.last_used < slot->last_used) slot = &g;
+      drop_graph(*slot);
+    }
+    slot->shape = shape;
+    slot->args = args;
+    if (!build_graph(*slot, cb)) {
+      drop_graph(*slot);
+      slot->shape.clear();
+      return;
+    }
+    s->graph_builds++;
+    hit = slot;
+  }
+  hit->last_used = ++s->uses;
+  cuda_ok(cudaGraphLaunch(hit->exec, s->stream), cb, "cudaGraphLaunch");
+}
+
+extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
+                             uint32_t *failed, char *err, size_t cap) {
+  cuda_state *s = static_cast<cuda_state *>(state);
+  run_status st;
+  st.err = err;
+  st.cap = cap;
+  err[0] = 0;
+  *gpu_ns = 0;
+  cudaSetDevice(s->ordinal);
+  std::vector<node_shape> shape(n);
+  std::vector<mlxn_gpu_args> args(n);
+  for (uint32_t i = 0; i < n; i++) {
+    if (!pack_args(d[i], s, args[i], st)) return st.code;
+    shape[i] = shape_of(d[i]);
+  }
+  if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;
+  if (n > 0) {
+    if (flags & MLXN_FLAG_NO_GRAPHS) { // plain in-order launches: every dispatch serialised
+      for (uint32_t i = 0; i < n && st.code == 0; i++) {
+        void *slot;
+        cudaKernelNodeParams p = node_params(shape[i], &args[i], &slot);
+        cuda_ok(cudaLaunchKernel(p.func, p.gridDim, p.blockDim, p.kernelParams, p.sharedMemBytes, s->stream), st,
+                "cudaLaunchKernel");
+      }
+    } else {
+      run_graph(s, st, shape, args);
+    }
+  }
+  cuda_ok(cudaEventRecord(s->stop, s->stream), st, "cudaEventRecord");
+  cuda_ok(cudaEventSynchronize(s->stop), st, "executing the command buffer");
+  float ms = 0.0f;
+  if (st.code == 0 && cudaEventElapsedTime(&ms, s->start, s->stop) == cudaSuccess) *gpu_ns = (uint64_t)(ms * 1e6);
+  unsigned int fault = 0;
+  if (cuda_ok(cudaMemcpy(&fault, s->fault, sizeof fault, cudaMemcpyDeviceToHost), st, "reading the fault word") &&
+      fault != 0) {
+    cudaMemset(s->fault, 0, sizeof fault);
+    uint32_t tag = fault - 1, index = 0;
+    while (index < n && d[index].tag != tag) index++;
+    *failed = index;
+    if (st.code == 0) {
+      st.code = MLXN_E_EXECUTION;
+      snprintf(err, cap, "dispatch %u (tag %u, kernel %s) failed while executing", index, tag,
+               index < n ? d[index].kernel : "?");
+    }
+  }
+  return st.code;
+}

@@ -1,0 +1,90 @@
+/* CUDA backend, C side: implements the core's hooks by translating its structures into the plain
+ * data of cuda_api.h (the CUDA C++ side cannot include the core's C11 atomics). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+#include "cuda_api.h"
+
+int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
+  (void)threads;
+  char err[512];
+  int rc = mlxn_cuda_open(&dev->backend, err, sizeof err);
+  if (rc != 0) return mlxn_set_error(rc, "%s", err), -1;
+  return 0;
+}
+
+void mlxn_backend_close(mlxn_device *dev) {
+  mlxn_cuda_close(dev->backend);
+  dev->backend = NULL;
+}
+
+uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
+  return mlxn_cuda_info(dev->backend, dev->flags, buf, cap);
+}
+
+void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes) {
+  (void)dev;
+  return mlxn_cuda_alloc(nbytes);
+}
+
+void mlxn_backend_free(mlxn_device *dev, void *mem) {
+  (void)dev;
+  mlxn_cuda_free(mem);
+}
+
+int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device) {
+  (void)dev;
+  char err[512];
+  int rc = mlxn_cuda_copy(mem, host, len, to_device, err, sizeof err);
+  return rc == 0 ? MLXN_OK : mlxn_set_error(rc, "%s", err);
+}
+
+int mlxn_backend_host_visible(mlxn_device *dev) {
+  (void)dev;
+  return 0;
+}
+
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
+  (void)dev;
+  return mlxn_cuda_has_kernel(k->name);
+}
+
+void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  cb->t_start = mlxn_now_ns();
+  mlxn_cuda_dispatch *ds = calloc(cb->n_dispatches ? cb->n_dispatches : 1, sizeof *ds);
+  if (!ds) {
+    cb->error_code = MLXN_E_OUT_OF_MEMORY;
+    strcpy(cb->error, "out of memory while launching the command buffer");
+    cb->t_end = mlxn_now_ns();
+    return;
+  }
+  for (uint32_t g = 0, i = 0; g < cb->n_groups; g++) {
+    uint32_t end = g + 1 < cb->n_groups ? cb->group_starts[g + 1] : cb->n_dispatches;
+    for (; i < end; i++) {
+      const decoded_dispatch *d = &cb->dispatches[i];
+      mlxn_cuda_dispatch *o = &ds[i];
+      o->kernel = d->kernel->name;
+      o->signature = d->kernel->signature;
+      for (int s = 0; s < MLXN_CUDA_SLOTS && s < MLXN_CPU_KERNEL_SLOTS; s++) {
+        o->ptr[s] = d->args.ptr[s];
+        o->len[s] = d->args.len[s];
+      }
+      for (int k = 0; k < 3; k++) {
+        o->grid[k] = d->args.grid[k];
+        o->tg[k] = d->args.tg[k];
+        o->groups[k] = d->args.groups[k];
+      }
+      o->tg_memory = d->args.tg_memory;
+      o->tag = d->tag;
+      o->group = g;
+    }
+  }
+  uint64_t gpu_ns = 0;
+  uint32_t failed = UINT32_MAX;
+  int rc = mlxn_cuda_run(dev->backend, dev->flags, ds, cb->n_dispatches, &gpu_ns, &failed, cb->error, sizeof cb->error);
+  free(ds);
+  if (rc != 0) cb->error_code = rc;
+  cb->t_end = cb->t_start + gpu_ns;
+}
