@@ -12,8 +12,11 @@
  * dense bf16 lm-head. Weights are Q4_0 or MLX 4-bit.
  *
  *   deno run --allow-ffi --allow-read --allow-env examples/decode.ts [--layers 4] [--hidden 512]
- *     [--heads 8] [--kv-heads 2] [--ffn 1408] [--vocab 2048] [--tokens 16] [--quant q4_0|mlx4]
+ *     [--heads 8] [--kv-heads 2] [--ffn 1408] [--vocab 2048] [--tokens 16] [--ctx tokens]
+ *     [--warmup 0] [--quant q4_0|mlx4|bf16] [--modes direct/hand,direct/auto,recorded/opt]
  *     [--backend cpu|cuda|metal] [--trace file.json (needs --allow-write)]
+ *
+ * bf16 weights use dense matmuls with synthetic random values (made fast, for large shapes).
  */
 import { parseArgs } from "node:util";
 import {
@@ -41,6 +44,9 @@ const { values: a } = parseArgs({
     ffn: { type: "string", default: "1408" },
     vocab: { type: "string", default: "2048" },
     tokens: { type: "string", default: "16" },
+    ctx: { type: "string" },
+    warmup: { type: "string", default: "0" },
+    modes: { type: "string", default: "direct/hand,direct/auto,recorded/opt" },
     quant: { type: "string", default: "q4_0" },
     backend: { type: "string" },
     trace: { type: "string" },
@@ -56,7 +62,9 @@ const cfg = {
   vocab: Number(a.vocab),
   tokens: Number(a.tokens),
 };
-const quant = a.quant as "q4_0" | "mlx4";
+const quant = a.quant as "q4_0" | "mlx4" | "bf16";
+const warmup = Number(a.warmup);
+const ctx = a.ctx !== undefined ? Number(a.ctx) : cfg.tokens + warmup;
 const headDim = cfg.hidden / cfg.heads;
 const problems = [
   ...Object.entries(cfg).filter(([, v]) => !Number.isInteger(v) || v <= 0).map(([k]) =>
@@ -66,7 +74,9 @@ const problems = [
     ? []
     : ["hidden / heads must be 64, 128, 256 or 512"]),
   ...(cfg.heads % cfg.kvHeads === 0 ? [] : ["kv-heads must divide heads"]),
-  ...(quant === "q4_0" || quant === "mlx4" ? [] : ["quant must be q4_0 or mlx4"]),
+  ...(quant === "q4_0" || quant === "mlx4" || quant === "bf16" ? [] : ["quant must be q4_0, mlx4 or bf16"]),
+  ...(Number.isInteger(warmup) && warmup >= 0 ? [] : ["warmup must be a non-negative integer"]),
+  ...(Number.isInteger(ctx) && ctx >= cfg.tokens + warmup ? [] : ["ctx must hold warmup + tokens positions"]),
   ...(cfg.hidden % 64 === 0 && cfg.ffn % 64 === 0 ? [] : ["hidden and ffn must be multiples of 64"]),
 ];
 if (problems.length) {
@@ -81,7 +91,8 @@ const exec = new GraphExecutor(device);
 console.log(`device: ${device.info.name} — ${device.backend} backend (${device.libraryPath})`);
 console.log(
   `model: ${cfg.layers} layers, hidden ${cfg.hidden} (${cfg.heads} heads × ${headDim}, ${cfg.kvHeads} kv heads), ` +
-    `ffn ${cfg.ffn}, vocab ${cfg.vocab}, ${quant} weights; ${cfg.tokens} tokens per mode\n`,
+    `ffn ${cfg.ffn}, vocab ${cfg.vocab}, ctx ${ctx}, ${quant} weights; ${cfg.tokens} tokens per mode` +
+    (warmup ? ` after ${warmup} warm-up tokens` : "") + "\n",
 );
 
 let seed = Number(a.seed) >>> 0;
@@ -97,7 +108,21 @@ interface Linear {
   k: number;
   run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
 }
+/** Random bf16 values of scale ~1/√k, generated as bits (fast enough for billions of weights). */
+function randomBf16(count: number, k: number): Uint16Array {
+  const table = new Uint16Array(new Float32Array(rand(4096, 1 / Math.sqrt(k))).buffer.slice(0)).filter((_, i) =>
+    i % 2 === 1
+  );
+  const out = new Uint16Array(count);
+  for (let i = 0; i < count; i++) out[i] = table[(Math.imul(i, 2654435761) >>> 20) & 2047];
+  return out;
+}
+
 function linear(n: number, k: number): Linear {
+  if (quant === "bf16") {
+    const buf = device.upload(randomBf16(n * k, k), DType.BF16);
+    return { n, k, run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k }) };
+  }
   const w = rand(n * k, 1 / Math.sqrt(k));
   if (quant === "q4_0") {
     const buf = device.upload(quantizeGgml(w, n, k, "q4_0"));
@@ -113,7 +138,6 @@ function linear(n: number, k: number): Linear {
 }
 
 const { hidden, heads, kvHeads, ffn, vocab } = cfg;
-const ctx = cfg.tokens;
 const f32 = (n: number) => device.alloc(n * 4, DType.F32);
 const layers = Array.from({ length: cfg.layers }, () => ({
   attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
@@ -130,7 +154,7 @@ const layers = Array.from({ length: cfg.layers }, () => ({
 }));
 const embedding = rand(vocab * hidden, 1);
 const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
-const lmHead = device.upload(rand(vocab * hidden, 1 / Math.sqrt(hidden)), DType.BF16);
+const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
 const ones = device.upload(new Float32Array(hidden).fill(1));
 const act = {
   x: f32(hidden),
@@ -256,8 +280,24 @@ function run(mode: Mode): Result {
     reordered: 0,
   };
   let token = 1;
-  const t0 = performance.now();
-  for (let pos = 0; pos < cfg.tokens; pos++) {
+  let t0 = performance.now();
+  for (let pos = 0; pos < cfg.tokens + warmup; pos++) {
+    if (pos === warmup) { // only tokens after the warm-up are measured and compared
+      t0 = performance.now();
+      counters.reset();
+      Object.assign(r, {
+        tokens: [],
+        logits: [],
+        encodeNs: 0,
+        gpuNs: 0,
+        dispatches: 0,
+        barriers: 0,
+        groups: 0,
+        commandBuffers: 0,
+        fusions: 0,
+        reordered: 0,
+      });
+    }
     act.x.write(embedding.subarray(token * hidden, (token + 1) * hidden));
     act.pos.write(new Uint32Array([pos]));
     const s = mode.recorded ? exec.beginRecorded() : exec.begin({ autoBarriers: mode.auto });
@@ -279,7 +319,7 @@ function run(mode: Mode): Result {
     r.commandBuffers += rep.barriers.length;
     r.fusions += rep.fusions;
     r.reordered += rep.reordered;
-    if (interactive) progress(`\r${mode.name.padEnd(13)} token ${pos + 1}/${cfg.tokens}   `);
+    if (interactive) progress(`\r${mode.name.padEnd(13)} token ${pos + 1}/${cfg.tokens + warmup}   `);
   }
   r.wallMs = performance.now() - t0;
   if (!interactive) progress(`${mode.name}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
@@ -297,7 +337,12 @@ function bounds(): { plain: number; fused: number } {
   return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
 }
 
-const results = modes.map((m) => [m, run(m)] as const);
+const wanted = new Set(a.modes.split(","));
+const results = modes.filter((m) => wanted.has(m.name)).map((m) => [m, run(m)] as const);
+if (results.length === 0) {
+  console.error(`decode: --modes must name some of ${modes.map((m) => m.name).join(", ")}`);
+  Deno.exit(2);
+}
 if (interactive) progress("\r" + " ".repeat(40) + "\r");
 const bound = bounds();
 const [, ref] = results[0];
@@ -321,7 +366,7 @@ for (const [m, r] of results) {
     "fusions/token": r.fusions / n,
     "reordered/token": r.reordered / n,
     "mean group size": +(r.dispatches / r.groups).toFixed(2),
-    "max |Δ logits| vs direct/hand": maxDiff,
+    [`max |Δ logits| vs ${results[0][0].name}`]: maxDiff,
     "same tokens": sameTokens ? "yes" : "NO",
   };
 }

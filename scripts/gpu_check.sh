@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The CUDA backend's acceptance run, on a machine with an NVIDIA GPU (see shared/device/README.md):
+# builds, runs the whole suite on CUDA, the demo in its three modes, the decode step at PyTorch's
+# shapes (bf16, concurrency on and off), the submit-cost benchmark, and the PyTorch anchor when a
+# copy of it is at .device/torch_decode.py. Logs go to $OUT (default build/gpu-logs).
+set -uo pipefail
+OUT=${OUT:-build/gpu-logs}
+mkdir -p "$OUT"
+export CC=${CC:-gcc}
+run() { # name, command…: logs stdout+stderr, records the exit code
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$OUT/summary.txt"
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "   exit $rc in $((SECONDS - t0)) s; last line: $(tail -n 1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+run build make native cuda
+run tests env MLXN_BACKEND=cuda bash scripts/test.sh
+BIG="--layers 32 --hidden 2048 --heads 16 --kv-heads 4 --ffn 5632 --vocab 32000 --ctx 512 --quant bf16"
+run demo deno run --allow-ffi --allow-read --allow-env examples/decode.ts --backend cuda
+run decode_big deno run --allow-ffi --allow-read --allow-env examples/decode.ts --backend cuda $BIG --tokens 50 --warmup 5
+run decode_big_serial env MLXN_CONCURRENCY=0 deno run --allow-ffi --allow-read --allow-env examples/decode.ts \
+  --backend cuda $BIG --tokens 20 --warmup 3 --modes recorded/opt,direct/auto
+run decode_big_nographs env MLXN_CUDA_GRAPHS=0 deno run --allow-ffi --allow-read --allow-env examples/decode.ts \
+  --backend cuda $BIG --tokens 20 --warmup 3 --modes direct/auto
+run gpu_bench deno run --allow-ffi --allow-read --allow-env bench/gpu_bench.ts
+if [ -f .device/torch_decode.py ]; then run torch python3 .device/torch_decode.py; fi
+cat "$OUT/summary.txt"
