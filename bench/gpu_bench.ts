@@ -15,10 +15,11 @@ const N = 512, REPS = 200;
 
 function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "args") {
   const registry = device.kernels;
-  const bufs = Array.from({ length: 33 }, () => device.alloc(4096 * 4, DType.F32));
+  const bufs = Array.from({ length: 33 }, () => device.alloc(8192 * 4, DType.F32));
   const run = (iter: number) => {
     const enc = device.commandEncoder();
-    const n = vary === "topology" ? 1024 + 32 * (iter % 16) : 1024; // 16 shapes > 8 cache entries
+    // 16 distinct grid sizes (256-thread groups) > 8 cache entries: every command buffer misses.
+    const n = vary === "topology" ? 256 * (4 + (iter % 16)) : 1024;
     for (let i = 0; i < N; i++) {
       const chain = i % 2 === 0;
       const src = bufs[(i >> 1) % 32], dst = bufs[((i >> 1) + 1) % 32];
@@ -51,7 +52,7 @@ function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "a
     hostUsPerDispatch: +(((perCb.wallMs - perCb.gpuMs) * 1000) / N).toFixed(3),
     nativeUsPerDispatch: +(((perCb.submitAndWaitMs - perCb.gpuMs) * 1000) / N).toFixed(3),
     encodeUsPerDispatch: +(((perCb.wallMs - perCb.submitAndWaitMs) * 1000) / N).toFixed(3),
-    info: device.info,
+    counters: device.queryInfo(),
   }));
   for (const b of bufs) b.dispose();
 }

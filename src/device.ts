@@ -200,6 +200,12 @@ export class MlxDevice {
     };
   }
 
+  /** Reads the device's self-description again (backends report live counters in it). */
+  queryInfo(): DeviceInfo {
+    const ptr = this.devicePtr();
+    return JSON.parse(readText((b, cap) => this.sym.mlxn_device_info(ptr, b, cap))) as DeviceInfo;
+  }
+
   /** Backend of this device. */
   get backend(): BackendName {
     return this.info.backend;
