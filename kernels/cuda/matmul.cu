@@ -20,18 +20,28 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args a) {
   float acc = 0.0f;
   bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
   if (T == T_BF16 && k % 8 == 0 && aligned) {
-    // 8 bf16 weights (16 B) and 8 inputs per lane per step: coalesced wide loads.
+    // 8 bf16 weights (16 B) and 8 inputs per lane per step, two steps in flight (two independent
+    // accumulators) so each lane keeps more loads outstanding: the product is bandwidth-bound.
     const uint4 *w4 = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(w) + wrow);
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    for (uint32_t c = lane; c < k / 8; c += 32) {
+    const uint32_t chunks = k / 8;
+    float acc1 = 0.0f;
+    auto step = [&](uint32_t c, float &sum) {
       uint4 wv = w4[c];
       float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
       const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv);
       float2 w01 = __bfloat1622float2(p[0]), w23 = __bfloat1622float2(p[1]);
       float2 w45 = __bfloat1622float2(p[2]), w67 = __bfloat1622float2(p[3]);
-      acc += x0.x * w01.x + x0.y * w01.y + x0.z * w23.x + x0.w * w23.y;
-      acc += x1.x * w45.x + x1.y * w45.y + x1.z * w67.x + x1.w * w67.y;
+      sum += x0.x * w01.x + x0.y * w01.y + x0.z * w23.x + x0.w * w23.y;
+      sum += x1.x * w45.x + x1.y * w45.y + x1.z * w67.x + x1.w * w67.y;
+    };
+    uint32_t c = lane;
+    for (; c + 32 < chunks; c += 64) {
+      step(c, acc);
+      step(c + 32, acc1);
     }
+    if (c < chunks) step(c, acc);
+    acc += acc1;
   } else {
     for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
   }
