@@ -1,11 +1,12 @@
 /**
  * Graph-engine costs on the CPU backend: one command buffer for a whole pass vs one per op (the
- * seed's 120-op measurement), encode cost per dispatch direct / captured / replayed, the conflict
- * tracker per check, and the passes on a decode-shaped graph.
+ * seed's 120-op measurement); on the demo's own decode step, encode cost direct / captured /
+ * replayed and the passes; barrier overhead (manual / auto / elided); the tracker by group size.
  *
  *   deno bench --allow-ffi --allow-read --allow-env bench/graph_bench.ts
  */
-import { ComputeGraph, ConflictTracker, DType, GraphExecutor, MlxDevice } from "../mod.ts";
+import { barrierLowerBound, ComputeGraph, ConflictTracker, DType, GraphExecutor, MlxDevice } from "../mod.ts";
+import { createLlama } from "../examples/llama.ts";
 import type { MemRange } from "../src/graph/ranges.ts";
 
 const device = MlxDevice.open();
@@ -27,61 +28,68 @@ Deno.bench("120 adds, 120 command buffers", { group: "batching" }, () => {
   }
 });
 
-// A decode-shaped graph: per layer norm → barrier → mul → barrier → add, plus independent work.
-const dim = 64, rows = 16, layers = 32;
-const bufs = Array.from({ length: 8 }, () => device.alloc(rows * dim * 4, DType.F32));
-const w = device.alloc(dim * 4, DType.F32);
-function layerPass(s: ReturnType<GraphExecutor["begin"]>) {
-  for (let l = 0; l < layers; l++) {
-    s.rmsNorm(bufs[0], w, bufs[1], { rows, dim, eps: 1e-5 });
-    s.barrier();
-    s.elementwiseMul(bufs[1], bufs[2], bufs[3]);
-    s.barrier();
-    s.elementwiseAdd(bufs[3], bufs[0], bufs[0]);
-    s.gelu(bufs[4 + (l % 4)], bufs[4 + ((l + 1) % 4)]);
-    s.barrier();
-  }
-}
+// The demo's own decode graph (examples/decode.ts defaults: 4 layers, hidden 512, Q4_0), one step.
+const model = createLlama(device, {
+  layers: 4,
+  hidden: 512,
+  heads: 8,
+  kvHeads: 2,
+  ffn: 1408,
+  vocab: 2048,
+  ctx: 16,
+  quant: "q4_0",
+  seed: 1234,
+});
+const demoStep = (s: ReturnType<GraphExecutor["begin"]>) => model.step(s, 3, () => s.barrier());
 const recordedNodes = (() => {
   const s = exec.beginRecorded();
-  layerPass(s);
+  demoStep(s);
   const nodes = s.encoder.takeCapture()!;
   s.dispose();
   return nodes;
 })();
+const demoDispatches = recordedNodes.filter((n) => n.kind === "dispatch").length;
 
-Deno.bench(`capture ${recordedNodes.length} nodes (no execution)`, { group: "encode" }, () => {
+Deno.bench(`demo step: capture ${recordedNodes.length} nodes (no execution)`, { group: "encode" }, () => {
   const s = exec.beginRecorded();
-  layerPass(s);
+  demoStep(s);
   s.encoder.takeCapture();
   s.dispose();
 });
 
-Deno.bench(`direct encode ${layers * 4} dispatches (no execution)`, { group: "encode", baseline: true }, () => {
-  const s = exec.begin();
-  layerPass(s);
-  s.encoder.flush();
-  s.dispose();
-});
+Deno.bench(
+  `demo step: direct encode ${demoDispatches} dispatches (no execution)`,
+  { group: "encode", baseline: true },
+  () => {
+    const s = exec.begin();
+    demoStep(s);
+    s.encoder.flush();
+    s.dispose();
+  },
+);
 
-Deno.bench(`replay the recorded graph with recomputed barriers (no execution)`, { group: "encode" }, () => {
+Deno.bench("demo step: replay the recorded graph, barriers recomputed (no execution)", { group: "encode" }, () => {
   const enc = device.commandEncoder();
   new ComputeGraph(recordedNodes).encodeWithBarriers(enc);
   enc.flush();
   enc.dispose();
 });
 
-Deno.bench("fuse pass", { group: "passes" }, () => {
+Deno.bench("demo step: fuse pass", { group: "passes" }, () => {
   new ComputeGraph(recordedNodes).fuse();
 });
 
-Deno.bench("reorder pass", { group: "passes" }, () => {
+Deno.bench("demo step: reorder pass", { group: "passes" }, () => {
   new ComputeGraph(recordedNodes).reorder();
 });
 
-Deno.bench("fuse + reorder + finish (executes)", { group: "passes" }, () => {
+Deno.bench("demo step: dependency depth (barrier lower bound)", { group: "passes" }, () => {
+  barrierLowerBound(recordedNodes);
+});
+
+Deno.bench("demo step: recorded + fuse + reorder + dual buffer, executed", { group: "passes" }, () => {
   const s = exec.beginRecorded();
-  layerPass(s);
+  demoStep(s);
   s.finish({ fuse: true, reorder: true, dualBuffer: true });
 });
 

@@ -1,0 +1,195 @@
+/**
+ * A llama-style decoder with random weights (fixed seed), for the demo and the benchmarks: per layer
+ * RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), Q/K/V projections,
+ * NeoX rope, K/V appended to the cache, flash attention (split + reduce), output projection,
+ * residual add, RMS_NORM → MUL, SwiGLU FFN, residual add; then the final norm and a dense bf16
+ * lm-head. Weights: Q4_0, MLX 4-bit, or bf16 (dense; synthetic values made fast for large shapes).
+ *
+ * @module
+ */
+import { DType, type GraphSession, type MlxBuffer, type MlxDevice, ops, quantizeAffine, quantizeGgml } from "../mod.ts";
+
+/** Shape and weight format of the model. */
+export interface LlamaConfig {
+  layers: number;
+  hidden: number;
+  heads: number;
+  kvHeads: number;
+  ffn: number;
+  vocab: number;
+  /** KV-cache positions. */
+  ctx: number;
+  quant: "q4_0" | "mlx4" | "bf16";
+  seed: number;
+}
+
+/** A model on a device: `step` encodes one decode step into a session. */
+export interface Llama {
+  readonly cfg: LlamaConfig;
+  readonly headDim: number;
+  /** The f32 embedding table on the host (rows are written into `x` per token). */
+  readonly embedding: Float32Array;
+  /** Activations: `x` is the residual stream, `logits` the output, `pos` the position (u32). */
+  readonly act: Record<string, MlxBuffer>;
+  /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
+  step(s: GraphSession, pos: number, barrier: () => void): void;
+  /** Zeroes the KV caches. */
+  resetCache(): void;
+}
+
+/** Builds the model's weights and activations on `device`. */
+export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
+  const { hidden, heads, kvHeads, ffn, vocab, ctx, quant } = cfg;
+  const headDim = hidden / heads;
+  let seed = cfg.seed >>> 0;
+  const rand = (n: number, scale: number) =>
+    Float32Array.from(
+      { length: n },
+      () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32 * 2 - 1) * scale,
+    );
+
+  /** A projection y = x · Wᵀ, W [n, k], in the chosen quantized format. */
+  interface Linear {
+    n: number;
+    k: number;
+    run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
+  }
+  /** Random bf16 values of scale ~1/√k, generated as bits (fast enough for billions of weights). */
+  function randomBf16(count: number, k: number): Uint16Array {
+    const table = new Uint16Array(new Float32Array(rand(4096, 1 / Math.sqrt(k))).buffer.slice(0)).filter((_, i) =>
+      i % 2 === 1
+    );
+    const out = new Uint16Array(count);
+    for (let i = 0; i < count; i++) out[i] = table[(Math.imul(i, 2654435761) >>> 20) & 2047];
+    return out;
+  }
+
+  function linear(n: number, k: number): Linear {
+    if (quant === "bf16") {
+      const buf = device.upload(randomBf16(n * k, k), DType.BF16);
+      return { n, k, run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k }) };
+    }
+    const w = rand(n * k, 1 / Math.sqrt(k));
+    if (quant === "q4_0") {
+      const buf = device.upload(quantizeGgml(w, n, k, "q4_0"));
+      return { n, k, run: (s, x, y) => s.quantizedMatmulGgml(x, buf, y, { m: 1, n, k, format: "q4_0" }) };
+    }
+    const q = quantizeAffine(w, n, k, 4, 64);
+    const [qw, sc, bi] = [
+      device.upload(q.weights),
+      device.upload(q.scales, DType.BF16),
+      device.upload(q.biases, DType.BF16),
+    ];
+    return { n, k, run: (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, { m: 1, n, k, bits: 4, groupSize: 64 }) };
+  }
+
+  const f32 = (n: number) => device.alloc(n * 4, DType.F32);
+  const layers = Array.from({ length: cfg.layers }, () => ({
+    attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
+    ffnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
+    wq: linear(heads * headDim, hidden),
+    wk: linear(kvHeads * headDim, hidden),
+    wv: linear(kvHeads * headDim, hidden),
+    wo: linear(hidden, heads * headDim),
+    wg: linear(ffn, hidden),
+    wu: linear(ffn, hidden),
+    wd: linear(hidden, ffn),
+    kCache: f32(kvHeads * ctx * headDim),
+    vCache: f32(kvHeads * ctx * headDim),
+  }));
+  const embedding = rand(vocab * hidden, 1);
+  const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
+  const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
+  const ones = device.upload(new Float32Array(hidden).fill(1));
+  const act = {
+    x: f32(hidden),
+    t: f32(hidden),
+    h: f32(hidden),
+    q: f32(heads * headDim),
+    k: f32(kvHeads * headDim),
+    v: f32(kvHeads * headDim),
+    qr: f32(heads * headDim),
+    kr: f32(kvHeads * headDim),
+    attn: f32(heads * headDim),
+    o: f32(hidden),
+    g: f32(ffn),
+    u: f32(ffn),
+    gs: f32(ffn),
+    ff: f32(ffn),
+    d: f32(hidden),
+    logits: f32(vocab),
+    tmp: device.alloc(ops.flashAttnVecScratchBytes({ nHeads: heads, headDim: headDim as 64 }), DType.F32),
+    pos: device.alloc(4, DType.U32),
+  };
+
+  // ---- one token ----------------------------------------------------------------------------------
+
+  /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
+  function step(s: GraphSession, pos: number, barrier: () => void): void {
+    const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
+    for (const L of layers) {
+      barrier();
+      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 }); // RMS_NORM …
+      barrier();
+      s.elementwiseMul(act.t, L.attnNorm, act.h); // … then MUL(weight): the fusion pattern
+      barrier();
+      L.wq.run(s, act.h, act.q);
+      L.wk.run(s, act.h, act.k);
+      L.wv.run(s, act.h, act.v);
+      barrier();
+      s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
+      s.ropeNeox(act.k, act.kr, act.pos, { ...rope, nHeads: kvHeads });
+      const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+      s.stridedCopy(act.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
+      barrier();
+      s.stridedCopy(act.kr, row(L.kCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
+      barrier();
+      s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
+        nHeads: heads,
+        nKvHeads: kvHeads,
+        headDim: headDim as 64,
+        kvSeqLen: pos + 1,
+        kvCapacity: ctx,
+      });
+      barrier();
+      L.wo.run(s, act.attn, act.o);
+      barrier();
+      s.elementwiseAdd(act.x, act.o, act.x);
+      barrier();
+      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+      barrier();
+      s.elementwiseMul(act.t, L.ffnNorm, act.h);
+      barrier();
+      L.wg.run(s, act.h, act.g);
+      L.wu.run(s, act.h, act.u);
+      barrier();
+      s.silu(act.g, act.gs);
+      barrier();
+      s.elementwiseMul(act.gs, act.u, act.ff);
+      barrier();
+      L.wd.run(s, act.ff, act.d);
+      barrier();
+      s.elementwiseAdd(act.x, act.d, act.x);
+    }
+    barrier();
+    s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+    barrier();
+    s.elementwiseMul(act.t, outNorm, act.h);
+    barrier();
+    s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden });
+  }
+
+  return {
+    cfg,
+    headDim,
+    embedding,
+    act,
+    step,
+    resetCache() {
+      for (const L of layers) {
+        L.kCache.write(new Float32Array(kvHeads * ctx * headDim));
+        L.vCache.write(new Float32Array(kvHeads * ctx * headDim));
+      }
+    },
+  };
+}
