@@ -59,7 +59,8 @@ static float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-#define GELU_KERNEL(NAME, T)                                                                       \
+/* One thread per element over grid[0] elements: 0 in, 1 out. */
+#define UNARY_KERNEL(NAME, T, FN)                                                                  \
   static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
     uint64_t bytes = (uint64_t)a->grid[0] * mlxn_ftype_size(T);                                    \
     MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
@@ -70,36 +71,21 @@ static float gelu_tanh(float x) {
     (void)gy; (void)gz; (void)s;                                                                   \
     uint64_t i, end;                                                                               \
     tg_span(a, gx, a->grid[0], &i, &end);                                                          \
-    for (; i < end; i++) mlxn_store(a->ptr[1], i, T, gelu_tanh(mlxn_load(a->ptr[0], i, T)));       \
+    for (; i < end; i++) mlxn_store(a->ptr[1], i, T, FN(mlxn_load(a->ptr[0], i, T)));              \
     return 0;                                                                                      \
   }
 
-GELU_KERNEL(gelu_f32, MLXN_T_F32)
-GELU_KERNEL(gelu_f16, MLXN_T_F16)
-GELU_KERNEL(gelu_bf16, MLXN_T_BF16)
+UNARY_KERNEL(gelu_f32, MLXN_T_F32, gelu_tanh)
+UNARY_KERNEL(gelu_f16, MLXN_T_F16, gelu_tanh)
+UNARY_KERNEL(gelu_bf16, MLXN_T_BF16, gelu_tanh)
 
 /* ---- silu: 0 in, 1 out; out = x · sigmoid(x); n = grid[0] ------------------------------------- */
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-#define SILU_KERNEL(NAME, T)                                                                       \
-  static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
-    uint64_t bytes = (uint64_t)a->grid[0] * mlxn_ftype_size(T);                                    \
-    MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
-    MLXN_NEED_BUF(a, 1, bytes, err, cap);                                                          \
-    return 0;                                                                                      \
-  }                                                                                                \
-  static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
-    (void)gy; (void)gz; (void)s;                                                                   \
-    uint64_t i, end;                                                                               \
-    tg_span(a, gx, a->grid[0], &i, &end);                                                          \
-    for (; i < end; i++) mlxn_store(a->ptr[1], i, T, silu(mlxn_load(a->ptr[0], i, T)));            \
-    return 0;                                                                                      \
-  }
-
-SILU_KERNEL(silu_f32, MLXN_T_F32)
-SILU_KERNEL(silu_f16, MLXN_T_F16)
-SILU_KERNEL(silu_bf16, MLXN_T_BF16)
+UNARY_KERNEL(silu_f32, MLXN_T_F32, silu)
+UNARY_KERNEL(silu_f16, MLXN_T_F16, silu)
+UNARY_KERNEL(silu_bf16, MLXN_T_BF16, silu)
 
 /* ---- strided_copy_f32: 0 src, 1 dst, 2 {rows, cols, src_stride, dst_stride} (elements):
  *      dst[r·dst_stride + c] = src[r·src_stride + c]; threads (cols, rows). Appends K/V rows into a

@@ -133,6 +133,15 @@ buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *in
 void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
 void mlxn_live_add(int what, int64_t delta);
 uint64_t mlxn_now_ns(void);
+/* A polite busy-wait step. */
+static inline void mlxn_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* Polls `done(arg)` for up to ns nanoseconds; returns whether it became true. Cheap waits for work
  * that is about to arrive, before falling back to a condition variable. */
 int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns);

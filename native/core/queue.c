@@ -8,14 +8,6 @@
 
 #define QUEUE_SPIN_NS 50000u /* how long the idle queue thread polls before it sleeps */
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns) {
   uint64_t t0 = mlxn_now_ns();
   for (uint32_t n = 0;; n++) {
@@ -23,7 +15,7 @@ int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns) {
     /* Yield rather than burn the core: on small machines the thread we wait for (the caller's,
      * the queue's or a worker) may need this very core to make progress. */
     if (n & 1u) sched_yield();
-    else cpu_relax();
+    else mlxn_cpu_relax();
     if ((n & 15u) == 15u && mlxn_now_ns() - t0 > ns) return done(arg);
   }
 }

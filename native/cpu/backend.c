@@ -44,14 +44,6 @@ typedef struct cpu_pool {
 #define GROUP_OK (UINT32_MAX - 1)
 #define GROUP_OUT_OF_MEMORY UINT32_MAX
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 static void atomic_min_u64(_Atomic uint64_t *p, uint64_t v) {
   uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
   while (v < cur && !atomic_compare_exchange_weak(p, &cur, v)) {
@@ -131,7 +123,7 @@ static void *helper_main(void *arg) {
 }
 
 static void wait_helpers_idle(cpu_pool *pool) {
-  while (atomic_load(&pool->active) != 0) cpu_relax();
+  while (atomic_load(&pool->active) != 0) mlxn_cpu_relax();
 }
 
 /* Runs one concurrent group; returns GROUP_OK, GROUP_OUT_OF_MEMORY or a failed dispatch index. */

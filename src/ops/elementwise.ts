@@ -134,6 +134,27 @@ export function elementwiseMul(
   binary("mul", target, registry, a, b, out, n);
 }
 
+function unary(
+  op: "gelu" | "silu",
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  n: number,
+): void {
+  checkFloatDType(op, input.dtype, FLOATS);
+  checkU32(op, "n", n);
+  checkBuffer(op, "input", input, input.dtype, n);
+  checkBuffer(op, "output", output, input.dtype, n);
+  target.dispatch({
+    pipeline: registry.get(`${op}_${input.dtype}`),
+    bindings: [input, output],
+    grid: n,
+    threadgroup: Math.min(256, n),
+    dispatchKind: "threads",
+  });
+}
+
 /** out = gelu(in) with the tanh approximation (tanh argument clamped to ±15). */
 export function gelu(
   target: DispatchTarget,
@@ -142,17 +163,7 @@ export function gelu(
   output: MlxBuffer,
   n: number = output.length,
 ): void {
-  checkFloatDType("gelu", input.dtype, FLOATS);
-  checkU32("gelu", "n", n);
-  checkBuffer("gelu", "input", input, input.dtype, n);
-  checkBuffer("gelu", "output", output, input.dtype, n);
-  target.dispatch({
-    pipeline: registry.get(`gelu_${input.dtype}`),
-    bindings: [input, output],
-    grid: n,
-    threadgroup: Math.min(256, n),
-    dispatchKind: "threads",
-  });
+  unary("gelu", target, registry, input, output, n);
 }
 
 /** out = x · sigmoid(x) (SiLU, the gate of SwiGLU). */
@@ -163,17 +174,7 @@ export function silu(
   output: MlxBuffer,
   n: number = output.length,
 ): void {
-  checkFloatDType("silu", input.dtype, FLOATS);
-  checkU32("silu", "n", n);
-  checkBuffer("silu", "input", input, input.dtype, n);
-  checkBuffer("silu", "output", output, input.dtype, n);
-  target.dispatch({
-    pipeline: registry.get(`silu_${input.dtype}`),
-    bindings: [input, output],
-    grid: n,
-    threadgroup: Math.min(256, n),
-    dispatchKind: "threads",
-  });
+  unary("silu", target, registry, input, output, n);
 }
 
 /** Options of {@link stridedCopy}: a rows × cols block, strides in elements. */
