@@ -99,7 +99,7 @@ void mlxn_device_close(mlxn_device *dev) {
   for (uint32_t i = 0; i < dev->n_buffers; i++) {
     buffer_entry *e = &dev->buffers[i];
     if (e->data) {
-      mlxn_backend_free(dev, e->data);
+      mlxn_backend_free(dev, e->data, e->handle);
       mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
       mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
     }
@@ -147,7 +147,8 @@ buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *in
 
 static void recycle_locked(mlxn_device *dev, uint32_t index) {
   buffer_entry *e = &dev->buffers[index];
-  mlxn_backend_free(dev, e->data);
+  mlxn_backend_free(dev, e->data, e->handle);
+  e->handle = NULL;
   mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
   mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
   e->data = NULL;
@@ -169,7 +170,8 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   if (nbytes > ((uint64_t)1 << 46))
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "buffer of %llu bytes is larger than any device",
                           (unsigned long long)nbytes), 0;
-  uint8_t *data = mlxn_backend_alloc(dev, nbytes); /* zero-filled: no cold-run garbage */
+  void *handle = NULL;
+  uint8_t *data = mlxn_backend_alloc(dev, nbytes, &handle); /* zero-filled: no cold-run garbage */
   if (!data)
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "could not allocate %llu bytes", (unsigned long long)nbytes), 0;
   pthread_mutex_lock(&dev->mu);
@@ -179,7 +181,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   } else {
     if (dev->n_buffers == HANDLE_INDEX_MASK) {
       pthread_mutex_unlock(&dev->mu);
-      mlxn_backend_free(dev, data);
+      mlxn_backend_free(dev, data, handle);
       return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "too many live buffers (%u)", HANDLE_INDEX_MASK), 0;
     }
     if (dev->n_buffers == dev->cap_buffers) {
@@ -190,7 +192,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
       if (nf) dev->free_slots = nf;
       if (!nb || !nf) {
         pthread_mutex_unlock(&dev->mu);
-        mlxn_backend_free(dev, data);
+        mlxn_backend_free(dev, data, handle);
         return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer table"), 0;
       }
       dev->cap_buffers = dev->cap_free = cap;
@@ -200,6 +202,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   }
   buffer_entry *e = &dev->buffers[index];
   e->data = data;
+  e->handle = handle;
   e->size = nbytes;
   e->alive = 1;
   e->refs = 0;

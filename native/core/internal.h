@@ -23,7 +23,8 @@ int32_t mlxn_set_error(int32_t code, const char *fmt, ...);
 /* ---- buffers ---------------------------------------------------------------------------------- */
 
 typedef struct buffer_entry {
-  uint8_t *data;
+  uint8_t *data;     /* the backend's address of the memory (kernels get data + offset) */
+  void *handle;      /* the backend's object for it, if any (Metal: the MTLBuffer) */
   uint64_t size;
   uint32_t gen;      /* bumped when the slot is recycled; part of the handle */
   uint32_t refs;     /* command buffers that bind it and have not completed or been freed */
@@ -44,6 +45,7 @@ typedef struct mlxn_slot_masks {
 typedef struct decoded_dispatch {
   const mlxn_cpu_kernel *kernel;
   mlxn_kargs args;
+  uint32_t entry[MLXN_CPU_KERNEL_SLOTS]; /* buffer-table index + 1 of each buffer slot, 0 if none */
   uint32_t tag;
   uint64_t tg_total;                /* threadgroups in this dispatch */
   _Atomic uint64_t t_start, t_end;  /* first threadgroup start / last end, ns */
@@ -79,6 +81,7 @@ struct mlxn_cmdbuf {
   uint32_t bytes_mask; /* of those, the ones bound to inline bytes */
   uint8_t *slot_ptr[MLXN_MAX_SLOTS];
   uint64_t slot_len[MLXN_MAX_SLOTS];
+  uint32_t slot_entry[MLXN_MAX_SLOTS];
   uint32_t tg_memory;
   uint32_t error_offset;
 
@@ -171,9 +174,9 @@ int mlxn_backend_open(mlxn_device *dev, uint32_t threads);
 void mlxn_backend_close(mlxn_device *dev);
 /* Writes the device-info JSON; returns its length. */
 uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap);
-/* nbytes of zero-filled device memory, or NULL. */
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes);
-void mlxn_backend_free(mlxn_device *dev, void *mem);
+/* nbytes of zero-filled device memory (NULL on failure); *handle may receive a backend object. */
+void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle);
+void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle);
 /* Copies between host memory and device memory; returns MLXN_OK or an error code (error set). */
 int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device);
 /* Whether buffer memory is host-addressable (mlxn_buffer_contents returns it). */
@@ -181,7 +184,9 @@ int mlxn_backend_host_visible(mlxn_device *dev);
 /* Whether the backend implements kernel k. */
 int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k);
 /* Executes a decoded command buffer on the queue thread and returns when it is done: sets
- * cb->t_start/t_end, per-dispatch times where available, and cb->error_code/error on failure. */
+ * cb->t_start/t_end, per-dispatch times where available, and cb->error_code/error on failure.
+ * The buffers a command buffer binds stay alive until this returns; their table entries may be
+ * read under dev->mu (the table can move while the host allocates). */
 void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb);
 
 #endif /* MLXN_CPU_INTERNAL_H */

@@ -177,6 +177,7 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     int is_bound = (bound >> s) & 1u;
     a->ptr[s] = is_bound ? cb->slot_ptr[s] : NULL;
     a->len[s] = is_bound ? cb->slot_len[s] : 0;
+    d->entry[s] = is_bound && !((m->bytes >> s) & 1u) ? cb->slot_entry[s] : 0;
   }
   a->tg_memory = cb->tg_memory;
   char why[512];
@@ -267,6 +268,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         }
         cb->slot_ptr[slot] = e->data + boff;
         cb->slot_len[slot] = blen;
+        cb->slot_entry[slot] = index + 1;
         cb->bytes_mask &= ~(1u << slot);
         cb->bound_mask |= 1u << slot;
         break;

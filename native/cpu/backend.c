@@ -236,13 +236,15 @@ uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
       MLXN_MAX_SLOTS, (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false");
 }
 
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes) {
+void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
   (void)dev;
+  (void)handle;
   return calloc(1, (size_t)nbytes);
 }
 
-void mlxn_backend_free(mlxn_device *dev, void *mem) {
+void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
   (void)dev;
+  (void)handle;
   free(mem);
 }
 

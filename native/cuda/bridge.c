@@ -24,13 +24,15 @@ uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
   return mlxn_cuda_info(dev->backend, dev->flags, buf, cap);
 }
 
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes) {
+void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
   (void)dev;
+  (void)handle;
   return mlxn_cuda_alloc(nbytes);
 }
 
-void mlxn_backend_free(mlxn_device *dev, void *mem) {
+void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
   (void)dev;
+  (void)handle;
   mlxn_cuda_free(mem);
 }
 
