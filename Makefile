@@ -28,6 +28,7 @@ CFLAGS_COMMON := -std=c11 -O2 -fPIC -pthread -Wall -Wextra -Wno-unused-parameter
 ifeq ($(UNAME_S),Darwin)
   SO := dylib
   SHARED := -dynamiclib
+  CFLAGS_COMMON += -D_DARWIN_C_SOURCE
 else
   SO := so
   SHARED := -shared
@@ -40,11 +41,12 @@ CPU_HDR := native/mlxn.h native/core/internal.h kernels/cpu/cpu_kernel.h
 
 DENO_TEST_FLAGS := --allow-ffi --allow-read --allow-env --allow-run --allow-write
 
-.PHONY: all native demo test bench check fmt clean deno sanitize-test fuzz cuda
+.PHONY: all native demo test bench check fmt clean deno sanitize-test fuzz cuda metal metal-check
+METAL_CHECK ?= ../shared/metal-check/check.sh
 
 all: native
 
-native: $(CPU_LIB)
+native: $(CPU_LIB) $(if $(filter Darwin,$(UNAME_S)),$(METAL_LIB))
 
 $(CPU_LIB): $(CPU_SRC) $(CPU_HDR)
 	@mkdir -p build
@@ -77,6 +79,27 @@ check: $(DENO_DEP)
 
 fmt: $(DENO_DEP)
 	$(DENO) fmt
+
+# --- Metal backend (macOS; the default there): Objective-C over the core, MSL compiled at run time --
+METAL_LIB := build/libmlxn_metal.dylib
+METAL_SRC := kernels/metal/common.metal $(filter-out kernels/metal/common.metal,$(sort $(wildcard kernels/metal/*.metal)))
+
+# The MSL sources as one C string literal, embedded in the dylib (no Xcode `metal` tool needed).
+build/mlxn_metal_source.h: $(METAL_SRC)
+	@mkdir -p build
+	{ printf 'static const char mlxn_metal_source[] =\n'; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $(METAL_SRC); printf ';\n'; } > $@
+
+$(METAL_LIB): objc/mlxn_metal.m $(CORE_SRC) $(CPU_HDR) build/mlxn_metal_source.h
+	clang $(CFLAGS_COMMON) -fno-objc-arc -Ibuild -dynamiclib -framework Metal -framework Foundation \
+	  -o $@ objc/mlxn_metal.m $(CORE_SRC)
+
+metal: $(METAL_LIB)
+
+# Type-checks the Objective-C on Linux against Apple's macOS 11.3 SDK headers (see objc/README.md).
+METAL_SDK ?= .metal-sdk/sdk-full/root
+metal-check: build/mlxn_metal_source.h
+	bash $(METAL_CHECK) --apple-sdk $(METAL_SDK) objc/mlxn_metal.m -Ibuild
 
 # --- CUDA backend (make cuda): the core and the kernel contracts in C, kernels and graphs in CUDA -----
 NVCC ?= nvcc

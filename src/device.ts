@@ -72,6 +72,8 @@ export interface LiveObjects {
   commandBuffers: number;
 }
 
+const noticeShown = new Set<string>();
+
 interface ProfileSettings {
   enabled: boolean;
   dispatches: boolean;
@@ -124,6 +126,13 @@ export class MlxDevice {
       ? new Profiler({ dispatches: prof.dispatches, tracePath: prof.tracePath, backend: this.info.backend })
       : null;
     this.profileDispatches = this.profiler?.dispatches ?? false;
+    if (this.profileDispatches && !this.info.perDispatchTiming && !noticeShown.has(this.info.backend)) {
+      noticeShown.add(this.info.backend);
+      console.warn(
+        `mlx-native: the ${this.info.backend} backend has no per-dispatch timings; ` +
+          `command-buffer times are still collected`,
+      );
+    }
     deviceCleanup.register(this, { sym: lib.symbols, ptr }, this);
   }
 

@@ -1,0 +1,64 @@
+// Elementwise MSL kernels: one thread per element (as kernels/cpu/elementwise.c).
+
+#define BINARY(NAME, T, OP)                                                                          \
+  kernel void NAME(device const T *a [[buffer(0)]], device const T *b [[buffer(1)]],                \
+                   device T *out [[buffer(2)]], constant uint &n [[buffer(3)]], MLXN_ARGS_TAIL) {   \
+    ulong i = ulong(gid.x) * tpg.x + lid.x;                                                         \
+    if (i >= n || i >= grid.x) return;                                                              \
+    st(out, i, ld(a, i) OP ld(b, i));                                                               \
+  }
+BINARY(elementwise_add_f32, float, +)
+BINARY(elementwise_add_f16, half, +)
+BINARY(elementwise_add_bf16, ushort, +)
+BINARY(elementwise_mul_f32, float, *)
+BINARY(elementwise_mul_f16, half, *)
+BINARY(elementwise_mul_bf16, ushort, *)
+
+inline float gelu_tanh(float x) {
+  float inner = clamp(0.7978845608028654f * (x + 0.044715f * x * x * x), -15.0f, 15.0f);
+  return 0.5f * x * (1.0f + precise::tanh(inner));
+}
+inline float silu(float x) { return x / (1.0f + precise::exp(-x)); }
+
+#define UNARY(NAME, T, FN)                                                                           \
+  kernel void NAME(device const T *in [[buffer(0)]], device T *out [[buffer(1)]], MLXN_ARGS_TAIL) { \
+    ulong i = ulong(gid.x) * tpg.x + lid.x;                                                         \
+    if (i >= grid.x) return;                                                                        \
+    st(out, i, FN(ld(in, i)));                                                                      \
+  }
+UNARY(gelu_f32, float, gelu_tanh)
+UNARY(gelu_f16, half, gelu_tanh)
+UNARY(gelu_bf16, ushort, gelu_tanh)
+UNARY(silu_f32, float, silu)
+UNARY(silu_f16, half, silu)
+UNARY(silu_bf16, ushort, silu)
+
+struct softcap_params { float cap; uint n; };
+kernel void softcap_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
+                        constant softcap_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
+  ulong i = ulong(gid.x) * tpg.x + lid.x;
+  if (i >= p.n || i >= grid.x) return;
+  out[i] = precise::tanh(in[i] / p.cap) * p.cap;
+}
+
+struct axpby_params { float alpha; float beta; uint n; uint pad; };
+kernel void axpby_f32(device const float *a [[buffer(0)]], device const float *b [[buffer(1)]],
+                      device float *out [[buffer(2)]], constant axpby_params &p [[buffer(3)]], MLXN_ARGS_TAIL) {
+  ulong i = ulong(gid.x) * tpg.x + lid.x;
+  if (i >= p.n || i >= grid.x) return;
+  out[i] = p.alpha * a[i] + p.beta * b[i];
+}
+
+struct copy_params { uint rows; uint cols; uint src_stride; uint dst_stride; };
+kernel void strided_copy_f32(device const float *src [[buffer(0)]], device float *dst [[buffer(1)]],
+                             constant copy_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
+  uint c = gid.x * tpg.x + lid.x, r = gid.y * tpg.y + lid.y;
+  if (c >= p.cols || r >= p.rows || c >= grid.x || r >= grid.y) return;
+  dst[ulong(r) * p.dst_stride + c] = src[ulong(r) * p.src_stride + c];
+}
+
+kernel void debug_fault(device uint *marker [[buffer(0)]], constant uint &fail [[buffer(1)]], MLXN_ARGS_TAIL) {
+  if (lid.x != 0 || gid.x != 0) return;
+  if (fail) report_fault(fault_word, tag);
+  else marker[0] = 1;
+}

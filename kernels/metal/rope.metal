@@ -1,0 +1,32 @@
+// Rotary embeddings (f32), one thread per rotated pair (as kernels/cpu/rope.c).
+
+struct rope_params { float theta; uint head_dim; uint seq_len; };
+kernel void rope_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
+                     constant rope_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]], MLXN_ARGS_TAIL) {
+  uint i = gid.x * tpg.x + lid.x, t = gid.y * tpg.y + lid.y;
+  if (i >= p.head_dim / 2 || i >= grid.x || t >= p.seq_len || t >= grid.y) return;
+  float ang = float(pos[t]) * precise::pow(p.theta, -2.0f * float(i) / float(p.head_dim));
+  float c = precise::cos(ang), s = precise::sin(ang);
+  ulong j = ulong(t) * p.head_dim + 2 * i;
+  float x0 = in[j], x1 = in[j + 1];
+  out[j] = x0 * c - x1 * s;
+  out[j + 1] = x0 * s + x1 * c;
+}
+
+struct neox_params { float theta; uint head_dim; uint rope_dim; };
+struct neox_heads { uint n_heads; uint has_freq_factors; };
+kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
+                          constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
+                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
+  uint i = gid.x * tpg.x + lid.x, r = gid.y * tpg.y + lid.y, half_dim = p.rope_dim / 2;
+  if (i >= half_dim || i >= grid.x || r >= grid.y) return;
+  float freq = precise::pow(p.theta, -2.0f * float(i) / float(p.rope_dim));
+  if (h.has_freq_factors) freq = freq / ff[i];
+  float ang = float(pos[r / h.n_heads]) * freq;
+  float c = precise::cos(ang), s = precise::sin(ang);
+  ulong row = ulong(r) * p.head_dim;
+  float x0 = in[row + i], x1 = in[row + i + half_dim];
+  out[row + i] = x0 * c - x1 * s;
+  out[row + i + half_dim] = x0 * s + x1 * c;
+  for (uint d = p.rope_dim + i; d < p.head_dim; d += half_dim) out[row + d] = in[row + d];
+}
