@@ -236,6 +236,7 @@ export class CommandEncoder {
    */
   dispatch(d: DispatchDescriptor): void {
     if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
+    if (!this.#autoBarriers && this.#capture === null && this.#log === null && this.#fastWrite(d)) return;
     const words = this.#check(d);
     if (this.#autoBarriers) {
       const acc = accessesOf(d.pipeline.contract, d.bindings);
@@ -246,6 +247,69 @@ export class CommandEncoder {
       return;
     }
     this.#write(d, words);
+  }
+
+  /**
+   * The common case in one pass: writes the records while checking them, and rewinds the stream
+   * to where it was if anything is off (then returns false, and the two-pass path reports the
+   * error with its message). Returns true when the dispatch was encoded.
+   */
+  #fastWrite(d: DispatchDescriptor): boolean {
+    const p = d.pipeline, slots = p.contract.slots, bindings = d.bindings, n = slots.length;
+    if (bindings.length > n) return false;
+    const grid = d.grid, tg = d.threadgroup;
+    let g0: number, g1 = 1, g2 = 1, t0: number, t1 = 1, t2 = 1;
+    if (typeof grid === "number") g0 = grid;
+    else {
+      g0 = grid[0];
+      if (grid.length > 1) g1 = grid[1];
+      if (grid.length > 2) g2 = grid[2];
+    }
+    if (typeof tg === "number") t0 = tg;
+    else {
+      t0 = tg[0];
+      if (tg.length > 1) t1 = tg[1];
+      if (tg.length > 2) t2 = tg[2];
+    }
+    if (
+      !validDim(g0) || !validDim(g1) || !validDim(g2) || !validDim(t0) || !validDim(t1) || !validDim(t2) ||
+      t0 * t1 * t2 > Limits.MAX_THREADS_PER_GROUP
+    ) return false;
+    const tgMem = d.threadgroupMemory ?? 0;
+    if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) return false;
+    const w = this.#writer!;
+    // Room for the largest records this dispatch can write (inline constants ≤ 4 KiB per slot).
+    w.reserve(RecordWords.SET_PIPELINE + RecordWords.SET_TG_MEMORY + RecordWords.DISPATCH + n * 1026);
+    const start = w.pos;
+    if (this.#pipeline !== p.handle) w.setPipeline(p.handle);
+    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
+    for (let i = 0; i < n; i++) {
+      const b = bindings[i], s = slots[i];
+      if (s.kind === "buffer") {
+        if (b instanceof MlxBuffer) {
+          const h = b.rawHandle;
+          if (h === 0) return this.#rewind(start);
+          w.setBuffer(i, h, b.byteOffset, b.byteLength);
+        } else if (b !== undefined || !s.optional) return this.#rewind(start);
+      } else if (Array.isArray(b)) {
+        const len = b.length, size = s.size;
+        if (len === 0 || len > 1024 || (size !== undefined && len * 4 !== size)) return this.#rewind(start);
+        for (let k = 0; k < len; k++) if ((b[k] >>> 0) !== b[k]) return this.#rewind(start);
+        w.setWords(i, b);
+      } else return this.#rewind(start);
+    }
+    w.dispatch(d.dispatchKind === "threads", g0, g1, g2, t0, t1, t2, this.#dispatches);
+    this.#pipeline = p.handle;
+    this.#kernels?.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
+    this.#dispatches++;
+    this.#groupSize++;
+    counterState.dispatches++;
+    return true;
+  }
+
+  #rewind(pos: number): false {
+    this.#writer!.pos = pos;
+    return false;
   }
 
   /** Validates a descriptor; returns the stream words its records take. */

@@ -128,21 +128,9 @@ uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap) {
 
 /* ---- buffers ---------------------------------------------------------------------------------- */
 
-#define HANDLE_INDEX_BITS 20u
-#define HANDLE_INDEX_MASK ((1u << HANDLE_INDEX_BITS) - 1u)
 
 static uint32_t make_handle(uint32_t index, uint32_t gen) {
   return ((gen & 0xfffu) << HANDLE_INDEX_BITS) | (index + 1u);
-}
-
-/* Caller holds dev->mu. */
-buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
-  uint32_t idx1 = handle & HANDLE_INDEX_MASK;
-  if (idx1 == 0 || idx1 > dev->n_buffers) return NULL;
-  buffer_entry *e = &dev->buffers[idx1 - 1];
-  if (!e->alive || (e->gen & 0xfffu) != handle >> HANDLE_INDEX_BITS) return NULL;
-  if (index_out) *index_out = idx1 - 1;
-  return e;
 }
 
 static void recycle_locked(mlxn_device *dev, uint32_t index) {

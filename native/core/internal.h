@@ -131,8 +131,22 @@ struct mlxn_device {
   uint32_t n_spare;
 };
 
+/* Buffer handles: generation (12 bits) << 20 | table index + 1 (20 bits). */
+#define HANDLE_INDEX_BITS 20u
+#define HANDLE_INDEX_MASK ((1u << HANDLE_INDEX_BITS) - 1u)
+
+/* The live entry of a handle, or NULL (unknown, freed or stale). Caller holds dev->mu. Inline: the
+ * decoder calls it for every buffer binding. */
+static inline buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
+  uint32_t idx1 = handle & HANDLE_INDEX_MASK;
+  if (idx1 == 0 || idx1 > dev->n_buffers) return NULL;
+  buffer_entry *e = &dev->buffers[idx1 - 1];
+  if (!e->alive || (e->gen & 0xfffu) != handle >> HANDLE_INDEX_BITS) return NULL;
+  if (index_out) *index_out = idx1 - 1;
+  return e;
+}
+
 /* device.c */
-buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out);
 void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
 void mlxn_live_add(int what, int64_t delta);
 uint64_t mlxn_now_ns(void);

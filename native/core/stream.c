@@ -32,7 +32,11 @@ static uint8_t *arena_copy(mlxn_cmdbuf *cb, const uint8_t *src, uint32_t n) {
     b = nb;
   }
   uint8_t *dst = b->data + b->used;
-  memcpy(dst, src, n);
+  if (n <= 64) { /* typical inline constants: a few words, copied without a call */
+    for (uint32_t i = 0; i < n; i++) dst[i] = src[i];
+  } else {
+    memcpy(dst, src, n);
+  }
   b->used += need;
   return dst;
 }
@@ -100,6 +104,10 @@ void mlxn_storage_free(mlxn_cmdbuf *cb) {
     return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg_);              \
   } while (0)
 
+/* Which opcodes use the header's slot field (indexed by opcode; unknown opcodes fail earlier). */
+static const uint8_t op_has_slot[MLXN_OP_SET_BUFFER64 + 1] = {
+    [MLXN_OP_SET_BUFFER] = 1, [MLXN_OP_SET_BUFFER64] = 1, [MLXN_OP_SET_BYTES] = 1, [MLXN_OP_SET_TG_MEMORY] = 1};
+
 static uint32_t word(const uint8_t *p) {
   uint32_t v;
   memcpy(&v, p, 4);
@@ -143,7 +151,9 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     a->tg[i] = t[i];
     if (op == MLXN_OP_DISPATCH_THREADS) {
       a->grid[i] = g[i];
-      a->groups[i] = (g[i] + t[i] - 1) / t[i];
+      /* Threadgroup sizes are nearly always powers of two: a shift instead of a division. */
+      a->groups[i] = (t[i] & (t[i] - 1)) == 0 ? (uint32_t)(((uint64_t)g[i] + t[i] - 1) >> __builtin_ctz(t[i]))
+                                               : (uint32_t)(((uint64_t)g[i] + t[i] - 1) / t[i]);
     } else {
       uint64_t threads = (uint64_t)g[i] * t[i];
       if (threads > UINT32_MAX)
@@ -226,8 +236,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     }
     if (fixed && words != fixed)
       FAIL(MLXN_E_STREAM, "%s must be %u words, header says %u", op_name(op), fixed, words);
-    if (slot != 0 && (op == MLXN_OP_SET_PIPELINE || op == MLXN_OP_BARRIER || op == MLXN_OP_DISPATCH_THREADS ||
-                      op == MLXN_OP_DISPATCH_GROUPS))
+    if (slot != 0 && !op_has_slot[op])
       FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot);
     switch (op) {
       case MLXN_OP_SET_PIPELINE: {
