@@ -20,6 +20,9 @@ export interface ConflictReason {
   readonly existing: MemRange;
 }
 
+const EMPTY_F64 = new Float64Array(0);
+const EMPTY_U8 = new Uint8Array(0);
+
 /**
  * The ranges of one concurrent group.
  *
@@ -33,10 +36,12 @@ export interface ConflictReason {
  * ```
  */
 export class ConflictTracker {
-  #alloc = new Float64Array(32);
-  #start = new Float64Array(32);
-  #end = new Float64Array(32);
-  #write = new Uint8Array(32);
+  // Allocated on first use: a typed array costs ~0.7 µs to create in Deno, and most encoders
+  // (no autoBarriers) never record a range.
+  #alloc = EMPTY_F64;
+  #start = EMPTY_F64;
+  #end = EMPTY_F64;
+  #write = EMPTY_U8;
   #n = 0;
   #lastIncoming: MemRange | null = null; // the incoming range of the last conflict found
 
@@ -106,7 +111,7 @@ export class ConflictTracker {
   }
 
   #grow(): void {
-    const cap = this.#alloc.length * 2;
+    const cap = Math.max(32, this.#alloc.length * 2);
     const grow64 = (a: Float64Array) => {
       const b = new Float64Array(cap);
       b.set(a);
