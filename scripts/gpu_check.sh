@@ -2,7 +2,8 @@
 # The CUDA backend's acceptance run, on a machine with an NVIDIA GPU (see shared/device/README.md):
 # builds, runs the whole suite on CUDA, the demo in its three modes, the decode step at PyTorch's
 # shapes (bf16, concurrency on and off), the submit-cost benchmark, and the PyTorch anchor when a
-# copy of it is at .device/torch_decode.py. Logs go to $OUT (default build/gpu-logs).
+# copy of it is at .device/torch_decode.py. Logs go to $OUT (default build/gpu-logs). The device
+# machine is offline: carry node_modules (the test deps) along with .device.
 set -uo pipefail
 OUT=${OUT:-build/gpu-logs}
 mkdir -p "$OUT"
