@@ -293,7 +293,9 @@ export class CommandEncoder {
         } else if (b !== undefined || !s.optional) return this.#rewind(start);
       } else if (Array.isArray(b)) {
         const len = b.length, size = s.size;
-        if (len === 0 || len > 1024 || (size !== undefined && len * 4 !== size)) return this.#rewind(start);
+        if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (size !== undefined && len * 4 !== size)) {
+          return this.#rewind(start);
+        }
         for (let k = 0; k < len; k++) if ((b[k] >>> 0) !== b[k]) return this.#rewind(start);
         w.setWords(i, b);
       } else return this.#rewind(start);

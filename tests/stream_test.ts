@@ -312,5 +312,24 @@ Deno.test("the TS encoder rejects bad dispatches before they reach native code",
   bad({ pipeline: add, bindings: [a, a, a, n], grid: 0, threadgroup: 16 }, /grid/);
   bad({ pipeline: add, bindings: [a, a, a, n], grid: 16, threadgroup: [64, 32, 1] }, /at most 1024/);
   bad({ pipeline: add, bindings: [a, a, a, n], grid: 1.5, threadgroup: 1 }, /grid/);
+  // Rejected only after three buffer records were written: the writer must rewind them.
+  bad({ pipeline: add, bindings: [a, a, a, [-1]], grid: 16, threadgroup: 16 }, /word 0 is -1, not a u32/);
+  bad({ pipeline: add, bindings: [a, a, a, [16, 0]], grid: 16, threadgroup: 16 }, /takes 4 inline bytes, got 8/);
   equal(enc.dispatchCount, 0);
+  // The same encoder still encodes correctly: no half-written record reached the stream. A stale
+  // binding of slot 2 would make the two-slot gelu fail natively ("slot 2 is bound").
+  using x = device.upload([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], DType.F32, [16]);
+  using y = device.alloc(64, DType.F32);
+  using zeros = device.upload(new Float32Array(16)), g = device.upload(new Float32Array(16).fill(7));
+  enc.dispatch({
+    pipeline: registry.get("gelu_f32"),
+    bindings: [zeros, g],
+    grid: 16,
+    threadgroup: 16,
+    dispatchKind: "threads",
+  });
+  enc.dispatch({ pipeline: add, bindings: [x, x, y, [16]], grid: 16, threadgroup: 16 });
+  enc.commitAndWait();
+  deepStrictEqual(Array.from(g.read() as Float32Array), new Array(16).fill(0)); // gelu(0) = 0
+  deepStrictEqual(Array.from(y.read() as Float32Array), Array.from({ length: 16 }, (_, i) => 2 * (i + 1)));
 });
