@@ -50,7 +50,7 @@ native: $(CPU_LIB) $(if $(filter Darwin,$(UNAME_S)),$(METAL_LIB))
 
 $(CPU_LIB): $(CPU_SRC) $(CPU_HDR)
 	@mkdir -p build
-	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(CPU_SRC) -lm
+	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(CPU_SRC) -ldl -lm
 
 deno: $(DENO_DEP)
 
@@ -100,6 +100,7 @@ metal: $(METAL_LIB)
 METAL_SDK ?= .metal-sdk/sdk-full/root
 metal-check: build/mlxn_metal_source.h
 	bash $(METAL_CHECK) --apple-sdk $(METAL_SDK) objc/mlxn_metal.m -Ibuild
+	bash $(METAL_CHECK) --apple-sdk $(METAL_SDK) $(CORE_SRC) -D_DARWIN_C_SOURCE
 
 # --- CUDA backend (make cuda): the core and the kernel contracts in C, kernels and graphs in CUDA -----
 NVCC ?= nvcc
@@ -121,7 +122,7 @@ $(CUDA_LIB): $(CUDA_C_SRC) $(CUDA_CU_SRC) $(CUDA_HDR)
 	  o=build/cuda-obj/$$(echo $$f | tr / _).o; \
 	  echo "$(NVCC) -c $$f"; $(NVCC) $(NVCC_FLAGS) -c -o $$o $$f || exit 1; \
 	done
-	$(NVCC) -shared $(CUDA_ARCH) -o $@ build/cuda-obj/*.o -lpthread -lm
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ build/cuda-obj/*.o -lpthread -ldl -lm
 
 cuda: $(CUDA_LIB)
 
@@ -135,7 +136,7 @@ FUZZ_RUNS ?= -1
 $(SAN_LIB): $(CPU_SRC) $(CPU_HDR)
 	@command -v clang >/dev/null || { echo "sanitize-test needs clang" >&2; exit 1; }
 	@mkdir -p build/san
-	clang $(CFLAGS_COMMON) $(SAN_FLAGS) $(SHARED) -o $@ $(CPU_SRC) -lm
+	clang $(CFLAGS_COMMON) $(SAN_FLAGS) $(SHARED) -o $@ $(CPU_SRC) -ldl -lm
 
 # Deno itself is not instrumented: the ASan runtime is preloaded and the library picked via MLXN_LIB.
 sanitize-test: $(SAN_LIB) $(DENO_DEP)
@@ -147,7 +148,7 @@ $(FUZZ_BIN): tests/fuzz/fuzz_stream.c $(CPU_SRC) $(CPU_HDR)
 	@command -v clang >/dev/null || { echo "fuzz needs clang" >&2; exit 1; }
 	@mkdir -p build
 	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -lm
+	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -ldl -lm
 
 # Bounded by FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
 fuzz: $(FUZZ_BIN)

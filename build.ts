@@ -69,6 +69,7 @@ export async function buildNative(options: BuildOptions = {}): Promise<string> {
     "-o",
     lib,
     ...CPU_SOURCES.filter((f) => f.endsWith(".c")).map((f) => `${src}/${f}`),
+    "-ldl",
     "-lm",
   ];
   log(`${cc} ${args.join(" ")}`);

@@ -610,3 +610,14 @@ Deno.test("garbage-collected buffers are never freed while a command buffer uses
   equal(out.liveDuring > out.liveAfter, true, "collected buffers were freed after completion");
   equal(out.liveAfter, out.baseline + 1, "only the output buffer remains");
 });
+
+Deno.test("a script that ends with a device open and work in flight exits cleanly", async () => {
+  const probe = new URL("./fixtures/exit_probe.ts", import.meta.url).pathname;
+  // The crash this guards against was intermittent, so each ending is tried several times.
+  for (const ending of ["normal", "throw"]) {
+    for (let i = 0; i < 6; i++) {
+      const r = await runDeno(["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe, ending]);
+      equal(r.code, ending === "normal" ? 0 : 1, `${ending} ending, run ${i}: exit ${r.code}\n${r.stderr}`);
+    }
+  }
+});

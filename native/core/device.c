@@ -1,6 +1,7 @@
 /* Native core: the ABI entry points — device, buffer table, pipelines, command-buffer lifecycle,
  * errors, live counts. Backend specifics go through the hooks of internal.h. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +57,20 @@ uint64_t mlxn_now_ns(void) {
 
 /* ---- device ----------------------------------------------------------------------------------- */
 
+/* A device owns threads (queue, workers) that run this library's code. Deno unloads an FFI library
+ * when its runtime is torn down, which happens at a normal script end while a device is still open;
+ * unmapping the code under a running thread crashes the process. Once a device exists, the library
+ * pins itself: dlclose then leaves it mapped, and the threads end with the process. */
+static pthread_once_t pin_once = PTHREAD_ONCE_INIT;
+
+static void pin_library(void) {
+  Dl_info info;
+  if (dladdr((void *)&pin_library, &info) && info.dli_fname)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE); /* handle kept on purpose */
+}
+
 mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
+  pthread_once(&pin_once, pin_library);
   if (flags & ~(uint32_t)(MLXN_FLAG_SERIAL | MLXN_FLAG_NO_GRAPHS)) {
     mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "unknown device flags 0x%x", flags);
     return NULL;
