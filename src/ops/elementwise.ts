@@ -27,18 +27,23 @@ function binaryContract(op: "add" | "mul", dtype: string): KernelContract {
   };
 }
 
-/** Contracts of this family. */
-export const elementwiseContracts: readonly KernelContract[] = [
-  ...FLOATS.map((t) => binaryContract("add", t)),
-  ...FLOATS.map((t) => binaryContract("mul", t)),
-  ...FLOATS.map((t): KernelContract => ({
-    name: `gelu_${t}`,
+/** A one-input activation: `out[i] = f(in[i])` over the whole output buffer. */
+function activationContract(name: string): KernelContract {
+  return {
+    name,
     opKind: CapturedOpKind.Activation,
     slots: [
       { name: "in", kind: "buffer", access: "read" },
       { name: "out", kind: "buffer", access: "write" },
     ],
-  })),
+  };
+}
+
+/** Contracts of this family. */
+export const elementwiseContracts: readonly KernelContract[] = [
+  ...FLOATS.map((t) => binaryContract("add", t)),
+  ...FLOATS.map((t) => binaryContract("mul", t)),
+  ...FLOATS.map((t) => activationContract(`gelu_${t}`)),
   {
     name: "softcap_f32",
     opKind: CapturedOpKind.Activation,
@@ -48,14 +53,7 @@ export const elementwiseContracts: readonly KernelContract[] = [
       { name: "params{cap:f32,n:u32}", kind: "bytes", size: 8 },
     ],
   },
-  ...FLOATS.map((t): KernelContract => ({
-    name: `silu_${t}`,
-    opKind: CapturedOpKind.Activation,
-    slots: [
-      { name: "in", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-    ],
-  })),
+  ...FLOATS.map((t) => activationContract(`silu_${t}`)),
   {
     name: "strided_copy_f32",
     opKind: CapturedOpKind.Other,
