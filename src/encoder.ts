@@ -14,12 +14,22 @@ import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import { ConflictTracker } from "./graph/tracker.ts";
 import { findHazards, formatHazards, type Hazard } from "./graph/validate.ts";
-import { type KernelRegistry, Pipeline, type SlotSpec } from "./kernels.ts";
+import { type KernelRegistry, Pipeline, SLOT_BUFFER, type SlotSpec } from "./kernels.ts";
 import type { Profiler } from "./profile.ts";
 import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
-import { StreamWriter } from "./native/stream.ts";
+import {
+  H_DISPATCH_GROUPS,
+  H_DISPATCH_THREADS,
+  H_SET_BUFFER,
+  H_SET_BUFFER64,
+  H_SET_PIPELINE,
+  H_SET_TG_MEMORY,
+  setBytesHeader,
+  StreamWriter,
+  TWO_32,
+} from "./native/stream.ts";
 
 /**
  * A slot's argument: a buffer (view); inline constants; or nothing (optional slots).
@@ -250,12 +260,13 @@ export class CommandEncoder {
   }
 
   /**
-   * The common case in one pass: writes the records while checking them, and rewinds the stream
-   * to where it was if anything is off (then returns false, and the two-pass path reports the
-   * error with its message). Returns true when the dispatch was encoded.
+   * The common case in one pass: checks the descriptor while writing its records straight into the
+   * stream words, and publishes them (moves the write position) only at the end. On anything off it
+   * returns false with nothing written, and the two-pass path reports the error with its message.
+   * Returns true when the dispatch was encoded.
    */
   #fastWrite(d: DispatchDescriptor): boolean {
-    const p = d.pipeline, slots = p.contract.slots, bindings = d.bindings, n = slots.length;
+    const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
     if (bindings.length > n) return false;
     const grid = d.grid, tg = d.threadgroup;
     let g0: number, g1 = 1, g2 = 1, t0: number, t1 = 1, t2 = 1;
@@ -277,41 +288,71 @@ export class CommandEncoder {
     ) return false;
     const tgMem = d.threadgroupMemory ?? 0;
     if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) return false;
-    const w = this.#writer!;
-    // Room for the largest records this dispatch can write (inline constants ≤ 4 KiB per slot).
-    w.reserve(RecordWords.SET_PIPELINE + RecordWords.SET_TG_MEMORY + RecordWords.DISPATCH + n * 1026);
-    const start = w.pos;
-    if (this.#pipeline !== p.handle) w.setPipeline(p.handle);
-    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
-    for (let i = 0; i < n; i++) {
-      const b = bindings[i], s = slots[i];
-      if (s.kind === "buffer") {
-        if (b instanceof MlxBuffer) {
-          const h = b.rawHandle;
-          if (h === 0) return this.#rewind(start);
-          w.setBuffer(i, h, b.byteOffset, b.byteLength);
-        } else if (b !== undefined || !s.optional) return this.#rewind(start);
-      } else if (Array.isArray(b)) {
-        const len = b.length, size = s.size;
-        if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (size !== undefined && len * 4 !== size)) {
-          return this.#rewind(start);
-        }
-        for (let k = 0; k < len; k++) if ((b[k] >>> 0) !== b[k]) return this.#rewind(start);
-        w.setWords(i, b);
-      } else return this.#rewind(start);
+    const writer = this.#writer!;
+    writer.reserve(p.maxDispatchWords);
+    const w = writer.words;
+    let at = writer.pos;
+    if (this.#pipeline !== p.handle) {
+      w[at] = H_SET_PIPELINE;
+      w[at + 1] = p.handle;
+      at += 2;
     }
-    w.dispatch(d.dispatchKind === "threads", g0, g1, g2, t0, t1, t2, this.#dispatches);
+    if (tgMem > 0) {
+      w[at] = H_SET_TG_MEMORY;
+      w[at + 1] = tgMem;
+      at += 2;
+    }
+    for (let i = 0; i < n; i++) {
+      const b = bindings[i], code = plan[i];
+      if (code < 0) { // a buffer slot
+        if (b instanceof MlxBuffer) {
+          const h = b.rawHandle, off = b.byteOffset, len = b.byteLength;
+          if (h === 0) return false;
+          if (off + len < TWO_32) {
+            w[at] = H_SET_BUFFER | (i << 8);
+            w[at + 1] = h;
+            w[at + 2] = off;
+            w[at + 3] = len;
+            at += 4;
+          } else {
+            w[at] = H_SET_BUFFER64 | (i << 8);
+            w[at + 1] = h;
+            w[at + 2] = off >>> 0;
+            w[at + 3] = Math.floor(off / TWO_32);
+            w[at + 4] = len >>> 0;
+            w[at + 5] = Math.floor(len / TWO_32);
+            at += 6;
+          }
+        } else if (b !== undefined || code === SLOT_BUFFER) return false;
+      } else if (Array.isArray(b)) { // inline bytes as u32 words
+        const len = b.length;
+        if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (code !== 0 && len * 4 !== code)) return false;
+        w[at] = setBytesHeader(len) | (i << 8);
+        w[at + 1] = len * 4;
+        at += 2;
+        for (let k = 0; k < len; k++) {
+          const v = b[k];
+          if ((v >>> 0) !== v) return false;
+          w[at + k] = v;
+        }
+        at += len;
+      } else return false;
+    }
+    w[at] = d.dispatchKind === "threads" ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
+    w[at + 1] = g0;
+    w[at + 2] = g1;
+    w[at + 3] = g2;
+    w[at + 4] = t0;
+    w[at + 5] = t1;
+    w[at + 6] = t2;
+    w[at + 7] = this.#dispatches;
+    writer.pos = at + 8;
     this.#pipeline = p.handle;
-    this.#kernels?.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
+    if (this.#kernels !== null) this.#kernels.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
     this.#dispatches++;
     this.#groupSize++;
     counterState.dispatches++;
     return true;
-  }
-
-  #rewind(pos: number): false {
-    this.#writer!.pos = pos;
-    return false;
   }
 
   /** Validates a descriptor; returns the stream words its records take. */

@@ -7,6 +7,7 @@
 
 import { MlxError } from "./errors.ts";
 import { CapturedOpKind } from "./graph/op_kind.ts";
+import { Limits, RecordWords } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { lastErrorText, readText } from "./native/status.ts";
 
@@ -50,14 +51,37 @@ export class Pipeline {
   readonly handle: number;
   /** The kernel's contract. */
   readonly contract: KernelContract;
+  /**
+   * @internal The contract as one small integer per slot, for the encoder's single-pass writer:
+   * {@link SLOT_BUFFER}, {@link SLOT_OPTIONAL_BUFFER}, or for inline bytes their exact size in
+   * bytes (0 when any size up to the limit is accepted).
+   */
+  readonly slotPlan: readonly number[];
+  /** @internal Most stream words one dispatch of this pipeline can take. */
+  readonly maxDispatchWords: number;
 
   /** @internal Created by KernelRegistry. */
   constructor(name: string, handle: number, contract: KernelContract) {
     this.name = name;
     this.handle = handle;
     this.contract = contract;
+    this.slotPlan = contract.slots.map((s) =>
+      s.kind === "buffer" ? (s.optional ? SLOT_OPTIONAL_BUFFER : SLOT_BUFFER) : s.size ?? 0
+    );
+    // SET_PIPELINE + SET_TG_MEMORY + DISPATCH, and per slot the largest record it can take.
+    const bytesWords = (n: number) => RecordWords.SET_BYTES_HEADER + ((n + 3) >>> 2);
+    this.maxDispatchWords = this.slotPlan.reduce(
+      (sum, code) =>
+        sum + (code < 0 ? RecordWords.SET_BUFFER64 : bytesWords(code > 0 ? code : Limits.MAX_INLINE_BYTES)),
+      RecordWords.SET_PIPELINE + RecordWords.SET_TG_MEMORY + RecordWords.DISPATCH,
+    );
   }
 }
+
+/** @internal {@link Pipeline.slotPlan} code of a required buffer slot. */
+export const SLOT_BUFFER = -1;
+/** @internal {@link Pipeline.slotPlan} code of an optional buffer slot. */
+export const SLOT_OPTIONAL_BUFFER = -2;
 
 const contracts = new Map<string, KernelContract>();
 

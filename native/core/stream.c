@@ -104,10 +104,6 @@ void mlxn_storage_free(mlxn_cmdbuf *cb) {
     return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg_);              \
   } while (0)
 
-/* Which opcodes use the header's slot field (indexed by opcode; unknown opcodes fail earlier). */
-static const uint8_t op_has_slot[MLXN_OP_SET_BUFFER64 + 1] = {
-    [MLXN_OP_SET_BUFFER] = 1, [MLXN_OP_SET_BUFFER64] = 1, [MLXN_OP_SET_BYTES] = 1, [MLXN_OP_SET_TG_MEMORY] = 1};
-
 static uint32_t word(const uint8_t *p) {
   uint32_t v;
   memcpy(&v, p, 4);
@@ -211,6 +207,41 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   return MLXN_OK;
 }
 
+/* Checks a fixed-size record's length and that only slot-carrying records use the slot field. */
+#define NEED_WORDS(op, fixed)                                                                      \
+  do {                                                                                             \
+    if (words != (fixed)) FAIL(MLXN_E_STREAM, "%s must be %u words, header says %u", op_name(op), (fixed), words); \
+  } while (0)
+#define NO_SLOT(op)                                                                                \
+  do {                                                                                             \
+    if (slot != 0) FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot); \
+  } while (0)
+
+/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot`. */
+static int32_t bind_buffer(mlxn_cmdbuf *cb, uint32_t slot, uint32_t handle, uint64_t boff, uint64_t blen,
+                           uint32_t off) {
+  if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
+  uint32_t index;
+  buffer_entry *e = mlxn_buffer_lookup(cb->dev, handle, &index);
+  if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
+  if (boff > e->size || blen > e->size - boff)
+    FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
+         (unsigned long long)boff, (unsigned long long)(boff + blen), (unsigned long long)e->size);
+  if (e->last_cb != cb->serial) { /* first binding in this command buffer: keep it alive */
+    if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
+      FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+    cb->refs[cb->n_refs++] = index;
+    e->refs++;
+    e->last_cb = cb->serial;
+  }
+  cb->slot_ptr[slot] = e->data + boff;
+  cb->slot_len[slot] = blen;
+  cb->slot_entry[slot] = index + 1;
+  cb->bytes_mask &= ~(1u << slot);
+  cb->bound_mask |= 1u << slot;
+  return MLXN_OK;
+}
+
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
   mlxn_device *dev = cb->dev;
   uint32_t off = 0;
@@ -222,64 +253,21 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     if ((uint64_t)words * 4 > (uint64_t)(len - off))
       FAIL(MLXN_E_STREAM, "truncated record: %s claims %u words, %u bytes remain", op_name(op), words,
            len - off);
-    uint32_t fixed = 0;
+    /* Ordered by frequency: a dispatch is typically a few buffers, one SET_BYTES and the dispatch. */
     switch (op) {
-      case MLXN_OP_SET_PIPELINE: fixed = MLXN_REC_SET_PIPELINE_WORDS; break;
-      case MLXN_OP_SET_BUFFER: fixed = MLXN_REC_SET_BUFFER_WORDS; break;
-      case MLXN_OP_SET_BUFFER64: fixed = MLXN_REC_SET_BUFFER64_WORDS; break;
-      case MLXN_OP_SET_TG_MEMORY: fixed = MLXN_REC_SET_TG_MEMORY_WORDS; break;
-      case MLXN_OP_DISPATCH_THREADS:
-      case MLXN_OP_DISPATCH_GROUPS: fixed = MLXN_REC_DISPATCH_WORDS; break;
-      case MLXN_OP_BARRIER: fixed = MLXN_REC_BARRIER_WORDS; break;
-      case MLXN_OP_SET_BYTES: break;
-      default: FAIL(MLXN_E_STREAM, "unknown opcode %u", op);
-    }
-    if (fixed && words != fixed)
-      FAIL(MLXN_E_STREAM, "%s must be %u words, header says %u", op_name(op), fixed, words);
-    if (slot != 0 && !op_has_slot[op])
-      FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot);
-    switch (op) {
-      case MLXN_OP_SET_PIPELINE: {
-        uint32_t handle = word(r + 4);
-        if (handle == cb->pipeline_handle && cb->pipeline) break;
-        const mlxn_slot_masks *masks = NULL;
-        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(handle, &masks);
-        if (!k || !mlxn_backend_has_kernel(dev, k)) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
-        cb->pipeline = k;
-        cb->pipeline_masks = masks;
-        cb->pipeline_handle = handle;
+      case MLXN_OP_SET_BUFFER: {
+        NEED_WORDS(op, MLXN_REC_SET_BUFFER_WORDS);
+        int32_t rc = bind_buffer(cb, slot, word(r + 4), word(r + 8), word(r + 12), off);
+        if (rc != MLXN_OK) return rc;
         break;
       }
-      case MLXN_OP_SET_BUFFER:
-      case MLXN_OP_SET_BUFFER64: {
-        uint32_t handle = word(r + 4);
-        uint64_t boff, blen;
-        if (op == MLXN_OP_SET_BUFFER) {
-          boff = word(r + 8);
-          blen = word(r + 12);
-        } else {
-          boff = word(r + 8) | ((uint64_t)word(r + 12) << 32);
-          blen = word(r + 16) | ((uint64_t)word(r + 20) << 32);
-        }
-        if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
-        uint32_t index;
-        buffer_entry *e = mlxn_buffer_lookup(dev, handle, &index);
-        if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
-        if (boff > e->size || blen > e->size - boff)
-          FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
-               (unsigned long long)boff, (unsigned long long)(boff + blen), (unsigned long long)e->size);
-        if (e->last_cb != cb->serial) { /* first binding in this command buffer: keep it alive */
-          if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
-            FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-          cb->refs[cb->n_refs++] = index;
-          e->refs++;
-          e->last_cb = cb->serial;
-        }
-        cb->slot_ptr[slot] = e->data + boff;
-        cb->slot_len[slot] = blen;
-        cb->slot_entry[slot] = index + 1;
-        cb->bytes_mask &= ~(1u << slot);
-        cb->bound_mask |= 1u << slot;
+      case MLXN_OP_DISPATCH_THREADS:
+      case MLXN_OP_DISPATCH_GROUPS: {
+        NEED_WORDS(op, MLXN_REC_DISPATCH_WORDS);
+        NO_SLOT(op);
+        int32_t rc = decode_dispatch(cb, r, op, off);
+        if (rc != MLXN_OK) return rc;
+        cb->tg_memory = 0;
         break;
       }
       case MLXN_OP_SET_BYTES: {
@@ -300,7 +288,33 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         cb->bound_mask |= 1u << slot;
         break;
       }
+      case MLXN_OP_SET_PIPELINE: {
+        NEED_WORDS(op, MLXN_REC_SET_PIPELINE_WORDS);
+        NO_SLOT(op);
+        uint32_t handle = word(r + 4);
+        if (handle == cb->pipeline_handle && cb->pipeline) break;
+        const mlxn_slot_masks *masks = NULL;
+        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(handle, &masks);
+        if (!k || !mlxn_backend_has_kernel(dev, k)) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
+        cb->pipeline = k;
+        cb->pipeline_masks = masks;
+        cb->pipeline_handle = handle;
+        break;
+      }
+      case MLXN_OP_BARRIER:
+        NEED_WORDS(op, MLXN_REC_BARRIER_WORDS);
+        NO_SLOT(op);
+        if (cb->n_dispatches > 0) cb->barrier_pending = 1;
+        break;
+      case MLXN_OP_SET_BUFFER64: {
+        NEED_WORDS(op, MLXN_REC_SET_BUFFER64_WORDS);
+        int32_t rc = bind_buffer(cb, slot, word(r + 4), word(r + 8) | ((uint64_t)word(r + 12) << 32),
+                                 word(r + 16) | ((uint64_t)word(r + 20) << 32), off);
+        if (rc != MLXN_OK) return rc;
+        break;
+      }
       case MLXN_OP_SET_TG_MEMORY: {
+        NEED_WORDS(op, MLXN_REC_SET_TG_MEMORY_WORDS);
         uint32_t n = word(r + 4);
         if (slot != 0) FAIL(MLXN_E_STREAM, "threadgroup memory index %u: only index 0 is supported", slot);
         if (n > MLXN_MAX_TG_MEMORY)
@@ -308,16 +322,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         cb->tg_memory = n;
         break;
       }
-      case MLXN_OP_DISPATCH_THREADS:
-      case MLXN_OP_DISPATCH_GROUPS: {
-        int32_t rc = decode_dispatch(cb, r, op, off);
-        if (rc != MLXN_OK) return rc;
-        cb->tg_memory = 0;
-        break;
-      }
-      case MLXN_OP_BARRIER:
-        if (cb->n_dispatches > 0) cb->barrier_pending = 1;
-        break;
+      default: FAIL(MLXN_E_STREAM, "unknown opcode %u", op);
     }
     off += words * 4;
   }

@@ -7,14 +7,25 @@
 
 import { Op, recordHeader, RecordWords } from "./abi.ts";
 
-const H_SET_PIPELINE = recordHeader(Op.SET_PIPELINE, RecordWords.SET_PIPELINE);
-const H_SET_BUFFER = recordHeader(Op.SET_BUFFER, RecordWords.SET_BUFFER);
-const H_SET_BUFFER64 = recordHeader(Op.SET_BUFFER64, RecordWords.SET_BUFFER64);
-const H_SET_TG_MEMORY = recordHeader(Op.SET_TG_MEMORY, RecordWords.SET_TG_MEMORY);
-const H_DISPATCH_THREADS = recordHeader(Op.DISPATCH_THREADS, RecordWords.DISPATCH);
-const H_DISPATCH_GROUPS = recordHeader(Op.DISPATCH_GROUPS, RecordWords.DISPATCH);
+/** Header words of the fixed-size records (slot 0; OR in `slot << 8`). */
+export const H_SET_PIPELINE: number = recordHeader(Op.SET_PIPELINE, RecordWords.SET_PIPELINE);
+/** @see H_SET_PIPELINE */
+export const H_SET_BUFFER: number = recordHeader(Op.SET_BUFFER, RecordWords.SET_BUFFER);
+/** @see H_SET_PIPELINE */
+export const H_SET_BUFFER64: number = recordHeader(Op.SET_BUFFER64, RecordWords.SET_BUFFER64);
+/** @see H_SET_PIPELINE */
+export const H_SET_TG_MEMORY: number = recordHeader(Op.SET_TG_MEMORY, RecordWords.SET_TG_MEMORY);
+/** @see H_SET_PIPELINE */
+export const H_DISPATCH_THREADS: number = recordHeader(Op.DISPATCH_THREADS, RecordWords.DISPATCH);
+/** @see H_SET_PIPELINE */
+export const H_DISPATCH_GROUPS: number = recordHeader(Op.DISPATCH_GROUPS, RecordWords.DISPATCH);
 const H_BARRIER = recordHeader(Op.BARRIER, RecordWords.BARRIER);
-const TWO_32 = 4294967296;
+/** SET_BYTES header for `words` data words at slot 0 (OR in `slot << 8`). */
+export function setBytesHeader(dataWords: number): number {
+  return recordHeader(Op.SET_BYTES, RecordWords.SET_BYTES_HEADER + dataWords);
+}
+/** Views ending below this fit a 32-bit SET_BUFFER record. */
+export const TWO_32 = 4294967296;
 
 /** Receives a chunk of `byteLength` bytes at the start of `bytes`. */
 export type StreamSink = (bytes: Uint8Array, byteLength: number) => void;
