@@ -114,7 +114,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     o: f32(hidden),
     g: f32(ffn),
     u: f32(ffn),
-    gs: f32(ffn),
     ff: f32(ffn),
     d: f32(hidden),
     logits: f32(vocab),
@@ -163,9 +162,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       L.wg.run(s, act.h, act.g);
       L.wu.run(s, act.h, act.u);
       barrier();
-      s.silu(act.g, act.gs);
-      barrier();
-      s.elementwiseMul(act.gs, act.u, act.ff);
+      s.siluMul(act.g, act.u, act.ff); // SwiGLU in one kernel
       barrier();
       L.wd.run(s, act.ff, act.d);
       barrier();

@@ -225,6 +225,11 @@ export class GraphSession implements DispatchTarget {
     ops.silu(this, this.#registry, input, output, n);
   }
 
+  /** {@link ops.siluMul}: SwiGLU, silu(gate) · up in one kernel. */
+  siluMul(gate: MlxBuffer, up: MlxBuffer, out: MlxBuffer, n?: number): void {
+    ops.siluMul(this, this.#registry, gate, up, out, n);
+  }
+
   /** Strided row copy (e.g. a K/V cache append). */
   stridedCopy(src: MlxBuffer, dst: MlxBuffer, o: ops.StridedCopyOptions): void {
     ops.stridedCopy(this, this.#registry, src, dst, o);

@@ -202,7 +202,7 @@ Deno.test("axpby matches the reference", async (t) => {
   }
 });
 
-Deno.test("silu matches the reference; strided_copy moves exactly its rows", async (t) => {
+Deno.test("silu and silu_mul match the reference; strided_copy moves exactly its rows", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
   for (const dtype of FLOATS) {
@@ -218,6 +218,32 @@ Deno.test("silu matches the reference; strided_copy moves exactly its rows", asy
           want,
           (i) => Math.abs(want[i]) * (8 * U32 + 2 * u) + 1e-30 + subnormalFloor(dtype),
           "silu",
+        );
+      });
+    }
+  }
+  for (const dtype of FLOATS) {
+    for (const n of [1, 7, 4097]) {
+      await t.step(`silu_mul (SwiGLU) ${dtype} n=${n}: the reference, and bit-equal to silu → mul`, () => {
+        const gv = randomValues(n, n + 11, dtype, -20, 20), uv = randomValues(n, n + 12, dtype, -4, 4);
+        const bytes = n * (dtype === D.F32 ? 4 : 2);
+        using g = device.upload(gv, dtype), up = device.upload(uv, dtype);
+        using fused = device.alloc(bytes, dtype), s = device.alloc(bytes, dtype), pair = device.alloc(bytes, dtype);
+        run((enc) => ops.siluMul(enc, registry, g, up, fused), device);
+        run((enc) => {
+          ops.silu(enc, registry, g, s);
+          enc.memoryBarrier();
+          ops.elementwiseMul(enc, registry, s, up, pair);
+        }, device);
+        const got = fused.read(), unfused = pair.read();
+        for (let i = 0; i < n; i++) assertEquals(got[i], unfused[i], `i=${i}`);
+        // silu as above (≤ 8 u32 + a dtype rounding), then one product rounded to the dtype.
+        const sw = refSilu(gv), want = Float64Array.from(sw, (v, i) => v * uv[i]), u = unitRoundoff(dtype);
+        assertClose(
+          got,
+          want,
+          (i) => Math.abs(want[i]) * (8 * U32 + 4 * u) + 1e-30 + subnormalFloor(dtype) * (1 + Math.abs(uv[i])),
+          "silu_mul",
         );
       });
     }

@@ -48,6 +48,29 @@ BINARY_KERNEL(mul_f32, MLXN_T_F32, *)
 BINARY_KERNEL(mul_f16, MLXN_T_F16, *)
 BINARY_KERNEL(mul_bf16, MLXN_T_BF16, *)
 
+/* ---- silu_mul (SwiGLU): 0 gate, 1 up, 2 out, 3 {n: u32}; out = silu(gate) · up ------------------ */
+/* The silu result is rounded to the storage type first, so the fused kernel equals silu → mul. */
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+#define SILU_MUL_KERNEL(NAME, T)                                                                   \
+  static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
+    return binary_validate(a, T, err, cap);                                                        \
+  }                                                                                                \
+  static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
+    (void)gy; (void)gz; (void)s;                                                                   \
+    uint64_t i, end;                                                                               \
+    tg_span(a, gx, mlxn_arg_u32(a, 3, 0), &i, &end);                                               \
+    for (; i < end; i++) {                                                                         \
+      float g = mlxn_round_to(silu(mlxn_load(a->ptr[0], i, T)), T);                                \
+      mlxn_store(a->ptr[2], i, T, g * mlxn_load(a->ptr[1], i, T));                                 \
+    }                                                                                              \
+    return 0;                                                                                      \
+  }
+
+SILU_MUL_KERNEL(silu_mul_f32, MLXN_T_F32)
+SILU_MUL_KERNEL(silu_mul_f16, MLXN_T_F16)
+SILU_MUL_KERNEL(silu_mul_bf16, MLXN_T_BF16)
+
 /* ---- gelu (tanh approximation): 0 in, 1 out; n = grid[0] ---------------------------------- */
 
 static float gelu_tanh(float x) {
@@ -80,8 +103,6 @@ UNARY_KERNEL(gelu_f16, MLXN_T_F16, gelu_tanh)
 UNARY_KERNEL(gelu_bf16, MLXN_T_BF16, gelu_tanh)
 
 /* ---- silu: 0 in, 1 out; out = x · sigmoid(x); n = grid[0] ------------------------------------- */
-
-static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 UNARY_KERNEL(silu_f32, MLXN_T_F32, silu)
 UNARY_KERNEL(silu_f16, MLXN_T_F16, silu)
@@ -197,6 +218,9 @@ const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[] = {
     {"silu_f32", "bb", silu_f32_validate, silu_f32_run},
     {"silu_f16", "bb", silu_f16_validate, silu_f16_run},
     {"silu_bf16", "bb", silu_bf16_validate, silu_bf16_run},
+    {"silu_mul_f32", "bbbc", silu_mul_f32_validate, silu_mul_f32_run},
+    {"silu_mul_f16", "bbbc", silu_mul_f16_validate, silu_mul_f16_run},
+    {"silu_mul_bf16", "bbbc", silu_mul_bf16_validate, silu_mul_bf16_run},
     {"strided_copy_f32", "bbc", strided_copy_f32_validate, strided_copy_f32_run},
     {"debug_fault", "bc", debug_fault_validate, debug_fault_run},
     {0, 0, 0, 0},

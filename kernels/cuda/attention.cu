@@ -32,20 +32,26 @@ template <int T> __global__ void k_sdpa(const mlxn_gpu_args a) {
   for (uint32_t d = 0; d < hd; d++) store<T>(buf<void>(a, 3), qo + d, acc[d] / l);
 }
 
-template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args a) {
-  uint32_t heads = arg_u32(a, 4, 0), kv_heads = arg_u32(a, 4, 4), hd = arg_u32(a, 4, 8);
+// The vec kernel's body for PER = head_dim / 32 dimensions per lane, a compile-time constant so the
+// query, the accumulator and the step's K/V rows live in registers (a runtime count put them in
+// local memory, which made the kernel ~6× slower on its dependent path). A step takes KEYS keys and
+// issues all their K and V loads at once: the kernel's latency is one memory round trip per step
+// (a workgroup's chunk at ctx 512 and 32 workgroups is one step).
+template <int T, int PER>
+__device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t h, uint32_t w, uint32_t lane) {
+  constexpr int KEYS = 64 / PER; // 64 K and 64 V registers per lane
+  uint32_t heads = arg_u32(a, 4, 0), kv_heads = arg_u32(a, 4, 4);
   uint32_t kv_len = arg_u32(a, 4, 12), kv_cap = arg_u32(a, 4, 16), mask = arg_u32(a, 4, 24);
   uint32_t window = arg_u32(a, 4, 28), nwg = arg_u32(a, 4, 36);
   float scale = arg_f32(a, 4, 20), softcap = arg_f32(a, 4, 32);
-  uint32_t h = blockIdx.x, w = blockIdx.y, lane = threadIdx.x;
-  if (h >= heads || w >= nwg) return;
-  uint32_t per = hd / 32; // 2..16 dimensions per lane
+  const uint32_t hd = PER * 32;
   uint32_t kvh = h / (heads / kv_heads);
   const float *q = buf<const float>(a, 0) + (uint64_t)h * hd;
   const void *K = buf<const void>(a, 1), *V = buf<const void>(a, 2);
-  uint64_t kbase = (uint64_t)kvh * kv_cap * hd;
-  float ql[16], acc[16];
-  for (uint32_t i = 0; i < per; i++) {
+  uint64_t kbase = (uint64_t)kvh * kv_cap * hd + lane;
+  float ql[PER], acc[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) {
     ql[i] = q[lane + 32 * i];
     acc[i] = 0.0f;
   }
@@ -53,42 +59,101 @@ template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args a) {
   uint32_t pos = kv_len - 1;
   if (mask == 2 && pos + 1 > window && k0 < pos + 1 - window) k0 = pos + 1 - window;
   float m = -INFINITY, l = 0.0f;
-  for (uint32_t k = k0; k < k1; k++) {
-    uint64_t ko = kbase + (uint64_t)k * hd + lane;
-    float part = 0.0f;
-    for (uint32_t i = 0; i < per; i++) part += ql[i] * load<T>(K, ko + 32 * i);
-    float s = warp_sum(part) * scale;
-    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-    float mn = fmaxf(m, s), corr = expf(m - mn), e = expf(s - mn);
-    l = l * corr + e;
-    for (uint32_t i = 0; i < per; i++) acc[i] = acc[i] * corr + e * load<T>(V, ko + 32 * i);
+  for (uint32_t kb = k0; kb < k1; kb += KEYS) {
+    // Keys past k1 load nothing and get a -inf score (weight 0).
+    float kv[KEYS][PER], vv[KEYS][PER];
+#pragma unroll
+    for (int j = 0; j < KEYS; j++) {
+      uint64_t ro = kbase + (uint64_t)(kb + j) * hd;
+      bool in = kb + j < k1;
+#pragma unroll
+      for (int i = 0; i < PER; i++) {
+        kv[j][i] = in ? load<T>(K, ro + 32 * i) : 0.0f;
+        vv[j][i] = in ? load<T>(V, ro + 32 * i) : 0.0f;
+      }
+    }
+    float s[KEYS], mn = m;
+#pragma unroll
+    for (int j = 0; j < KEYS; j++) {
+      float part = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PER; i++) part += ql[i] * kv[j][i];
+      float v = warp_sum(part) * scale;
+      if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+      s[j] = kb + j < k1 ? v : -INFINITY;
+      mn = fmaxf(mn, s[j]);
+    }
+    float corr = expf(m - mn); // m = -inf on the first step: corr = 0 scales zeros
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < PER; i++) acc[i] *= corr;
+#pragma unroll
+    for (int j = 0; j < KEYS; j++) {
+      float e = kb + j < k1 ? expf(s[j] - mn) : 0.0f;
+      l += e;
+#pragma unroll
+      for (int i = 0; i < PER; i++) acc[i] += e * vv[j][i];
+    }
     m = mn;
   }
   float *out = buf<float>(a, 3) + ((uint64_t)h * nwg + w) * (hd + 2);
-  for (uint32_t i = 0; i < per; i++) out[lane + 32 * i] = acc[i];
+#pragma unroll
+  for (int i = 0; i < PER; i++) out[lane + 32 * i] = acc[i];
   if (lane == 0) {
     out[hd] = m; // -inf for an empty chunk
     out[hd + 1] = l;
   }
 }
 
+template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args a) {
+  uint32_t heads = arg_u32(a, 4, 0), hd = arg_u32(a, 4, 8), nwg = arg_u32(a, 4, 36);
+  uint32_t h = blockIdx.x, w = blockIdx.y, lane = threadIdx.x;
+  if (h >= heads || w >= nwg) return;
+  switch (hd) { // the validator admits 64, 128, 256 and 512
+    case 64: flash_vec_body<T, 2>(a, h, w, lane); break;
+    case 128: flash_vec_body<T, 4>(a, h, w, lane); break;
+    case 256: flash_vec_body<T, 8>(a, h, w, lane); break;
+    default: flash_vec_body<T, 16>(a, h, w, lane); break;
+  }
+}
+
+// Workgroups whose partial results a thread loads at once (more are taken in further rounds).
+#define REDUCE_BATCH 32
+
+// One block per head; thread d combines output dimension d. Each thread loads the (m, l) pairs and
+// its dimension of a batch of workgroups in one round, then weighs them locally: the kernel's
+// latency is one memory round trip per REDUCE_BATCH workgroups (one at the default 32).
 __global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args a) {
   uint32_t heads = arg_u32(a, 2, 0), hd = arg_u32(a, 2, 4), nwg = arg_u32(a, 2, 8);
   uint32_t h = blockIdx.x;
   if (h >= heads) return;
   const float *tmp = buf<const float>(a, 0) + (uint64_t)h * nwg * (hd + 2);
-  float m = -INFINITY;
-  for (uint32_t w = 0; w < nwg; w++) m = fmaxf(m, tmp[w * (hd + 2) + hd]);
-  float l = 0.0f;
-  for (uint32_t w = 0; w < nwg; w++) {
-    const float *part = tmp + w * (hd + 2);
-    if (part[hd + 1] != 0.0f) l += part[hd + 1] * expf(part[hd] - m);
-  }
   for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.0f;
-    for (uint32_t w = 0; w < nwg; w++) {
-      const float *part = tmp + w * (hd + 2);
-      if (part[hd + 1] != 0.0f) o += part[d] * expf(part[hd] - m);
+    // Running max / sum over batches, rescaled like the online softmax of the split kernel.
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (uint32_t w0 = 0; w0 < nwg; w0 += REDUCE_BATCH) {
+      float pm[REDUCE_BATCH], pl[REDUCE_BATCH], po[REDUCE_BATCH];
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) {
+        const float *part = tmp + (uint64_t)(w0 + j) * (hd + 2);
+        bool in = w0 + j < nwg;
+        pm[j] = in ? part[hd] : -INFINITY;
+        pl[j] = in ? part[hd + 1] : 0.0f;
+        po[j] = in ? part[d] : 0.0f;
+      }
+      float mn = m;
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) mn = fmaxf(mn, pm[j]);
+      float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+      l *= corr;
+      o *= corr;
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) {
+        float e = pl[j] != 0.0f ? expf(pm[j] - mn) : 0.0f; // an empty chunk has l = 0, m = -inf
+        l += pl[j] * e;
+        o += po[j] * e;
+      }
+      m = mn;
     }
     buf<float>(a, 1)[(uint64_t)h * hd + d] = o / l;
   }

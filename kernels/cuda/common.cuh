@@ -61,29 +61,40 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Deterministic block reductions over blockDim.x threads (a power of two), through `sh`.
-__device__ __forceinline__ float block_sum(float v, float *sh) {
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-    __syncthreads();
+// Deterministic block reductions over blockDim.x threads (a power of two), through `sh` (one
+// float per warp): shuffles within each warp, then the first warp combines the warps' results.
+// Every thread gets the result; `sh` is free again on return.
+template <typename Op> __device__ __forceinline__ float block_reduce(float v, float *sh, Op op) {
+  const unsigned n = blockDim.x, lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  if (n <= 32) { // one warp, possibly partial: xor partners stay inside the n active lanes
+    const unsigned mask = n == 32 ? 0xffffffffu : (1u << n) - 1u;
+    for (unsigned o = n / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(mask, v, o));
+    return v;
   }
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = sh[lane < n / 32 ? lane : 0];
+    for (unsigned o = 16; o > 0; o >>= 1) {
+      float other = __shfl_xor_sync(0xffffffffu, w, o);
+      if ((lane ^ o) < n / 32 && lane < n / 32) w = op(w, other);
+    }
+    if (lane == 0) sh[0] = w;
+  }
+  __syncthreads();
   float r = sh[0];
   __syncthreads();
   return r;
 }
-__device__ __forceinline__ float block_max(float v, float *sh) {
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
-    __syncthreads();
-  }
-  float r = sh[0];
-  __syncthreads();
-  return r;
-}
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce(v, sh, SumOp()); }
+__device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce(v, sh, MaxOp()); }
 
 // Reports a data-dependent failure of this dispatch (e.g. an expert id out of range).
 __device__ __forceinline__ void fault(const mlxn_gpu_args &a) {

@@ -21,6 +21,15 @@ template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args a) {
   store<T>(buf<void>(a, 1), i, FN == 0 ? gelu_tanh(x) : x / (1.0f + expf(-x)));
 }
 
+// SwiGLU: silu(gate) rounded to the storage type, times up (equals the silu → mul pair).
+template <int T> __global__ void k_silu_mul(const mlxn_gpu_args a) {
+  uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
+  if (i >= n || i >= a.grid[0]) return;
+  float g = load<T>(buf<void>(a, 0), i);
+  g = round_to<T>(g / (1.0f + expf(-g)));
+  store<T>(buf<void>(a, 2), i, __fmul_rn(g, load<T>(buf<void>(a, 1), i)));
+}
+
 __global__ void k_softcap(const mlxn_gpu_args a) {
   uint64_t i = thread_x(a);
   if (i >= arg_u32(a, 2, 4) || i >= a.grid[0]) return;
@@ -62,6 +71,9 @@ extern const mlxn_cuda_kernel mlxn_cuda_elementwise_kernels[] = {
     {"silu_f32", (const void *)k_unary<T_F32, 1>, 0},
     {"silu_f16", (const void *)k_unary<T_F16, 1>, 0},
     {"silu_bf16", (const void *)k_unary<T_BF16, 1>, 0},
+    {"silu_mul_f32", (const void *)k_silu_mul<T_F32>, 0},
+    {"silu_mul_f16", (const void *)k_silu_mul<T_F16>, 0},
+    {"silu_mul_bf16", (const void *)k_silu_mul<T_BF16>, 0},
     {"softcap_f32", (const void *)k_softcap, 0},
     {"axpby_f32", (const void *)k_axpby, 0},
     {"strided_copy_f32", (const void *)k_strided_copy, 0},

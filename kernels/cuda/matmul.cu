@@ -10,41 +10,77 @@ __device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ uint32_t warp_id() { return threadIdx.x >> 5; }
 
 // ---- dense ------------------------------------------------------------------------------------
+// bf16 fast path (k % 8 == 0, 16 B-aligned rows): the block's 4 warps form 2 pairs; each pair owns
+// 2 output rows and its two warps split K between them. A lane loads 16 B of each row per step
+// (two steps in flight), reusing the same 8 inputs for both rows, so x costs half the traffic of
+// the weights. Measured on an H200 (bench/gpu_kernels_bench.ts): 17–30 % less time than one warp
+// per row at the decode shapes.
+#define DENSE_ROWS_PER_WARP 2
+#define DENSE_SPLIT 2
+static_assert(WARPS / DENSE_SPLIT * DENSE_ROWS_PER_WARP == WARPS, "a block covers WARPS outputs");
+
+__device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
+  const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv);
+  float2 w01 = __bfloat1622float2(p[0]), w23 = __bfloat1622float2(p[1]);
+  float2 w45 = __bfloat1622float2(p[2]), w67 = __bfloat1622float2(p[3]);
+  return x0.x * w01.x + x0.y * w01.y + x0.z * w23.x + x0.w * w23.y + x1.x * w45.x + x1.y * w45.y +
+         x1.z * w67.x + x1.w * w67.y;
+}
+
+__device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k) {
+  __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
+  const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
+  const uint32_t n0 = blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
+  const float4 *x4 = reinterpret_cast<const float4 *>(buf<const float>(a, 0) + (uint64_t)row * k);
+  const __nv_bfloat16 *w = buf<const __nv_bfloat16>(a, 1);
+  // Rows past n read row n-1 (in bounds) and are not stored.
+  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0, n_ - 1) * k);
+  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0 + 1, n_ - 1) * k);
+  const uint32_t chunks = k / 8, stride = 32 * DENSE_SPLIT;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  uint32_t c = half * 32 + lane;
+  for (; c + stride < chunks; c += 2 * stride) {
+    const uint32_t d = c + stride;
+    uint4 a0 = __ldg(w0 + c), a1 = __ldg(w1 + c), b0 = __ldg(w0 + d), b1 = __ldg(w1 + d);
+    float4 xc0 = x4[2 * c], xc1 = x4[2 * c + 1], xd0 = x4[2 * d], xd1 = x4[2 * d + 1];
+    acc0 += dot8(a0, xc0, xc1) + dot8(b0, xd0, xd1);
+    acc1 += dot8(a1, xc0, xc1) + dot8(b1, xd0, xd1);
+  }
+  if (c < chunks) {
+    float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
+    acc0 += dot8(__ldg(w0 + c), x0, x1);
+    acc1 += dot8(__ldg(w1 + c), x0, x1);
+  }
+  acc0 = warp_sum(acc0);
+  acc1 = warp_sum(acc1);
+  if (lane == 0) {
+    partial[warp][0] = acc0;
+    partial[warp][1] = acc1;
+  }
+  __syncthreads();
+  if (half == 0 && lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
+    float v = 0.0f;
+    for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
+    buf<float>(a, 2)[(uint64_t)row * n_ + n0 + lane] = v;
+  }
+}
+
 template <int T> __global__ void k_matmul(const mlxn_gpu_args a) {
   uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
-  uint32_t n = blockIdx.x * WARPS + warp_id(), row = blockIdx.y, lane = lane_id();
-  if (n >= n_ || row >= m) return;
+  uint32_t row = blockIdx.y, lane = lane_id();
+  if (row >= m) return;
+  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
+  if (T == T_BF16 && k % 8 == 0 && aligned) { // uniform per block: the whole block takes it
+    matmul_bf16_rows(a, row, n_, k);
+    return;
+  }
+  uint32_t n = blockIdx.x * WARPS + warp_id();
+  if (n >= n_) return;
   const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
   const void *w = buf<const void>(a, 1);
   uint64_t wrow = (uint64_t)n * k;
   float acc = 0.0f;
-  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
-  if (T == T_BF16 && k % 8 == 0 && aligned) {
-    // 8 bf16 weights (16 B) and 8 inputs per lane per step, two steps in flight (two independent
-    // accumulators) so each lane keeps more loads outstanding: the product is bandwidth-bound.
-    const uint4 *w4 = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(w) + wrow);
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    const uint32_t chunks = k / 8;
-    float acc1 = 0.0f;
-    auto step = [&](uint32_t c, float &sum) {
-      uint4 wv = w4[c];
-      float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
-      const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv);
-      float2 w01 = __bfloat1622float2(p[0]), w23 = __bfloat1622float2(p[1]);
-      float2 w45 = __bfloat1622float2(p[2]), w67 = __bfloat1622float2(p[3]);
-      sum += x0.x * w01.x + x0.y * w01.y + x0.z * w23.x + x0.w * w23.y;
-      sum += x1.x * w45.x + x1.y * w45.y + x1.z * w67.x + x1.w * w67.y;
-    };
-    uint32_t c = lane;
-    for (; c + 32 < chunks; c += 64) {
-      step(c, acc);
-      step(c + 32, acc1);
-    }
-    if (c < chunks) step(c, acc);
-    acc += acc1;
-  } else {
-    for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
-  }
+  for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
   acc = warp_sum(acc);
   if (lane == 0) buf<float>(a, 2)[(uint64_t)row * n_ + n] = acc;
 }

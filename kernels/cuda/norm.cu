@@ -18,32 +18,62 @@ __device__ __forceinline__ uint64_t row_index() {
   return ((uint64_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
 }
 
+// Elements per thread kept in registers by the rms_norm fast path (dim <= ROW_REGS · blockDim.x):
+// every load of the row is issued before the reduction, so the kernel pays one memory round trip
+// instead of two. Longer rows take the streaming loop.
+#define ROW_REGS 8
+
 // MODE 0: rms_norm (in, w, out, params); 1: rms_norm_mul (in, w, scale, out, params);
 // 2: rms_norm_mul_add (in, w, scale, residual, out, params); 3: rms_norm_no_scale (in, out, params).
+// The per-element arithmetic is one function, so both paths and all modes round identically.
+template <int T, int MODE> __device__ __forceinline__ float rms_out(float x, float inv, float w, float sc, float res) {
+  float v = __fmul_rn(x, inv);
+  if (MODE == 3) return v;
+  // Explicit _rn intrinsics: never contracted into an FMA, so the fused kernels round exactly
+  // like the unfused mul and add kernels do.
+  float n = __fmul_rn(v, w);
+  if (MODE == 0) return n;
+  float m = __fmul_rn(round_to<T>(n), sc);
+  if (MODE == 2) m = __fadd_rn(round_to<T>(m), res);
+  return m;
+}
+
 template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args a) {
   const int pslot = MODE == 0 ? 3 : MODE == 1 ? 4 : MODE == 2 ? 5 : 2;
   const int oslot = MODE == 0 ? 2 : MODE == 1 ? 3 : MODE == 2 ? 4 : 1;
   float eps = arg_f32(a, pslot, 0);
   uint32_t dim = arg_u32(a, pslot, 4);
   uint64_t base = row_index() * dim;
-  const void *x = buf<const void>(a, 0);
+  const void *x = buf<const void>(a, 0), *w = buf<const void>(a, 1), *sc = buf<const void>(a, 2);
+  const void *res = buf<const void>(a, 3);
+  void *out = buf<void>(a, oslot);
+  if (dim <= ROW_REGS * blockDim.x) {
+    float xv[ROW_REGS], wv[ROW_REGS], sv[ROW_REGS], rv[ROW_REGS];
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROW_REGS; j++) {
+      uint32_t i = threadIdx.x + j * blockDim.x;
+      bool in = i < dim;
+      xv[j] = in ? load<T>(x, base + i) : 0.0f;
+      wv[j] = in && MODE != 3 ? load<T>(w, i) : 0.0f;
+      sv[j] = in && (MODE == 1 || MODE == 2) ? load<T>(sc, base + i) : 0.0f;
+      rv[j] = in && MODE == 2 ? load<T>(res, base + i) : 0.0f;
+      part += xv[j] * xv[j]; // zeros past the row add nothing, in the loop's order
+    }
+    float inv = 1.0f / sqrtf(block_sum(part, shmem) / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < ROW_REGS; j++) {
+      uint32_t i = threadIdx.x + j * blockDim.x;
+      if (i < dim) store<T>(out, base + i, rms_out<T, MODE>(xv[j], inv, wv[j], sv[j], rv[j]));
+    }
+    return;
+  }
   float inv = row_inv_rms<T>(x, base, dim, eps);
   for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = __fmul_rn(load<T>(x, base + i), inv);
-    if (MODE == 3) {
-      store<T>(buf<void>(a, oslot), base + i, v);
-      continue;
-    }
-    // Explicit _rn intrinsics: never contracted into an FMA, so the fused kernels round exactly
-    // like the unfused mul and add kernels do.
-    float n = __fmul_rn(v, load<T>(buf<const void>(a, 1), i));
-    if (MODE == 0) {
-      store<T>(buf<void>(a, oslot), base + i, n);
-      continue;
-    }
-    float m = __fmul_rn(round_to<T>(n), load<T>(buf<const void>(a, 2), base + i));
-    if (MODE == 2) m = __fadd_rn(round_to<T>(m), load<T>(buf<const void>(a, 3), base + i));
-    store<T>(buf<void>(a, oslot), base + i, m);
+    float wi = MODE != 3 ? load<T>(w, i) : 0.0f;
+    float si = MODE == 1 || MODE == 2 ? load<T>(sc, base + i) : 0.0f;
+    float ri = MODE == 2 ? load<T>(res, base + i) : 0.0f;
+    store<T>(out, base + i, rms_out<T, MODE>(load<T>(x, base + i), inv, wi, si, ri));
   }
 }
 

@@ -33,6 +33,18 @@ UNARY(silu_f32, float, silu)
 UNARY(silu_f16, half, silu)
 UNARY(silu_bf16, ushort, silu)
 
+// SwiGLU: silu(gate) rounded to the storage type, times up (equals the silu → mul pair).
+#define SILU_MUL(NAME, T)                                                                            \
+  kernel void NAME(device const T *gate [[buffer(0)]], device const T *up [[buffer(1)]],            \
+                   device T *out [[buffer(2)]], constant uint &n [[buffer(3)]], MLXN_ARGS_TAIL) {   \
+    ulong i = ulong(gid.x) * tpg.x + lid.x;                                                         \
+    if (i >= n || i >= grid.x) return;                                                              \
+    st(out, i, round_to(silu(ld(gate, i)), gate) * ld(up, i));                                      \
+  }
+SILU_MUL(silu_mul_f32, float)
+SILU_MUL(silu_mul_f16, half)
+SILU_MUL(silu_mul_bf16, ushort)
+
 struct softcap_params { float cap; uint n; };
 kernel void softcap_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
                         constant softcap_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {

@@ -14,10 +14,14 @@ import { checkBuffer, checkFinite, checkFloatDType, checkU32, type DispatchTarge
 
 const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
 
-function binaryContract(op: "add" | "mul", dtype: string): KernelContract {
+type BinaryOp = "add" | "mul" | "silu_mul";
+const binaryKernel = (op: BinaryOp) => op === "silu_mul" ? op : `elementwise_${op}`;
+
+function binaryContract(op: BinaryOp, dtype: string): KernelContract {
   return {
-    name: `elementwise_${op}_${dtype}`,
-    opKind: op === "add" ? CapturedOpKind.ElemAdd : CapturedOpKind.ElemMul,
+    name: `${binaryKernel(op)}_${dtype}`,
+    // silu_mul is not an ElemMul: the fusion pass must never take it for the MUL of RMSNorm→MUL.
+    opKind: op === "add" ? CapturedOpKind.ElemAdd : op === "mul" ? CapturedOpKind.ElemMul : CapturedOpKind.Activation,
     slots: [
       { name: "a", kind: "buffer", access: "read" },
       { name: "b", kind: "buffer", access: "read" },
@@ -54,6 +58,7 @@ export const elementwiseContracts: readonly KernelContract[] = [
     ],
   },
   ...FLOATS.map((t) => activationContract(`silu_${t}`)),
+  ...FLOATS.map((t) => binaryContract("silu_mul", t)),
   {
     name: "strided_copy_f32",
     opKind: CapturedOpKind.Other,
@@ -85,7 +90,7 @@ export const elementwiseContracts: readonly KernelContract[] = [
 registerContracts(elementwiseContracts);
 
 function binary(
-  op: "add" | "mul",
+  op: BinaryOp,
   target: DispatchTarget,
   registry: KernelRegistry,
   a: MlxBuffer,
@@ -93,7 +98,7 @@ function binary(
   out: MlxBuffer,
   n: number,
 ): void {
-  const name = `elementwise_${op}`;
+  const name = binaryKernel(op);
   checkFloatDType(name, a.dtype, FLOATS);
   checkU32(name, "n", n);
   checkBuffer(name, "a", a, a.dtype, n);
@@ -130,6 +135,22 @@ export function elementwiseMul(
   n: number = out.length,
 ): void {
   binary("mul", target, registry, a, b, out, n);
+}
+
+/**
+ * SwiGLU: out[i] = silu(gate[i]) · up[i] for i < n (default: out's length), in one kernel. The silu
+ * result is rounded to the storage type first, so it equals {@link silu} then
+ * {@link elementwiseMul} exactly, one dependent step shorter.
+ */
+export function siluMul(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  gate: MlxBuffer,
+  up: MlxBuffer,
+  out: MlxBuffer,
+  n: number = out.length,
+): void {
+  binary("silu_mul", target, registry, gate, up, out, n);
 }
 
 function unary(
