@@ -28,6 +28,8 @@ export interface MlxConfig {
   trace?: string;
   /** MLXN_CUDA_GRAPHS=0: plain stream launches on the CUDA backend. */
   cudaGraphs: boolean;
+  /** MLXN_CUDA_PDL=0: CUDA graph edges wait for full completion (no programmatic dependent launch). */
+  cudaPdl: boolean;
 }
 
 const NAMES = [
@@ -40,6 +42,7 @@ const NAMES = [
   "MLXN_PROFILE",
   "MLXN_TRACE",
   "MLXN_CUDA_GRAPHS",
+  "MLXN_CUDA_PDL",
 ] as const;
 
 /** Reads one environment variable if, and only if, reading it is already permitted. */
@@ -73,6 +76,7 @@ export function envConfig(): Readonly<MlxConfig> {
     profile: profile === "cb" || profile === "dispatch" ? profile : undefined,
     trace: env.MLXN_TRACE || undefined,
     cudaGraphs: env.MLXN_CUDA_GRAPHS !== "0",
+    cudaPdl: env.MLXN_CUDA_PDL !== "0",
   });
   return cached;
 }

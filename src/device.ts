@@ -36,6 +36,11 @@ export interface DeviceOptions {
   trace?: string;
   /** CUDA: use CUDA graphs (MLXN_CUDA_GRAPHS). */
   cudaGraphs?: boolean;
+  /**
+   * CUDA (compute capability 9.0+): let a dependent kernel launch while its producers still run,
+   * waiting in-kernel for their results (programmatic dependent launch; MLXN_CUDA_PDL).
+   */
+  cudaPdl?: boolean;
   /** Check every command buffer for missing barriers at commit (MLXN_VALIDATE=1). */
   validate?: boolean;
 }
@@ -148,7 +153,8 @@ export class MlxDevice {
     }
     const libPath = options.libPath ?? env.lib;
     const concurrency = options.concurrency ?? env.concurrency;
-    const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS);
+    const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS) |
+      ((options.cudaPdl ?? env.cudaPdl) ? 0 : Flag.NO_PDL);
     const threads = options.threads ?? 0;
     if ((threads >>> 0) !== threads) throw new MlxError("InvalidArgument", `threads must be a non-negative integer`);
     const level = options.profile ?? (options.profileDispatches ? "dispatch" : undefined) ?? env.profile;

@@ -38,3 +38,10 @@ Deno.test("the MSL sources define every contract's kernel, and nothing else", ()
   ]);
   deepStrictEqual([...new Set([...direct, ...stamped, ...norm])].sort(), contractNames());
 });
+
+Deno.test("every CUDA kernel waits for its producers first (programmatic edges let it start early)", () => {
+  const src = read("kernels/cuda/", ".cu");
+  const kernels = [...src.matchAll(/__global__ void (\w+)\(const mlxn_gpu_args a\) \{\n(.*)\n/g)];
+  deepStrictEqual(kernels.length, [...src.matchAll(/__global__/g)].length, "every kernel has the usual signature");
+  for (const [, name, first] of kernels) deepStrictEqual(first.trim(), "wait_for_producers();", name);
+});

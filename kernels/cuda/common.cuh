@@ -52,6 +52,15 @@ template <int T> __device__ __forceinline__ float round_to(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// The first statement of every kernel. In a CUDA graph with programmatic edges (compute capability
+// 9.0+) a kernel may start while the kernels it depends on still run; this waits until they have
+// completed and their writes are visible. Elsewhere it returns at once.
+__device__ __forceinline__ void wait_for_producers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -2,6 +2,7 @@
 #include "common.cuh"
 
 template <int T, int OP> __global__ void k_binary(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
   if (i >= n || i >= a.grid[0]) return;
   float x = load<T>(buf<void>(a, 0), i), y = load<T>(buf<void>(a, 1), i);
@@ -15,6 +16,7 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint64_t i = thread_x(a);
   if (i >= a.grid[0]) return;
   float x = load<T>(buf<void>(a, 0), i);
@@ -23,6 +25,7 @@ template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args a) {
 
 // SwiGLU: silu(gate) rounded to the storage type, times up (equals the silu → mul pair).
 template <int T> __global__ void k_silu_mul(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
   if (i >= n || i >= a.grid[0]) return;
   float g = load<T>(buf<void>(a, 0), i);
@@ -31,6 +34,7 @@ template <int T> __global__ void k_silu_mul(const mlxn_gpu_args a) {
 }
 
 __global__ void k_softcap(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint64_t i = thread_x(a);
   if (i >= arg_u32(a, 2, 4) || i >= a.grid[0]) return;
   float c = arg_f32(a, 2, 0);
@@ -38,6 +42,7 @@ __global__ void k_softcap(const mlxn_gpu_args a) {
 }
 
 __global__ void k_axpby(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint64_t i = thread_x(a);
   if (i >= arg_u32(a, 3, 8) || i >= a.grid[0]) return;
   float alpha = arg_f32(a, 3, 0), beta = arg_f32(a, 3, 4);
@@ -46,6 +51,7 @@ __global__ void k_axpby(const mlxn_gpu_args a) {
 }
 
 __global__ void k_strided_copy(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint32_t c = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
   uint32_t rows = arg_u32(a, 2, 0), cols = arg_u32(a, 2, 4), ss = arg_u32(a, 2, 8), ds = arg_u32(a, 2, 12);
   if (c >= cols || r >= rows || c >= a.grid[0] || r >= a.grid[1]) return;
@@ -53,6 +59,7 @@ __global__ void k_strided_copy(const mlxn_gpu_args a) {
 }
 
 __global__ void k_debug_fault(const mlxn_gpu_args a) {
+  wait_for_producers();
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   if (arg_u32(a, 1, 0)) fault(a);
   else buf<uint32_t>(a, 0)[0] = 1;

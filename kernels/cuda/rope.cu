@@ -2,6 +2,7 @@
 #include "common.cuh"
 
 __global__ void k_rope(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, t = blockIdx.y * a.tg[1] + threadIdx.y;
   float theta = arg_f32(a, 2, 0);
   uint32_t hd = arg_u32(a, 2, 4), seq = arg_u32(a, 2, 8);
@@ -18,6 +19,7 @@ __global__ void k_rope(const mlxn_gpu_args a) {
 }
 
 __global__ void k_rope_neox(const mlxn_gpu_args a) {
+  wait_for_producers();
   uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
   float theta = arg_f32(a, 2, 0);
   uint32_t hd = arg_u32(a, 2, 4), rd = arg_u32(a, 2, 8), heads = arg_u32(a, 4, 0), has_ff = arg_u32(a, 4, 4);

@@ -2,8 +2,9 @@
 //
 // Memory: cudaMalloc (never managed memory), zero-filled; reads and writes copy. Execution: the
 // queue thread turns a decoded command buffer into a CUDA graph — every dispatch of a concurrent
-// group depends on an empty join node after the previous group, so independent dispatches run
-// concurrently and a barrier orders exactly what it must. Executable graphs are cached by
+// group depends on every dispatch of the previous group (through an empty join node when that group
+// is wide), so independent dispatches run concurrently and a barrier orders exactly what it must;
+// on 9.0+ devices direct edges are programmatic (see build_graph). Executable graphs are cached by
 // topology; a command buffer with a known topology updates only the nodes whose arguments changed
 // (cudaGraphExecKernelNodeSetParams) and relaunches. MLXN_FLAG_NO_GRAPHS launches the kernels in
 // order on the stream instead. Data-dependent kernel failures set a device fault word that the
@@ -69,6 +70,7 @@ struct cuda_state {
   std::vector<cached_graph> cache;
   uint64_t uses = 0;
   uint64_t graph_builds = 0, graph_updates = 0, graph_reuses = 0, node_updates = 0;
+  bool pdl = false; // programmatic dependent launch in graphs (compute capability 9.0+)
 };
 
 static const size_t CACHE_SIZE = 8;
@@ -95,6 +97,7 @@ extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
     delete s;
     return rc;
   }
+  s->pdl = s->prop.major >= 9;
   *state = s;
   return 0;
 }
@@ -124,11 +127,13 @@ extern "C" uint32_t mlxn_cuda_info(void *state, uint32_t flags, char *buf, uint3
       buf, cap,
       "{\"backend\":\"cuda\",\"name\":\"%s\",\"computeCapability\":\"%d.%d\",\"memoryBytes\":%zu,"
       "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,\"maxSlots\":%d,"
-      "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"perDispatchTiming\":false,"
+      "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"cudaPdl\":%s,\"perDispatchTiming\":false,"
       "\"graphBuilds\":%llu,\"graphReuses\":%llu,\"nodeUpdates\":%llu}",
       s->prop.name, s->prop.major, s->prop.minor, s->prop.totalGlobalMem, MLXN_MAX_THREADS_PER_GROUP,
       MLXN_MAX_TG_MEMORY, MLXN_MAX_INLINE_BYTES, MLXN_MAX_SLOTS, (flags & MLXN_FLAG_SERIAL) ? "true" : "false",
-      (flags & MLXN_FLAG_NO_GRAPHS) ? "false" : "true", (unsigned long long)s->graph_builds,
+      (flags & MLXN_FLAG_NO_GRAPHS) ? "false" : "true",
+      !(flags & MLXN_FLAG_NO_GRAPHS) && !(flags & MLXN_FLAG_NO_PDL) && s->pdl ? "true" : "false",
+      (unsigned long long)s->graph_builds,
       (unsigned long long)s->graph_reuses, (unsigned long long)s->node_updates);
 }
 
@@ -222,32 +227,52 @@ static cudaKernelNodeParams node_params(const node_shape &sh, mlxn_gpu_args *arg
   return p;
 }
 
-// Builds and instantiates a graph for this topology.
-static bool build_graph(cached_graph &g, run_status &cb) {
+// A barrier after a group of at most this many dispatches links every dispatch of the next group
+// straight to each of them; a wider group first joins in an empty node (fewer edges).
+static const size_t DIRECT_EDGE_LIMIT = 8;
+
+// Builds and instantiates a graph for this topology. With `pdl`, direct barrier edges are
+// programmatic: a dependent kernel may launch once all blocks of its producers have started, and
+// waits in-kernel (wait_for_producers) for their completion. That hides the launch latency of each
+// dependent step; the order and visibility of memory are those of a full dependency.
+static bool build_graph(cached_graph &g, bool pdl, run_status &cb) {
   if (!cuda_ok(cudaGraphCreate(&g.graph, 0), cb, "cudaGraphCreate")) return false;
   g.nodes.assign(g.shape.size(), nullptr);
+  cudaGraphEdgeData early{};
+  early.from_port = cudaGraphKernelNodePortLaunchCompletion;
+  early.type = cudaGraphDependencyTypeProgrammatic;
+  std::vector<cudaGraphNode_t> prev, cur; // the previous and the current concurrent group
+  std::vector<cudaGraphEdgeData> edges;
   cudaGraphNode_t join = nullptr;
-  std::vector<cudaGraphNode_t> group_nodes;
-  uint32_t group = 0;
+  bool direct = false;
   for (size_t i = 0; i < g.shape.size(); i++) {
-    if (g.shape[i].group != group) { // a barrier: everything of the previous group joins first
-      if (!cuda_ok(cudaGraphAddEmptyNode(&join, g.graph, group_nodes.data(), group_nodes.size()), cb,
-                   "cudaGraphAddEmptyNode"))
+    if (i > 0 && g.shape[i].group != g.shape[i - 1].group) { // a barrier
+      prev.swap(cur);
+      cur.clear();
+      direct = prev.size() <= DIRECT_EDGE_LIMIT;
+      if (!direct && !cuda_ok(cudaGraphAddEmptyNode(&join, g.graph, prev.data(), prev.size()), cb,
+                              "cudaGraphAddEmptyNode"))
         return false;
-      group_nodes.clear();
-      group = g.shape[i].group;
     }
     void *slot;
     cudaKernelNodeParams p = node_params(g.shape[i], &g.args[i], &slot);
-    if (!cuda_ok(cudaGraphAddKernelNode(&g.nodes[i], g.graph, join ? &join : nullptr, join ? 1 : 0, &p), cb,
-                 "cudaGraphAddKernelNode"))
+    const cudaGraphNode_t *deps = prev.empty() ? nullptr : direct ? prev.data() : &join;
+    size_t ndeps = prev.empty() ? 0 : direct ? prev.size() : 1;
+    if (!cuda_ok(cudaGraphAddKernelNode(&g.nodes[i], g.graph, nullptr, 0, &p), cb, "cudaGraphAddKernelNode"))
       return false;
-    group_nodes.push_back(g.nodes[i]);
+    if (ndeps > 0) {
+      std::vector<cudaGraphNode_t> to(ndeps, g.nodes[i]);
+      edges.assign(ndeps, pdl && direct ? early : cudaGraphEdgeData{});
+      if (!cuda_ok(cudaGraphAddDependencies(g.graph, deps, to.data(), edges.data(), ndeps), cb,
+                   "cudaGraphAddDependencies"))
+        return false;
+    }
+    cur.push_back(g.nodes[i]);
   }
   return cuda_ok(cudaGraphInstantiate(&g.exec, g.graph, 0), cb, "cudaGraphInstantiate");
 }
 
-static void run_graph(cuda_state *s, run_status &cb, const std::vector<node_shape> &shape,
+static void run_graph(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
                       std::vector<mlxn_gpu_args> &args) {
   cached_graph *hit = nullptr;
   for (cached_graph &g : s->cache)
@@ -277,7 +302,14 @@ static void run_graph(cuda_state *s, run_status &cb, const std::vector<node_shap
     }
     slot->shape = shape;
     slot->args = args;
-    if (!build_graph(*slot, cb)) {
+    bool pdl = s->pdl && !(flags & MLXN_FLAG_NO_PDL);
+    if (!build_graph(*slot, pdl, cb) && pdl) { // programmatic edges refused: build plain ones from now on
+      drop_graph(*slot);
+      cb.code = 0;
+      s->pdl = false;
+      build_graph(*slot, false, cb);
+    }
+    if (cb.code != 0) {
       drop_graph(*slot);
       slot->shape.clear();
       return;
@@ -318,7 +350,7 @@ extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispat
                 "cudaLaunchKernel");
       }
     } else {
-      run_graph(s, st, shape, args);
+      run_graph(s, flags, st, shape, args);
     }
   }
   cuda_ok(cudaEventRecord(s->stop, s->stream), st, "cudaEventRecord");
