@@ -70,6 +70,7 @@ export {
 export {
   ComputeGraph,
   dualBufferSplit,
+  dualBufferSplitIndex,
   type GraphEncodeTarget,
   type PipelineResolver,
 } from "./src/graph/compute_graph.ts";

@@ -25,6 +25,7 @@ import {
   type CapturedNode,
   ComputeGraph,
   counters,
+  dualBufferSplit,
   GraphExecutor,
   MlxDevice,
 } from "../mod.ts";
@@ -217,8 +218,10 @@ for (const [m, r] of results) {
     "encode µs/token": +(r.encodeNs / n / 1e3).toFixed(0),
     "dispatches/token": r.dispatches / n,
     "barriers/token": r.barriers / n,
-    // A command-buffer boundary orders like a barrier, so each split lowers the bound by one.
-    "barrier bound": (m.recorded ? bound.fused : bound.plain) - (r.commandBuffers / n - 1),
+    // A command-buffer boundary orders like a barrier, so a split lowers the bound by one (a step of
+    // at most dualBufferSplit() dispatches is not split: its second command buffer is empty).
+    "barrier bound": (m.recorded ? bound.fused : bound.plain) -
+      (r.commandBuffers / n > 1 && r.dispatches / n > dualBufferSplit(r.dispatches / n) ? 1 : 0),
     "cmd bufs/token": r.commandBuffers / n,
     "fusions/token": r.fusions / n,
     "reordered/token": r.reordered / n,

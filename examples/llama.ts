@@ -1,9 +1,12 @@
 /**
  * A llama-style decoder with random weights (fixed seed), for the demo and the benchmarks: per layer
- * RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), Q/K/V projections,
- * NeoX rope, K/V appended to the cache, flash attention (split + reduce), output projection,
- * residual add, RMS_NORM → MUL, SwiGLU FFN, residual add; then the final norm and a dense bf16
- * lm-head. Weights: Q4_0, MLX 4-bit, or bf16 (dense; synthetic values made fast for large shapes).
+ * RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), the Q/K/V projection
+ * (one weight of the three stacked: one wide product instead of three small ones), NeoX rope, K/V
+ * appended to the cache, flash attention (split + reduce), output projection, residual add,
+ * RMS_NORM → MUL, the gate/up projection (stacked likewise), SwiGLU, the down projection, residual
+ * add; then the final norm and a dense bf16 lm-head. Stacking is how fast engines lay these weights
+ * out: the bytes are the same, but one product of n rows streams them closer to the bandwidth limit
+ * than several concurrent ones, and Q/K/V and gate/up are slices of one output. Weights: Q4_0, MLX 4-bit, or bf16 (dense; synthetic values made fast for large shapes).
  *
  * @module
  */
@@ -87,12 +90,9 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   const layers = Array.from({ length: cfg.layers }, () => ({
     attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
     ffnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
-    wq: linear(heads * headDim, hidden),
-    wk: linear(kvHeads * headDim, hidden),
-    wv: linear(kvHeads * headDim, hidden),
+    wqkv: linear((heads + 2 * kvHeads) * headDim, hidden), // rows: Q, then K, then V
     wo: linear(hidden, heads * headDim),
-    wg: linear(ffn, hidden),
-    wu: linear(ffn, hidden),
+    wgu: linear(2 * ffn, hidden), // rows: gate, then up
     wd: linear(hidden, ffn),
     kCache: f32(kvHeads * ctx * headDim),
     vCache: f32(kvHeads * ctx * headDim),
@@ -101,19 +101,23 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
   const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
   const ones = device.upload(new Float32Array(hidden).fill(1));
+  const qkv = f32((heads + 2 * kvHeads) * headDim), gu = f32(2 * ffn);
+  const qBytes = heads * headDim * 4, kvBytes = kvHeads * headDim * 4;
   const act = {
     x: f32(hidden),
     t: f32(hidden),
     h: f32(hidden),
-    q: f32(heads * headDim),
-    k: f32(kvHeads * headDim),
-    v: f32(kvHeads * headDim),
+    qkv,
+    q: qkv.slice(0, qBytes),
+    k: qkv.slice(qBytes, kvBytes),
+    v: qkv.slice(qBytes + kvBytes, kvBytes),
     qr: f32(heads * headDim),
     kr: f32(kvHeads * headDim),
     attn: f32(heads * headDim),
     o: f32(hidden),
-    g: f32(ffn),
-    u: f32(ffn),
+    gu,
+    g: gu.slice(0, ffn * 4),
+    u: gu.slice(ffn * 4, ffn * 4),
     ff: f32(ffn),
     d: f32(hidden),
     logits: f32(vocab),
@@ -132,9 +136,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.elementwiseMul(act.t, L.attnNorm, act.h); // … then MUL(weight): the fusion pattern
       barrier();
-      L.wq.run(s, act.h, act.q);
-      L.wk.run(s, act.h, act.k);
-      L.wv.run(s, act.h, act.v);
+      L.wqkv.run(s, act.h, act.qkv);
       barrier();
       s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
       s.ropeNeox(act.k, act.kr, act.pos, { ...rope, nHeads: kvHeads });
@@ -159,8 +161,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.elementwiseMul(act.t, L.ffnNorm, act.h);
       barrier();
-      L.wg.run(s, act.h, act.g);
-      L.wu.run(s, act.h, act.u);
+      L.wgu.run(s, act.h, act.gu);
       barrier();
       s.siluMul(act.g, act.u, act.ff); // SwiGLU in one kernel
       barrier();

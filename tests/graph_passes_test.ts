@@ -13,6 +13,7 @@ import {
   dependencyDepth,
   type DispatchNode,
   dualBufferSplit,
+  dualBufferSplitIndex,
   findHazards,
   MlxError,
 } from "../mod.ts";
@@ -188,6 +189,29 @@ Deno.test("dual buffer: the first max(64, n/10) dispatches go first, committed b
   // buffer 0 was committed before buffer 1 received its first dispatch
   ok(shared.indexOf("commit0") < shared.indexOf("1:k70"));
   equal(t1.log.includes("commit"), false, "the caller commits the second buffer");
+});
+
+Deno.test("dual buffer: the split moves to the end of the concurrent group it would cut", () => {
+  // 30 groups of 3 independent dispatches, each group reading what the previous one wrote: the
+  // 64th dispatch is the first of its group, so the split moves to the 66th (the group's end).
+  const nodes: CapturedNode[] = [];
+  for (let g = 0; g < 30; g++) {
+    for (let j = 0; j < 3; j++) {
+      nodes.push(other(`g${g}.${j}`, g === 0 ? [] : [r(g, 0, 24)], [r(g + 1, j * 8, j * 8 + 8)]));
+    }
+    if (g < 29) nodes.push(BARRIER);
+  }
+  equal(dualBufferSplitIndex(nodes, 64), 66 + 21); // 66 dispatches and the 21 barriers among them
+  const shared: string[] = [];
+  const t0 = recordingTarget(shared, "0"), t1 = recordingTarget(shared, "1");
+  // 22 groups → 21 barriers in the first buffer, 8 groups → 7 in the second: with the boundary, 29
+  // orderings for 30 groups, the dependency bound. (The barrier after group 21 heads the second
+  // buffer, where it costs nothing.)
+  deepStrictEqual(new ComputeGraph(nodes).encodeDualBuffer(t0, t1), [21, 7]);
+  equal(t0.log.filter((x) => x.startsWith("g")).length, 66);
+  // One wide group: no boundary within another n0 dispatches, so the plain split stays.
+  const wide = Array.from({ length: 200 }, (_, i) => other(`w${i}`, [], [r(1, i * 8, i * 8 + 8)]));
+  equal(dualBufferSplitIndex(wide, 64), 64);
 });
 
 Deno.test("validator: a missing barrier is reported with both dispatches, kernels and bytes", () => {

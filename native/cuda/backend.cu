@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #include "../../kernels/cuda/common.cuh"
@@ -71,6 +72,12 @@ struct cuda_state {
   uint64_t uses = 0;
   uint64_t graph_builds = 0, graph_updates = 0, graph_reuses = 0, node_updates = 0;
   bool pdl = false; // programmatic dependent launch in graphs (compute capability 9.0+)
+  // Per-command-buffer work arrays, kept between command buffers (no allocation in steady state).
+  std::vector<mlxn_cuda_dispatch> dispatches;
+  std::vector<node_shape> shape;
+  std::vector<mlxn_gpu_args> args;
+  // Kernel of each name, keyed by the name's address (the core's kernel tables are static).
+  std::unordered_map<const char *, const mlxn_cuda_kernel *> kernel_of;
 };
 
 static const size_t CACHE_SIZE = 8;
@@ -158,6 +165,16 @@ extern "C" int mlxn_cuda_copy(uint8_t *mem, uint8_t *host, uint64_t len, int to_
 
 extern "C" int mlxn_cuda_has_kernel(const char *name) { return find_kernel(name) != nullptr; }
 
+extern "C" mlxn_cuda_dispatch *mlxn_cuda_dispatches(void *state, uint32_t n) {
+  cuda_state *s = static_cast<cuda_state *>(state);
+  try {
+    if (s->dispatches.size() < n) s->dispatches.resize(n);
+  } catch (...) {
+    return nullptr;
+  }
+  return s->dispatches.data();
+}
+
 // The outcome of running one command buffer.
 struct run_status {
   int code = 0;
@@ -176,9 +193,9 @@ static bool cuda_ok(cudaError_t e, run_status &st, const char *what) {
 
 // Packs a decoded dispatch into the kernel's argument block.
 static bool pack_args(const mlxn_cuda_dispatch &d, const cuda_state *s, mlxn_gpu_args &g, run_status &st) {
-  memset(&g, 0, sizeof g);
-  uint32_t used = 0, nslots = (uint32_t)strlen(d.signature);
-  for (uint32_t i = 0; i < nslots && i < MLXN_GPU_SLOTS; i++) {
+  memset(&g, 0, sizeof g); // unused slots and padding compare equal between command buffers
+  uint32_t used = 0;
+  for (uint32_t i = 0; d.signature[i] && i < MLXN_GPU_SLOTS; i++) {
     g.len[i] = d.len[i];
     if (d.signature[i] == 'c') {
       uint32_t n = (uint32_t)d.len[i], at = (used + 15u) & ~15u;
@@ -204,8 +221,9 @@ static bool pack_args(const mlxn_cuda_dispatch &d, const cuda_state *s, mlxn_gpu
   return true;
 }
 
-static node_shape shape_of(const mlxn_cuda_dispatch &d) {
-  const mlxn_cuda_kernel *k = find_kernel(d.kernel);
+static node_shape shape_of(cuda_state *s, const mlxn_cuda_dispatch &d) {
+  const mlxn_cuda_kernel *&k = s->kernel_of[d.kernel];
+  if (!k) k = find_kernel(d.kernel); // the decoder admits only kernels this backend has
   unsigned threads = d.tg[0] * d.tg[1] * d.tg[2];
   unsigned shared = d.tg_memory;
   if (k->shared_floats_per_thread) { // the kernel reduces through shared memory: make sure it fits
@@ -332,11 +350,13 @@ extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispat
   err[0] = 0;
   *gpu_ns = 0;
   cudaSetDevice(s->ordinal);
-  std::vector<node_shape> shape(n);
-  std::vector<mlxn_gpu_args> args(n);
+  std::vector<node_shape> &shape = s->shape;
+  std::vector<mlxn_gpu_args> &args = s->args;
+  shape.resize(n);
+  args.resize(n);
   for (uint32_t i = 0; i < n; i++) {
     if (!pack_args(d[i], s, args[i], st)) return st.code;
-    shape[i] = shape_of(d[i]);
+    shape[i] = shape_of(s, d[i]);
   }
   if (n == 0 || (flags & MLXN_FLAG_NO_GRAPHS)) {
     if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;

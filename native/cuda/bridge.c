@@ -55,7 +55,7 @@ int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
 
 void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
   cb->t_start = mlxn_now_ns();
-  mlxn_cuda_dispatch *ds = calloc(cb->n_dispatches ? cb->n_dispatches : 1, sizeof *ds);
+  mlxn_cuda_dispatch *ds = mlxn_cuda_dispatches(dev->backend, cb->n_dispatches ? cb->n_dispatches : 1);
   if (!ds) {
     cb->error_code = MLXN_E_OUT_OF_MEMORY;
     strcpy(cb->error, "out of memory while launching the command buffer");
@@ -86,7 +86,6 @@ void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
   uint64_t gpu_ns = 0;
   uint32_t failed = UINT32_MAX;
   int rc = mlxn_cuda_run(dev->backend, dev->flags, ds, cb->n_dispatches, &gpu_ns, &failed, cb->error, sizeof cb->error);
-  free(ds);
   if (rc != 0) cb->error_code = rc;
   cb->t_end = cb->t_start + gpu_ns;
 }

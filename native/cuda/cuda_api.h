@@ -14,7 +14,7 @@ extern "C" {
 
 /* One decoded dispatch. */
 typedef struct mlxn_cuda_dispatch {
-  const char *kernel;    /* kernel name */
+  const char *kernel;    /* kernel name (the address is stable: the core's static kernel table) */
   const char *signature; /* 'b' buffer, 'o' optional buffer, 'c' inline bytes, per slot */
   uint8_t *ptr[MLXN_CUDA_SLOTS]; /* buffers: device addresses; bytes: host copies */
   uint64_t len[MLXN_CUDA_SLOTS];
@@ -30,6 +30,8 @@ void *mlxn_cuda_alloc(uint64_t nbytes);
 void mlxn_cuda_free(void *mem);
 int mlxn_cuda_copy(uint8_t *mem, uint8_t *host, uint64_t len, int to_device, char *err, size_t cap);
 int mlxn_cuda_has_kernel(const char *name);
+/* Room for n dispatches, owned by the device state and reused by the next call (NULL: no memory). */
+mlxn_cuda_dispatch *mlxn_cuda_dispatches(void *state, uint32_t n);
 /* Runs n dispatches (flags: MLXN_FLAG_*), waits, reports device time; on a failed dispatch returns
  * MLXN_E_EXECUTION with *failed = its index. */
 int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,

@@ -33,9 +33,49 @@ export interface PipelineResolver {
   get(name: string): Pipeline;
 }
 
-/** The first max(64, n/10) dispatches go into the first command buffer (llama.cpp's split). */
+/**
+ * The first max(64, n/10) dispatches go into the first command buffer (llama.cpp's split); the
+ * split then moves forward to the next concurrent-group boundary (see
+ * {@link ComputeGraph.encodeDualBuffer}).
+ */
 export function dualBufferSplit(dispatches: number): number {
   return Math.max(64, Math.floor(dispatches / 10));
+}
+
+/**
+ * Where the first command buffer of a dual-buffer encode ends (a node index): after `n0`
+ * dispatches, moved forward to the first node that starts a new concurrent group under the barrier
+ * placement of {@link encodeChunkWithBarriers}, so that the command-buffer boundary, which orders
+ * like a barrier, never cuts a group in two. When no boundary comes within another `n0` dispatches
+ * (one very wide group), the split stays after `n0` dispatches.
+ */
+export function dualBufferSplitIndex(nodes: readonly CapturedNode[], n0: number): number {
+  const tracker = new ConflictTracker();
+  let seen = 0, inGroup = 0, cut = nodes.length;
+  for (let i = 0; i < nodes.length; i++) {
+    const n = nodes[i];
+    if (!isDispatch(n)) {
+      tracker.reset();
+      inGroup = 0;
+      continue;
+    }
+    const startsGroup = inGroup === 0 || (isAnnotated(n) && tracker.conflicts(n.reads, n.writes));
+    if (seen >= n0 && startsGroup) {
+      // Barrier nodes just before the group go with it: at the head of a buffer they cost nothing.
+      while (i > 0 && !isDispatch(nodes[i - 1])) i--;
+      return i;
+    }
+    if (seen === n0) cut = i; // the plain split, if no boundary comes soon enough
+    if (seen >= 2 * n0) return cut;
+    if (startsGroup && inGroup > 0) {
+      tracker.reset();
+      inGroup = 0;
+    }
+    tracker.add(n.reads, n.writes);
+    inGroup++;
+    seen++;
+  }
+  return cut;
 }
 
 function descriptorOf(node: DispatchNode, target: GraphEncodeTarget, index: number): DispatchDescriptor {
@@ -183,19 +223,15 @@ export class ComputeGraph {
   }
 
   /**
-   * Encodes the first max(64, n/10) dispatches into `first` and commits it at once, then the rest
-   * into `second` (not committed: the caller commits it). Queue order makes the split safe; barriers
-   * are recomputed inside each chunk. Returns the barriers of each command buffer.
+   * Encodes the first max(64, n/10) dispatches, up to the end of their concurrent group
+   * ({@link dualBufferSplitIndex}), into `first` and commits it at once, then the rest into `second`
+   * (not committed: the caller commits it). Queue order makes the split safe; barriers are
+   * recomputed inside each chunk. Returns the barriers of each command buffer.
    */
   encodeDualBuffer(first: GraphEncodeTarget, second: GraphEncodeTarget): [number, number] {
-    const n0 = dualBufferSplit(this.dispatchCount);
-    let seen = 0, split = this.#nodes.length;
-    for (let i = 0; i < this.#nodes.length; i++) {
-      if (isDispatch(this.#nodes[i]) && ++seen === n0) {
-        split = i + 1;
-        break;
-      }
-    }
+    const split = dualBufferSplitIndex(this.#nodes, dualBufferSplit(this.dispatchCount));
+    let seen = 0;
+    for (let i = 0; i < split; i++) if (isDispatch(this.#nodes[i])) seen++;
     const b0 = encodeChunkWithBarriers(this.#nodes.slice(0, split), first, 0);
     first.commit();
     const b1 = encodeChunkWithBarriers(this.#nodes.slice(split), second, seen);
