@@ -2,12 +2,12 @@
 // (the GPU machine has no Nsight Systems). Build and use on the GPU machine:
 //
 //   nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC -o build/cupti_profile.so bench/cupti_profile.cpp -lcupti
-//   CUDA_INJECTION64_PATH=$PWD/build/cupti_profile.so MLXN_CUPTI_SKIP_MS=2000 deno run -A examples/decode.ts …
+//   CUDA_INJECTION64_PATH=$PWD/build/cupti_profile.so deno run -A examples/decode.ts …
 //
 // At exit it prints, per kernel (demangled), the launches, total and mean device time, sorted by
 // total, plus the busy time (union of kernel intervals) against the span from first start to last
-// end: the difference is time the GPU spent between kernels. Kernels that start within the first
-// MLXN_CUPTI_SKIP_MS milliseconds of the first one (warm-up) are left out.
+// end: the difference is time the GPU spent between kernels. The first MLXN_CUPTI_SKIP (a fraction,
+// default 0.3) of the kernels, in start order, are left out as warm-up.
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -66,10 +66,11 @@ void report() {
   cuptiActivityFlushAll(1);
   std::lock_guard<std::mutex> lock(mu);
   if (intervals.empty()) return;
-  const char *skip_env = getenv("MLXN_CUPTI_SKIP_MS");
-  uint64_t skip = skip_env ? strtoull(skip_env, nullptr, 10) * 1000000ull : 0;
+  const char *skip_env = getenv("MLXN_CUPTI_SKIP");
+  double skip = skip_env ? atof(skip_env) : 0.3;
   std::sort(intervals.begin(), intervals.end(), [](auto &a, auto &b) { return a.start < b.start; });
-  uint64_t t0 = intervals.front().start + skip, busy = 0, cur_s = 0, cur_e = 0, first = 0, last = 0;
+  size_t first_kept = std::min(intervals.size() - 1, (size_t)(skip * (double)intervals.size()));
+  uint64_t t0 = intervals[first_kept].start, busy = 0, cur_s = 0, cur_e = 0, first = 0, last = 0;
   size_t n = 0;
   std::map<std::string, std::pair<uint64_t, uint64_t>> per_kernel; // name -> (launches, total ns)
   for (const Interval &iv : intervals) {
@@ -85,8 +86,8 @@ void report() {
   busy += cur_e - cur_s;
   std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> rows(per_kernel.begin(), per_kernel.end());
   std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.second > b.second.second; });
-  fprintf(stderr, "\ncupti: %zu kernels after the first %llu ms; busy %.3f ms of a %.3f ms span\n", n,
-          (unsigned long long)(skip / 1000000), busy / 1e6, (last - first) / 1e6);
+  fprintf(stderr, "\ncupti: %zu kernels after the first %zu (warm-up); busy %.3f ms of a %.3f ms span\n", n,
+          first_kept, busy / 1e6, (last - first) / 1e6);
   fprintf(stderr, "cupti: %-48s %9s %12s %10s\n", "kernel", "launches", "total ms", "mean us");
   for (auto &r : rows)
     fprintf(stderr, "cupti: %-48s %9llu %12.3f %10.2f\n", r.first.c_str(), (unsigned long long)r.second.first,

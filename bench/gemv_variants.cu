@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 #include <cmath>
+#include <algorithm>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 __device__ __forceinline__ float warp_sum(float v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o); return v; }
@@ -89,18 +90,72 @@ __global__ void __launch_bounds__(128) vrs(const float *x, const __nv_bfloat16 *
   }
 }
 
+// pers<R, U>: persistent grid-stride form: as many blocks as fit on the GPU at once; each warp takes
+// R rows at a time (x reused across them, U steps in flight) and strides over the row groups.
+template <int R, int U>
+__global__ void __launch_bounds__(128) pers(const float *x, const __nv_bfloat16 *w, float *y, uint32_t n_, uint32_t k) {
+  const uint32_t lane = threadIdx.x & 31, chunks = k / 8;
+  const float4 *x4 = reinterpret_cast<const float4 *>(x);
+  for (uint32_t rg = blockIdx.x * 4 + (threadIdx.x >> 5); rg * R < n_; rg += gridDim.x * 4) {
+    const uint32_t n0 = rg * R;
+    const uint4 *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0 + r, n_ - 1) * k);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    uint32_t c = lane;
+    for (; c + (U - 1) * 32 < chunks; c += U * 32) {
+      uint4 wv[U][R]; float4 xa[U], xb[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+#pragma unroll
+        for (int r = 0; r < R; r++) wv[u][r] = __ldg(&wr[r][c + u * 32]);
+        xa[u] = x4[2 * (c + u * 32)]; xb[u] = x4[2 * (c + u * 32) + 1];
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv[u][r]);
+          float2 a = __bfloat1622float2(p[0]), b = __bfloat1622float2(p[1]), cc = __bfloat1622float2(p[2]), d = __bfloat1622float2(p[3]);
+          acc[r] += xa[u].x * a.x + xa[u].y * a.y + xa[u].z * b.x + xa[u].w * b.y + xb[u].x * cc.x + xb[u].y * cc.y + xb[u].z * d.x + xb[u].w * d.y;
+        }
+    }
+    for (; c < chunks; c += 32) {
+      float4 xa = x4[2 * c], xb = x4[2 * c + 1];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        uint4 wv = __ldg(&wr[r][c]);
+        const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv);
+        float2 a = __bfloat1622float2(p[0]), b = __bfloat1622float2(p[1]), cc = __bfloat1622float2(p[2]), d = __bfloat1622float2(p[3]);
+        acc[r] += xa.x * a.x + xa.y * a.y + xa.z * b.x + xa.w * b.y + xb.x * cc.x + xb.y * cc.y + xb.z * d.x + xb.w * d.y;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float v = warp_sum(acc[r]);
+      if (lane == 0 && n0 + r < n_) y[n0 + r] = v;
+    }
+  }
+}
+
 typedef void (*kfn)(const float *, const __nv_bfloat16 *, float *, uint32_t, uint32_t);
-struct Var { const char *name; kfn f; int rows_per_block; };
+struct Var { const char *name; kfn f; int rows_per_block; bool persistent = false; };
 
 int main() {
-  uint32_t shapes[][2] = {{2048, 2048}, {512, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+  uint32_t shapes[][2] = {{2048, 2048}, {3072, 2048}, {11264, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
   Var vars[] = {
     {"v0 (current)", v0, 4},
     {"R1 S1 U4", vrs<1, 1, 4>, 4}, {"R2 S1 U2", vrs<2, 1, 2>, 8}, {"R2 S1 U4", vrs<2, 1, 4>, 8},
     {"R4 S1 U2", vrs<4, 1, 2>, 16}, {"R4 S1 U1", vrs<4, 1, 1>, 16},
     {"R2 S2 U2", vrs<2, 2, 2>, 4}, {"R4 S2 U2", vrs<4, 2, 2>, 8}, {"R1 S2 U4", vrs<1, 2, 4>, 2},
     {"R2 S4 U2", vrs<2, 4, 2>, 2}, {"R4 S4 U2", vrs<4, 4, 2>, 4}, {"R1 S4 U4", vrs<1, 4, 4>, 1},
+    {"pers R1 U4", pers<1, 4>, 4, true}, {"pers R2 U2", pers<2, 2>, 8, true}, {"pers R2 U4", pers<2, 4>, 8, true},
+    {"pers R4 U2", pers<4, 2>, 16, true}, {"pers R1 U8", pers<1, 8>, 4, true},
   };
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t st; CK(cudaStreamCreate(&st));
   for (auto &s : shapes) {
     uint32_t n = s[0], k = s[1];
@@ -120,7 +175,13 @@ int main() {
       const int L = 64;
       cudaGraph_t g; cudaGraphExec_t ge;
       CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      for (int i = 0; i < L; i++) v.f<<<(n + v.rows_per_block - 1) / v.rows_per_block, 128, 0, st>>>(x, w + (size_t)(i % COPIES) * hw.size(), y, n, k);
+      int blocks = (n + v.rows_per_block - 1) / v.rows_per_block;
+      if (v.persistent) {
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.f, 128, 0));
+        blocks = std::min(blocks, per_sm * sms);
+      }
+      for (int i = 0; i < L; i++) v.f<<<blocks, 128, 0, st>>>(x, w + (size_t)(i % COPIES) * hw.size(), y, n, k);
       CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
       cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
       float best = 1e9;

@@ -35,6 +35,11 @@ function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "a
     return { submitAndWaitMs, gpuMs };
   };
   for (let i = 0; i < 20; i++) run(i); // warm-up: JIT, cache
+  const phases = () => {
+    const info = device.queryInfo() as unknown as Record<string, number>;
+    return [info.hostPackNs ?? 0, info.hostGraphNs ?? 0, info.hostLaunchNs ?? 0];
+  };
+  const before = phases();
   let wall = 0, gpu = 0, submit = 0;
   for (let i = 0; i < REPS; i++) {
     const t0 = performance.now();
@@ -52,6 +57,11 @@ function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "a
     hostUsPerDispatch: +(((perCb.wallMs - perCb.gpuMs) * 1000) / N).toFixed(3),
     nativeUsPerDispatch: +(((perCb.submitAndWaitMs - perCb.gpuMs) * 1000) / N).toFixed(3),
     encodeUsPerDispatch: +(((perCb.wallMs - perCb.submitAndWaitMs) * 1000) / N).toFixed(3),
+    // The native part by phase (CUDA backend's queue thread): packing arguments, finding/building/
+    // updating the graph, launching.
+    nativePhasesUsPerDispatch: Object.fromEntries(
+      ["pack", "graph", "launch"].map((k, i) => [k, +((phases()[i] - before[i]) / 1e3 / REPS / N).toFixed(3)]),
+    ),
     counters: device.queryInfo(),
   }));
   for (const b of bufs) b.dispose();

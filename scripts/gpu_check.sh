@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's acceptance run, on a machine with an NVIDIA GPU (see shared/device/README.md):
 # builds, runs the whole suite on CUDA, the demo in its three modes, the decode step at PyTorch's
-# shapes (bf16, concurrency on and off), the submit-cost benchmark, and the PyTorch anchor when a
+# shapes (bf16; concurrency, graphs and programmatic launch on and off), the submit-cost and
+# per-kernel benchmarks, a CUPTI per-kernel profile of the decode step, and the PyTorch anchor when a
 # copy of it is at .device/torch_decode.py. Logs go to $OUT (default build/gpu-logs). The device
 # machine is offline: carry node_modules (the test deps) along with .device.
 set -uo pipefail
@@ -26,6 +27,17 @@ run decode_big_serial env MLXN_CONCURRENCY=0 deno run --allow-ffi --allow-read -
   --backend cuda $BIG --tokens 20 --warmup 3 --modes recorded/opt,direct/auto
 run decode_big_nographs env MLXN_CUDA_GRAPHS=0 deno run --allow-ffi --allow-read --allow-env examples/decode.ts \
   --backend cuda $BIG --tokens 20 --warmup 3 --modes direct/auto
+run decode_big_nopdl env MLXN_CUDA_PDL=0 deno run --allow-ffi --allow-read --allow-env examples/decode.ts \
+  --backend cuda $BIG --tokens 50 --warmup 5 --modes direct/hand
 run gpu_bench deno run --allow-ffi --allow-read --allow-env bench/gpu_bench.ts
+run gpu_kernels deno run --allow-ffi --allow-read --allow-env bench/gpu_kernels_bench.ts
+# Per-kernel device time inside the decode step (CUPTI; PDL off so that a kernel's time excludes its
+# early start), when the toolkit has CUPTI.
+if nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC -o build/cupti_profile.so bench/cupti_profile.cpp -lcupti \
+  >"$OUT/cupti_build.log" 2>&1; then
+  run decode_cupti env MLXN_CUDA_PDL=0 CUDA_INJECTION64_PATH="$PWD/build/cupti_profile.so" \
+    deno run --allow-ffi --allow-read --allow-env examples/decode.ts --backend cuda $BIG --tokens 100 --warmup 10 \
+    --modes direct/hand
+fi
 if [ -f .device/torch_decode.py ]; then run torch python3 .device/torch_decode.py; fi
 cat "$OUT/summary.txt"

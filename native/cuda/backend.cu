@@ -11,6 +11,7 @@
 // host checks after each command buffer; CUDA errors carry their CUDA error names.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -71,6 +72,9 @@ struct cuda_state {
   std::vector<cached_graph> cache;
   uint64_t uses = 0;
   uint64_t graph_builds = 0, graph_updates = 0, graph_reuses = 0, node_updates = 0;
+  // Host time of the queue thread per phase, ns: packing arguments, building or updating graphs,
+  // launching (cudaGraphLaunch / cudaLaunchKernel). For finding where submit cost goes.
+  uint64_t pack_ns = 0, graph_ns = 0, launch_ns = 0;
   bool pdl = false; // programmatic dependent launch in graphs (compute capability 9.0+)
   // Per-command-buffer work arrays, kept between command buffers (no allocation in steady state).
   std::vector<mlxn_cuda_dispatch> dispatches;
@@ -81,6 +85,12 @@ struct cuda_state {
 };
 
 static const size_t CACHE_SIZE = 8;
+
+static uint64_t now_ns() {
+  return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 static int cuda_error(cudaError_t e, const char *what, char *err, size_t cap) {
   snprintf(err, cap, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -135,13 +145,15 @@ extern "C" uint32_t mlxn_cuda_info(void *state, uint32_t flags, char *buf, uint3
       "{\"backend\":\"cuda\",\"name\":\"%s\",\"computeCapability\":\"%d.%d\",\"memoryBytes\":%zu,"
       "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,\"maxSlots\":%d,"
       "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"cudaPdl\":%s,\"perDispatchTiming\":false,"
-      "\"graphBuilds\":%llu,\"graphReuses\":%llu,\"nodeUpdates\":%llu}",
+      "\"graphBuilds\":%llu,\"graphReuses\":%llu,\"nodeUpdates\":%llu,\"hostPackNs\":%llu,"
+      "\"hostGraphNs\":%llu,\"hostLaunchNs\":%llu}",
       s->prop.name, s->prop.major, s->prop.minor, s->prop.totalGlobalMem, MLXN_MAX_THREADS_PER_GROUP,
       MLXN_MAX_TG_MEMORY, MLXN_MAX_INLINE_BYTES, MLXN_MAX_SLOTS, (flags & MLXN_FLAG_SERIAL) ? "true" : "false",
       (flags & MLXN_FLAG_NO_GRAPHS) ? "false" : "true",
       !(flags & MLXN_FLAG_NO_GRAPHS) && !(flags & MLXN_FLAG_NO_PDL) && s->pdl ? "true" : "false",
       (unsigned long long)s->graph_builds,
-      (unsigned long long)s->graph_reuses, (unsigned long long)s->node_updates);
+      (unsigned long long)s->graph_reuses, (unsigned long long)s->node_updates, (unsigned long long)s->pack_ns,
+      (unsigned long long)s->graph_ns, (unsigned long long)s->launch_ns);
 }
 
 extern "C" void *mlxn_cuda_alloc(uint64_t nbytes) {
@@ -290,55 +302,65 @@ static bool build_graph(cached_graph &g, bool pdl, run_status &cb) {
   return cuda_ok(cudaGraphInstantiate(&g.exec, g.graph, 0), cb, "cudaGraphInstantiate");
 }
 
-static void run_graph(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
-                      std::vector<mlxn_gpu_args> &args) {
-  cached_graph *hit = nullptr;
-  for (cached_graph &g : s->cache)
-    if (g.exec && g.shape.size() == shape.size() && g.shape == shape) hit = &g;
-  if (hit) {
+// The executable graph for this command buffer: a cached one of the same topology with the changed
+// nodes' arguments updated in place, or a new one. NULL on failure (cb holds the error).
+static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
+                               const std::vector<mlxn_gpu_args> &args) {
+  for (cached_graph &g : s->cache) {
+    if (!g.exec || g.shape.size() != shape.size() || !(g.shape == shape)) continue;
     // Same topology: only nodes whose arguments changed are updated in place.
     for (size_t i = 0; i < shape.size(); i++) {
-      if (memcmp(&hit->args[i], &args[i], sizeof(mlxn_gpu_args)) == 0) continue;
-      hit->args[i] = args[i];
+      if (memcmp(&g.args[i], &args[i], sizeof(mlxn_gpu_args)) == 0) continue;
+      g.args[i] = args[i];
       void *slot;
-      cudaKernelNodeParams p = node_params(shape[i], &hit->args[i], &slot);
-      if (!cuda_ok(cudaGraphExecKernelNodeSetParams(hit->exec, hit->nodes[i], &p), cb, "cudaGraphExecKernelNodeSetParams"))
-        return;
+      cudaKernelNodeParams p = node_params(shape[i], &g.args[i], &slot);
+      if (!cuda_ok(cudaGraphExecKernelNodeSetParams(g.exec, g.nodes[i], &p), cb, "cudaGraphExecKernelNodeSetParams"))
+        return nullptr;
       s->node_updates++;
     }
     s->graph_reuses++;
-  } else {
-    cached_graph *slot = nullptr;
-    if (s->cache.size() < CACHE_SIZE) {
-      s->cache.emplace_back();
-      slot = &s->cache.back();
-    } else { // evict the least recently used
-      slot = &s->cache[0];
-      for (cached_graph &g : s->cache)
-        if (g.last_used < slot->last_used) slot = &g;
-      drop_graph(*slot);
-    }
-    slot->shape = shape;
-    slot->args = args;
-    bool pdl = s->pdl && !(flags & MLXN_FLAG_NO_PDL);
-    if (!build_graph(*slot, pdl, cb) && pdl) { // programmatic edges refused: build plain ones from now on
-      drop_graph(*slot);
-      cb.code = 0;
-      s->pdl = false;
-      build_graph(*slot, false, cb);
-    }
-    if (cb.code != 0) {
-      drop_graph(*slot);
-      slot->shape.clear();
-      return;
-    }
-    s->graph_builds++;
-    hit = slot;
+    return &g;
   }
-  hit->last_used = ++s->uses;
+  cached_graph *slot = nullptr;
+  if (s->cache.size() < CACHE_SIZE) {
+    s->cache.emplace_back();
+    slot = &s->cache.back();
+  } else { // evict the least recently used
+    slot = &s->cache[0];
+    for (cached_graph &g : s->cache)
+      if (g.last_used < slot->last_used) slot = &g;
+    drop_graph(*slot);
+  }
+  slot->shape = shape;
+  slot->args = args;
+  bool pdl = s->pdl && !(flags & MLXN_FLAG_NO_PDL);
+  if (!build_graph(*slot, pdl, cb) && pdl) { // programmatic edges refused: build plain ones from now on
+    drop_graph(*slot);
+    cb.code = 0;
+    s->pdl = false;
+    build_graph(*slot, false, cb);
+  }
+  if (cb.code != 0) {
+    drop_graph(*slot);
+    slot->shape.clear();
+    return nullptr;
+  }
+  s->graph_builds++;
+  return slot;
+}
+
+static void run_graph(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
+                      const std::vector<mlxn_gpu_args> &args) {
+  uint64_t t = now_ns();
+  cached_graph *g = graph_for(s, flags, cb, shape, args);
+  uint64_t t_launch = now_ns();
+  s->graph_ns += t_launch - t;
+  if (!g) return;
+  g->last_used = ++s->uses;
   // Device time starts here: building or updating the graph above is host work.
   if (cuda_ok(cudaEventRecord(s->start, s->stream), cb, "cudaEventRecord"))
-    cuda_ok(cudaGraphLaunch(hit->exec, s->stream), cb, "cudaGraphLaunch");
+    cuda_ok(cudaGraphLaunch(g->exec, s->stream), cb, "cudaGraphLaunch");
+  s->launch_ns += now_ns() - t_launch;
 }
 
 extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
@@ -354,21 +376,25 @@ extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispat
   std::vector<mlxn_gpu_args> &args = s->args;
   shape.resize(n);
   args.resize(n);
+  uint64_t t_pack = now_ns();
   for (uint32_t i = 0; i < n; i++) {
     if (!pack_args(d[i], s, args[i], st)) return st.code;
     shape[i] = shape_of(s, d[i]);
   }
+  s->pack_ns += now_ns() - t_pack;
   if (n == 0 || (flags & MLXN_FLAG_NO_GRAPHS)) {
     if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;
   }
   if (n > 0) {
     if (flags & MLXN_FLAG_NO_GRAPHS) { // plain in-order launches: every dispatch serialised
+      uint64_t t = now_ns();
       for (uint32_t i = 0; i < n && st.code == 0; i++) {
         void *slot;
         cudaKernelNodeParams p = node_params(shape[i], &args[i], &slot);
         cuda_ok(cudaLaunchKernel(p.func, p.gridDim, p.blockDim, p.kernelParams, p.sharedMemBytes, s->stream), st,
                 "cudaLaunchKernel");
       }
+      s->launch_ns += now_ns() - t;
     } else {
       run_graph(s, flags, st, shape, args);
     }
