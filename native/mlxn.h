@@ -98,6 +98,7 @@ extern "C" {
 #define MLXN_FLAG_SERIAL 1           /* MLXN_CONCURRENCY=0: an implicit barrier after every dispatch */
 #define MLXN_FLAG_NO_GRAPHS 2        /* CUDA: plain in-order stream launches instead of CUDA graphs */
 #define MLXN_FLAG_NO_PDL 4           /* CUDA: graph edges wait for completion (no programmatic launch) */
+#define MLXN_FLAG_DISPATCH_TIMING 8  /* profiling: time every dispatch (the CPU backend always does) */
 
 /* ---- command buffer status ----------------------------------------------------------------- */
 #define MLXN_CB_ENCODING 0

@@ -59,7 +59,7 @@ export interface DeviceInfo {
   readonly unifiedMemory: boolean;
   /** Whether dispatches run serially. */
   readonly serial: boolean;
-  /** Whether per-dispatch timings are available. */
+  /** Whether per-dispatch timings are available (collected while profiling dispatches). */
   readonly perDispatchTiming: boolean;
   /** Backend-specific extras. */
   readonly [key: string]: unknown;
@@ -153,12 +153,13 @@ export class MlxDevice {
     }
     const libPath = options.libPath ?? env.lib;
     const concurrency = options.concurrency ?? env.concurrency;
-    const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS) |
-      ((options.cudaPdl ?? env.cudaPdl) ? 0 : Flag.NO_PDL);
     const threads = options.threads ?? 0;
     if ((threads >>> 0) !== threads) throw new MlxError("InvalidArgument", `threads must be a non-negative integer`);
     const level = options.profile ?? (options.profileDispatches ? "dispatch" : undefined) ?? env.profile;
     const tracePath = options.trace ?? env.trace;
+    const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS) |
+      ((options.cudaPdl ?? env.cudaPdl) ? 0 : Flag.NO_PDL) |
+      (level === "dispatch" || tracePath !== undefined ? Flag.DISPATCH_TIMING : 0);
     if (tracePath !== undefined) assertWritable(tracePath); // fail now, not after the run
     const profile: ProfileSettings = {
       enabled: level !== undefined || tracePath !== undefined,

@@ -1,5 +1,5 @@
 /**
- * Concurrent-encoder semantics on the CPU backend, observed through per-dispatch timings: two
+ * Concurrent-encoder semantics, observed through per-dispatch timings (CPU workers; CUDA graph nodes): two
  * independent dispatches of one group overlap in time; a barrier (or serial mode) separates them.
  */
 import { equal, ok } from "node:assert/strict";
@@ -28,7 +28,7 @@ function twoNorms(device: MlxDevice, barrier: boolean): readonly DispatchTiming[
   return t;
 }
 
-/** Whether the backend under test reports per-dispatch timings (the CPU backend does; CUDA does not). */
+/** Whether the backend under test reports per-dispatch timings (CPU always; CUDA while profiling). */
 const timed = (() => {
   using d = openDevice();
   return d.info.perDispatchTiming;

@@ -71,7 +71,7 @@ static void pin_library(void) {
 
 mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   pthread_once(&pin_once, pin_library);
-  if (flags & ~(uint32_t)(MLXN_FLAG_SERIAL | MLXN_FLAG_NO_GRAPHS | MLXN_FLAG_NO_PDL)) {
+  if (flags & ~(uint32_t)(MLXN_FLAG_SERIAL | MLXN_FLAG_NO_GRAPHS | MLXN_FLAG_NO_PDL | MLXN_FLAG_DISPATCH_TIMING)) {
     mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "unknown device flags 0x%x", flags);
     return NULL;
   }

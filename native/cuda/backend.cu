@@ -56,6 +56,7 @@ struct node_shape {
 
 struct cached_graph {
   std::vector<node_shape> shape;
+  std::vector<cudaEvent_t> events; // with dispatch timing: before and after each node
   std::vector<mlxn_gpu_args> args; // the arguments each node currently holds
   std::vector<cudaGraphNode_t> nodes;
   cudaGraph_t graph = nullptr;
@@ -80,6 +81,7 @@ struct cuda_state {
   std::vector<mlxn_cuda_dispatch> dispatches;
   std::vector<node_shape> shape;
   std::vector<mlxn_gpu_args> args;
+  std::vector<cudaEvent_t> stream_events; // dispatch timing of plain stream launches
   // Kernel of each name, keyed by the name's address (the core's kernel tables are static).
   std::unordered_map<const char *, const mlxn_cuda_kernel *> kernel_of;
 };
@@ -122,6 +124,8 @@ extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
 static void drop_graph(cached_graph &g) {
   if (g.exec) cudaGraphExecDestroy(g.exec);
   if (g.graph) cudaGraphDestroy(g.graph);
+  for (cudaEvent_t e : g.events) cudaEventDestroy(e);
+  g.events.clear();
   g.exec = nullptr;
   g.graph = nullptr;
 }
@@ -131,6 +135,7 @@ extern "C" void mlxn_cuda_close(void *state) {
   if (!s) return;
   cudaSetDevice(s->ordinal);
   for (cached_graph &g : s->cache) drop_graph(g);
+  for (cudaEvent_t e : s->stream_events) cudaEventDestroy(e);
   cudaFree(s->fault);
   cudaEventDestroy(s->start);
   cudaEventDestroy(s->stop);
@@ -144,7 +149,7 @@ extern "C" uint32_t mlxn_cuda_info(void *state, uint32_t flags, char *buf, uint3
       buf, cap,
       "{\"backend\":\"cuda\",\"name\":\"%s\",\"computeCapability\":\"%d.%d\",\"memoryBytes\":%zu,"
       "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,\"maxSlots\":%d,"
-      "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"cudaPdl\":%s,\"perDispatchTiming\":false,"
+      "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"cudaPdl\":%s,\"perDispatchTiming\":true,"
       "\"graphBuilds\":%llu,\"graphReuses\":%llu,\"nodeUpdates\":%llu,\"hostPackNs\":%llu,"
       "\"hostGraphNs\":%llu,\"hostLaunchNs\":%llu}",
       s->prop.name, s->prop.major, s->prop.minor, s->prop.totalGlobalMem, MLXN_MAX_THREADS_PER_GROUP,
@@ -261,13 +266,28 @@ static cudaKernelNodeParams node_params(const node_shape &sh, mlxn_gpu_args *arg
 // straight to each of them; a wider group first joins in an empty node (fewer edges).
 static const size_t DIRECT_EDGE_LIMIT = 8;
 
+// Makes `n` timing events (appended to `events`).
+static bool make_events(std::vector<cudaEvent_t> &events, size_t n, run_status &cb) {
+  while (events.size() < n) {
+    cudaEvent_t e;
+    if (!cuda_ok(cudaEventCreate(&e), cb, "cudaEventCreate")) return false;
+    events.push_back(e);
+  }
+  return true;
+}
+
 // Builds and instantiates a graph for this topology. With `pdl`, direct barrier edges are
 // programmatic: a dependent kernel may launch once all blocks of its producers have started, and
 // waits in-kernel (wait_for_producers) for their completion. That hides the launch latency of each
-// dependent step; the order and visibility of memory are those of a full dependency.
-static bool build_graph(cached_graph &g, bool pdl, run_status &cb) {
+// dependent step; the order and visibility of memory are those of a full dependency. With `timing`,
+// each kernel node sits between two event-record nodes, and the next group depends on the "after"
+// events (so a dependent dispatch's start is never recorded before its producer's end); no
+// programmatic edges then.
+static bool build_graph(cached_graph &g, bool pdl, bool timing, run_status &cb) {
   if (!cuda_ok(cudaGraphCreate(&g.graph, 0), cb, "cudaGraphCreate")) return false;
   g.nodes.assign(g.shape.size(), nullptr);
+  if (timing && !make_events(g.events, 2 * g.shape.size(), cb)) return false;
+  pdl = pdl && !timing;
   cudaGraphEdgeData early{};
   early.from_port = cudaGraphKernelNodePortLaunchCompletion;
   early.type = cudaGraphDependencyTypeProgrammatic;
@@ -288,6 +308,14 @@ static bool build_graph(cached_graph &g, bool pdl, run_status &cb) {
     cudaKernelNodeParams p = node_params(g.shape[i], &g.args[i], &slot);
     const cudaGraphNode_t *deps = prev.empty() ? nullptr : direct ? prev.data() : &join;
     size_t ndeps = prev.empty() ? 0 : direct ? prev.size() : 1;
+    cudaGraphNode_t before = nullptr, after = nullptr;
+    if (timing) { // the "before" event takes the kernel's dependencies; the kernel follows it
+      if (!cuda_ok(cudaGraphAddEventRecordNode(&before, g.graph, deps, ndeps, g.events[2 * i]), cb,
+                   "cudaGraphAddEventRecordNode"))
+        return false;
+      deps = &before;
+      ndeps = 1;
+    }
     if (!cuda_ok(cudaGraphAddKernelNode(&g.nodes[i], g.graph, nullptr, 0, &p), cb, "cudaGraphAddKernelNode"))
       return false;
     if (ndeps > 0) {
@@ -297,7 +325,10 @@ static bool build_graph(cached_graph &g, bool pdl, run_status &cb) {
                    "cudaGraphAddDependencies"))
         return false;
     }
-    cur.push_back(g.nodes[i]);
+    if (timing && !cuda_ok(cudaGraphAddEventRecordNode(&after, g.graph, &g.nodes[i], 1, g.events[2 * i + 1]), cb,
+                           "cudaGraphAddEventRecordNode"))
+      return false;
+    cur.push_back(timing ? after : g.nodes[i]);
   }
   return cuda_ok(cudaGraphInstantiate(&g.exec, g.graph, 0), cb, "cudaGraphInstantiate");
 }
@@ -333,12 +364,12 @@ static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, co
   }
   slot->shape = shape;
   slot->args = args;
-  bool pdl = s->pdl && !(flags & MLXN_FLAG_NO_PDL);
-  if (!build_graph(*slot, pdl, cb) && pdl) { // programmatic edges refused: build plain ones from now on
+  bool pdl = s->pdl && !(flags & MLXN_FLAG_NO_PDL), timing = (flags & MLXN_FLAG_DISPATCH_TIMING) != 0;
+  if (!build_graph(*slot, pdl, timing, cb) && pdl) { // programmatic edges refused: build plain ones from now on
     drop_graph(*slot);
     cb.code = 0;
     s->pdl = false;
-    build_graph(*slot, false, cb);
+    build_graph(*slot, false, timing, cb);
   }
   if (cb.code != 0) {
     drop_graph(*slot);
@@ -349,21 +380,23 @@ static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, co
   return slot;
 }
 
-static void run_graph(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
-                      const std::vector<mlxn_gpu_args> &args) {
+// Runs the command buffer as a graph; returns it (for its timing events), or NULL on failure.
+static cached_graph *run_graph(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
+                               const std::vector<mlxn_gpu_args> &args) {
   uint64_t t = now_ns();
   cached_graph *g = graph_for(s, flags, cb, shape, args);
   uint64_t t_launch = now_ns();
   s->graph_ns += t_launch - t;
-  if (!g) return;
+  if (!g) return nullptr;
   g->last_used = ++s->uses;
   // Device time starts here: building or updating the graph above is host work.
   if (cuda_ok(cudaEventRecord(s->start, s->stream), cb, "cudaEventRecord"))
     cuda_ok(cudaGraphLaunch(g->exec, s->stream), cb, "cudaGraphLaunch");
   s->launch_ns += now_ns() - t_launch;
+  return g;
 }
 
-extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
+extern "C" int mlxn_cuda_run(void *state, uint32_t flags, mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
                              uint32_t *failed, char *err, size_t cap) {
   cuda_state *s = static_cast<cuda_state *>(state);
   run_status st;
@@ -385,24 +418,40 @@ extern "C" int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispat
   if (n == 0 || (flags & MLXN_FLAG_NO_GRAPHS)) {
     if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;
   }
+  const bool timing = (flags & MLXN_FLAG_DISPATCH_TIMING) != 0;
+  const cudaEvent_t *events = nullptr; // before/after each dispatch, when timing
   if (n > 0) {
     if (flags & MLXN_FLAG_NO_GRAPHS) { // plain in-order launches: every dispatch serialised
+      if (timing && !make_events(s->stream_events, 2 * (size_t)n, st)) return st.code;
       uint64_t t = now_ns();
       for (uint32_t i = 0; i < n && st.code == 0; i++) {
         void *slot;
         cudaKernelNodeParams p = node_params(shape[i], &args[i], &slot);
+        if (timing) cuda_ok(cudaEventRecord(s->stream_events[2 * i], s->stream), st, "cudaEventRecord");
         cuda_ok(cudaLaunchKernel(p.func, p.gridDim, p.blockDim, p.kernelParams, p.sharedMemBytes, s->stream), st,
                 "cudaLaunchKernel");
+        if (timing) cuda_ok(cudaEventRecord(s->stream_events[2 * i + 1], s->stream), st, "cudaEventRecord");
       }
       s->launch_ns += now_ns() - t;
+      events = s->stream_events.data();
     } else {
-      run_graph(s, flags, st, shape, args);
+      cached_graph *g = run_graph(s, flags, st, shape, args);
+      if (g && timing) events = g->events.data();
     }
   }
   cuda_ok(cudaEventRecord(s->stop, s->stream), st, "cudaEventRecord");
   cuda_ok(cudaEventSynchronize(s->stop), st, "executing the command buffer");
   float ms = 0.0f;
   if (st.code == 0 && cudaEventElapsedTime(&ms, s->start, s->stop) == cudaSuccess) *gpu_ns = (uint64_t)(ms * 1e6);
+  if (st.code == 0 && timing && events) {
+    for (uint32_t i = 0; i < n; i++) {
+      float a = 0.0f, b = 0.0f;
+      cudaEventElapsedTime(&a, s->start, events[2 * i]);
+      cudaEventElapsedTime(&b, s->start, events[2 * i + 1]);
+      d[i].start_ns = (uint64_t)(a * 1e6);
+      d[i].end_ns = (uint64_t)(b * 1e6);
+    }
+  }
   unsigned int fault = 0;
   if (cuda_ok(cudaMemcpy(&fault, s->fault, sizeof fault, cudaMemcpyDeviceToHost), st, "reading the fault word") &&
       fault != 0) {

@@ -88,4 +88,10 @@ void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
   int rc = mlxn_cuda_run(dev->backend, dev->flags, ds, cb->n_dispatches, &gpu_ns, &failed, cb->error, sizeof cb->error);
   if (rc != 0) cb->error_code = rc;
   cb->t_end = cb->t_start + gpu_ns;
+  if (rc == 0 && (dev->flags & MLXN_FLAG_DISPATCH_TIMING)) {
+    for (uint32_t i = 0; i < cb->n_dispatches; i++) {
+      atomic_store(&cb->dispatches[i].t_start, cb->t_start + ds[i].start_ns);
+      atomic_store(&cb->dispatches[i].t_end, cb->t_start + ds[i].end_ns);
+    }
+  }
 }

@@ -20,6 +20,9 @@ typedef struct mlxn_cuda_dispatch {
   uint64_t len[MLXN_CUDA_SLOTS];
   uint32_t grid[3], tg[3], groups[3];
   uint32_t tg_memory, tag, group; /* group: index of its concurrent group */
+  /* Out, with MLXN_FLAG_DISPATCH_TIMING: start and end on the device, ns after the command buffer's
+   * start (the event before its work). */
+  uint64_t start_ns, end_ns;
 } mlxn_cuda_dispatch;
 
 /* Each returns 0, or a negative MLXN_E_* code with a message in err. */
@@ -34,7 +37,7 @@ int mlxn_cuda_has_kernel(const char *name);
 mlxn_cuda_dispatch *mlxn_cuda_dispatches(void *state, uint32_t n);
 /* Runs n dispatches (flags: MLXN_FLAG_*), waits, reports device time; on a failed dispatch returns
  * MLXN_E_EXECUTION with *failed = its index. */
-int mlxn_cuda_run(void *state, uint32_t flags, const mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
+int mlxn_cuda_run(void *state, uint32_t flags, mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
                   uint32_t *failed, char *err, size_t cap);
 
 #ifdef __cplusplus

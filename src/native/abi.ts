@@ -54,7 +54,7 @@ export const Limits = {
 } as const;
 
 /** Device open flags (MLXN_FLAG_*). */
-export const Flag = { SERIAL: 1, NO_GRAPHS: 2, NO_PDL: 4 } as const;
+export const Flag = { SERIAL: 1, NO_GRAPHS: 2, NO_PDL: 4, DISPATCH_TIMING: 8 } as const;
 
 /** Command buffer states (MLXN_CB_*). */
 export const CbStatus = { ENCODING: 0, COMMITTED: 1, COMPLETED: 2, ERROR: 3 } as const;
