@@ -29,6 +29,7 @@ export { counters, type CounterSnapshot } from "./src/counters.ts";
 export { type HostData, type MemRange, MlxBuffer } from "./src/buffer.ts";
 export { type DeviceInfo, type DeviceOptions, type LiveObjects, MlxDevice } from "./src/device.ts";
 export {
+  type KernelStats,
   type LabelStats,
   type ProfiledCommandBuffer,
   type ProfiledDispatch,

@@ -232,6 +232,10 @@ for (const [m, r] of results) {
 }
 console.table(table);
 console.log(`tokens: ${ref.tokens.join(" ")}`);
+if (device.profiler && device.profiler.kernels().size > 0) {
+  console.log("device time per kernel (all modes and tokens, warm-up included):");
+  console.table(device.profiler.kernelTable());
+}
 if (device.profiler?.tracePath) console.log(`trace: ${device.profiler.tracePath} (open in https://ui.perfetto.dev)`);
 device.close();
 if (!agree) {

@@ -48,6 +48,14 @@ export interface LabelStats {
   maxNs: number;
 }
 
+/** Aggregate device time of one kernel's dispatches (dispatch profiling). */
+export interface KernelStats {
+  /** Timed dispatches. */
+  count: number;
+  /** Sum of their durations, ns. Concurrent dispatches overlap, so shares can sum past 100 %. */
+  totalNs: number;
+}
+
 /** A Chrome trace event. */
 export interface TraceEvent {
   /** Event name (kernel, "barrier", label). */
@@ -87,6 +95,7 @@ export class Profiler {
   /** Where the trace goes (written by writeTrace / on device close), if anywhere. */
   readonly tracePath: string | undefined;
   readonly #labels = new Map<string, LabelStats>();
+  readonly #kernels = new Map<string, KernelStats>();
   readonly #events: TraceEvent[] = [];
   #origin: number | undefined;
   #lanes = 0;
@@ -111,6 +120,13 @@ export class Profiler {
 
   /** Records a completed command buffer. */
   record(cb: ProfiledCommandBuffer): void {
+    for (const d of cb.dispatches) {
+      if (d.endNs <= d.startNs) continue; // not timed
+      const k = this.#kernels.get(d.kernel) ?? { count: 0, totalNs: 0 };
+      k.count++;
+      k.totalNs += d.endNs - d.startNs;
+      this.#kernels.set(d.kernel, k);
+    }
     const dur = cb.endNs - cb.startNs;
     const key = cb.label || "(unlabelled)";
     const s = this.#labels.get(key) ?? { count: 0, totalNs: 0, minNs: Infinity, maxNs: 0 };
@@ -143,6 +159,30 @@ export class Profiler {
   /** The raw per-label statistics. */
   labels(): ReadonlyMap<string, Readonly<LabelStats>> {
     return this.#labels;
+  }
+
+  /** Per-kernel device time (needs dispatch profiling). */
+  kernels(): ReadonlyMap<string, Readonly<KernelStats>> {
+    return this.#kernels;
+  }
+
+  /**
+   * Per-kernel device time for console.table, most expensive first: dispatches, total ms, mean µs
+   * and share of the command buffers' total time.
+   */
+  kernelTable(): Record<string, { count: number; "total ms": number; "mean µs": number; "share %": number }> {
+    let cbNs = 0;
+    for (const s of this.#labels.values()) cbNs += s.totalNs;
+    const out: ReturnType<Profiler["kernelTable"]> = {};
+    for (const [name, k] of [...this.#kernels].sort((a, b) => b[1].totalNs - a[1].totalNs)) {
+      out[name] = {
+        count: k.count,
+        "total ms": +(k.totalNs / 1e6).toFixed(3),
+        "mean µs": +(k.totalNs / k.count / 1e3).toFixed(2),
+        "share %": cbNs > 0 ? +(100 * k.totalNs / cbNs).toFixed(1) : 0,
+      };
+    }
+    return out;
   }
 
   /** The trace events so far. */

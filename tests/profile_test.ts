@@ -93,3 +93,30 @@ Deno.test("MLXN_TRACE without write permission is a clear PermissionDenied at op
   equal(r.code, "PermissionDenied");
   match(r.message, /--allow-write=\/tmp\/mlxn-trace-denied\.json/);
 });
+
+Deno.test({ name: "per-kernel device time from dispatch profiling", ignore: !timed }, () => {
+  using device = MlxDevice.open({ profile: "dispatch" });
+  const exec = new GraphExecutor(device);
+  const dim = 1 << 16;
+  using x = device.upload(new Float32Array(dim).fill(1)), w = device.upload(new Float32Array(dim).fill(1));
+  using y = device.alloc(dim * 4, DType.F32);
+  for (let pass = 0; pass < 3; pass++) {
+    using s = exec.begin();
+    s.rmsNorm(x, w, y, { rows: 1, dim, eps: 1e-6 });
+    s.barrier();
+    s.elementwiseAdd(y, x, y);
+    s.barrier();
+    s.elementwiseAdd(y, x, x);
+    s.finish({ label: "pass" });
+  }
+  const kernels = device.profiler!.kernels();
+  deepStrictEqual([...kernels.keys()].sort(), ["elementwise_add_f32", "rms_norm_f32"]);
+  equal(kernels.get("rms_norm_f32")!.count, 3);
+  equal(kernels.get("elementwise_add_f32")!.count, 6);
+  const cbNs = device.profiler!.labels().get("pass")!.totalNs;
+  for (const k of kernels.values()) ok(k.totalNs > 0 && k.totalNs <= cbNs, "a kernel's time lies within its buffers'");
+  const table = device.profiler!.kernelTable();
+  const shares = Object.values(table).map((r) => r["share %"]);
+  ok(shares.every((p) => p > 0 && p <= 100));
+  deepStrictEqual(Object.keys(table).length, 2);
+});
