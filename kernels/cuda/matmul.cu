@@ -10,12 +10,14 @@ __device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ uint32_t warp_id() { return threadIdx.x >> 5; }
 
 // ---- dense ------------------------------------------------------------------------------------
-// bf16 fast path (k % 8 == 0, 16 B-aligned rows): the block's 4 warps split K four ways and each
-// covers all 4 of the block's output rows. A lane loads 16 B of each row per step (two steps in
-// flight: 8 loads of 16 B), reusing the same 8 inputs for the 4 rows, so x costs a quarter of the
-// weights' traffic; the warps' partial sums meet in shared memory. Chosen with bench/gemv_variants.cu
-// on an H200 (2–5 % faster than 2 rows per warp pair, 17–30 % faster than one warp per row).
-#define DENSE_ROWS WARPS
+// bf16 fast path (k % 8 == 0, 16 B-aligned rows): the block's 4 warps form 2 pairs; each pair owns
+// 2 output rows and its two warps split K between them. A lane loads 16 B of each row per step
+// (two steps in flight), reusing the same 8 inputs for both rows, so x costs half the traffic of
+// the weights. Measured on an H200 (bench/gpu_kernels_bench.ts): 17–30 % less time than one warp
+// per row at the decode shapes.
+#define DENSE_ROWS_PER_WARP 2
+#define DENSE_SPLIT 2
+static_assert(WARPS / DENSE_SPLIT * DENSE_ROWS_PER_WARP == WARPS, "a block covers WARPS outputs");
 
 __device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
   const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&wv);
@@ -26,45 +28,39 @@ __device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
 }
 
 __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k) {
-  __shared__ float partial[WARPS][DENSE_ROWS];
-  const uint32_t warp = warp_id(), lane = lane_id(), n0 = blockIdx.x * DENSE_ROWS;
+  __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
+  const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
+  const uint32_t n0 = blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
   const float4 *x4 = reinterpret_cast<const float4 *>(buf<const float>(a, 0) + (uint64_t)row * k);
   const __nv_bfloat16 *w = buf<const __nv_bfloat16>(a, 1);
-  const uint4 *wr[DENSE_ROWS];
-#pragma unroll
-  for (int r = 0; r < DENSE_ROWS; r++) // rows past n read row n-1 (in bounds) and are not stored
-    wr[r] = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0 + r, n_ - 1) * k);
-  const uint32_t chunks = k / 8, stride = 32 * WARPS;
-  float acc[DENSE_ROWS];
-#pragma unroll
-  for (int r = 0; r < DENSE_ROWS; r++) acc[r] = 0.0f;
-  uint32_t c = warp * 32 + lane;
+  // Rows past n read row n-1 (in bounds) and are not stored.
+  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0, n_ - 1) * k);
+  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0 + 1, n_ - 1) * k);
+  const uint32_t chunks = k / 8, stride = 32 * DENSE_SPLIT;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  uint32_t c = half * 32 + lane;
   for (; c + stride < chunks; c += 2 * stride) {
     const uint32_t d = c + stride;
-    uint4 wc[DENSE_ROWS], wd[DENSE_ROWS];
-#pragma unroll
-    for (int r = 0; r < DENSE_ROWS; r++) {
-      wc[r] = __ldg(wr[r] + c);
-      wd[r] = __ldg(wr[r] + d);
-    }
+    uint4 a0 = __ldg(w0 + c), a1 = __ldg(w1 + c), b0 = __ldg(w0 + d), b1 = __ldg(w1 + d);
     float4 xc0 = x4[2 * c], xc1 = x4[2 * c + 1], xd0 = x4[2 * d], xd1 = x4[2 * d + 1];
-#pragma unroll
-    for (int r = 0; r < DENSE_ROWS; r++) acc[r] += dot8(wc[r], xc0, xc1) + dot8(wd[r], xd0, xd1);
+    acc0 += dot8(a0, xc0, xc1) + dot8(b0, xd0, xd1);
+    acc1 += dot8(a1, xc0, xc1) + dot8(b1, xd0, xd1);
   }
   if (c < chunks) {
     float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
-#pragma unroll
-    for (int r = 0; r < DENSE_ROWS; r++) acc[r] += dot8(__ldg(wr[r] + c), x0, x1);
+    acc0 += dot8(__ldg(w0 + c), x0, x1);
+    acc1 += dot8(__ldg(w1 + c), x0, x1);
   }
-#pragma unroll
-  for (int r = 0; r < DENSE_ROWS; r++) {
-    float v = warp_sum(acc[r]);
-    if (lane == 0) partial[warp][r] = v;
+  acc0 = warp_sum(acc0);
+  acc1 = warp_sum(acc1);
+  if (lane == 0) {
+    partial[warp][0] = acc0;
+    partial[warp][1] = acc1;
   }
   __syncthreads();
-  if (warp == 0 && lane < DENSE_ROWS && n0 + lane < n_) {
+  if (half == 0 && lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
     float v = 0.0f;
-    for (uint32_t s = 0; s < WARPS; s++) v += partial[s][lane];
+    for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
     buf<float>(a, 2)[(uint64_t)row * n_ + n0 + lane] = v;
   }
 }
