@@ -69,6 +69,11 @@ static void pin_library(void) {
     (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE); /* handle kept on purpose */
 }
 
+/* Default polling before sleeping (see mlxn_device.wait_spin_ns): short, because on the CPU backend
+ * the work being waited for runs on these very cores. */
+#define WAIT_SPIN_NS 30000u
+#define IDLE_SPIN_NS 50000u
+
 mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   pthread_once(&pin_once, pin_library);
   if (flags & ~(uint32_t)(MLXN_FLAG_SERIAL | MLXN_FLAG_NO_GRAPHS | MLXN_FLAG_NO_PDL | MLXN_FLAG_DISPATCH_TIMING)) {
@@ -88,6 +93,8 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   dev->next_serial = 1;
   pthread_mutex_init(&dev->mu, NULL);
   pthread_cond_init(&dev->queue_cv, NULL);
+  dev->wait_spin_ns = WAIT_SPIN_NS;
+  dev->idle_spin_ns = IDLE_SPIN_NS;
   if (mlxn_backend_open(dev, threads) != 0) {
     pthread_mutex_destroy(&dev->mu);
     pthread_cond_destroy(&dev->queue_cv);
@@ -385,11 +392,10 @@ static int cmdbuf_not_running(void *arg) {
 }
 
 /* How long a waiter polls before sleeping: short command buffers complete within it. */
-#define WAIT_SPIN_NS 30000u
 
 int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
-  mlxn_spin_until(cmdbuf_not_running, cb, WAIT_SPIN_NS);
+  mlxn_spin_until(cmdbuf_not_running, cb, cb->dev->wait_spin_ns);
   pthread_mutex_lock(&cb->mu);
   if (cb->status == MLXN_CB_ENCODING) {
     pthread_mutex_unlock(&cb->mu);

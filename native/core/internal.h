@@ -127,6 +127,10 @@ struct mlxn_device {
   pthread_t queue_thread;
 
   void *backend; /* the backend's private state */
+  /* How long a waiter polls before it sleeps, ns: a host thread waiting for a command buffer, and
+   * the idle queue thread waiting for the next commit. Defaults suit backends whose work runs on
+   * these same cores; a backend with idle host cores (CUDA) polls longer, saving the wake-ups. */
+  uint64_t wait_spin_ns, idle_spin_ns;
   cb_storage spare[MLXN_SPARE_STORAGE];
   uint32_t n_spare;
 };
@@ -182,7 +186,8 @@ void mlxn_queue_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb);
 
 /* ---- backend hooks ------------------------------------------------------------------------------- */
 
-/* Creates the backend's state in dev->backend; returns 0, or sets the thread's error and returns -1. */
+/* Creates the backend's state in dev->backend (and may change dev->wait_spin_ns / idle_spin_ns);
+ * returns 0, or sets the thread's error and returns -1. */
 int mlxn_backend_open(mlxn_device *dev, uint32_t threads);
 /* Frees it (the queue is drained and stopped first). */
 void mlxn_backend_close(mlxn_device *dev);

@@ -6,8 +6,6 @@
 
 #include "internal.h"
 
-#define QUEUE_SPIN_NS 50000u /* how long the idle queue thread polls before it sleeps */
-
 int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns) {
   uint64_t t0 = mlxn_now_ns();
   for (uint32_t n = 0;; n++) {
@@ -29,7 +27,7 @@ static void *queue_main(void *arg) {
     if (!dev->queue_head && !dev->closing) {
       /* Idle: poll briefly (a commit usually follows a commit), then sleep. */
       pthread_mutex_unlock(&dev->mu);
-      mlxn_spin_until(queue_has_work, dev, QUEUE_SPIN_NS);
+      mlxn_spin_until(queue_has_work, dev, dev->idle_spin_ns);
       pthread_mutex_lock(&dev->mu);
     }
     while (!dev->queue_head && !dev->closing) pthread_cond_wait(&dev->queue_cv, &dev->mu);
