@@ -39,9 +39,11 @@ Deno.test("the MSL sources define every contract's kernel, and nothing else", ()
   deepStrictEqual([...new Set([...direct, ...stamped, ...norm])].sort(), contractNames());
 });
 
-Deno.test("every CUDA kernel waits for its producers first (programmatic edges let it start early)", () => {
+Deno.test("every CUDA kernel takes its arguments through kernel_args first (it waits for producers)", () => {
   const src = read("kernels/cuda/", ".cu");
-  const kernels = [...src.matchAll(/__global__ void (\w+)\(const mlxn_gpu_args a\) \{\n(.*)\n/g)];
+  const kernels = [...src.matchAll(/__global__ void (\w+)\(const mlxn_gpu_args \*__restrict__ args\) \{\n(.*)\n/g)];
   deepStrictEqual(kernels.length, [...src.matchAll(/__global__/g)].length, "every kernel has the usual signature");
-  for (const [, name, first] of kernels) deepStrictEqual(first.trim(), "wait_for_producers();", name);
+  for (const [, name, first] of kernels) {
+    deepStrictEqual(first.trim(), "const mlxn_gpu_args &a = kernel_args(args);", name);
+  }
 });

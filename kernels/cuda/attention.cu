@@ -5,8 +5,8 @@
 
 #define MAX_HEAD_DIM 512
 
-template <int T> __global__ void k_sdpa(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T> __global__ void k_sdpa(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t heads = arg_u32(a, 4, 0), kv_heads = arg_u32(a, 4, 4), hd = arg_u32(a, 4, 8);
   uint32_t seq = arg_u32(a, 4, 12), kv_len = arg_u32(a, 4, 16), kv_cap = arg_u32(a, 4, 24);
   float scale = arg_f32(a, 4, 20);
@@ -106,8 +106,8 @@ __device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t 
   }
 }
 
-template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t heads = arg_u32(a, 4, 0), hd = arg_u32(a, 4, 8), nwg = arg_u32(a, 4, 36);
   uint32_t h = blockIdx.x, w = blockIdx.y, lane = threadIdx.x;
   if (h >= heads || w >= nwg) return;
@@ -125,8 +125,8 @@ template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args a) {
 // One block per head; thread d combines output dimension d. Each thread loads the (m, l) pairs and
 // its dimension of a batch of workgroups in one round, then weighs them locally: the kernel's
 // latency is one memory round trip per REDUCE_BATCH workgroups (one at the default 32).
-__global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t heads = arg_u32(a, 2, 0), hd = arg_u32(a, 2, 4), nwg = arg_u32(a, 2, 8);
   uint32_t h = blockIdx.x;
   if (h >= heads) return;

@@ -52,13 +52,20 @@ template <int T> __device__ __forceinline__ float round_to(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// The first statement of every kernel. In a CUDA graph with programmatic edges (compute capability
-// 9.0+) a kernel may start while the kernels it depends on still run; this waits until they have
-// completed and their writes are visible. Elsewhere it returns at once.
-__device__ __forceinline__ void wait_for_producers() {
+// The first statement of every kernel: `const mlxn_gpu_args &a = kernel_args(args);`. A kernel gets
+// a pointer to its arguments in device memory (the backend copies a command buffer's arguments
+// once, so a cached graph never needs per-node updates). In a CUDA graph with programmatic edges
+// (compute capability 9.0+) a kernel may start while the kernels it depends on still run: the
+// arguments are fetched into L1 first (they never depend on other kernels), then this waits until
+// the producers have completed and their writes are visible. Elsewhere the wait returns at once.
+__device__ __forceinline__ const mlxn_gpu_args &kernel_args(const mlxn_gpu_args *__restrict__ args) {
+  const char *p = reinterpret_cast<const char *>(args);
+  if (threadIdx.x < (sizeof(mlxn_gpu_args) + 127) / 128 && threadIdx.y == 0 && threadIdx.z == 0)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p + 128 * threadIdx.x));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  return *args;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

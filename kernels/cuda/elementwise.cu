@@ -1,8 +1,8 @@
 // Elementwise CUDA kernels: one thread per element (the CPU kernels' per-thread bodies).
 #include "common.cuh"
 
-template <int T, int OP> __global__ void k_binary(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T, int OP> __global__ void k_binary(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
   if (i >= n || i >= a.grid[0]) return;
   float x = load<T>(buf<void>(a, 0), i), y = load<T>(buf<void>(a, 1), i);
@@ -15,8 +15,8 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint64_t i = thread_x(a);
   if (i >= a.grid[0]) return;
   float x = load<T>(buf<void>(a, 0), i);
@@ -24,8 +24,8 @@ template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args a) {
 }
 
 // SwiGLU: silu(gate) rounded to the storage type, times up (equals the silu → mul pair).
-template <int T> __global__ void k_silu_mul(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T> __global__ void k_silu_mul(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
   if (i >= n || i >= a.grid[0]) return;
   float g = load<T>(buf<void>(a, 0), i);
@@ -33,16 +33,16 @@ template <int T> __global__ void k_silu_mul(const mlxn_gpu_args a) {
   store<T>(buf<void>(a, 2), i, __fmul_rn(g, load<T>(buf<void>(a, 1), i)));
 }
 
-__global__ void k_softcap(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_softcap(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint64_t i = thread_x(a);
   if (i >= arg_u32(a, 2, 4) || i >= a.grid[0]) return;
   float c = arg_f32(a, 2, 0);
   buf<float>(a, 1)[i] = tanhf(buf<const float>(a, 0)[i] / c) * c;
 }
 
-__global__ void k_axpby(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_axpby(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint64_t i = thread_x(a);
   if (i >= arg_u32(a, 3, 8) || i >= a.grid[0]) return;
   float alpha = arg_f32(a, 3, 0), beta = arg_f32(a, 3, 4);
@@ -50,16 +50,16 @@ __global__ void k_axpby(const mlxn_gpu_args a) {
   buf<float>(a, 2)[i] = __fadd_rn(__fmul_rn(alpha, x), __fmul_rn(beta, y)); // no FMA contraction
 }
 
-__global__ void k_strided_copy(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_strided_copy(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t c = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
   uint32_t rows = arg_u32(a, 2, 0), cols = arg_u32(a, 2, 4), ss = arg_u32(a, 2, 8), ds = arg_u32(a, 2, 12);
   if (c >= cols || r >= rows || c >= a.grid[0] || r >= a.grid[1]) return;
   buf<float>(a, 1)[(uint64_t)r * ds + c] = buf<const float>(a, 0)[(uint64_t)r * ss + c];
 }
 
-__global__ void k_debug_fault(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_debug_fault(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   if (arg_u32(a, 1, 0)) fault(a);
   else buf<uint32_t>(a, 0)[0] = 1;

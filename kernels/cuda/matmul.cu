@@ -65,8 +65,8 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t 
   }
 }
 
-template <int T> __global__ void k_matmul(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
   uint32_t row = blockIdx.y, lane = lane_id();
   if (row >= m) return;
@@ -95,8 +95,8 @@ __device__ __forceinline__ uint32_t affine_q(const uint8_t *row, uint32_t k, uin
   return (v >> ((k & 3u) * 6)) & 0x3fu;
 }
 
-template <bool FAST> __global__ void k_affine(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <bool FAST> __global__ void k_affine(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t m = arg_u32(a, 5, 0), n_ = arg_u32(a, 5, 4), k = arg_u32(a, 5, 8);
   uint32_t bits = arg_u32(a, 5, 12), gs = arg_u32(a, 5, 16);
   uint32_t n = blockIdx.x * (FAST ? 8 : WARPS) + warp_id(), row = blockIdx.y, lane = lane_id();
@@ -171,8 +171,8 @@ template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float 
   return acc;
 }
 
-template <int F, bool MV> __global__ void k_ggml(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int F, bool MV> __global__ void k_ggml(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
   uint32_t n = blockIdx.x * WARPS + warp_id(), lane = lane_id();
   if (n >= n_) return;
@@ -185,8 +185,8 @@ template <int F, bool MV> __global__ void k_ggml(const mlxn_gpu_args a) {
   }
 }
 
-template <int F> __global__ void k_ggml_id(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t rows = arg_u32(a, 4, 0), n_ = arg_u32(a, 4, 4), k = arg_u32(a, 4, 8);
   uint32_t top_k = arg_u32(a, 4, 12), experts = arg_u32(a, 4, 16);
   uint32_t n = blockIdx.x * WARPS + warp_id(), r = blockIdx.y, lane = lane_id();

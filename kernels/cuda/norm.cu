@@ -38,8 +38,8 @@ template <int T, int MODE> __device__ __forceinline__ float rms_out(float x, flo
   return m;
 }
 
-template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args a) {
-  wait_for_producers();
+template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   const int pslot = MODE == 0 ? 3 : MODE == 1 ? 4 : MODE == 2 ? 5 : 2;
   const int oslot = MODE == 0 ? 2 : MODE == 1 ? 3 : MODE == 2 ? 4 : 1;
   float eps = arg_f32(a, pslot, 0);
@@ -78,8 +78,8 @@ template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args a) {
   }
 }
 
-__global__ void k_softmax(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_softmax(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t cols = arg_u32(a, 2, 0);
   uint64_t base = row_index() * cols;
   const float *x = buf<const float>(a, 0);

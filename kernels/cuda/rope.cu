@@ -1,8 +1,8 @@
 // Rotary embeddings (f32), one thread per rotated pair, as the CPU kernels.
 #include "common.cuh"
 
-__global__ void k_rope(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_rope(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, t = blockIdx.y * a.tg[1] + threadIdx.y;
   float theta = arg_f32(a, 2, 0);
   uint32_t hd = arg_u32(a, 2, 4), seq = arg_u32(a, 2, 8);
@@ -18,8 +18,8 @@ __global__ void k_rope(const mlxn_gpu_args a) {
   out[j + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-__global__ void k_rope_neox(const mlxn_gpu_args a) {
-  wait_for_producers();
+__global__ void k_rope_neox(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
   uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
   float theta = arg_f32(a, 2, 0);
   uint32_t hd = arg_u32(a, 2, 4), rd = arg_u32(a, 2, 8), heads = arg_u32(a, 4, 0), has_ff = arg_u32(a, 4, 4);
