@@ -137,14 +137,19 @@ extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
   return 0;
 }
 
-static void drop_graph(cached_graph &g) {
+// Destroys a graph's CUDA objects (its argument block stays).
+static void destroy_graph(cached_graph &g) {
   if (g.exec) cudaGraphExecDestroy(g.exec);
   if (g.graph) cudaGraphDestroy(g.graph);
-  for (cudaEvent_t e : g.events) cudaEventDestroy(e);
-  g.events.clear();
-  free_args(g.args);
   g.exec = nullptr;
   g.graph = nullptr;
+  for (cudaEvent_t e : g.events) cudaEventDestroy(e);
+  g.events.clear();
+}
+
+static void drop_graph(cached_graph &g) {
+  destroy_graph(g);
+  free_args(g.args);
 }
 
 extern "C" void mlxn_cuda_close(void *state) {
@@ -269,17 +274,23 @@ static node_shape shape_of(cuda_state *s, const mlxn_cuda_dispatch &d) {
                     d.group};
 }
 
-// Launch parameters of a dispatch whose arguments are at device address `args`; `*slot` holds the
-// kernel's one parameter (the pointer) until the launch or node creation has copied it.
-static cudaKernelNodeParams node_params(const node_shape &sh, const mlxn_gpu_args *args,
-                                        const mlxn_gpu_args **slot) {
+// A kernel's one parameter (its arguments' device address) and the parameter array pointing at it;
+// must live until the launch or node creation that reads them returns.
+struct kernel_param {
+  const mlxn_gpu_args *args;
+  void *array[1];
+};
+
+// Launch parameters of a dispatch whose arguments are at device address `args`.
+static cudaKernelNodeParams node_params(const node_shape &sh, const mlxn_gpu_args *args, kernel_param *kp) {
   cudaKernelNodeParams p{};
   p.func = const_cast<void *>(sh.func);
   p.gridDim = sh.grid;
   p.blockDim = sh.block;
   p.sharedMemBytes = sh.shared;
-  *slot = args;
-  p.kernelParams = reinterpret_cast<void **>(const_cast<mlxn_gpu_args **>(slot));
+  kp->args = args;
+  kp->array[0] = &kp->args;
+  p.kernelParams = kp->array;
   return p;
 }
 
@@ -346,8 +357,8 @@ static bool build_graph(cached_graph &g, bool pdl, bool timing, run_status &cb) 
                               "cudaGraphAddEmptyNode"))
         return false;
     }
-    const mlxn_gpu_args *slot;
-    cudaKernelNodeParams p = node_params(g.shape[i], g.args.dev + i, &slot);
+    kernel_param kp;
+    cudaKernelNodeParams p = node_params(g.shape[i], g.args.dev + i, &kp);
     const cudaGraphNode_t *deps = prev.empty() ? nullptr : direct ? prev.data() : &join;
     size_t ndeps = prev.empty() ? 0 : direct ? prev.size() : 1;
     cudaGraphNode_t before = nullptr, after = nullptr;
@@ -415,7 +426,7 @@ static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, co
   *hi = shape.size();
   bool pdl = s->pdl && !(flags & MLXN_FLAG_NO_PDL), timing = (flags & MLXN_FLAG_DISPATCH_TIMING) != 0;
   if (!build_graph(*slot, pdl, timing, cb) && pdl) { // programmatic edges refused: build plain ones from now on
-    drop_graph(*slot);
+    destroy_graph(*slot);
     cb.code = 0;
     s->pdl = false;
     build_graph(*slot, false, timing, cb);
@@ -479,8 +490,8 @@ extern "C" int mlxn_cuda_run(void *state, uint32_t flags, mlxn_cuda_dispatch *d,
       uint64_t t = now_ns();
       upload_args(s, s->stream_args, 0, n, st);
       for (uint32_t i = 0; i < n && st.code == 0; i++) {
-        const mlxn_gpu_args *slot;
-        cudaKernelNodeParams p = node_params(shape[i], s->stream_args.dev + i, &slot);
+        kernel_param kp;
+        cudaKernelNodeParams p = node_params(shape[i], s->stream_args.dev + i, &kp);
         if (timing) cuda_ok(cudaEventRecord(s->stream_events[2 * i], s->stream), st, "cudaEventRecord");
         cuda_ok(cudaLaunchKernel(p.func, p.gridDim, p.blockDim, p.kernelParams, p.sharedMemBytes, s->stream), st,
                 "cudaLaunchKernel");
