@@ -54,18 +54,24 @@ template <int T> __device__ __forceinline__ float round_to(float v) {
 
 // The first statement of every kernel: `const mlxn_gpu_args &a = kernel_args(args);`. A kernel gets
 // a pointer to its arguments in device memory (the backend copies a command buffer's arguments
-// once, so a cached graph never needs per-node updates). In a CUDA graph with programmatic edges
-// (compute capability 9.0+) a kernel may start while the kernels it depends on still run: the
-// arguments are fetched into L1 first (they never depend on other kernels), then this waits until
-// the producers have completed and their writes are visible. Elsewhere the wait returns at once.
+// once, so a cached graph never needs per-node updates). The block copies them into shared memory,
+// then waits for its producers: in a CUDA graph with programmatic edges (compute capability 9.0+)
+// a kernel may start while the kernels it depends on still run, so the copy (which depends on no
+// kernel) overlaps them, and every later read of an argument is a shared-memory read. The wait
+// returns once the producers have completed and their writes are visible; elsewhere at once.
 __device__ __forceinline__ const mlxn_gpu_args &kernel_args(const mlxn_gpu_args *__restrict__ args) {
-  const char *p = reinterpret_cast<const char *>(args);
-  if (threadIdx.x < (sizeof(mlxn_gpu_args) + 127) / 128 && threadIdx.y == 0 && threadIdx.z == 0)
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p + 128 * threadIdx.x));
+  __shared__ mlxn_gpu_args local;
+  static_assert(sizeof(mlxn_gpu_args) % 16 == 0, "copied in 16-byte pieces");
+  const uint32_t tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const uint32_t threads = blockDim.x * blockDim.y * blockDim.z;
+  const uint4 *src = reinterpret_cast<const uint4 *>(args);
+  uint4 *dst = reinterpret_cast<uint4 *>(&local);
+  for (uint32_t i = tid; i < sizeof(mlxn_gpu_args) / 16; i += threads) dst[i] = __ldg(src + i);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  return *args;
+  __syncthreads();
+  return local;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
