@@ -263,7 +263,8 @@ export class CommandEncoder {
    * The common case in one pass: checks the descriptor while writing its records straight into the
    * stream words, and publishes them (moves the write position) only at the end. On anything off it
    * returns false with nothing written, and the two-pass path reports the error with its message.
-   * Returns true when the dispatch was encoded.
+   * Returns true when the dispatch was encoded. The records are stored inline rather than through
+   * StreamWriter's record methods (same layout): calling those cost ~4.4 ns of the ~50 ns here.
    */
   #fastWrite(d: DispatchDescriptor): boolean {
     const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
