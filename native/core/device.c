@@ -391,8 +391,6 @@ static int cmdbuf_not_running(void *arg) {
   return atomic_load(&((mlxn_cmdbuf *)arg)->status) != MLXN_CB_COMMITTED;
 }
 
-/* How long a waiter polls before sleeping: short command buffers complete within it. */
-
 int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
   mlxn_spin_until(cmdbuf_not_running, cb, cb->dev->wait_spin_ns);

@@ -87,7 +87,7 @@ struct cuda_state {
   unsigned int *fault = nullptr; // device word: tag + 1 of a failed dispatch
   std::vector<cached_graph> cache;
   uint64_t uses = 0;
-  uint64_t graph_builds = 0, graph_updates = 0, graph_reuses = 0, node_updates = 0;
+  uint64_t graph_builds = 0, graph_reuses = 0, node_updates = 0; // node_updates: nodes whose arguments changed
   // Host time of the queue thread per phase, ns: packing arguments, building or updating graphs,
   // launching (cudaGraphLaunch / cudaLaunchKernel). For finding where submit cost goes.
   uint64_t pack_ns = 0, graph_ns = 0, launch_ns = 0;
