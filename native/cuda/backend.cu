@@ -331,7 +331,7 @@ static bool make_events(std::vector<cudaEvent_t> &events, size_t n, run_status &
 
 // Builds and instantiates a graph for this topology. With `pdl`, direct barrier edges are
 // programmatic: a dependent kernel may launch once all blocks of its producers have started, and
-// waits in-kernel (wait_for_producers) for their completion. That hides the launch latency of each
+// waits in-kernel (kernel_args) for their completion. That hides the launch latency of each
 // dependent step; the order and visibility of memory are those of a full dependency. With `timing`,
 // each kernel node sits between two event-record nodes, and the next group depends on the "after"
 // events (so a dependent dispatch's start is never recorded before its producer's end); no
