@@ -97,7 +97,13 @@ export type { DispatchTarget } from "./src/ops/common.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
 export type { StridedCopyOptions } from "./src/ops/elementwise.ts";
 export type { RopeNeoxOptions } from "./src/ops/rope.ts";
-export type { AffineMatmulOptions, GgmlMatmulOptions, GgmlMoeOptions, MatmulShape } from "./src/ops/matmul.ts";
+export type {
+  AffineMatmulOptions,
+  DenseMatmulOptions,
+  GgmlMatmulOptions,
+  GgmlMoeOptions,
+  MatmulShape,
+} from "./src/ops/matmul.ts";
 export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/attention.ts";
 export {
   type AffineBits,

@@ -2,9 +2,10 @@
  * A llama-style decoder with random weights (fixed seed), for the demo and the benchmarks: per layer
  * RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), the Q/K/V projection
  * (one weight of the three stacked: one wide product instead of three small ones), NeoX rope, K/V
- * appended to the cache, flash attention (split + reduce), output projection, residual add,
- * RMS_NORM → MUL, the gate/up projection (stacked likewise), SwiGLU, the down projection, residual
- * add; then the final norm and a dense bf16 lm-head. Stacking is how fast engines lay these weights
+ * appended to the cache, flash attention (split + reduce), output projection + residual add,
+ * RMS_NORM → MUL, the gate/up projection (stacked likewise), SwiGLU, the down projection + residual
+ * add (for bf16 weights the add is the product's epilogue, one kernel; for quantized ones a separate
+ * add); then the final norm and a dense bf16 lm-head. Stacking is how fast engines lay these weights
  * out: the bytes are the same, but one product of n rows streams them closer to the bandwidth limit
  * than several concurrent ones, and Q/K/V and gate/up are slices of one output. Weights: Q4_0, MLX 4-bit, or bf16 (dense; synthetic values made fast for large shapes).
  *
@@ -56,7 +57,23 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     n: number;
     k: number;
     run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
+    /**
+     * The residual connection y += x · Wᵀ: one kernel for dense weights (the product's residual
+     * epilogue), else the product into `scratch`, a barrier and an add.
+     */
+    addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
   }
+  /** A projection without a fused residual: product, barrier, add. */
+  const unfused = (n: number, k: number, run: Linear["run"]): Linear => ({
+    n,
+    k,
+    run,
+    addInto(s, x, y, scratch, barrier) {
+      run(s, x, scratch);
+      barrier();
+      s.elementwiseAdd(y, scratch, y);
+    },
+  });
   /** Random bf16 values of scale ~1/√k, generated as bits (fast enough for billions of weights). */
   function randomBf16(count: number, k: number): Uint16Array {
     const table = new Uint16Array(new Float32Array(rand(4096, 1 / Math.sqrt(k))).buffer.slice(0)).filter((_, i) =>
@@ -70,12 +87,17 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   function linear(n: number, k: number): Linear {
     if (quant === "bf16") {
       const buf = device.upload(randomBf16(n * k, k), DType.BF16);
-      return { n, k, run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k }) };
+      return {
+        n,
+        k,
+        run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k }),
+        addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y }),
+      };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
     if (quant === "q4_0") {
       const buf = device.upload(quantizeGgml(w, n, k, "q4_0"));
-      return { n, k, run: (s, x, y) => s.quantizedMatmulGgml(x, buf, y, { m: 1, n, k, format: "q4_0" }) };
+      return unfused(n, k, (s, x, y) => s.quantizedMatmulGgml(x, buf, y, { m: 1, n, k, format: "q4_0" }));
     }
     const q = quantizeAffine(w, n, k, 4, 64);
     const [qw, sc, bi] = [
@@ -83,7 +105,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       device.upload(q.scales, DType.BF16),
       device.upload(q.biases, DType.BF16),
     ];
-    return { n, k, run: (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, { m: 1, n, k, bits: 4, groupSize: 64 }) };
+    return unfused(n, k, (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, { m: 1, n, k, bits: 4, groupSize: 64 }));
   }
 
   const f32 = (n: number) => device.alloc(n * 4, DType.F32);
@@ -153,9 +175,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
         kvCapacity: ctx,
       });
       barrier();
-      L.wo.run(s, act.attn, act.o);
-      barrier();
-      s.elementwiseAdd(act.x, act.o, act.x);
+      L.wo.addInto(s, act.attn, act.x, act.o, barrier); // x += attn · Woᵀ
       barrier();
       s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
       barrier();
@@ -165,9 +185,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.siluMul(act.g, act.u, act.ff); // SwiGLU in one kernel
       barrier();
-      L.wd.run(s, act.ff, act.d);
-      barrier();
-      s.elementwiseAdd(act.x, act.d, act.x);
+      L.wd.addInto(s, act.ff, act.x, act.d, barrier); // x += ff · Wdᵀ
     }
     barrier();
     s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });

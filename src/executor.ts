@@ -287,8 +287,8 @@ export class GraphSession implements DispatchTarget {
     ops.ropeNeox(this, this.#registry, input, output, positions, o);
   }
 
-  /** y = x · Wᵀ, dense f32/bf16 weights. */
-  matmul(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.MatmulShape): void {
+  /** y = x · Wᵀ (+ residual), dense f32/bf16 weights. */
+  matmul(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.DenseMatmulOptions): void {
     ops.matmul(this, this.#registry, x, w, y, o);
   }
 

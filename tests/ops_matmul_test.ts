@@ -45,6 +45,64 @@ Deno.test("dense matmul (f32 and bf16 weights) matches the reference", async (t)
   }
 });
 
+Deno.test("dense matmul with a residual: the reference, bit-equal to matmul → add, in place too", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  for (const [m, n, k] of [[1, 7, 33], [3, 255, 64], [2, 2048, 2048]]) {
+    for (const wt of [DType.F32, DType.BF16]) {
+      await t.step(`${wt} m=${m} n=${n} k=${k}`, () => {
+        const xv = randomValues(m * k, m + k), wv = randomValues(n * k, n + k, wt), rv = randomValues(m * n, n);
+        using x = device.upload(xv), w = device.upload(wv, wt), r = device.upload(rv);
+        using fused = device.alloc(m * n * 4, DType.F32), tmp = device.alloc(m * n * 4, DType.F32);
+        using pair = device.alloc(m * n * 4, DType.F32), inPlace = device.upload(rv);
+        using enc = device.commandEncoder();
+        ops.matmul(enc, registry, x, w, fused, { m, n, k, residual: r });
+        ops.matmul(enc, registry, x, w, inPlace, { m, n, k, residual: inPlace }); // y += x · Wᵀ
+        ops.matmul(enc, registry, x, w, tmp, { m, n, k });
+        enc.memoryBarrier();
+        ops.elementwiseAdd(enc, registry, r, tmp, pair);
+        enc.commitAndWait();
+        const got = fused.read(), unfused = pair.read(), self = inPlace.read();
+        for (let i = 0; i < m * n; i++) {
+          equal(got[i], unfused[i], `fused vs matmul → add, i=${i}`);
+          equal(self[i], unfused[i], `in place, i=${i}`);
+        }
+        // The product as for plain matmul, then one f32 addition (≤ 1 u of the sum).
+        const ref = refMatmul(xv, wv, m, n, k);
+        assertClose(
+          got,
+          ref.y.map((v, i) => v + rv[i]),
+          (i) => (k + 4) * U * ref.mag[i] + U * Math.abs(ref.y[i] + rv[i]) + 1e-30,
+          "matmul + residual",
+        );
+      });
+    }
+  }
+  await t.step("a residual that partly overlaps y is refused, in TypeScript and natively", () => {
+    using x = device.alloc(64 * 4, DType.F32), w = device.alloc(64 * 8 * 4, DType.F32);
+    using buf = device.alloc(16 * 4, DType.F32);
+    const y = buf.slice(0, 32), r = buf.slice(16, 32);
+    using enc = device.commandEncoder();
+    throws(
+      () => ops.matmul(enc, registry, x, w, y, { m: 1, n: 8, k: 64, residual: r }),
+      (e: unknown) => e instanceof MlxError && /residual must be y itself or not overlap/.test(e.message),
+    );
+    equal(enc.dispatchCount, 0);
+    // Past the op's check, the native validator refuses the same bindings.
+    using raw = device.commandEncoder();
+    raw.dispatch({
+      pipeline: registry.get("matmul_f32"),
+      bindings: [x, w, y, [1, 8, 64, 1], r],
+      grid: [2, 1, 1],
+      threadgroup: 128,
+    });
+    throws(
+      () => raw.commitAndWait(),
+      (e: unknown) => e instanceof MlxError && /residual must be y itself or not overlap/.test(e.message),
+    );
+  });
+});
+
 Deno.test("MLX affine quantized matmul: 4/6/8 bits × group 32/64/128, scalar and fast kernels", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;

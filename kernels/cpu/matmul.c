@@ -32,17 +32,33 @@ static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, 
   return 0;
 }
 
-/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K} ---------------------------------------------------------- */
+/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, residual}, 4 residual (optional) ----------------------
+ * y = x · Wᵀ, plus residual [M, N] when the flag is set (the epilogue of a residual connection:
+ * y may be the residual itself, y = y + x · Wᵀ, but must not partly overlap it). */
+
+static int check_residual(const mlxn_kargs *a, mm_params p, char *err, size_t cap) {
+  uint32_t flag = mlxn_arg_u32(a, 3, 12);
+  if (flag > 1) return mlxn_kfail(err, cap, "residual flag must be 0 or 1, got %u", flag);
+  if (flag != (a->ptr[4] != NULL))
+    return mlxn_kfail(err, cap, flag ? "residual flag set but slot 4 is not bound" : "slot 4 bound without the residual flag");
+  if (!flag) return 0;
+  MLXN_NEED_BUF(a, 4, (uint64_t)p.m * p.n * 4, err, cap);
+  const uint8_t *y = a->ptr[2], *r = a->ptr[4];
+  uint64_t bytes = (uint64_t)p.m * p.n * 4;
+  if (y != r && y < r + bytes && r < y + bytes)
+    return mlxn_kfail(err, cap, "the residual must be y itself or not overlap it");
+  return 0;
+}
 
 #define DENSE_KERNEL(SUF, T)                                                                      \
   static int matmul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
-    MLXN_NEED_BYTES(a, 3, 12, err, cap);                                                           \
+    MLXN_NEED_BYTES(a, 3, 16, err, cap);                                                           \
     mm_params p = read_mm(a, 3);                                                                   \
     if (check_mm(a, p, OUTS, err, cap)) return 1;                                                  \
     MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
     MLXN_NEED_BUF(a, 1, (uint64_t)p.n * p.k * mlxn_ftype_size(T), err, cap);                       \
     MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
-    return 0;                                                                                      \
+    return check_residual(a, p, err, cap);                                                         \
   }                                                                                                \
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
                                 void *s) {                                                         \
@@ -51,11 +67,12 @@ static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, 
     if (gy >= p.m) return 0;                                                                       \
     const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
     float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \
+    const float *res = a->ptr[4] ? (const float *)a->ptr[4] + (uint64_t)gy * p.n : NULL;           \
     for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++) {                            \
       float acc = 0.0f;                                                                            \
       uint64_t row = (uint64_t)n * p.k;                                                            \
       for (uint32_t k = 0; k < p.k; k++) acc += x[k] * mlxn_load(a->ptr[1], row + k, T);          \
-      y[n] = acc;                                                                                  \
+      y[n] = res ? acc + res[n] : acc; /* the same sum the separate add kernel computes */       \
     }                                                                                              \
     return 0;                                                                                      \
   }
@@ -313,8 +330,8 @@ GGML_ID_KERNEL(qmatmul_id_q8_0, GGML_Q8_0)
 GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
 
 const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
-    {"matmul_f32", "bbbc", matmul_f32_validate, matmul_f32_run},
-    {"matmul_bf16", "bbbc", matmul_bf16_validate, matmul_bf16_run},
+    {"matmul_f32", "bbbco", matmul_f32_validate, matmul_f32_run},
+    {"matmul_bf16", "bbbco", matmul_bf16_validate, matmul_bf16_run},
     {"qmatmul_affine", "bbbbbc", qmatmul_affine_validate, qmatmul_affine_run},
     {"qmatmul_affine_fast", "bbbbbc", qmatmul_affine_fast_validate, qmatmul_affine_fast_run},
     {"qmatmul_q4_0_mv", "bbbc", qmatmul_q4_0_mv_validate, qmatmul_q4_0_mv_run},

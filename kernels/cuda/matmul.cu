@@ -27,6 +27,13 @@ __device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
          x1.z * w67.x + x1.w * w67.y;
 }
 
+// Stores output i of a dense product, adding the residual when one is bound (slot 4, flag set):
+// the same sum the separate add kernel computes, so the fused form is bit-identical to it.
+__device__ __forceinline__ void store_dense(const mlxn_gpu_args &a, uint64_t i, float v) {
+  if (arg_u32(a, 3, 12)) v = __fadd_rn(v, buf<const float>(a, 4)[i]);
+  buf<float>(a, 2)[i] = v;
+}
+
 __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k) {
   __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
   const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
@@ -61,7 +68,7 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t 
   if (half == 0 && lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
     float v = 0.0f;
     for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
-    buf<float>(a, 2)[(uint64_t)row * n_ + n0 + lane] = v;
+    store_dense(a, (uint64_t)row * n_ + n0 + lane, v);
   }
 }
 
@@ -83,7 +90,7 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args
   float acc = 0.0f;
   for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
   acc = warp_sum(acc);
-  if (lane == 0) buf<float>(a, 2)[(uint64_t)row * n_ + n] = acc;
+  if (lane == 0) store_dense(a, (uint64_t)row * n_ + n, acc);
 }
 
 // ---- MLX affine ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 // simd_sum. The ggml mat-vec and mat-mat kernels share the per-lane arithmetic.
 
 struct mm_params { uint m; uint n; uint k; };
+struct dense_params { uint m; uint n; uint k; uint residual; };
 struct affine_params { uint m; uint n; uint k; uint bits; uint group_size; };
 struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 
@@ -10,13 +11,15 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 
 #define DENSE(NAME, T)                                                                               \
   kernel void NAME(device const float *x [[buffer(0)]], device const T *w [[buffer(1)]],            \
-                   device float *y [[buffer(2)]], constant mm_params &p [[buffer(3)]], MM_TAIL) {    \
+                   device float *y [[buffer(2)]], constant dense_params &p [[buffer(3)]],             \
+                   device const float *res [[buffer(4)]], MM_TAIL) {                                  \
     uint n = gid.x * 4 + sg, row = gid.y;                                                           \
     if (n >= p.n || row >= p.m) return;                                                             \
     float acc = 0.0f;                                                                               \
     for (uint i = lane; i < p.k; i += 32) acc += x[ulong(row) * p.k + i] * ld(w, ulong(n) * p.k + i); \
     acc = simd_sum(acc);                                                                            \
-    if (lane == 0) y[ulong(row) * p.n + n] = acc;                                                   \
+    ulong o = ulong(row) * p.n + n;                                                                 \
+    if (lane == 0) y[o] = p.residual ? acc + res[o] : acc; /* res: an unbound slot is never read */  \
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)

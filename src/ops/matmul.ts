@@ -33,7 +33,8 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "x", kind: "buffer", access: R },
       { name: "w", kind: "buffer", access: R },
       { name: "y", kind: "buffer", access: W },
-      { name: "params{m,n,k}", kind: "bytes", size: 12 },
+      { name: "params{m,n,k,residual}", kind: "bytes", size: 16 },
+      { name: "residual", kind: "buffer", access: R, optional: true },
     ])
   ),
   ...["qmatmul_affine", "qmatmul_affine_fast"].map((name) =>
@@ -90,14 +91,24 @@ function checkBytes(op: string, name: string, buf: MlxBuffer, bytes: number): vo
   }
 }
 
-/** y = x · Wᵀ with dense f32 or bf16 weights (embeddings, lm-head). */
+/** Options of {@link matmul}. */
+export interface DenseMatmulOptions extends MatmulShape {
+  /**
+   * f32 [m, n] added to the product in the same kernel: y = x · Wᵀ + residual (a residual
+   * connection's add, one dependent step shorter, bit-identical to matmul then elementwiseAdd). It
+   * may be y itself (y += x · Wᵀ) but must not partly overlap it.
+   */
+  residual?: MlxBuffer;
+}
+
+/** y = x · Wᵀ (+ residual) with dense f32 or bf16 weights (projections, embeddings, lm-head). */
 export function matmul(
   target: DispatchTarget,
   registry: KernelRegistry,
   x: MlxBuffer,
   w: MlxBuffer,
   y: MlxBuffer,
-  s: MatmulShape,
+  s: DenseMatmulOptions,
 ): void {
   checkShape("matmul", s);
   if (w.dtype !== DType.F32 && w.dtype !== DType.BF16) {
@@ -106,9 +117,18 @@ export function matmul(
   checkBuffer("matmul", "x", x, DType.F32, s.m * s.k);
   checkBuffer("matmul", "w", w, w.dtype, s.n * s.k);
   checkBuffer("matmul", "y", y, DType.F32, s.m * s.n);
+  const r = s.residual;
+  if (r) {
+    checkBuffer("matmul", "residual", r, DType.F32, s.m * s.n);
+    const sameAlloc = r.allocId === y.allocId, bytes = s.m * s.n * 4;
+    if (
+      sameAlloc && r.byteOffset !== y.byteOffset && r.byteOffset < y.byteOffset + bytes &&
+      y.byteOffset < r.byteOffset + bytes
+    ) throw new MlxError("InvalidArgument", "matmul: the residual must be y itself or not overlap it");
+  }
   target.dispatch({
     pipeline: registry.get(`matmul_${w.dtype}`),
-    bindings: [x, w, y, [s.m, s.n, s.k]],
+    bindings: [x, w, y, [s.m, s.n, s.k, r ? 1 : 0], r],
     grid: [Math.ceil(s.n / OUTS), s.m, 1],
     threadgroup: THREADS,
   });
