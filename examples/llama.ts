@@ -1,11 +1,12 @@
 /**
  * A llama-style decoder with random weights (fixed seed), for the demo and the benchmarks: per layer
  * RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), the Q/K/V projection
- * (one weight of the three stacked: one wide product instead of three small ones), NeoX rope, K/V
- * appended to the cache, flash attention (split + reduce), output projection + residual add,
- * RMS_NORM → MUL, the gate/up projection (stacked likewise), SwiGLU, the down projection + residual
- * add (for bf16 weights the add is the product's epilogue, one kernel; for quantized ones a separate
- * add); then the final norm and a dense bf16 lm-head. Stacking is how fast engines lay these weights
+ * (one weight of the three stacked: one wide product instead of three small ones), NeoX rope (K
+ * rotated straight into the cache, V copied there), flash attention (split + reduce), output
+ * projection + residual add, RMS_NORM → MUL, the gate/up projection (stacked likewise) + SwiGLU,
+ * the down projection + residual add (for bf16 weights the add and SwiGLU are the products'
+ * epilogues, one kernel each; for quantized ones separate kernels); then the final norm and a
+ * dense bf16 lm-head. Stacking is how fast engines lay these weights
  * out: the bytes are the same, but one product of n rows streams them closer to the bandwidth limit
  * than several concurrent ones, and Q/K/V and gate/up are slices of one output. Weights: Q4_0, MLX 4-bit, or bf16 (dense; synthetic values made fast for large shapes).
  *
@@ -62,8 +63,14 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
      * epilogue), else the product into `scratch`, a barrier and an add.
      */
     addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
+    /**
+     * SwiGLU of a stacked gate/up projection (n = 2 · ffn rows): y = silu(x · Wgᵀ) ⊙ (x · Wuᵀ). One
+     * kernel for dense weights (the product's SwiGLU epilogue), else the product into `scratch`
+     * (2 · ffn), a barrier and silu_mul of its halves.
+     */
+    gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
   }
-  /** A projection without a fused residual: product, barrier, add. */
+  /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
   const unfused = (n: number, k: number, run: Linear["run"]): Linear => ({
     n,
     k,
@@ -72,6 +79,12 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       run(s, x, scratch);
       barrier();
       s.elementwiseAdd(y, scratch, y);
+    },
+    gluInto(s, x, y, scratch, barrier) {
+      run(s, x, scratch);
+      barrier();
+      const half = (n / 2) * 4;
+      s.siluMul(scratch.slice(0, half), scratch.slice(half, half), y);
     },
   });
   /** Random bf16 values of scale ~1/√k, generated as bits (fast enough for billions of weights). */
@@ -92,6 +105,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
         k,
         run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k }),
         addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y }),
+        gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true }),
       };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
@@ -134,12 +148,9 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     k: qkv.slice(qBytes, kvBytes),
     v: qkv.slice(qBytes + kvBytes, kvBytes),
     qr: f32(heads * headDim),
-    kr: f32(kvHeads * headDim),
     attn: f32(heads * headDim),
     o: f32(hidden),
     gu,
-    g: gu.slice(0, ffn * 4),
-    u: gu.slice(ffn * 4, ffn * 4),
     ff: f32(ffn),
     d: f32(hidden),
     logits: f32(vocab),
@@ -160,12 +171,11 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       L.wqkv.run(s, act.h, act.qkv);
       barrier();
-      s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
-      s.ropeNeox(act.k, act.kr, act.pos, { ...rope, nHeads: kvHeads });
+      // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
       const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+      s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
+      s.ropeNeox(act.k, row(L.kCache), act.pos, { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim });
       s.stridedCopy(act.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
-      barrier();
-      s.stridedCopy(act.kr, row(L.kCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
       barrier();
       s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
         nHeads: heads,
@@ -181,9 +191,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.elementwiseMul(act.t, L.ffnNorm, act.h);
       barrier();
-      L.wgu.run(s, act.h, act.gu);
-      barrier();
-      s.siluMul(act.g, act.u, act.ff); // SwiGLU in one kernel
+      L.wgu.gluInto(s, act.h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
       barrier();
       L.wd.addInto(s, act.ff, act.x, act.d, barrier); // x += ff · Wdᵀ
     }

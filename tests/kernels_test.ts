@@ -5,9 +5,10 @@
  * (u32 = 2⁻²⁴ unit roundoff) and round the result once into the output dtype (u = 2⁻²⁴, 2⁻¹¹ for
  * f16, 2⁻⁸ for bf16). Each tolerance is stated next to its test.
  */
-import { deepStrictEqual as assertEquals } from "node:assert/strict";
-import { type DType, DType as D, type MlxBuffer, ops } from "../mod.ts";
+import { deepStrictEqual as assertEquals, equal, throws } from "node:assert/strict";
+import { type DType, DType as D, type MlxBuffer, MlxError, ops } from "../mod.ts";
 import { roundThrough } from "../src/dtype.ts";
+import { f32Bits } from "../src/ops/common.ts";
 import { assertClose, randomValues, testContext, unitRoundoff } from "./helpers.ts";
 import {
   neoxAngle,
@@ -327,6 +328,73 @@ Deno.test("rope_neox: partial rotation, pass-through tail, freq factors, GQA-sty
       }, "rope_neox");
     });
   }
+});
+
+Deno.test("rope_neox writes strided rows straight into a [heads, capacity, headDim] KV cache", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const theta = 1e4, headDim = 64, ropeDim = 32, nHeads = 3, capacity = 9;
+  for (const [first, seqLen] of [[0, 1], [5, 2], [8, 1]]) {
+    await t.step(`tokens ${first}..${first + seqLen - 1}`, () => {
+      const rows = seqLen * nHeads, sentinel = -7.25;
+      const xv = randomValues(rows * headDim, first + 3);
+      const pos = Uint32Array.from({ length: seqLen }, (_, i) => first + i);
+      using x = device.upload(xv), p = device.upload(pos);
+      using cache = device.upload(new Float32Array(nHeads * capacity * headDim).fill(sentinel));
+      // Bound at the first token's row of head 0, through its last token's row of the last head.
+      const at = cache.slice(first * headDim * 4, ((nHeads - 1) * capacity + seqLen) * headDim * 4);
+      run((enc) =>
+        ops.ropeNeox(enc, registry, x, at, p, {
+          theta,
+          headDim,
+          ropeDim,
+          nHeads,
+          seqLen,
+          outHeadStride: capacity * headDim,
+          outTokenStride: headDim,
+        }), device);
+      const dense = refRopeNeox(xv, pos, { theta, headDim, ropeDim, nHeads, seqLen });
+      const want = new Float64Array(nHeads * capacity * headDim).fill(sentinel);
+      for (let r = 0; r < rows; r++) {
+        const tok = Math.floor(r / nHeads), h = r % nHeads;
+        want.set(dense.subarray(r * headDim, (r + 1) * headDim), (h * capacity + first + tok) * headDim);
+      }
+      const got = cache.read();
+      assertClose(got, want, (k) => (want[k] === sentinel ? 0 : 64 * U32 * (1 + Math.abs(want[k]))), "rope into cache");
+    });
+  }
+  await t.step("overlapping rows, or a strided output over the input, are refused", () => {
+    using x = device.alloc(2 * 64 * 4, D.F32), p = device.alloc(8, D.U32), y = device.alloc(4096 * 4, D.F32);
+    const o = { theta, headDim: 64, ropeDim: 64, nHeads: 2, seqLen: 1 };
+    using enc = device.commandEncoder();
+    throws(
+      () => ops.ropeNeox(enc, registry, x, y, p, { ...o, outHeadStride: 32 }),
+      (e: unknown) => e instanceof MlxError && /output rows overlap/.test(e.message),
+    );
+    throws(
+      () => ops.ropeNeox(enc, registry, x, y, p, { ...o, seqLen: 2, nHeads: 1, outTokenStride: 0 }),
+      (e: unknown) => e instanceof MlxError && /output rows overlap/.test(e.message),
+    );
+    throws(
+      () => ops.ropeNeox(enc, registry, x, x, p, { ...o, nHeads: 1, seqLen: 2, outTokenStride: 64 * 2 }),
+      (e: unknown) => e instanceof MlxError && /(must not overlap the input|needs)/.test(e.message),
+    );
+    throws(
+      () => ops.ropeNeox(enc, registry, y.slice(0, 512), y.slice(256, 2048), p, { ...o, outHeadStride: 128 }),
+      (e: unknown) => e instanceof MlxError && /must not overlap the input/.test(e.message),
+    );
+    equal(enc.dispatchCount, 0);
+    // Past the op's checks, the native validator bounds the furthest strided row.
+    using raw = device.commandEncoder();
+    raw.dispatch({
+      pipeline: registry.get("rope_neox_f32"),
+      bindings: [x, y, [f32Bits(theta), 64, 64], p, [2, 0, 4096, 64]],
+      grid: [32, 2, 1],
+      threadgroup: [32, 1, 1],
+      dispatchKind: "threads",
+    });
+    throws(() => raw.commitAndWait(), (e: unknown) => e instanceof MlxError && /slot 1: bound slice/.test(e.message));
+  });
 });
 
 Deno.test("kernels honour slice offsets exactly (inputs and outputs)", () => {

@@ -103,6 +103,85 @@ Deno.test("dense matmul with a residual: the reference, bit-equal to matmul → 
   });
 });
 
+Deno.test("dense matmul with the SwiGLU epilogue: the reference, bit-equal to matmul → siluMul", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  // n = 5632, k = 2048: the decode step's gate/up shape (the GPU's fast bf16 path); the others take
+  // the generic paths (k not a multiple of 8, odd n, several rows).
+  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [1, 5632, 2048]]) {
+    for (const wt of [DType.F32, DType.BF16]) {
+      await t.step(`${wt} m=${m} n=${n} k=${k}`, () => {
+        const xv = randomValues(m * k, m + k), wv = randomValues(2 * n * k, n + k, wt);
+        using x = device.upload(xv), w = device.upload(wv, wt);
+        using fused = device.alloc(m * n * 4, DType.F32), gu = device.alloc(m * 2 * n * 4, DType.F32);
+        using pair = device.alloc(m * n * 4, DType.F32);
+        using enc = device.commandEncoder();
+        ops.matmul(enc, registry, x, w, fused, { m, n, k, swiglu: true });
+        ops.matmul(enc, registry, x, w, gu, { m, n: 2 * n, k }); // the unfused pair, row by row
+        enc.memoryBarrier();
+        for (let r = 0; r < m; r++) {
+          const row = gu.slice(r * 2 * n * 4, 2 * n * 4);
+          ops.siluMul(enc, registry, row.slice(0, n * 4), row.slice(n * 4, n * 4), pair.slice(r * n * 4, n * 4), n);
+        }
+        enc.commitAndWait();
+        const got = fused.read(), unfused = pair.read();
+        for (let i = 0; i < m * n; i++) equal(got[i], unfused[i], `fused vs matmul → siluMul, i=${i}`);
+        // Reference: gate g and up u in float64, then silu(g)·u. The f32 errors of g and u (as for
+        // plain matmul) propagate through |silu'| ≤ 1.1 and the product; silu and the final product
+        // add a few ulps of the result (expf, one division, one multiplication).
+        const ref = refMatmul(xv, wv, m, 2 * n, k);
+        const at = (i: number, half: number) => Math.floor(i / n) * 2 * n + half * n + (i % n);
+        const silu = (v: number) => v / (1 + Math.exp(-v));
+        assertClose(
+          got,
+          Float64Array.from({ length: m * n }, (_, i) => silu(ref.y[at(i, 0)]) * ref.y[at(i, 1)]),
+          (i) => {
+            const g = ref.y[at(i, 0)], u = ref.y[at(i, 1)], eg = (k + 4) * U * ref.mag[at(i, 0)];
+            const eu = (k + 4) * U * ref.mag[at(i, 1)];
+            return 1.1 * eg * (Math.abs(u) + eu) + Math.abs(silu(g)) * eu + 8 * U * Math.abs(silu(g) * u) + 1e-30;
+          },
+          "matmul + SwiGLU",
+        );
+      });
+    }
+  }
+  await t.step("residual and swiglu together, or a bad epilogue code, are refused", () => {
+    using x = device.alloc(64 * 4, DType.F32), w = device.alloc(64 * 16 * 4, DType.F32);
+    using y = device.alloc(16 * 4, DType.F32), r = device.alloc(8 * 4, DType.F32);
+    using enc = device.commandEncoder();
+    throws(
+      () => ops.matmul(enc, registry, x, w, y, { m: 1, n: 8, k: 64, residual: r, swiglu: true }),
+      (e: unknown) => e instanceof MlxError && /cannot be combined/.test(e.message),
+    );
+    throws( // 2n rows of W are needed
+      () => ops.matmul(enc, registry, x, w.slice(0, 64 * 12 * 4), y, { m: 1, n: 8, k: 64, swiglu: true }),
+      (e: unknown) => e instanceof MlxError && /w/.test(e.message),
+    );
+    equal(enc.dispatchCount, 0);
+    for (
+      const [params, bindR, pattern] of [
+        [[1, 8, 64, 3], false, /epilogue must be 0 \(none\), 1 \(residual\) or 2 \(SwiGLU\), got 3/],
+        [[1, 8, 64, 2], true, /slot 4 \(residual\) bound without the residual epilogue/],
+        [[1, 8, 64, 1], false, /residual epilogue but slot 4 is not bound/],
+        [[1, 16, 64, 2], false, /slot 1/], // W holds 16 rows, SwiGLU over n = 16 needs 32
+      ] as const
+    ) {
+      using raw = device.commandEncoder();
+      raw.dispatch({
+        pipeline: registry.get("matmul_f32"),
+        bindings: [x, w, y, [...params], bindR ? r : undefined],
+        grid: [8, 1, 1],
+        threadgroup: 128,
+      });
+      throws(
+        () => raw.commitAndWait(),
+        (e: unknown) => e instanceof MlxError && pattern.test(e.message),
+        String(params),
+      );
+    }
+  });
+});
+
 Deno.test("MLX affine quantized matmul: 4/6/8 bits × group 32/64/128, scalar and fast kernels", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;

@@ -9,6 +9,7 @@
 #ifndef MLXN_CPU_KERNEL_H
 #define MLXN_CPU_KERNEL_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -173,5 +174,9 @@ static inline float mlxn_round_to(float v, mlxn_ftype t) {
   if (t == MLXN_T_F32) return v;
   return t == MLXN_T_F16 ? mlxn_f16_to_f32(mlxn_f32_to_f16(v)) : mlxn_bf16_to_f32(mlxn_f32_to_bf16(v));
 }
+
+/* x · sigmoid(x): the one definition the silu, silu_mul and fused SwiGLU kernels share, so that
+ * fused and unfused forms agree bit for bit. */
+static inline float mlxn_silu(float x) { return x / (1.0f + expf(-x)); }
 
 #endif /* MLXN_CPU_KERNEL_H */

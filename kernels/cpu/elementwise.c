@@ -50,7 +50,6 @@ BINARY_KERNEL(mul_bf16, MLXN_T_BF16, *)
 
 /* ---- silu_mul (SwiGLU): 0 gate, 1 up, 2 out, 3 {n: u32}; out = silu(gate) · up ------------------ */
 /* The silu result is rounded to the storage type first, so the fused kernel equals silu → mul. */
-static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 #define SILU_MUL_KERNEL(NAME, T)                                                                   \
   static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
@@ -61,7 +60,7 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
     uint64_t i, end;                                                                               \
     tg_span(a, gx, mlxn_arg_u32(a, 3, 0), &i, &end);                                               \
     for (; i < end; i++) {                                                                         \
-      float g = mlxn_round_to(silu(mlxn_load(a->ptr[0], i, T)), T);                                \
+      float g = mlxn_round_to(mlxn_silu(mlxn_load(a->ptr[0], i, T)), T);                           \
       mlxn_store(a->ptr[2], i, T, g * mlxn_load(a->ptr[1], i, T));                                 \
     }                                                                                              \
     return 0;                                                                                      \
@@ -104,9 +103,9 @@ UNARY_KERNEL(gelu_bf16, MLXN_T_BF16, gelu_tanh)
 
 /* ---- silu: 0 in, 1 out; out = x · sigmoid(x); n = grid[0] ------------------------------------- */
 
-UNARY_KERNEL(silu_f32, MLXN_T_F32, silu)
-UNARY_KERNEL(silu_f16, MLXN_T_F16, silu)
-UNARY_KERNEL(silu_bf16, MLXN_T_BF16, silu)
+UNARY_KERNEL(silu_f32, MLXN_T_F32, mlxn_silu)
+UNARY_KERNEL(silu_f16, MLXN_T_F16, mlxn_silu)
+UNARY_KERNEL(silu_bf16, MLXN_T_BF16, mlxn_silu)
 
 /* ---- strided_copy_f32: 0 src, 1 dst, 2 {rows, cols, src_stride, dst_stride} (elements):
  *      dst[r·dst_stride + c] = src[r·src_stride + c]; threads (cols, rows). Appends K/V rows into a

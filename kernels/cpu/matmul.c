@@ -32,16 +32,22 @@ static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, 
   return 0;
 }
 
-/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, residual}, 4 residual (optional) ----------------------
- * y = x · Wᵀ, plus residual [M, N] when the flag is set (the epilogue of a residual connection:
- * y may be the residual itself, y = y + x · Wᵀ, but must not partly overlap it). */
+/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, epilogue}, 4 residual (optional) ----------------------
+ * epilogue 0: y = x · Wᵀ.
+ * epilogue 1 (residual): y = x · Wᵀ + residual [M, N] (slot 4; y may be the residual itself,
+ *   y += x · Wᵀ, but must not partly overlap it).
+ * epilogue 2 (SwiGLU): W holds 2N rows, gate rows then up rows; y[j] = silu(x · W[j]) · x · W[N + j].
+ * Each equals the unfused sequence (matmul, then add or silu_mul) bit for bit. */
 
-static int check_residual(const mlxn_kargs *a, mm_params p, char *err, size_t cap) {
-  uint32_t flag = mlxn_arg_u32(a, 3, 12);
-  if (flag > 1) return mlxn_kfail(err, cap, "residual flag must be 0 or 1, got %u", flag);
-  if (flag != (a->ptr[4] != NULL))
-    return mlxn_kfail(err, cap, flag ? "residual flag set but slot 4 is not bound" : "slot 4 bound without the residual flag");
-  if (!flag) return 0;
+enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
+#define OUTS_SWIGLU 2 /* outputs per threadgroup with the SwiGLU epilogue (each takes two rows) */
+
+static int check_epilogue(const mlxn_kargs *a, mm_params p, uint32_t epi, char *err, size_t cap) {
+  if (epi > EPI_SWIGLU) return mlxn_kfail(err, cap, "epilogue must be 0 (none), 1 (residual) or 2 (SwiGLU), got %u", epi);
+  if ((epi == EPI_RESIDUAL) != (a->ptr[4] != NULL))
+    return mlxn_kfail(err, cap, epi == EPI_RESIDUAL ? "residual epilogue but slot 4 is not bound"
+                                                    : "slot 4 (residual) bound without the residual epilogue");
+  if (epi != EPI_RESIDUAL) return 0;
   MLXN_NEED_BUF(a, 4, (uint64_t)p.m * p.n * 4, err, cap);
   const uint8_t *y = a->ptr[2], *r = a->ptr[4];
   uint64_t bytes = (uint64_t)p.m * p.n * 4;
@@ -50,29 +56,37 @@ static int check_residual(const mlxn_kargs *a, mm_params p, char *err, size_t ca
   return 0;
 }
 
+static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, mlxn_ftype t) {
+  float acc = 0.0f;
+  for (uint32_t i = 0; i < k; i++) acc += x[i] * mlxn_load(w, row + i, t);
+  return acc;
+}
+
 #define DENSE_KERNEL(SUF, T)                                                                      \
   static int matmul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
     MLXN_NEED_BYTES(a, 3, 16, err, cap);                                                           \
     mm_params p = read_mm(a, 3);                                                                   \
-    if (check_mm(a, p, OUTS, err, cap)) return 1;                                                  \
+    uint32_t epi = mlxn_arg_u32(a, 3, 12), rows = epi == EPI_SWIGLU ? 2 : 1;                       \
+    if (check_mm(a, p, epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS, err, cap)) return 1;                \
     MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
-    MLXN_NEED_BUF(a, 1, (uint64_t)p.n * p.k * mlxn_ftype_size(T), err, cap);                       \
+    MLXN_NEED_BUF(a, 1, (uint64_t)rows * p.n * p.k * mlxn_ftype_size(T), err, cap);                \
     MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
-    return check_residual(a, p, err, cap);                                                         \
+    return check_epilogue(a, p, epi, err, cap);                                                    \
   }                                                                                                \
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
                                 void *s) {                                                         \
     (void)gz; (void)s;                                                                             \
     mm_params p = read_mm(a, 3);                                                                   \
+    uint32_t epi = mlxn_arg_u32(a, 3, 12), outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS;          \
     if (gy >= p.m) return 0;                                                                       \
     const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
     float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \
-    const float *res = a->ptr[4] ? (const float *)a->ptr[4] + (uint64_t)gy * p.n : NULL;           \
-    for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++) {                            \
-      float acc = 0.0f;                                                                            \
-      uint64_t row = (uint64_t)n * p.k;                                                            \
-      for (uint32_t k = 0; k < p.k; k++) acc += x[k] * mlxn_load(a->ptr[1], row + k, T);          \
-      y[n] = res ? acc + res[n] : acc; /* the same sum the separate add kernel computes */       \
+    const float *res = epi == EPI_RESIDUAL ? (const float *)a->ptr[4] + (uint64_t)gy * p.n : NULL; \
+    for (uint32_t n = gx * outs; n < p.n && n < (gx + 1) * outs; n++) {                            \
+      float acc = dense_dot(x, a->ptr[1], (uint64_t)n * p.k, p.k, T);                              \
+      if (epi == EPI_SWIGLU) /* what silu_mul computes from the stored gate and up */             \
+        acc = mlxn_silu(acc) * dense_dot(x, a->ptr[1], ((uint64_t)p.n + n) * p.k, p.k, T);         \
+      y[n] = res ? acc + res[n] : acc; /* the same sum the separate add kernel computes */         \
     }                                                                                              \
     return 0;                                                                                      \
   }

@@ -46,12 +46,15 @@ static int rope_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t 
 
 /* ---- rope_neox_f32: pairs (i, i + rope_dim/2); dims [rope_dim, head_dim) pass through ------
  * 0 in [seq·heads, head_dim], 1 out, 2 {theta: f32, head_dim: u32, rope_dim: u32},
- * 3 positions u32[seq], 4 {n_heads: u32, has_freq_factors: u32}, 5 freq_factors f32[rope_dim/2]
- * (optional); threads (rope_dim/2, seq·heads). Row r belongs to token r / n_heads. */
+ * 3 positions u32[seq], 4 {n_heads, has_freq_factors, out_head_stride, out_token_stride: u32},
+ * 5 freq_factors f32[rope_dim/2] (optional); threads (rope_dim/2, seq·heads). Row r belongs to
+ * token t = r / n_heads, head h = r % n_heads; its output starts at element t·out_token_stride +
+ * h·out_head_stride of `out` (dense: head_dim and n_heads·head_dim; a KV cache laid out [heads,
+ * capacity, head_dim] at a position: capacity·head_dim and head_dim, so rope writes K in place). */
 
 static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 2, 12, err, cap);
-  MLXN_NEED_BYTES(a, 4, 8, err, cap);
+  MLXN_NEED_BYTES(a, 4, 16, err, cap);
   float theta = mlxn_arg_f32(a, 2, 0);
   uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
   uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
@@ -62,7 +65,13 @@ static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   uint64_t rows = a->grid[1];
   uint64_t tokens = (rows + heads - 1) / heads;
   MLXN_NEED_BUF(a, 0, rows * hd * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, rows * hd * 4, err, cap);
+  /* The furthest output row: the last token's last head, or (when the rows end inside a token) the
+   * token before's last head. */
+  uint64_t hs = mlxn_arg_u32(a, 4, 8), ts = mlxn_arg_u32(a, 4, 12);
+  uint64_t t_last = (rows - 1) / heads, h_last = (rows - 1) % heads;
+  uint64_t end = t_last * ts + h_last * hs;
+  if (t_last > 0 && (t_last - 1) * ts + (uint64_t)(heads - 1) * hs > end) end = (t_last - 1) * ts + (uint64_t)(heads - 1) * hs;
+  MLXN_NEED_BUF(a, 1, (end + hd) * 4, err, cap);
   MLXN_NEED_BUF(a, 3, tokens * 4, err, cap);
   if (has_ff) MLXN_NEED_BUF(a, 5, (uint64_t)(rd / 2) * 4, err, cap);
   return 0;
@@ -82,6 +91,7 @@ static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint
     uint32_t r = gy * a->tg[1] + ty;
     if (r >= a->grid[1]) break;
     uint64_t row = (uint64_t)r * hd;
+    uint64_t orow = (uint64_t)(r / heads) * mlxn_arg_u32(a, 4, 12) + (uint64_t)(r % heads) * mlxn_arg_u32(a, 4, 8);
     for (uint32_t tx = 0; tx < a->tg[0]; tx++) {
       uint32_t i = gx * a->tg[0] + tx;
       if (i >= half || i >= a->grid[0]) break;
@@ -90,10 +100,10 @@ static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint
       float ang = (float)pos[r / heads] * freq;
       float c = cosf(ang), sn = sinf(ang);
       float x0 = in[row + i], x1 = in[row + i + half];
-      out[row + i] = x0 * c - x1 * sn;
-      out[row + i + half] = x0 * sn + x1 * c;
+      out[orow + i] = x0 * c - x1 * sn;
+      out[orow + i + half] = x0 * sn + x1 * c;
       /* Thread i also copies the unrotated tail, striding by the number of pair threads. */
-      for (uint32_t d = rd + i; d < hd; d += half) out[row + d] = in[row + d];
+      for (uint32_t d = rd + i; d < hd; d += half) out[orow + d] = in[row + d];
     }
   }
   return 0;

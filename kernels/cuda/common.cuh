@@ -59,7 +59,9 @@ template <int T> __device__ __forceinline__ float round_to(float v) {
 // a kernel may start while the kernels it depends on still run, so the copy (which depends on no
 // kernel) overlaps them, and every later read of an argument is a shared-memory read. The wait
 // returns once the producers have completed and their writes are visible; elsewhere at once.
-__device__ __forceinline__ const mlxn_gpu_args &kernel_args(const mlxn_gpu_args *__restrict__ args) {
+// A kernel with work that reads nothing a producer writes (a weight prefetch) splits the two:
+// `kernel_args_early`, that work, then `wait_producers()` before touching any producer's output.
+__device__ __forceinline__ const mlxn_gpu_args &kernel_args_early(const mlxn_gpu_args *__restrict__ args) {
   __shared__ mlxn_gpu_args local;
   static_assert(sizeof(mlxn_gpu_args) % 16 == 0, "copied in 16-byte pieces");
   const uint32_t tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
@@ -67,12 +69,30 @@ __device__ __forceinline__ const mlxn_gpu_args &kernel_args(const mlxn_gpu_args 
   const uint4 *src = reinterpret_cast<const uint4 *>(args);
   uint4 *dst = reinterpret_cast<uint4 *>(&local);
   for (uint32_t i = tid; i < sizeof(mlxn_gpu_args) / 16; i += threads) dst[i] = __ldg(src + i);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   __syncthreads();
   return local;
 }
+__device__ __forceinline__ void wait_producers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ const mlxn_gpu_args &kernel_args(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args_early(args);
+  wait_producers();
+  return a;
+}
+
+// Asks L2 to fetch [p, p + bytes) (p 16-byte aligned, bytes a multiple of 16) without waiting: on
+// 9.0+ one bulk prefetch per call; elsewhere nothing (no early start to overlap there).
+__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(MLXN_NO_PREFETCH)
+  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// x · sigmoid(x): shared by silu, silu_mul and the fused SwiGLU epilogue so that they agree bit for bit.
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

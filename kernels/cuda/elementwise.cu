@@ -20,7 +20,7 @@ template <int T, int FN> __global__ void k_unary(const mlxn_gpu_args *__restrict
   uint64_t i = thread_x(a);
   if (i >= a.grid[0]) return;
   float x = load<T>(buf<void>(a, 0), i);
-  store<T>(buf<void>(a, 1), i, FN == 0 ? gelu_tanh(x) : x / (1.0f + expf(-x)));
+  store<T>(buf<void>(a, 1), i, FN == 0 ? gelu_tanh(x) : silu_f(x));
 }
 
 // SwiGLU: silu(gate) rounded to the storage type, times up (equals the silu → mul pair).
@@ -29,7 +29,7 @@ template <int T> __global__ void k_silu_mul(const mlxn_gpu_args *__restrict__ ar
   uint64_t i = thread_x(a), n = arg_u32(a, 3, 0);
   if (i >= n || i >= a.grid[0]) return;
   float g = load<T>(buf<void>(a, 0), i);
-  g = round_to<T>(g / (1.0f + expf(-g)));
+  g = round_to<T>(silu_f(g));
   store<T>(buf<void>(a, 2), i, __fmul_rn(g, load<T>(buf<void>(a, 1), i)));
 }
 

@@ -27,22 +27,34 @@ __device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
          x1.z * w67.x + x1.w * w67.y;
 }
 
-// Stores output i of a dense product, adding the residual when one is bound (slot 4, flag set):
-// the same sum the separate add kernel computes, so the fused form is bit-identical to it.
-__device__ __forceinline__ void store_dense(const mlxn_gpu_args &a, uint64_t i, float v) {
-  if (arg_u32(a, 3, 12)) v = __fadd_rn(v, buf<const float>(a, 4)[i]);
+// The dense kernels' epilogues (params word 3), as in kernels/cpu/matmul.c.
+enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
+#define OUTS_SWIGLU 2 // outputs per block with the SwiGLU epilogue (each takes a gate and an up row)
+
+// Stores output i of a dense product, adding the residual when one is bound (slot 4): the same sum
+// the separate add kernel computes, so the fused form is bit-identical to it.
+__device__ __forceinline__ void store_dense(const mlxn_gpu_args &a, uint32_t epi, uint64_t i, float v) {
+  if (epi == EPI_RESIDUAL) v = __fadd_rn(v, buf<const float>(a, 4)[i]);
   buf<float>(a, 2)[i] = v;
 }
+// What silu_mul computes from the stored gate and up.
+__device__ __forceinline__ float swiglu(float gate, float up) { return __fmul_rn(silu_f(gate), up); }
 
-__device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k) {
+// bf16 fast path. Rows r0 and r1 of W: two consecutive outputs, or (SwiGLU) the gate and up rows
+// of one output. Called after the producers are waited for.
+__device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k, uint32_t epi) {
   __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
   const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
-  const uint32_t n0 = blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
+  const bool glu = epi == EPI_SWIGLU;
+  // Plain: outputs n0, n0 + 1. SwiGLU: output n0 from rows n0 and n_ + n0.
+  const uint32_t n0 = glu ? blockIdx.x * OUTS_SWIGLU + pair : blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
   const float4 *x4 = reinterpret_cast<const float4 *>(buf<const float>(a, 0) + (uint64_t)row * k);
   const __nv_bfloat16 *w = buf<const __nv_bfloat16>(a, 1);
   // Rows past n read row n-1 (in bounds) and are not stored.
-  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0, n_ - 1) * k);
-  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + (uint64_t)min(n0 + 1, n_ - 1) * k);
+  const uint32_t last = n_ - 1;
+  const uint32_t r0 = min(n0, last), r1 = glu ? n_ + min(n0, last) : min(n0 + 1, last);
+  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (uint64_t)r0 * k);
+  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + (uint64_t)r1 * k);
   const uint32_t chunks = k / 8, stride = 32 * DENSE_SPLIT;
   float acc0 = 0.0f, acc1 = 0.0f;
   uint32_t c = half * 32 + lane;
@@ -65,32 +77,62 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t 
     partial[warp][1] = acc1;
   }
   __syncthreads();
-  if (half == 0 && lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
+  if (half != 0) return;
+  if (glu) {
+    if (lane == 0 && n0 < n_) {
+      float g = 0.0f, u = 0.0f; // summed as the plain path sums each row
+      for (uint32_t s = 0; s < DENSE_SPLIT; s++) g += partial[warp + s][0];
+      for (uint32_t s = 0; s < DENSE_SPLIT; s++) u += partial[warp + s][1];
+      buf<float>(a, 2)[(uint64_t)row * n_ + n0] = swiglu(g, u);
+    }
+  } else if (lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
     float v = 0.0f;
     for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
-    store_dense(a, (uint64_t)row * n_ + n0 + lane, v);
+    store_dense(a, epi, (uint64_t)row * n_ + n0 + lane, v);
   }
 }
 
-template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args) {
-  const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
-  uint32_t row = blockIdx.y, lane = lane_id();
-  if (row >= m) return;
-  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
-  if (T == T_BF16 && k % 8 == 0 && aligned) { // uniform per block: the whole block takes it
-    matmul_bf16_rows(a, row, n_, k);
-    return;
-  }
-  uint32_t n = blockIdx.x * WARPS + warp_id();
-  if (n >= n_) return;
-  const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
-  const void *w = buf<const void>(a, 1);
-  uint64_t wrow = (uint64_t)n * k;
+// The weight rows a bf16 fast-path block reads, as at most two contiguous byte ranges (a hint:
+// capped at 1 MiB each, a multiple of 16 bytes since k % 8 == 0).
+__device__ __forceinline__ void prefetch_dense_rows(const mlxn_gpu_args &a, uint32_t n_, uint32_t k, uint32_t epi) {
+  const char *w = buf<const char>(a, 1);
+  const uint64_t row_bytes = (uint64_t)k * 2;
+  const bool glu = epi == EPI_SWIGLU;
+  const uint32_t first = blockIdx.x * (glu ? OUTS_SWIGLU : WARPS), count = min(glu ? OUTS_SWIGLU : WARPS, n_ - first);
+  const uint32_t bytes = (uint32_t)min(count * row_bytes, (uint64_t)1 << 20);
+  prefetch_l2(w + first * row_bytes, bytes);
+  if (glu) prefetch_l2(w + ((uint64_t)n_ + first) * row_bytes, bytes);
+}
+
+// Generic path: warp w of the block computes output blockIdx.x·outs + w (outs = 4, or 2 with SwiGLU,
+// whose warp then takes the gate and the up row in turn).
+template <int T> __device__ float dense_row_dot(const float *x, const void *w, uint64_t wrow, uint32_t k, uint32_t lane) {
   float acc = 0.0f;
   for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
-  acc = warp_sum(acc);
-  if (lane == 0) store_dense(a, (uint64_t)row * n_ + n, acc);
+  return warp_sum(acc);
+}
+
+template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args_early(args);
+  uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8), epi = arg_u32(a, 3, 12);
+  uint32_t row = blockIdx.y, lane = lane_id();
+  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
+  if (T == T_BF16 && k % 8 == 0 && aligned) { // uniform per block: the whole block takes it
+    // The weights depend on no kernel: start streaming them into L2 while the producers finish
+    // (a programmatic edge starts this block early), once per block (the first row of x).
+    if (threadIdx.x == 0 && row == 0) prefetch_dense_rows(a, n_, k, epi);
+    wait_producers();
+    if (row < m) matmul_bf16_rows(a, row, n_, k, epi);
+    return;
+  }
+  wait_producers();
+  const uint32_t outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : WARPS, n = blockIdx.x * outs + warp_id();
+  if (row >= m || warp_id() >= outs || n >= n_) return;
+  const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
+  const void *w = buf<const void>(a, 1);
+  float acc = dense_row_dot<T>(x, w, (uint64_t)n * k, k, lane);
+  if (epi == EPI_SWIGLU) acc = swiglu(acc, dense_row_dot<T>(x, w, ((uint64_t)n_ + n) * k, k, lane));
+  if (lane == 0) store_dense(a, epi, (uint64_t)row * n_ + n, acc);
 }
 
 // ---- MLX affine ---------------------------------------------------------------------------------

@@ -29,13 +29,14 @@ __global__ void k_rope_neox(const mlxn_gpu_args *__restrict__ args) {
   if (has_ff) freq = freq / buf<const float>(a, 5)[i];
   float ang = (float)buf<const uint32_t>(a, 3)[r / heads] * freq;
   float c = cosf(ang), s = sinf(ang);
-  uint64_t row = (uint64_t)r * hd;
+  uint64_t row = (uint64_t)r * hd; // output row: token r / heads at its stride, head r % heads at its
+  uint64_t orow = (uint64_t)(r / heads) * arg_u32(a, 4, 12) + (uint64_t)(r % heads) * arg_u32(a, 4, 8);
   const float *in = buf<const float>(a, 0);
   float *out = buf<float>(a, 1);
   float x0 = in[row + i], x1 = in[row + i + half];
-  out[row + i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  out[row + i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-  for (uint32_t d = rd + i; d < hd; d += half) out[row + d] = in[row + d]; // unrotated tail
+  out[orow + i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  out[orow + i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  for (uint32_t d = rd + i; d < hd; d += half) out[orow + d] = in[row + d]; // unrotated tail
 }
 
 extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[] = {

@@ -57,3 +57,6 @@ inline float tg_max(float v, threadgroup float *sh, uint i, uint n) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
   return r;
 }
+
+// x · sigmoid(x): shared by silu, silu_mul and the matmul SwiGLU epilogue (bit-equal forms).
+inline float silu(float x) { return x / (1.0f + precise::exp(-x)); }

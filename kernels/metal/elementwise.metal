@@ -18,7 +18,6 @@ inline float gelu_tanh(float x) {
   float inner = clamp(0.7978845608028654f * (x + 0.044715f * x * x * x), -15.0f, 15.0f);
   return 0.5f * x * (1.0f + precise::tanh(inner));
 }
-inline float silu(float x) { return x / (1.0f + precise::exp(-x)); }
 
 #define UNARY(NAME, T, FN)                                                                           \
   kernel void NAME(device const T *in [[buffer(0)]], device T *out [[buffer(1)]], MLXN_ARGS_TAIL) { \

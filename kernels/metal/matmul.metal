@@ -3,23 +3,32 @@
 // simd_sum. The ggml mat-vec and mat-mat kernels share the per-lane arithmetic.
 
 struct mm_params { uint m; uint n; uint k; };
-struct dense_params { uint m; uint n; uint k; uint residual; };
+struct dense_params { uint m; uint n; uint k; uint epilogue; }; // 0 none, 1 residual, 2 SwiGLU
 struct affine_params { uint m; uint n; uint k; uint bits; uint group_size; };
 struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 
 #define MM_TAIL MLXN_ARGS_TAIL, uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
+// Epilogues as kernels/cpu/matmul.c: 1 adds res (slot 4; an unbound slot is never read), 2 takes
+// W's 2n rows as gate then up, output j = silu(gate j) · up j (2 outputs per threadgroup).
 #define DENSE(NAME, T)                                                                               \
   kernel void NAME(device const float *x [[buffer(0)]], device const T *w [[buffer(1)]],            \
                    device float *y [[buffer(2)]], constant dense_params &p [[buffer(3)]],             \
                    device const float *res [[buffer(4)]], MM_TAIL) {                                  \
-    uint n = gid.x * 4 + sg, row = gid.y;                                                           \
-    if (n >= p.n || row >= p.m) return;                                                             \
+    bool glu = p.epilogue == 2;                                                                     \
+    uint n = gid.x * (glu ? 2 : 4) + sg, row = gid.y;                                               \
+    if ((glu && sg >= 2) || n >= p.n || row >= p.m) return;                                         \
     float acc = 0.0f;                                                                               \
     for (uint i = lane; i < p.k; i += 32) acc += x[ulong(row) * p.k + i] * ld(w, ulong(n) * p.k + i); \
     acc = simd_sum(acc);                                                                            \
+    if (glu) {                                                                                      \
+      float up = 0.0f;                                                                              \
+      ulong urow = (ulong(p.n) + n) * p.k;                                                          \
+      for (uint i = lane; i < p.k; i += 32) up += x[ulong(row) * p.k + i] * ld(w, urow + i);       \
+      acc = silu(acc) * simd_sum(up);                                                               \
+    }                                                                                               \
     ulong o = ulong(row) * p.n + n;                                                                 \
-    if (lane == 0) y[o] = p.residual ? acc + res[o] : acc; /* res: an unbound slot is never read */  \
+    if (lane == 0) y[o] = p.epilogue == 1 ? acc + res[o] : acc;                                     \
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)

@@ -14,7 +14,7 @@ kernel void rope_f32(device const float *in [[buffer(0)]], device float *out [[b
 }
 
 struct neox_params { float theta; uint head_dim; uint rope_dim; };
-struct neox_heads { uint n_heads; uint has_freq_factors; };
+struct neox_heads { uint n_heads; uint has_freq_factors; uint out_head_stride; uint out_token_stride; };
 kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
                           constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
                           constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
@@ -25,8 +25,9 @@ kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *ou
   float ang = float(pos[r / h.n_heads]) * freq;
   float c = precise::cos(ang), s = precise::sin(ang);
   ulong row = ulong(r) * p.head_dim;
+  ulong orow = ulong(r / h.n_heads) * h.out_token_stride + ulong(r % h.n_heads) * h.out_head_stride;
   float x0 = in[row + i], x1 = in[row + i + half_dim];
-  out[row + i] = x0 * c - x1 * s;
-  out[row + i + half_dim] = x0 * s + x1 * c;
-  for (uint d = p.rope_dim + i; d < p.head_dim; d += half_dim) out[row + d] = in[row + d];
+  out[orow + i] = x0 * c - x1 * s;
+  out[orow + i + half_dim] = x0 * s + x1 * c;
+  for (uint d = p.rope_dim + i; d < p.head_dim; d += half_dim) out[orow + d] = in[row + d];
 }

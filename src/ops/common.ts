@@ -34,6 +34,11 @@ export function checkU32(op: string, name: string, v: number, min = 1): void {
   }
 }
 
+/** Whether bytes [0, aBytes) of `a` and [0, bBytes) of `b` share memory (same allocation, ranges meet). */
+export function overlapping(a: MlxBuffer, aBytes: number, b: MlxBuffer, bBytes: number): boolean {
+  return a.allocId === b.allocId && a.byteOffset < b.byteOffset + bBytes && b.byteOffset < a.byteOffset + aBytes;
+}
+
 /** Throws InvalidArgument unless `v` is finite and in the allowed range. */
 export function checkFinite(
   op: string,

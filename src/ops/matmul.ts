@@ -14,10 +14,16 @@ import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
 import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
-import { checkBuffer, checkU32, type DispatchTarget } from "./common.ts";
+import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
-const OUTS = 4, OUTS_FAST = 8, THREADS = 128;
+const OUTS = 4, OUTS_FAST = 8, OUTS_SWIGLU = 2, THREADS = 128;
+/** The dense kernels' epilogue codes (params word 3). */
+const enum Epilogue {
+  None = 0,
+  Residual = 1,
+  SwiGlu = 2,
+}
 const FORMATS: readonly GgmlFormat[] = ["q4_0", "q8_0", "q6_k"];
 
 const contract = (name: string, slots: KernelContract["slots"]): KernelContract => ({
@@ -33,7 +39,7 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "x", kind: "buffer", access: R },
       { name: "w", kind: "buffer", access: R },
       { name: "y", kind: "buffer", access: W },
-      { name: "params{m,n,k,residual}", kind: "bytes", size: 16 },
+      { name: "params{m,n,k,epilogue}", kind: "bytes", size: 16 },
       { name: "residual", kind: "buffer", access: R, optional: true },
     ])
   ),
@@ -99,9 +105,19 @@ export interface DenseMatmulOptions extends MatmulShape {
    * may be y itself (y += x · Wᵀ) but must not partly overlap it.
    */
   residual?: MlxBuffer;
+  /**
+   * SwiGLU in the same kernel: W holds 2n rows, the gate rows then the up rows (one stacked
+   * projection), and y[j] = silu(x · W[j]) · (x · W[n + j]). Bit-identical to the product into a
+   * [m, 2n] scratch followed by {@link siluMul} of its halves, without the scratch or the second
+   * kernel. Not combinable with `residual`.
+   */
+  swiglu?: boolean;
 }
 
-/** y = x · Wᵀ (+ residual) with dense f32 or bf16 weights (projections, embeddings, lm-head). */
+/**
+ * y = x · Wᵀ with dense f32 or bf16 weights (projections, embeddings, lm-head), optionally with a
+ * fused epilogue: a residual add or SwiGLU (see {@link DenseMatmulOptions}).
+ */
 export function matmul(
   target: DispatchTarget,
   registry: KernelRegistry,
@@ -114,22 +130,25 @@ export function matmul(
   if (w.dtype !== DType.F32 && w.dtype !== DType.BF16) {
     throw new MlxError("InvalidArgument", `matmul: weights must be f32 or bf16, got ${w.dtype}`);
   }
+  const r = s.residual, swiglu = s.swiglu === true;
+  if (r && swiglu) {
+    throw new MlxError("InvalidArgument", "matmul: residual and swiglu cannot be combined (one epilogue per product)");
+  }
   checkBuffer("matmul", "x", x, DType.F32, s.m * s.k);
-  checkBuffer("matmul", "w", w, w.dtype, s.n * s.k);
+  checkBuffer("matmul", "w", w, w.dtype, (swiglu ? 2 : 1) * s.n * s.k);
   checkBuffer("matmul", "y", y, DType.F32, s.m * s.n);
-  const r = s.residual;
   if (r) {
     checkBuffer("matmul", "residual", r, DType.F32, s.m * s.n);
-    const sameAlloc = r.allocId === y.allocId, bytes = s.m * s.n * 4;
-    if (
-      sameAlloc && r.byteOffset !== y.byteOffset && r.byteOffset < y.byteOffset + bytes &&
-      y.byteOffset < r.byteOffset + bytes
-    ) throw new MlxError("InvalidArgument", "matmul: the residual must be y itself or not overlap it");
+    const bytes = s.m * s.n * 4, same = r.allocId === y.allocId && r.byteOffset === y.byteOffset;
+    if (!same && overlapping(r, bytes, y, bytes)) {
+      throw new MlxError("InvalidArgument", "matmul: the residual must be y itself or not overlap it");
+    }
   }
+  const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
   target.dispatch({
     pipeline: registry.get(`matmul_${w.dtype}`),
-    bindings: [x, w, y, [s.m, s.n, s.k, r ? 1 : 0], r],
-    grid: [Math.ceil(s.n / OUTS), s.m, 1],
+    bindings: [x, w, y, [s.m, s.n, s.k, epilogue], r],
+    grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
     threadgroup: THREADS,
   });
 }

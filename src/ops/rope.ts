@@ -1,7 +1,8 @@
 /**
  * Rotary position embeddings (f32): `rope` rotates adjacent pairs (2i, 2i+1) of one head laid out
  * [seq, headDim]; `ropeNeox` rotates pairs (i, i + ropeDim/2) of [seq · heads, headDim] rows,
- * passes dims ≥ ropeDim through, and optionally divides each frequency by a freq factor.
+ * passes dims ≥ ropeDim through, optionally divides each frequency by a freq factor, and may write
+ * its rows at strides (straight into a KV cache).
  *
  * @module
  */
@@ -11,7 +12,7 @@ import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
+import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits, overlapping } from "./common.ts";
 
 /** Contracts of this family. */
 export const ropeContracts: readonly KernelContract[] = [
@@ -33,7 +34,7 @@ export const ropeContracts: readonly KernelContract[] = [
       { name: "output", kind: "buffer", access: "write" },
       { name: "params{theta:f32,head_dim:u32,rope_dim:u32}", kind: "bytes", size: 12 },
       { name: "positions", kind: "buffer", access: "read" },
-      { name: "params{n_heads:u32,has_freq_factors:u32}", kind: "bytes", size: 8 },
+      { name: "params{n_heads,has_freq_factors,out_head_stride,out_token_stride}", kind: "bytes", size: 16 },
       { name: "freq_factors", kind: "buffer", access: "read", optional: true },
     ],
   },
@@ -84,6 +85,24 @@ export interface RopeNeoxOptions {
   seqLen: number;
   /** Optional f32 [ropeDim/2] divisors of each frequency. */
   freqFactors?: MlxBuffer;
+  /**
+   * Elements between consecutive heads of one token in `output` (default headDim). With
+   * `outTokenStride`, this places each row anywhere: for a KV cache laid out [heads, capacity,
+   * headDim], bind `output` at the token's position and pass capacity · headDim and headDim, and
+   * rope writes K straight into the cache (no copy after it). Rows must not overlap, and a strided
+   * output must not overlap the input.
+   */
+  outHeadStride?: number;
+  /** Elements between consecutive tokens' rows in `output` (default nHeads · headDim). */
+  outTokenStride?: number;
+}
+
+/** Whether rows of `hd` elements at t·ts + h·hs (t < tokens, h < heads) are pairwise disjoint. */
+function rowsDisjoint(tokens: number, heads: number, hd: number, hs: number, ts: number): boolean {
+  const headsFit = heads === 1 || hs >= hd, tokensFit = tokens === 1 || ts >= hd;
+  if (!headsFit || !tokensFit) return false;
+  if (tokens === 1 || heads === 1) return true;
+  return ts >= (heads - 1) * hs + hd || hs >= (tokens - 1) * ts + hd; // token-major or head-major
 }
 
 /** NeoX-style rope over [seqLen · nHeads, headDim] rows; row r uses positions[r / nHeads]. */
@@ -105,8 +124,26 @@ export function ropeNeox(
   checkU32(op, "nHeads", o.nHeads);
   checkU32(op, "seqLen", o.seqLen);
   const rows = o.seqLen * o.nHeads;
+  const hs = o.outHeadStride ?? o.headDim, ts = o.outTokenStride ?? o.nHeads * o.headDim;
+  checkU32(op, "outHeadStride", hs, 0);
+  checkU32(op, "outTokenStride", ts, 0);
+  const dense = hs === o.headDim && (ts === o.nHeads * o.headDim || o.seqLen === 1);
+  if (!rowsDisjoint(o.seqLen, o.nHeads, o.headDim, hs, ts)) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: output rows overlap (outHeadStride ${hs}, outTokenStride ${ts}, headDim ${o.headDim}); ` +
+        "use strides that give each row its own headDim elements",
+    );
+  }
   checkBuffer(op, "input", input, DType.F32, rows * o.headDim);
-  checkBuffer(op, "output", output, DType.F32, rows * o.headDim);
+  const outElems = (o.seqLen - 1) * ts + (o.nHeads - 1) * hs + o.headDim;
+  checkBuffer(op, "output", output, DType.F32, outElems);
+  if (!dense && overlapping(input, rows * o.headDim * 4, output, outElems * 4)) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: a strided output must not overlap the input (rotate in place densely)`,
+    );
+  }
   checkBuffer(op, "positions", positions, DType.U32, o.seqLen);
   if (o.freqFactors) checkBuffer(op, "freqFactors", o.freqFactors, DType.F32, o.ropeDim / 2);
   const half = o.ropeDim / 2;
@@ -117,7 +154,7 @@ export function ropeNeox(
       output,
       [f32Bits(o.theta), o.headDim, o.ropeDim],
       positions,
-      [o.nHeads, o.freqFactors ? 1 : 0],
+      [o.nHeads, o.freqFactors ? 1 : 0, hs, ts],
       o.freqFactors,
     ],
     grid: [half, rows, 1],
