@@ -103,9 +103,9 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       return {
         n,
         k,
-        run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k }),
-        addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y }),
-        gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true }),
+        run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, constantWeights: true }),
+        addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y, constantWeights: true }),
+        gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true, constantWeights: true }),
       };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
@@ -200,7 +200,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     barrier();
     s.elementwiseMul(act.t, outNorm, act.h);
     barrier();
-    s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden });
+    s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden, constantWeights: true });
   }
 
   return {

@@ -45,6 +45,36 @@ Deno.test("dense matmul (f32 and bf16 weights) matches the reference", async (t)
   }
 });
 
+Deno.test("dense matmul: weights written earlier in the same command buffer are read after their writer", () => {
+  // Without constantWeights the GPU may not read W before the dispatches it depends on finish; with
+  // it, the same product on weights no dispatch writes gives the same bits.
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const [n, k] = [64, 2048]; // the bf16 fast path
+  const xv = randomValues(k, 3), av = randomValues(n * k, 5, DType.BF16), bv = randomValues(n * k, 7, DType.BF16);
+  using x = device.upload(xv), a = device.upload(av, DType.BF16), b = device.upload(bv, DType.BF16);
+  using w = device.alloc(n * k * 2, DType.BF16), wConst = device.alloc(n * k * 2, DType.BF16);
+  using y = device.alloc(n * 4, DType.F32), yConst = device.alloc(n * 4, DType.F32);
+  {
+    using enc = device.commandEncoder();
+    ops.elementwiseAdd(enc, registry, a, b, wConst); // written in an earlier command buffer
+    enc.commitAndWait();
+  }
+  for (let round = 0; round < 3; round++) {
+    using enc = device.commandEncoder();
+    ops.elementwiseAdd(enc, registry, a, b, w);
+    enc.memoryBarrier();
+    ops.matmul(enc, registry, x, w, y, { m: 1, n, k });
+    ops.matmul(enc, registry, x, wConst, yConst, { m: 1, n, k, constantWeights: true });
+    enc.memoryBarrier();
+    ops.elementwiseAdd(enc, registry, w, w, w); // leaves W different for the next round's writer
+    enc.commitAndWait();
+    deepStrictEqual(y.read(), yConst.read(), `round ${round}`);
+  }
+  const wv = roundThrough(DType.BF16, Float32Array.from(av, (v, i) => v + bv[i]));
+  close(y.read(), refMatmul(xv, wv, 1, n, k), k, "x · (A + B)ᵀ");
+});
+
 Deno.test("dense matmul with a residual: the reference, bit-equal to matmul → add, in place too", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
@@ -161,6 +191,7 @@ Deno.test("dense matmul with the SwiGLU epilogue: the reference, bit-equal to ma
     for (
       const [params, bindR, pattern] of [
         [[1, 8, 64, 3], false, /epilogue must be 0 \(none\), 1 \(residual\) or 2 \(SwiGLU\), got 3/],
+        [[1, 8, 64, 0x200], false, /mode 0x200 has unknown bits/],
         [[1, 8, 64, 2], true, /slot 4 \(residual\) bound without the residual epilogue/],
         [[1, 8, 64, 1], false, /residual epilogue but slot 4 is not bound/],
         [[1, 16, 64, 2], false, /slot 1/], // W holds 16 rows, SwiGLU over n = 16 needs 32

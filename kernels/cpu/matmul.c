@@ -32,7 +32,10 @@ static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, 
   return 0;
 }
 
-/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, epilogue}, 4 residual (optional) ----------------------
+/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, mode}, 4 residual (optional) --------------------------
+ * mode = epilogue | constant_weights << 8. constant_weights: W is written by no dispatch of this
+ * command buffer, so a GPU may start reading it before the dispatch's producers finish (the CPU
+ * backend has nothing to gain from it).
  * epilogue 0: y = x · Wᵀ.
  * epilogue 1 (residual): y = x · Wᵀ + residual [M, N] (slot 4; y may be the residual itself,
  *   y += x · Wᵀ, but must not partly overlap it).
@@ -42,7 +45,12 @@ static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, 
 enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
 #define OUTS_SWIGLU 2 /* outputs per threadgroup with the SwiGLU epilogue (each takes two rows) */
 
-static int check_epilogue(const mlxn_kargs *a, mm_params p, uint32_t epi, char *err, size_t cap) {
+#define MODE_CONSTANT_WEIGHTS 0x100u
+
+static int check_epilogue(const mlxn_kargs *a, mm_params p, uint32_t mode, char *err, size_t cap) {
+  uint32_t epi = mode & 0xffu;
+  if (mode & ~(0xffu | MODE_CONSTANT_WEIGHTS))
+    return mlxn_kfail(err, cap, "mode 0x%x has unknown bits (epilogue in bits 0-7, constant weights bit 8)", mode);
   if (epi > EPI_SWIGLU) return mlxn_kfail(err, cap, "epilogue must be 0 (none), 1 (residual) or 2 (SwiGLU), got %u", epi);
   if ((epi == EPI_RESIDUAL) != (a->ptr[4] != NULL))
     return mlxn_kfail(err, cap, epi == EPI_RESIDUAL ? "residual epilogue but slot 4 is not bound"
@@ -66,18 +74,18 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
   static int matmul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
     MLXN_NEED_BYTES(a, 3, 16, err, cap);                                                           \
     mm_params p = read_mm(a, 3);                                                                   \
-    uint32_t epi = mlxn_arg_u32(a, 3, 12), rows = epi == EPI_SWIGLU ? 2 : 1;                       \
-    if (check_mm(a, p, epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS, err, cap)) return 1;                \
+    uint32_t mode = mlxn_arg_u32(a, 3, 12), rows = (mode & 0xffu) == EPI_SWIGLU ? 2 : 1;           \
+    if (check_mm(a, p, rows == 2 ? OUTS_SWIGLU : OUTS, err, cap)) return 1;                        \
     MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
     MLXN_NEED_BUF(a, 1, (uint64_t)rows * p.n * p.k * mlxn_ftype_size(T), err, cap);                \
     MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
-    return check_epilogue(a, p, epi, err, cap);                                                    \
+    return check_epilogue(a, p, mode, err, cap);                                                   \
   }                                                                                                \
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
                                 void *s) {                                                         \
     (void)gz; (void)s;                                                                             \
     mm_params p = read_mm(a, 3);                                                                   \
-    uint32_t epi = mlxn_arg_u32(a, 3, 12), outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS;          \
+    uint32_t epi = mlxn_arg_u32(a, 3, 12) & 0xffu, outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS;  \
     if (gy >= p.m) return 0;                                                                       \
     const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
     float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \

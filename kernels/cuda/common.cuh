@@ -59,7 +59,7 @@ template <int T> __device__ __forceinline__ float round_to(float v) {
 // a kernel may start while the kernels it depends on still run, so the copy (which depends on no
 // kernel) overlaps them, and every later read of an argument is a shared-memory read. The wait
 // returns once the producers have completed and their writes are visible; elsewhere at once.
-// A kernel with work that reads nothing a producer writes (a weight prefetch) splits the two:
+// A kernel with work that reads nothing a producer writes (loading weights) splits the two:
 // `kernel_args_early`, that work, then `wait_producers()` before touching any producer's output.
 __device__ __forceinline__ const mlxn_gpu_args &kernel_args_early(const mlxn_gpu_args *__restrict__ args) {
   __shared__ mlxn_gpu_args local;
@@ -81,14 +81,6 @@ __device__ __forceinline__ const mlxn_gpu_args &kernel_args(const mlxn_gpu_args 
   const mlxn_gpu_args &a = kernel_args_early(args);
   wait_producers();
   return a;
-}
-
-// Asks L2 to fetch [p, p + bytes) (p 16-byte aligned, bytes a multiple of 16) without waiting: on
-// 9.0+ one bulk prefetch per call; elsewhere nothing (no early start to overlap there).
-__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(MLXN_NO_PREFETCH)
-  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 // x · sigmoid(x): shared by silu, silu_mul and the fused SwiGLU epilogue so that they agree bit for bit.

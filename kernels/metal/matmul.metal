@@ -3,7 +3,7 @@
 // simd_sum. The ggml mat-vec and mat-mat kernels share the per-lane arithmetic.
 
 struct mm_params { uint m; uint n; uint k; };
-struct dense_params { uint m; uint n; uint k; uint epilogue; }; // 0 none, 1 residual, 2 SwiGLU
+struct dense_params { uint m; uint n; uint k; uint mode; }; // epilogue (bits 0-7): 0 none, 1 residual, 2 SwiGLU
 struct affine_params { uint m; uint n; uint k; uint bits; uint group_size; };
 struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 
@@ -15,7 +15,8 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
   kernel void NAME(device const float *x [[buffer(0)]], device const T *w [[buffer(1)]],            \
                    device float *y [[buffer(2)]], constant dense_params &p [[buffer(3)]],             \
                    device const float *res [[buffer(4)]], MM_TAIL) {                                  \
-    bool glu = p.epilogue == 2;                                                                     \
+    uint epi = p.mode & 0xffu; /* bit 8 (constant weights) changes nothing here */                   \
+    bool glu = epi == 2;                                                                            \
     uint n = gid.x * (glu ? 2 : 4) + sg, row = gid.y;                                               \
     if ((glu && sg >= 2) || n >= p.n || row >= p.m) return;                                         \
     float acc = 0.0f;                                                                               \
@@ -28,7 +29,7 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
       acc = silu(acc) * simd_sum(up);                                                               \
     }                                                                                               \
     ulong o = ulong(row) * p.n + n;                                                                 \
-    if (lane == 0) y[o] = p.epilogue == 1 ? acc + res[o] : acc;                                     \
+    if (lane == 0) y[o] = epi == 1 ? acc + res[o] : acc;                                            \
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)

@@ -18,7 +18,7 @@ import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./commo
 
 const R = "read" as const, W = "write" as const;
 const OUTS = 4, OUTS_FAST = 8, OUTS_SWIGLU = 2, THREADS = 128;
-/** The dense kernels' epilogue codes (params word 3). */
+/** The dense kernels' epilogue codes (params word 3, bits 0-7; bit 8: constant weights). */
 const enum Epilogue {
   None = 0,
   Residual = 1,
@@ -39,7 +39,7 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "x", kind: "buffer", access: R },
       { name: "w", kind: "buffer", access: R },
       { name: "y", kind: "buffer", access: W },
-      { name: "params{m,n,k,epilogue}", kind: "bytes", size: 16 },
+      { name: "params{m,n,k,mode}", kind: "bytes", size: 16 },
       { name: "residual", kind: "buffer", access: R, optional: true },
     ])
   ),
@@ -112,7 +112,17 @@ export interface DenseMatmulOptions extends MatmulShape {
    * kernel. Not combinable with `residual`.
    */
   swiglu?: boolean;
+  /**
+   * A promise that no dispatch of this command buffer writes `w` (model weights uploaded once).
+   * The GPU backends may then start reading the weights before the dispatches this one depends on
+   * have finished, overlapping the weight stream with them (on CUDA: the product's blocks start
+   * early under a programmatic edge). Results are the same either way; breaking the promise reads
+   * stale weights. Default false.
+   */
+  constantWeights?: boolean;
 }
+
+const MODE_CONSTANT_WEIGHTS = 0x100;
 
 /**
  * y = x · Wᵀ with dense f32 or bf16 weights (projections, embeddings, lm-head), optionally with a
@@ -147,7 +157,7 @@ export function matmul(
   const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
   target.dispatch({
     pipeline: registry.get(`matmul_${w.dtype}`),
-    bindings: [x, w, y, [s.m, s.n, s.k, epilogue], r],
+    bindings: [x, w, y, [s.m, s.n, s.k, epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0)], r],
     grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
     threadgroup: THREADS,
   });
