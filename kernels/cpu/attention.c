@@ -11,12 +11,8 @@
  *   workgroups per head: 0 Q [n_heads, hd] f32, 1 K [n_kv_heads, kv_capacity, hd], 2 V, 3 tmp
  *   [n_heads, NWG, hd + 2] f32 (partial outputs, then running max and sum), 4 {n_heads, n_kv_heads,
  *   head_dim, kv_seq_len, kv_capacity, scale: f32, mask (0 none, 1 causal, 2 sliding),
- *   sliding_window, softcap: f32 (0 = off), nwg, combine}, 5 O [n_heads, hd] f32 (with combine).
- *   Threadgroups (n_heads, nwg). Workgroup w takes the keys [w·c, (w+1)·c), c = ceil(kv_seq_len /
- *   nwg). combine 0: partial results only (flash_attn_vec_reduce follows, after a barrier).
- *   combine 1 (single pass): tmp also holds one u32 counter per head after the partials; the last
- *   workgroup of a head to finish combines the head's partials into O exactly as the reduce kernel
- *   does, and sets the counter back to 0 (counters must be 0 before the first use; a new buffer is).
+ *   sliding_window, softcap: f32 (0 = off), nwg}. Threadgroups (n_heads, nwg). Workgroup w takes
+ *   the keys [w·c, (w+1)·c), c = ceil(kv_seq_len / nwg).
  * flash_attn_vec_reduce: 0 tmp, 1 O [n_heads, hd] f32, 2 {n_heads, head_dim, nwg}; threadgroups
  *   (n_heads): combines the partials. */
 #include <math.h>
@@ -109,22 +105,19 @@ typedef struct fav_params {
   float scale;
   uint32_t mask, window;
   float softcap;
-  uint32_t nwg, combine;
+  uint32_t nwg;
 } fav_params;
 
 static fav_params read_fav(const mlxn_kargs *a) {
   fav_params p = {mlxn_arg_u32(a, 4, 0),  mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
                   mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
                   mlxn_arg_u32(a, 4, 24), mlxn_arg_u32(a, 4, 28), mlxn_arg_f32(a, 4, 32),
-                  mlxn_arg_u32(a, 4, 36), mlxn_arg_u32(a, 4, 40)};
+                  mlxn_arg_u32(a, 4, 36)};
   return p;
 }
 
-/* Where a head's partials start in tmp, and (single pass) where the heads' counters start. */
-static uint64_t fav_partial_bytes(fav_params p) { return (uint64_t)p.heads * p.nwg * (p.hd + 2) * 4; }
-
 static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 4, 44, err, cap);
+  MLXN_NEED_BYTES(a, 4, 40, err, cap);
   fav_params p = read_fav(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
     return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);
@@ -142,32 +135,8 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   MLXN_NEED_BUF(a, 0, (uint64_t)p.heads * p.hd * 4, err, cap);
   MLXN_NEED_BUF(a, 1, (uint64_t)p.kv_heads * p.kv_cap * p.hd * es, err, cap);
   MLXN_NEED_BUF(a, 2, (uint64_t)p.kv_heads * p.kv_cap * p.hd * es, err, cap);
-  if (p.combine > 1) return mlxn_kfail(err, cap, "combine must be 0 (partials only) or 1 (single pass), got %u", p.combine);
-  if (p.combine != (a->ptr[5] != NULL))
-    return mlxn_kfail(err, cap, p.combine ? "single pass (combine 1) but slot 5 (out) is not bound"
-                                          : "slot 5 (out) bound without combine");
-  MLXN_NEED_BUF(a, 3, fav_partial_bytes(p) + (p.combine ? (uint64_t)p.heads * 4 : 0), err, cap);
-  if (p.combine) {
-    MLXN_NEED_BUF(a, 5, (uint64_t)p.heads * p.hd * 4, err, cap);
-    if (((uintptr_t)a->ptr[3] & 3u) != 0) return mlxn_kfail(err, cap, "tmp must be 4-byte aligned (it holds counters)");
-  }
+  MLXN_NEED_BUF(a, 3, (uint64_t)p.heads * p.nwg * (p.hd + 2) * 4, err, cap);
   return 0;
-}
-
-/* Combines head h's nwg partials (m, l and the weighted sums) into out [hd]. */
-static void fav_combine(const float *tmp, float *out, uint32_t hd, uint32_t nwg) {
-  float m = -INFINITY;
-  for (uint32_t w = 0; w < nwg; w++) m = fmaxf(m, tmp[w * (hd + 2) + hd]);
-  float l = 0.0f;
-  for (uint32_t d = 0; d < hd; d++) out[d] = 0.0f;
-  for (uint32_t w = 0; w < nwg; w++) {
-    const float *part = tmp + w * (hd + 2);
-    if (part[hd + 1] == 0.0f) continue; /* an empty chunk */
-    float c = expf(part[hd] - m);
-    l += part[hd + 1] * c;
-    for (uint32_t d = 0; d < hd; d++) out[d] += part[d] * c;
-  }
-  for (uint32_t d = 0; d < hd; d++) out[d] /= l;
 }
 
 static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {
@@ -200,16 +169,6 @@ static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t 
   out[p.hd + 1] = l;
 }
 
-/* Single pass: the head's last workgroup to finish (the counter's last increment, which also
- * acquires the other workgroups' partials) combines them and re-arms the counter. */
-static void fav_finish_head(const mlxn_kargs *a, fav_params p, uint32_t h) {
-  uint32_t *counter = (uint32_t *)((uint8_t *)a->ptr[3] + fav_partial_bytes(p)) + h;
-  if (__atomic_fetch_add(counter, 1u, __ATOMIC_ACQ_REL) != p.nwg - 1) return;
-  fav_combine((const float *)a->ptr[3] + (uint64_t)h * p.nwg * (p.hd + 2), (float *)a->ptr[5] + (uint64_t)h * p.hd,
-              p.hd, p.nwg);
-  __atomic_store_n(counter, 0u, __ATOMIC_RELAXED); /* the barrier after this dispatch publishes it */
-}
-
 #define FAV_KERNEL(SUF, T)                                                                        \
   static int flash_attn_vec_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {       \
     return fav_validate(a, T, err, cap);                                                           \
@@ -218,9 +177,7 @@ static void fav_finish_head(const mlxn_kargs *a, fav_params p, uint32_t h) {
                                         void *s) {                                                 \
     (void)gz; (void)s;                                                                             \
     fav_params p = read_fav(a);                                                                    \
-    if (gx >= p.heads || gy >= p.nwg) return 0;                                                    \
-    fav_partial(a, T, gx, gy);                                                                     \
-    if (p.combine) fav_finish_head(a, p, gx);                                                      \
+    if (gx < p.heads && gy < p.nwg) fav_partial(a, T, gx, gy);                                     \
     return 0;                                                                                      \
   }
 
@@ -242,15 +199,28 @@ static int fav_reduce_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_
   (void)gy; (void)gz; (void)s;
   uint32_t heads = mlxn_arg_u32(a, 2, 0), hd = mlxn_arg_u32(a, 2, 4), nwg = mlxn_arg_u32(a, 2, 8);
   if (gx >= heads) return 0;
-  fav_combine((const float *)a->ptr[0] + (uint64_t)gx * nwg * (hd + 2), (float *)a->ptr[1] + (uint64_t)gx * hd, hd, nwg);
+  const float *tmp = (const float *)a->ptr[0] + (uint64_t)gx * nwg * (hd + 2);
+  float *out = (float *)a->ptr[1] + (uint64_t)gx * hd;
+  float m = -INFINITY;
+  for (uint32_t w = 0; w < nwg; w++) m = fmaxf(m, tmp[w * (hd + 2) + hd]);
+  float l = 0.0f;
+  for (uint32_t d = 0; d < hd; d++) out[d] = 0.0f;
+  for (uint32_t w = 0; w < nwg; w++) {
+    const float *part = tmp + w * (hd + 2);
+    if (part[hd + 1] == 0.0f) continue; /* an empty chunk */
+    float c = expf(part[hd] - m);
+    l += part[hd + 1] * c;
+    for (uint32_t d = 0; d < hd; d++) out[d] += part[d] * c;
+  }
+  for (uint32_t d = 0; d < hd; d++) out[d] /= l;
   return 0;
 }
 
 const mlxn_cpu_kernel mlxn_cpu_attention_kernels[] = {
     {"sdpa_f32", "bbbbc", sdpa_f32_validate, sdpa_f32_run},
     {"sdpa_bf16", "bbbbc", sdpa_bf16_validate, sdpa_bf16_run},
-    {"flash_attn_vec_f32", "bbbbco", flash_attn_vec_f32_validate, flash_attn_vec_f32_run},
-    {"flash_attn_vec_f16", "bbbbco", flash_attn_vec_f16_validate, flash_attn_vec_f16_run},
+    {"flash_attn_vec_f32", "bbbbc", flash_attn_vec_f32_validate, flash_attn_vec_f32_run},
+    {"flash_attn_vec_f16", "bbbbc", flash_attn_vec_f16_validate, flash_attn_vec_f16_run},
     {"flash_attn_vec_reduce", "bbc", fav_reduce_validate, fav_reduce_run},
     {0, 0, 0, 0},
 };

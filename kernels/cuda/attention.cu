@@ -1,7 +1,6 @@
 // Attention on CUDA. sdpa: one thread per query row (grid (batch, heads, ceil(seq/32)), 32 threads).
 // flash_attn_vec: one warp per (head, workgroup); each lane owns head_dim/32 dimensions, a score
-// is a warp-wide sum; then the workgroups' partials are combined: by the head's last workgroup to
-// finish (single pass, a counter per head) or by a reduce kernel. Online softmax in f32.
+// is a warp-wide sum; then a reduce kernel combines the workgroups. Online softmax in f32.
 #include "common.cuh"
 
 #define MAX_HEAD_DIM 512
@@ -118,68 +117,49 @@ template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args *__restric
     case 256: flash_vec_body<T, 8>(a, h, w, lane); break;
     default: flash_vec_body<T, 16>(a, h, w, lane); break;
   }
-  if (arg_u32(a, 4, 40) == 0) return; // partials only: the reduce kernel follows
-  // Single pass: publish this workgroup's partial, count it; the head's last one combines.
-  float *tmp = buf<float>(a, 3);
-  unsigned *counter = reinterpret_cast<unsigned *>(tmp + (uint64_t)heads * nwg * (hd + 2)) + h;
-  __threadfence();
-  unsigned done = 0;
-  if (lane == 0) done = atomicAdd(counter, 1u);
-  done = __shfl_sync(0xffffffffu, done, 0);
-  if (done != nwg - 1) return;
-  __threadfence(); // the other workgroups' partials are visible from here (read past L1 below)
-  const float *part = tmp + (uint64_t)h * nwg * (hd + 2);
-  for (uint32_t d = lane; d < hd; d += 32)
-    buf<float>(a, 5)[(uint64_t)h * hd + d] = flash_combine_dim(part, hd, nwg, d, [](const float *p) { return __ldcg(p); });
-  if (lane == 0) *counter = 0; // re-armed for the next dispatch (ordered by the barrier after this one)
 }
 
 // Workgroups whose partial results a thread loads at once (more are taken in further rounds).
 #define REDUCE_BATCH 32
 
-// Output dimension d of a head from its nwg partials at `tmp`: each call loads the (m, l) pairs and
-// dimension d of a batch of workgroups in one round, then weighs them locally (one memory round
-// trip per REDUCE_BATCH workgroups). LOAD reads a float (the single pass reads through L2 only).
-template <typename Load> __device__ __forceinline__ float flash_combine_dim(const float *tmp, uint32_t hd, uint32_t nwg,
-                                                                          uint32_t d, Load load) {
-  // Running max / sum over batches, rescaled like the online softmax of the split kernel.
-  float m = -INFINITY, l = 0.0f, o = 0.0f;
-  for (uint32_t w0 = 0; w0 < nwg; w0 += REDUCE_BATCH) {
-    float pm[REDUCE_BATCH], pl[REDUCE_BATCH], po[REDUCE_BATCH];
-#pragma unroll
-    for (int j = 0; j < REDUCE_BATCH; j++) {
-      const float *part = tmp + (uint64_t)(w0 + j) * (hd + 2);
-      bool in = w0 + j < nwg;
-      pm[j] = in ? load(part + hd) : -INFINITY;
-      pl[j] = in ? load(part + hd + 1) : 0.0f;
-      po[j] = in ? load(part + d) : 0.0f;
-    }
-    float mn = m;
-#pragma unroll
-    for (int j = 0; j < REDUCE_BATCH; j++) mn = fmaxf(mn, pm[j]);
-    float corr = m == -INFINITY ? 0.0f : expf(m - mn);
-    l *= corr;
-    o *= corr;
-#pragma unroll
-    for (int j = 0; j < REDUCE_BATCH; j++) {
-      float e = pl[j] != 0.0f ? expf(pm[j] - mn) : 0.0f; // an empty chunk has l = 0, m = -inf
-      l += pl[j] * e;
-      o += po[j] * e;
-    }
-    m = mn;
-  }
-  return o / l;
-}
-
-// One block per head; thread d combines output dimension d.
+// One block per head; thread d combines output dimension d. Each thread loads the (m, l) pairs and
+// its dimension of a batch of workgroups in one round, then weighs them locally: the kernel's
+// latency is one memory round trip per REDUCE_BATCH workgroups (one at the default 32).
 __global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   uint32_t heads = arg_u32(a, 2, 0), hd = arg_u32(a, 2, 4), nwg = arg_u32(a, 2, 8);
   uint32_t h = blockIdx.x;
   if (h >= heads) return;
   const float *tmp = buf<const float>(a, 0) + (uint64_t)h * nwg * (hd + 2);
-  for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
-    buf<float>(a, 1)[(uint64_t)h * hd + d] = flash_combine_dim(tmp, hd, nwg, d, [](const float *p) { return *p; });
+  for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    // Running max / sum over batches, rescaled like the online softmax of the split kernel.
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (uint32_t w0 = 0; w0 < nwg; w0 += REDUCE_BATCH) {
+      float pm[REDUCE_BATCH], pl[REDUCE_BATCH], po[REDUCE_BATCH];
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) {
+        const float *part = tmp + (uint64_t)(w0 + j) * (hd + 2);
+        bool in = w0 + j < nwg;
+        pm[j] = in ? part[hd] : -INFINITY;
+        pl[j] = in ? part[hd + 1] : 0.0f;
+        po[j] = in ? part[d] : 0.0f;
+      }
+      float mn = m;
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) mn = fmaxf(mn, pm[j]);
+      float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+      l *= corr;
+      o *= corr;
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) {
+        float e = pl[j] != 0.0f ? expf(pm[j] - mn) : 0.0f; // an empty chunk has l = 0, m = -inf
+        l += pl[j] * e;
+        o += po[j] * e;
+      }
+      m = mn;
+    }
+    buf<float>(a, 1)[(uint64_t)h * hd + d] = o / l;
+  }
 }
 
 extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[] = {

@@ -1,8 +1,6 @@
 // Attention in MSL. sdpa: one thread per query row (threadgroups (batch, heads, ceil(seq/32)), 32
 // threads). flash_attn_vec: one simdgroup per (head, workgroup), each lane owning head_dim/32
-// dimensions; then a reduce kernel combines the workgroups, or (single pass, combine = 1) workgroup
-// 0 of each head takes all its keys and writes the output itself: MSL before 3.2 has no
-// device-scope fence to let the last workgroup combine the others' partials. Online softmax in f32.
+// dimensions; then a reduce kernel combines the workgroups. Online softmax in f32.
 
 struct sdpa_params { uint n_heads; uint n_kv_heads; uint head_dim; uint seq_len; uint kv_seq_len; float scale; uint kv_capacity; };
 
@@ -36,16 +34,16 @@ SDPA(sdpa_bf16, ushort)
 
 struct fav_params {
   uint n_heads; uint n_kv_heads; uint head_dim; uint kv_seq_len; uint kv_capacity; float scale;
-  uint mask; uint window; float softcap; uint nwg; uint combine;
+  uint mask; uint window; float softcap; uint nwg;
 };
 
 #define FLASH(NAME, T)                                                                               \
   kernel void NAME(device const float *q [[buffer(0)]], device const T *k [[buffer(1)]],            \
                    device const T *v [[buffer(2)]], device float *tmp [[buffer(3)]],                 \
-                   constant fav_params &p [[buffer(4)]], device float *o [[buffer(5)]], MLXN_ARGS_TAIL, \
+                   constant fav_params &p [[buffer(4)]], MLXN_ARGS_TAIL,                             \
                    uint lane [[thread_index_in_simdgroup]]) {                                       \
     uint h = gid.x, w = gid.y;                                                                      \
-    if (h >= p.n_heads || w >= p.nwg || (p.combine && w != 0)) return;                              \
+    if (h >= p.n_heads || w >= p.nwg) return;                                                       \
     uint per = p.head_dim / 32, kvh = h / (p.n_heads / p.n_kv_heads);                               \
     ulong kbase = ulong(kvh) * p.kv_capacity * p.head_dim;                                          \
     float ql[16], acc[16];                                                                          \
@@ -53,8 +51,7 @@ struct fav_params {
       ql[i] = q[ulong(h) * p.head_dim + lane + 32 * i];                                             \
       acc[i] = 0.0f;                                                                                \
     }                                                                                               \
-    uint chunk = p.combine ? p.kv_seq_len : (p.kv_seq_len + p.nwg - 1) / p.nwg;                      \
-    uint k0 = w * chunk, k1 = min(k0 + chunk, p.kv_seq_len);                                        \
+    uint chunk = (p.kv_seq_len + p.nwg - 1) / p.nwg, k0 = w * chunk, k1 = min(k0 + chunk, p.kv_seq_len); \
     uint pos = p.kv_seq_len - 1;                                                                    \
     if (p.mask == 2 && pos + 1 > p.window && k0 < pos + 1 - p.window) k0 = pos + 1 - p.window;      \
     float m = -INFINITY, l = 0.0f;                                                                  \
@@ -68,10 +65,6 @@ struct fav_params {
       l = l * corr + e;                                                                             \
       for (uint i = 0; i < per; i++) acc[i] = acc[i] * corr + e * ld(v, ko + 32 * i);              \
       m = mn;                                                                                       \
-    }                                                                                               \
-    if (p.combine) { /* all of the head's keys: the output itself (l > 0: kv_seq_len >= 1) */       \
-      for (uint i = 0; i < per; i++) o[ulong(h) * p.head_dim + lane + 32 * i] = acc[i] / l;         \
-      return;                                                                                       \
     }                                                                                               \
     device float *out = tmp + (ulong(h) * p.nwg + w) * (p.head_dim + 2);                            \
     for (uint i = 0; i < per; i++) out[lane + 32 * i] = acc[i];                                     \

@@ -33,18 +33,7 @@ export const attentionContracts: readonly KernelContract[] = [
   ...["f32", "f16"].map((t): KernelContract => ({
     name: `flash_attn_vec_${t}`,
     opKind: CapturedOpKind.Sdpa,
-    slots: [
-      { name: "q", kind: "buffer", access: R },
-      { name: "k", kind: "buffer", access: R },
-      { name: "v", kind: "buffer", access: R },
-      { name: "tmp", kind: "buffer", access: "readwrite" }, // partials (+ counters, single pass)
-      {
-        name: "params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg,combine}",
-        kind: "bytes",
-        size: 44,
-      },
-      { name: "out", kind: "buffer", access: W, optional: true }, // single pass
-    ],
+    slots: qkvo("params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg}", 40),
   })),
   {
     name: "flash_attn_vec_reduce",
@@ -148,29 +137,16 @@ export interface FlashAttnVecOptions {
   softcap?: number;
   /** Workgroups per head (default 32). */
   nwg?: number;
-  /**
-   * One dispatch (default true): the last workgroup of each head to finish combines the head's
-   * partial results (a per-head counter in `tmp`). With false, the seed's form: the partials, a
-   * barrier, then a reduce dispatch. Both give the same bits on CPU and CUDA. On Metal the single
-   * pass gives each head to one threadgroup (MSL has no device-scope fence before 3.2), which is
-   * slower on long contexts than the split.
-   */
-  singlePass?: boolean;
 }
 
-/**
- * Bytes of the scratch buffer flashAttnVec needs: nHeads · nwg · (headDim + 2) f32 partial
- * results, then nHeads u32 counters (single pass). The counters must be zero before the first use
- * (a new buffer is) and each dispatch leaves them zero, so keep the scratch for attention only.
- */
+/** Bytes of the scratch buffer flashAttnVec needs: nHeads · nwg · (headDim + 2) f32. */
 export function flashAttnVecScratchBytes(o: Pick<FlashAttnVecOptions, "nHeads" | "headDim" | "nwg">): number {
-  return o.nHeads * (o.nwg ?? 32) * (o.headDim + 2) * 4 + o.nHeads * 4;
+  return o.nHeads * (o.nwg ?? 32) * (o.headDim + 2) * 4;
 }
 
 /**
- * Decode attention for one query per head: `nwg` workgroups per head each attend to a chunk of the
- * keys, and their partial results in `tmp` are combined into `out` [nHeads, headDim] f32, in the
- * same dispatch (default) or by a reduce after a barrier (`singlePass: false`). K/V f32 or f16
+ * Decode attention for one query per head: partial results of `nwg` workgroups per head go to
+ * `tmp`, a barrier, then a reduce writes `out` [nHeads, headDim] f32. K/V f32 or f16
  * [nKvHeads, kvCapacity, headDim]; q f32 [nHeads, headDim].
  */
 export function flashAttnVec(
@@ -193,7 +169,6 @@ export function flashAttnVec(
     throw new MlxError("InvalidArgument", `${op}: kvSeqLen (${o.kvSeqLen}) exceeds kvCapacity (${o.kvCapacity})`);
   }
   const nwg = o.nwg ?? 32, scale = o.scale ?? 1 / Math.sqrt(o.headDim), softcap = o.softcap ?? 0;
-  const single = o.singlePass ?? true;
   checkU32(op, "nwg", nwg);
   if (nwg > 256) throw new MlxError("InvalidArgument", `${op}: nwg must be <= 256`);
   checkFinite(op, "scale", scale);
@@ -225,12 +200,10 @@ export function flashAttnVec(
       window,
       f32Bits(softcap),
       nwg,
-      single ? 1 : 0,
-    ], single ? out : undefined],
+    ]],
     grid: [o.nHeads, nwg, 1],
     threadgroup: 32,
   });
-  if (single) return;
   target.memoryBarrier(); // the reduce reads every workgroup's partial result
   target.dispatch({
     pipeline: registry.get("flash_attn_vec_reduce"),
