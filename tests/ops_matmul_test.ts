@@ -31,8 +31,7 @@ const close = (got: ArrayLike<number>, ref: { y: Float64Array; mag: Float64Array
 Deno.test("dense matmul (f32 and bf16 weights) matches the reference", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
-  // n = 4099: more row groups than a dense grid has threadgroups (the kernels stride), odd tail.
-  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 4097], [2, 4099, 64]]) {
+  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 4097]]) {
     for (const wt of [DType.F32, DType.BF16]) {
       await t.step(`${wt} m=${m} n=${n} k=${k}`, () => {
         const xv = randomValues(m * k, m + k), wv = randomValues(n * k, n + k, wt);

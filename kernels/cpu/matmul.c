@@ -3,9 +3,8 @@
  * formats (Q4_0, Q8_0, Q6_K), plus the MoE variant that picks an expert's weights per output row.
  *
  * Geometry (shared with the GPU kernels): threadgroups (ceil(N / OUTS), rows) — each threadgroup
- * produces OUTS consecutive outputs of one row of x (rows = M, or tokens·top_k for MoE); the dense
- * kernels stride instead: threadgroup x takes row groups x, x + groups_x, … (any grid width covers
- * N). The CPU kernels accumulate in f32 in index order. */
+ * produces OUTS consecutive outputs of one row of x (rows = M, or tokens·top_k for MoE). The CPU
+ * kernels accumulate in f32 in index order. */
 #include <math.h>
 #include <string.h>
 
@@ -25,10 +24,9 @@ static mm_params read_mm(const mlxn_kargs *a, int slot) {
   return p;
 }
 
-/* outs: outputs per threadgroup, whose grid must then cover N; 0 for kernels that stride over N. */
 static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, size_t cap) {
   if (p.m == 0 || p.n == 0 || p.k == 0) return mlxn_kfail(err, cap, "M, N and K must be > 0");
-  if ((outs && (uint64_t)a->groups[0] * outs < p.n) || a->groups[1] < p.m)
+  if ((uint64_t)a->groups[0] * outs < p.n || a->groups[1] < p.m)
     return mlxn_kfail(err, cap, "grid %ux%u threadgroups does not cover N=%u (x%u per group) and M=%u",
                       a->groups[0], a->groups[1], p.n, outs, p.m);
   return 0;
@@ -77,7 +75,7 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
     MLXN_NEED_BYTES(a, 3, 16, err, cap);                                                           \
     mm_params p = read_mm(a, 3);                                                                   \
     uint32_t mode = mlxn_arg_u32(a, 3, 12), rows = (mode & 0xffu) == EPI_SWIGLU ? 2 : 1;           \
-    if (check_mm(a, p, 0, err, cap)) return 1; /* strided: any grid width covers N */              \
+    if (check_mm(a, p, rows == 2 ? OUTS_SWIGLU : OUTS, err, cap)) return 1;                        \
     MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
     MLXN_NEED_BUF(a, 1, (uint64_t)rows * p.n * p.k * mlxn_ftype_size(T), err, cap);                \
     MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
@@ -92,13 +90,12 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
     const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
     float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \
     const float *res = epi == EPI_RESIDUAL ? (const float *)a->ptr[4] + (uint64_t)gy * p.n : NULL; \
-    for (uint64_t g = gx; g * outs < p.n; g += a->groups[0]) /* row groups gx, gx + groups, … */  \
-      for (uint32_t n = (uint32_t)(g * outs); n < p.n && n < (g + 1) * outs; n++) {                \
-        float acc = dense_dot(x, a->ptr[1], (uint64_t)n * p.k, p.k, T);                            \
-        if (epi == EPI_SWIGLU) /* what silu_mul computes from the stored gate and up */           \
-          acc = mlxn_silu(acc) * dense_dot(x, a->ptr[1], ((uint64_t)p.n + n) * p.k, p.k, T);       \
-        y[n] = res ? acc + res[n] : acc; /* the same sum the separate add kernel computes */       \
-      }                                                                                            \
+    for (uint32_t n = gx * outs; n < p.n && n < (gx + 1) * outs; n++) {                            \
+      float acc = dense_dot(x, a->ptr[1], (uint64_t)n * p.k, p.k, T);                              \
+      if (epi == EPI_SWIGLU) /* what silu_mul computes from the stored gate and up */             \
+        acc = mlxn_silu(acc) * dense_dot(x, a->ptr[1], ((uint64_t)p.n + n) * p.k, p.k, T);         \
+      y[n] = res ? acc + res[n] : acc; /* the same sum the separate add kernel computes */         \
+    }                                                                                              \
     return 0;                                                                                      \
   }
 

@@ -42,14 +42,16 @@ __device__ __forceinline__ void store_dense(const mlxn_gpu_args &a, uint32_t epi
 // What silu_mul computes from the stored gate and up.
 __device__ __forceinline__ float swiglu(float gate, float up) { return __fmul_rn(silu_f(gate), up); }
 
-// Chunk steps of each row a lane stages in shared memory ahead of computing (4 steps cover a whole
-// row at k = 2048). A block runs over its row groups with the next group's weights in flight
-// (double buffer, 32 KiB), and stages its first group before waiting for the producers when the
-// weights are constant: with a programmatic edge those loads overlap the producers. Measured in the
-// decode step on an H200 (device ms per token): no staging 1.60, 2 steps in registers 1.54, 4 in
-// registers 1.59 (occupancy), 4 staged 1.47, 8 staged 1.52; an L2 bulk prefetch was slower than
-// nothing (1.63).
-#define DENSE_STAGE 4
+// Chunk steps of each row a lane stages in shared memory before waiting for the producers: the
+// weights depend on no kernel, so with a programmatic edge their loads are in flight while the
+// producers finish, and the block starts computing as soon as its input is ready. 4 steps cover a
+// whole row at k = 2048 (16 KiB per block). Measured in the decode step on an H200 (device ms per
+// token): no staging 1.60, 2 steps in registers 1.54, 4 in registers 1.59 (occupancy), 4 staged
+// 1.47, 8 staged 1.52; an L2 bulk prefetch instead was slower than nothing (1.63).
+#ifndef MLXN_GEMV_STAGE
+#define MLXN_GEMV_STAGE 4
+#endif
+static_assert(MLXN_GEMV_STAGE % 2 == 0, "staged steps are consumed in pairs");
 
 // 16-byte asynchronous copies global → shared (compute capability 8.0+).
 __device__ __forceinline__ void copy_async16(void *smem, const void *gmem) {
@@ -63,108 +65,92 @@ __device__ __forceinline__ void copy_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
-// Waits until at most N of this thread's committed copy groups are still pending.
-template <int N> __device__ __forceinline__ void copy_async_wait() {
+__device__ __forceinline__ void copy_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+  asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
 
-// bf16 fast path over row groups g = blockIdx.x, + gridDim.x, … A group is 4 outputs (each warp
-// pair owns rows n0, n0 + 1) or, with SwiGLU, 2 outputs (a pair owns the gate and up rows of one).
-// Waits for the producers itself: after staging its first group when the weights are constant.
+// bf16 fast path. Rows r0 and r1 of W: two consecutive outputs, or (SwiGLU) the gate and up rows
+// of one output. Waits for the producers itself, after staging its first weights.
 __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k, uint32_t epi,
                                  bool constant_weights) {
   __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
-  __shared__ uint4 stage[2][WARPS][DENSE_STAGE][2][32]; // each lane reads back only what it staged
   const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
   const bool glu = epi == EPI_SWIGLU;
-  const uint32_t outs = glu ? OUTS_SWIGLU : WARPS, groups = (n_ + outs - 1) / outs;
-  const uint4 *w = reinterpret_cast<const uint4 *>(buf<const __nv_bfloat16>(a, 1));
-  const uint32_t chunks = k / 8, stride = 32 * DENSE_SPLIT, first = half * 32 + lane, last = n_ - 1;
-  // Group g: this pair's first output and its two weight rows (rows past n read row n-1, in
-  // bounds, and are not stored).
-  auto out0 = [&](uint32_t g) { return glu ? g * OUTS_SWIGLU + pair : g * WARPS + pair * DENSE_ROWS_PER_WARP; };
-  auto rows = [&](uint32_t g, const uint4 *&w0, const uint4 *&w1) {
-    const uint32_t n0 = out0(g), r0 = min(n0, last), r1 = glu ? n_ + min(n0, last) : min(n0 + 1, last);
-    w0 = w + (uint64_t)r0 * chunks;
-    w1 = w + (uint64_t)r1 * chunks;
-  };
-  auto stage_group = [&](uint32_t g, int b) {
-    const uint4 *w0, *w1;
-    rows(g, w0, w1);
+  // Plain: outputs n0, n0 + 1. SwiGLU: output n0 from rows n0 and n_ + n0.
+  const uint32_t n0 = glu ? blockIdx.x * OUTS_SWIGLU + pair : blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
+  const __nv_bfloat16 *w = buf<const __nv_bfloat16>(a, 1);
+  // Rows past n read row n-1 (in bounds) and are not stored.
+  const uint32_t last = n_ - 1;
+  const uint32_t r0 = min(n0, last), r1 = glu ? n_ + min(n0, last) : min(n0 + 1, last);
+  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (uint64_t)r0 * k);
+  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + (uint64_t)r1 * k);
+  const uint32_t chunks = k / 8, stride = 32 * DENSE_SPLIT;
+  uint32_t c = half * 32 + lane;
+  if (!constant_weights) wait_producers();
+#if MLXN_GEMV_STAGE > 0
+  // Asynchronous copies: each lane later reads back only what it staged (no block barrier needed).
+  __shared__ uint4 stage[WARPS][MLXN_GEMV_STAGE][2][32];
 #pragma unroll
-    for (int j = 0; j < DENSE_STAGE; j++) {
-      const uint32_t cj = first + j * stride;
-      if (cj < chunks) {
-        copy_async16(&stage[b][warp][j][0][lane], w0 + cj);
-        copy_async16(&stage[b][warp][j][1][lane], w1 + cj);
-      }
+  for (int j = 0; j < MLXN_GEMV_STAGE; j++) {
+    const uint32_t cj = c + j * stride;
+    if (cj < chunks) {
+      copy_async16(&stage[warp][j][0][lane], w0 + cj);
+      copy_async16(&stage[warp][j][1][lane], w1 + cj);
     }
-    copy_async_commit();
-  };
-  uint32_t g = blockIdx.x; // < groups: the grid never exceeds them
-  if (!constant_weights) wait_producers(); // a producer may write W: nothing is read before it ends
-  stage_group(g, 0);
-  if (constant_weights) wait_producers();
+  }
+  copy_async_commit();
+#endif
+  if (constant_weights) wait_producers(); // else the wait came first: a producer may write W
   const float4 *x4 = reinterpret_cast<const float4 *>(buf<const float>(a, 0) + (uint64_t)row * k);
-  for (int b = 0; g < groups; g += gridDim.x, b ^= 1) {
-    if (g + gridDim.x < groups) { // the next group's copies go out before this one is computed
-      stage_group(g + gridDim.x, b ^ 1);
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
-    const uint4 *w0, *w1;
-    rows(g, w0, w1);
-    float acc0 = 0.0f, acc1 = 0.0f;
-    uint32_t c = first;
-    // One step over chunks c and c + stride of both rows (the same sums whichever way the weights
-    // arrived, so every path agrees bit for bit).
-    auto pair_step = [&](uint4 a0, uint4 b0, uint4 a1, uint4 b1) {
-      const uint32_t d = c + stride;
-      float4 xc0 = x4[2 * c], xc1 = x4[2 * c + 1], xd0 = x4[2 * d], xd1 = x4[2 * d + 1];
-      acc0 += dot8(a0, xc0, xc1) + dot8(b0, xd0, xd1);
-      acc1 += dot8(a1, xc0, xc1) + dot8(b1, xd0, xd1);
-      c += 2 * stride;
-    };
+  float acc0 = 0.0f, acc1 = 0.0f;
+  // One step over chunks c and c + stride of both rows (the same sums whichever way the weights
+  // arrived, so every path agrees bit for bit).
+  auto pair_step = [&](uint4 a0, uint4 b0, uint4 a1, uint4 b1) {
+    const uint32_t d = c + stride;
+    float4 xc0 = x4[2 * c], xc1 = x4[2 * c + 1], xd0 = x4[2 * d], xd1 = x4[2 * d + 1];
+    acc0 += dot8(a0, xc0, xc1) + dot8(b0, xd0, xd1);
+    acc1 += dot8(a1, xc0, xc1) + dot8(b1, xd0, xd1);
+    c += 2 * stride;
+  };
+#if MLXN_GEMV_STAGE > 0
+  copy_async_wait_all();
 #pragma unroll
-    for (int j = 0; j < DENSE_STAGE; j += 2)
-      if (c + stride < chunks)
-        pair_step(stage[b][warp][j][0][lane], stage[b][warp][j + 1][0][lane], stage[b][warp][j][1][lane],
-                  stage[b][warp][j + 1][1][lane]);
-    while (c + stride < chunks) pair_step(__ldg(w0 + c), __ldg(w0 + c + stride), __ldg(w1 + c), __ldg(w1 + c + stride));
-    if (c < chunks) {
-      float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
-      acc0 += dot8(__ldg(w0 + c), x0, x1);
-      acc1 += dot8(__ldg(w1 + c), x0, x1);
+  for (int j = 0; j < MLXN_GEMV_STAGE; j += 2)
+    if (c + stride < chunks)
+      pair_step(stage[warp][j][0][lane], stage[warp][j + 1][0][lane], stage[warp][j][1][lane], stage[warp][j + 1][1][lane]);
+#endif
+  while (c + stride < chunks) pair_step(__ldg(w0 + c), __ldg(w0 + c + stride), __ldg(w1 + c), __ldg(w1 + c + stride));
+  if (c < chunks) {
+    float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
+    acc0 += dot8(__ldg(w0 + c), x0, x1);
+    acc1 += dot8(__ldg(w1 + c), x0, x1);
+  }
+  acc0 = warp_sum(acc0);
+  acc1 = warp_sum(acc1);
+  if (lane == 0) {
+    partial[warp][0] = acc0;
+    partial[warp][1] = acc1;
+  }
+  __syncthreads();
+  if (half != 0) return;
+  if (glu) {
+    if (lane == 0 && n0 < n_) {
+      float g = 0.0f, u = 0.0f; // summed as the plain path sums each row
+      for (uint32_t s = 0; s < DENSE_SPLIT; s++) g += partial[warp + s][0];
+      for (uint32_t s = 0; s < DENSE_SPLIT; s++) u += partial[warp + s][1];
+      buf<float>(a, 2)[(uint64_t)row * n_ + n0] = swiglu(g, u);
     }
-    acc0 = warp_sum(acc0);
-    acc1 = warp_sum(acc1);
-    if (lane == 0) {
-      partial[warp][0] = acc0;
-      partial[warp][1] = acc1;
-    }
-    __syncthreads();
-    const uint32_t n0 = out0(g);
-    if (half == 0 && glu) {
-      if (lane == 0 && n0 < n_) {
-        float gate = 0.0f, up = 0.0f; // summed as the plain path sums each row
-        for (uint32_t s = 0; s < DENSE_SPLIT; s++) gate += partial[warp + s][0];
-        for (uint32_t s = 0; s < DENSE_SPLIT; s++) up += partial[warp + s][1];
-        buf<float>(a, 2)[(uint64_t)row * n_ + n0] = swiglu(gate, up);
-      }
-    } else if (half == 0 && lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
-      float v = 0.0f;
-      for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
-      store_dense(a, epi, (uint64_t)row * n_ + n0 + lane, v);
-    }
-    __syncthreads(); // partial is rewritten by the next group
+  } else if (lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
+    float v = 0.0f;
+    for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
+    store_dense(a, epi, (uint64_t)row * n_ + n0 + lane, v);
   }
 }
 
-// Generic path: warp w of the block computes outputs blockIdx.x·outs + w, then every gridDim.x·outs
-// further (outs = 4, or 2 with SwiGLU, whose warp then takes the gate and the up row in turn).
+// Generic path: warp w of the block computes output blockIdx.x·outs + w (outs = 4, or 2 with SwiGLU,
+// whose warp then takes the gate and the up row in turn).
 template <int T> __device__ float dense_row_dot(const float *x, const void *w, uint64_t wrow, uint32_t k, uint32_t lane) {
   float acc = 0.0f;
   for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
@@ -184,15 +170,13 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args
     }
   }
   wait_producers();
-  const uint32_t outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : WARPS;
-  if (row >= m || warp_id() >= outs) return;
+  const uint32_t outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : WARPS, n = blockIdx.x * outs + warp_id();
+  if (row >= m || warp_id() >= outs || n >= n_) return;
   const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
   const void *w = buf<const void>(a, 1);
-  for (uint32_t n = blockIdx.x * outs + warp_id(); n < n_; n += gridDim.x * outs) {
-    float acc = dense_row_dot<T>(x, w, (uint64_t)n * k, k, lane);
-    if (epi == EPI_SWIGLU) acc = swiglu(acc, dense_row_dot<T>(x, w, ((uint64_t)n_ + n) * k, k, lane));
-    if (lane == 0) store_dense(a, epi, (uint64_t)row * n_ + n, acc);
-  }
+  float acc = dense_row_dot<T>(x, w, (uint64_t)n * k, k, lane);
+  if (epi == EPI_SWIGLU) acc = swiglu(acc, dense_row_dot<T>(x, w, ((uint64_t)n_ + n) * k, k, lane));
+  if (lane == 0) store_dense(a, epi, (uint64_t)row * n_ + n, acc);
 }
 
 // ---- MLX affine ---------------------------------------------------------------------------------

@@ -17,21 +17,19 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
                    device const float *res [[buffer(4)]], MM_TAIL) {                                  \
     uint epi = p.mode & 0xffu; /* bit 8 (constant weights) changes nothing here */                   \
     bool glu = epi == 2;                                                                            \
-    uint outs = glu ? 2 : 4, row = gid.y;                                                           \
-    if (sg >= outs || row >= p.m) return;                                                           \
-    for (uint n = gid.x * outs + sg; n < p.n; n += ngroups.x * outs) { /* strided row groups */     \
-      float acc = 0.0f;                                                                             \
-      for (uint i = lane; i < p.k; i += 32) acc += x[ulong(row) * p.k + i] * ld(w, ulong(n) * p.k + i); \
-      acc = simd_sum(acc);                                                                          \
-      if (glu) {                                                                                    \
-        float up = 0.0f;                                                                            \
-        ulong urow = (ulong(p.n) + n) * p.k;                                                        \
-        for (uint i = lane; i < p.k; i += 32) up += x[ulong(row) * p.k + i] * ld(w, urow + i);     \
-        acc = silu(acc) * simd_sum(up);                                                             \
-      }                                                                                             \
-      ulong o = ulong(row) * p.n + n;                                                               \
-      if (lane == 0) y[o] = epi == 1 ? acc + res[o] : acc;                                          \
+    uint n = gid.x * (glu ? 2 : 4) + sg, row = gid.y;                                               \
+    if ((glu && sg >= 2) || n >= p.n || row >= p.m) return;                                         \
+    float acc = 0.0f;                                                                               \
+    for (uint i = lane; i < p.k; i += 32) acc += x[ulong(row) * p.k + i] * ld(w, ulong(n) * p.k + i); \
+    acc = simd_sum(acc);                                                                            \
+    if (glu) {                                                                                      \
+      float up = 0.0f;                                                                              \
+      ulong urow = (ulong(p.n) + n) * p.k;                                                          \
+      for (uint i = lane; i < p.k; i += 32) up += x[ulong(row) * p.k + i] * ld(w, urow + i);       \
+      acc = silu(acc) * simd_sum(up);                                                               \
     }                                                                                               \
+    ulong o = ulong(row) * p.n + n;                                                                 \
+    if (lane == 0) y[o] = epi == 1 ? acc + res[o] : acc;                                            \
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)

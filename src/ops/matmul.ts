@@ -125,19 +125,6 @@ export interface DenseMatmulOptions extends MatmulShape {
 const MODE_CONSTANT_WEIGHTS = 0x100;
 
 /**
- * Most threadgroups of a dense product. Its kernels stride over the row groups by the grid, so a
- * large product runs as fewer, longer-lived threadgroups: on a GPU the next dispatch's threadgroups
- * then find room to start (and load their weights) while this one streams.
- */
-const DENSE_MAX_GROUPS = 512;
-
-/** Threadgroups for `groups` row groups: at most DENSE_MAX_GROUPS, each taking the same count (±1). */
-function denseGrid(groups: number): number {
-  const rounds = Math.ceil(groups / DENSE_MAX_GROUPS);
-  return Math.ceil(groups / rounds);
-}
-
-/**
  * y = x · Wᵀ with dense f32 or bf16 weights (projections, embeddings, lm-head), optionally with a
  * fused epilogue: a residual add or SwiGLU (see {@link DenseMatmulOptions}).
  */
@@ -171,7 +158,7 @@ export function matmul(
   target.dispatch({
     pipeline: registry.get(`matmul_${w.dtype}`),
     bindings: [x, w, y, [s.m, s.n, s.k, epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0)], r],
-    grid: [denseGrid(Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS))), s.m, 1],
+    grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
     threadgroup: THREADS,
   });
 }
