@@ -77,9 +77,12 @@ export {
 } from "./src/graph/compute_graph.ts";
 export { barrierLowerBound, dependencyDepth, dependsOn } from "./src/graph/analysis.ts";
 export {
+  type BrokenConstantPromise,
   countRedundantBarriers,
   type DispatchRef,
+  findBrokenConstantPromises,
   findHazards,
+  formatBrokenPromises,
   formatHazards,
   type Hazard,
 } from "./src/graph/validate.ts";

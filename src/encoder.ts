@@ -13,7 +13,13 @@ import { BARRIER, type CapturedNode, type DispatchNode, type PipelineRef } from 
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import { ConflictTracker } from "./graph/tracker.ts";
-import { findHazards, formatHazards, type Hazard } from "./graph/validate.ts";
+import {
+  findBrokenConstantPromises,
+  findHazards,
+  formatBrokenPromises,
+  formatHazards,
+  type Hazard,
+} from "./graph/validate.ts";
 import { type KernelRegistry, Pipeline, SLOT_BUFFER, type SlotSpec } from "./kernels.ts";
 import type { Profiler } from "./profile.ts";
 import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
@@ -668,6 +674,17 @@ export class CommandEncoder {
           "HazardError",
           `${this.#hazards.length} missing barrier(s) in command buffer${label ? ` '${label}'` : ""} ` +
             `(nothing was committed):\n${formatHazards(this.#hazards)}`,
+        );
+        this.dispose();
+        throw err;
+      }
+      const broken = findBrokenConstantPromises(this.#log);
+      if (broken.length > 0) {
+        const err = new MlxError(
+          "HazardError",
+          `${broken.length} broken constant promise(s) in command buffer${label ? ` '${label}'` : ""} ` +
+            `(nothing was committed; drop the promise, e.g. constantWeights, or write the buffer in an ` +
+            `earlier command buffer):\n${formatBrokenPromises(broken)}`,
         );
         this.dispose();
         throw err;

@@ -26,6 +26,13 @@ export interface SlotSpec {
   readonly optional?: boolean;
   /** For bytes: exact size in bytes. */
   readonly size?: number;
+  /**
+   * For read buffers: the dispatch promises that no earlier dispatch of its command buffer writes
+   * this buffer when bit(s) `mask` of u32 word `word` of bytes slot `slot` are set (a product's
+   * constant weights, which a GPU backend may then read before the dispatch's producers finish).
+   * Validation mode checks the promise.
+   */
+  readonly constantIf?: { readonly slot: number; readonly word: number; readonly mask: number };
 }
 
 /** The one description of a kernel that every backend implements. */

@@ -13,6 +13,7 @@ import {
   dequantizeAffine,
   dequantizeGgml,
   DType,
+  findBrokenConstantPromises,
   type GgmlFormat,
   GraphExecutor,
   MlxError,
@@ -73,6 +74,48 @@ Deno.test("dense matmul: weights written earlier in the same command buffer are 
   }
   const wv = roundThrough(DType.BF16, Float32Array.from(av, (v, i) => v + bv[i]));
   close(y.read(), refMatmul(xv, wv, 1, n, k), k, "x · (A + B)ᵀ");
+});
+
+Deno.test("validation mode refuses a constantWeights promise that an earlier dispatch breaks", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const [n, k] = [8, 64];
+  using x = device.alloc(k * 4, DType.F32), a = device.alloc(n * k * 2, DType.BF16);
+  using w = device.alloc(n * k * 2, DType.BF16), y = device.alloc(n * 4, DType.F32);
+  const encode = (promise: boolean) => {
+    const enc = device.commandEncoder({ validate: true });
+    ops.elementwiseAdd(enc, registry, a, a, w); // writes W …
+    enc.memoryBarrier();
+    ops.matmul(enc, registry, x, w, y, { m: 1, n, k, constantWeights: promise }); // … then reads it
+    return enc;
+  };
+  {
+    using enc = encode(true);
+    throws(
+      () => enc.commitAndWait(),
+      (e: unknown) =>
+        e instanceof MlxError && e.code === "HazardError" &&
+        /dispatch 1 \(matmul_bf16\) promised its w constant, but dispatch 0 \(elementwise_add_bf16\) writes/.test(
+          e.message,
+        ),
+    );
+  }
+  {
+    using enc = encode(false); // no promise: the barrier orders the write and the read
+    enc.commitAndWait();
+  }
+  using later = device.commandEncoder({ validate: true }); // W was written by an earlier command buffer
+  ops.matmul(later, registry, x, w, y, { m: 1, n, k, constantWeights: true });
+  later.commitAndWait();
+  // The check itself, on a recorded sequence: one broken promise, with both dispatches and the bytes.
+  using session = new GraphExecutor(device).beginRecorded();
+  session.elementwiseAdd(a, a, w);
+  session.barrier();
+  session.matmul(x, w, y, { m: 1, n, k, constantWeights: true });
+  const broken = findBrokenConstantPromises(session.encoder.takeCapture() ?? []);
+  deepStrictEqual(broken.map((b) => [b.promised.index, b.slot, b.writer.index, b.range[2] - b.range[1]]), [
+    [1, "w", 0, n * k * 2],
+  ]);
 });
 
 Deno.test("dense matmul with a residual: the reference, bit-equal to matmul → add, in place too", async (t) => {

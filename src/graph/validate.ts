@@ -111,6 +111,68 @@ export function countRedundantBarriers(nodes: readonly CapturedNode[]): number {
   return barriers;
 }
 
+/** A dispatch that promised a buffer constant, and an earlier dispatch that writes it. */
+export interface BrokenConstantPromise {
+  /** The dispatch that promised (see SlotSpec.constantIf). */
+  readonly promised: DispatchRef;
+  /** Its slot's name. */
+  readonly slot: string;
+  /** The earlier dispatch writing it. */
+  readonly writer: DispatchRef;
+  /** The bytes both touch. */
+  readonly range: MemRange;
+}
+
+/** u32 word `word` of an inline-bytes binding (an array of words or a byte view), or 0. */
+function bytesWord(b: unknown, word: number): number {
+  if (Array.isArray(b)) return (b[word] ?? 0) >>> 0;
+  if (ArrayBuffer.isView(b) && b.byteLength >= 4 * word + 4) {
+    return new DataView(b.buffer, b.byteOffset, b.byteLength).getUint32(4 * word, true);
+  }
+  return 0;
+}
+
+/**
+ * Every constant-buffer promise of a command buffer's sequence that an earlier dispatch breaks by
+ * writing that buffer, barriers or not (the promised reads may start before any producer ends).
+ */
+export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): BrokenConstantPromise[] {
+  const broken: BrokenConstantPromise[] = [];
+  const writesByAlloc = new Map<number, { ref: DispatchRef; range: MemRange }[]>(); // earlier writes
+  let index = 0;
+  for (const n of nodes) {
+    if (!isDispatch(n)) continue;
+    const ref = { index: index++, kernel: n.pipeline.name };
+    const contract = n.bindings
+      ? (n.pipeline as { contract?: Parameters<typeof accessesOf>[0] }).contract ?? contractOf(n.pipeline.name)
+      : undefined;
+    contract?.slots.forEach((s, i) => {
+      const c = s.constantIf, b = n.bindings![i];
+      if (!c || !(bytesWord(n.bindings![c.slot], c.word) & c.mask)) return;
+      const r = (b as { range?: () => MemRange } | undefined)?.range?.();
+      for (const w of (r && writesByAlloc.get(r[0])) ?? []) {
+        if (rangesOverlap(r!, w.range)) {
+          broken.push({ promised: ref, slot: s.name, writer: w.ref, range: intersect(r!, w.range) });
+        }
+      }
+    });
+    for (const range of trueAccesses(n).writes) {
+      const list = writesByAlloc.get(range[0]) ?? [];
+      list.push({ ref, range });
+      writesByAlloc.set(range[0], list);
+    }
+  }
+  return broken;
+}
+
+/** A readable multi-line report of broken constant promises. */
+export function formatBrokenPromises(broken: readonly BrokenConstantPromise[]): string {
+  return broken.map((b) =>
+    `dispatch ${b.promised.index} (${b.promised.kernel}) promised its ${b.slot} constant, but dispatch ` +
+    `${b.writer.index} (${b.writer.kernel}) writes ${formatRange(b.range)} earlier in the command buffer`
+  ).join("\n");
+}
+
 /** A readable multi-line report of hazards. */
 export function formatHazards(hazards: readonly Hazard[]): string {
   return hazards.map((h) =>

@@ -17,6 +17,8 @@ import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
 import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
+/** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
+const MODE_CONSTANT_WEIGHTS = 0x100;
 const OUTS = 4, OUTS_FAST = 8, OUTS_SWIGLU = 2, THREADS = 128;
 /** The dense kernels' epilogue codes (params word 3, bits 0-7; bit 8: constant weights). */
 const enum Epilogue {
@@ -37,7 +39,7 @@ export const matmulContracts: readonly KernelContract[] = [
   ...["f32", "bf16"].map((t) =>
     contract(`matmul_${t}`, [
       { name: "x", kind: "buffer", access: R },
-      { name: "w", kind: "buffer", access: R },
+      { name: "w", kind: "buffer", access: R, constantIf: { slot: 3, word: 3, mask: MODE_CONSTANT_WEIGHTS } },
       { name: "y", kind: "buffer", access: W },
       { name: "params{m,n,k,mode}", kind: "bytes", size: 16 },
       { name: "residual", kind: "buffer", access: R, optional: true },
@@ -113,16 +115,15 @@ export interface DenseMatmulOptions extends MatmulShape {
    */
   swiglu?: boolean;
   /**
-   * A promise that no dispatch of this command buffer writes `w` (model weights uploaded once).
-   * The GPU backends may then start reading the weights before the dispatches this one depends on
-   * have finished, overlapping the weight stream with them (on CUDA: the product's blocks start
-   * early under a programmatic edge). Results are the same either way; breaking the promise reads
-   * stale weights. Default false.
+   * A promise that no earlier dispatch of this command buffer writes `w` (model weights uploaded
+   * once). The GPU backends may then start reading the weights before the dispatches this one
+   * depends on have finished, overlapping the weight stream with them (on CUDA: the product's
+   * blocks start early under a programmatic edge). Results are the same either way; breaking the
+   * promise reads stale weights, and an encoder in validation mode refuses to commit it (a
+   * HazardError naming both dispatches). Default false.
    */
   constantWeights?: boolean;
 }
-
-const MODE_CONSTANT_WEIGHTS = 0x100;
 
 /**
  * y = x · Wᵀ with dense f32 or bf16 weights (projections, embeddings, lm-head), optionally with a
