@@ -183,7 +183,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
         headDim: headDim as 64,
         kvSeqLen: pos + 1,
         kvCapacity: ctx,
-        oneGroupPerHead: true, // one dispatch per layer instead of split + barrier + reduce
       });
       barrier();
       L.wo.addInto(s, act.attn, act.x, act.o, barrier); // x += attn · Woᵀ

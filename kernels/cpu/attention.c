@@ -14,11 +14,7 @@
  *   sliding_window, softcap: f32 (0 = off), nwg}. Threadgroups (n_heads, nwg). Workgroup w takes
  *   the keys [w·c, (w+1)·c), c = ceil(kv_seq_len / nwg).
  * flash_attn_vec_reduce: 0 tmp, 1 O [n_heads, hd] f32, 2 {n_heads, head_dim, nwg}; threadgroups
- *   (n_heads): combines the partials.
- * flash_attn_vec_block_f32 / _f16: 0 Q, 1 K, 2 V, 3 O [n_heads, hd] f32, 4 the flash_attn_vec
- *   parameters. Threadgroups (n_heads) of 32·nwg threads (nwg ≤ 8, nwg·(hd + 2) ≤ 8192): one
- *   threadgroup per head computes the nwg partials as the split kernel does and combines them as the
- *   reduce kernel does — one dispatch, no scratch, the same bits as the two passes. */
+ *   (n_heads): combines the partials. */
 #include <math.h>
 
 #include "cpu_kernel.h"
@@ -120,11 +116,7 @@ static fav_params read_fav(const mlxn_kargs *a) {
   return p;
 }
 
-#define FAV_BLOCK_MAX_NWG 8
-#define FAV_BLOCK_FLOATS 8192
-
-/* Checks what both forms share: the parameters, Q, K and V. */
-static int fav_validate_common(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
+static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 4, 40, err, cap);
   fav_params p = read_fav(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
@@ -138,55 +130,21 @@ static int fav_validate_common(const mlxn_kargs *a, mlxn_ftype t, char *err, siz
   if (!isfinite(p.scale) || !(p.softcap >= 0.0f) || isinf(p.softcap))
     return mlxn_kfail(err, cap, "scale must be finite and softcap finite and >= 0");
   if (!p.nwg || p.nwg > 256) return mlxn_kfail(err, cap, "nwg must be 1..256, got %u", p.nwg);
+  if (a->groups[0] < p.heads || a->groups[1] < p.nwg) return mlxn_kfail(err, cap, "grid must be (n_heads, nwg)");
   uint64_t es = mlxn_ftype_size(t);
   MLXN_NEED_BUF(a, 0, (uint64_t)p.heads * p.hd * 4, err, cap);
   MLXN_NEED_BUF(a, 1, (uint64_t)p.kv_heads * p.kv_cap * p.hd * es, err, cap);
   MLXN_NEED_BUF(a, 2, (uint64_t)p.kv_heads * p.kv_cap * p.hd * es, err, cap);
-  return 0;
-}
-
-static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  if (fav_validate_common(a, t, err, cap)) return 1;
-  fav_params p = read_fav(a);
-  if (a->groups[0] < p.heads || a->groups[1] < p.nwg) return mlxn_kfail(err, cap, "grid must be (n_heads, nwg)");
   MLXN_NEED_BUF(a, 3, (uint64_t)p.heads * p.nwg * (p.hd + 2) * 4, err, cap);
   return 0;
 }
 
-static int fav_block_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  if (fav_validate_common(a, t, err, cap)) return 1;
-  fav_params p = read_fav(a);
-  if (p.nwg > FAV_BLOCK_MAX_NWG || (uint64_t)p.nwg * (p.hd + 2) > FAV_BLOCK_FLOATS)
-    return mlxn_kfail(err, cap, "one threadgroup per head takes nwg <= %d with nwg * (head_dim + 2) <= %d, got nwg %u",
-                      FAV_BLOCK_MAX_NWG, FAV_BLOCK_FLOATS, p.nwg);
-  if (a->groups[0] < p.heads || a->tg[0] != 32 * p.nwg || a->tg[1] != 1 || a->tg[2] != 1)
-    return mlxn_kfail(err, cap, "grid must be n_heads threadgroups of 32 * nwg threads");
-  MLXN_NEED_BUF(a, 3, (uint64_t)p.heads * p.hd * 4, err, cap);
-  return 0;
-}
-
-/* Combines a head's nwg partials (each hd + 2 floats: the weighted sums, then m and l) into out. */
-static void fav_combine(const float *part, float *out, uint32_t hd, uint32_t nwg) {
-  float m = -INFINITY;
-  for (uint32_t w = 0; w < nwg; w++) m = fmaxf(m, part[w * (hd + 2) + hd]);
-  float l = 0.0f;
-  for (uint32_t d = 0; d < hd; d++) out[d] = 0.0f;
-  for (uint32_t w = 0; w < nwg; w++) {
-    const float *pw = part + w * (hd + 2);
-    if (pw[hd + 1] == 0.0f) continue; /* an empty chunk */
-    float c = expf(pw[hd] - m);
-    l += pw[hd + 1] * c;
-    for (uint32_t d = 0; d < hd; d++) out[d] += pw[d] * c;
-  }
-  for (uint32_t d = 0; d < hd; d++) out[d] /= l;
-}
-
-/* Workgroup w's partial result for head h at out (hd + 2 floats). */
-static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w, float *out) {
+static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {
   fav_params p = read_fav(a);
   uint32_t kvh = h / (p.heads / p.kv_heads);
   const float *q = (const float *)a->ptr[0] + (uint64_t)h * p.hd;
   uint64_t kbase = (uint64_t)kvh * p.kv_cap * p.hd;
+  float *out = (float *)a->ptr[3] + ((uint64_t)h * p.nwg + w) * (p.hd + 2);
   uint32_t chunk = (p.kv_len + p.nwg - 1) / p.nwg;
   uint32_t k0 = w * chunk, k1 = k0 + chunk < p.kv_len ? k0 + chunk : p.kv_len;
   uint32_t pos = p.kv_len - 1; /* the query's absolute position */
@@ -219,21 +177,7 @@ static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t 
                                         void *s) {                                                 \
     (void)gz; (void)s;                                                                             \
     fav_params p = read_fav(a);                                                                    \
-    if (gx < p.heads && gy < p.nwg)                                                                \
-      fav_partial(a, T, gx, gy, (float *)a->ptr[3] + ((uint64_t)gx * p.nwg + gy) * (p.hd + 2));   \
-    return 0;                                                                                      \
-  }                                                                                                \
-  static int flash_attn_vec_block_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) { \
-    return fav_block_validate(a, T, err, cap);                                                     \
-  }                                                                                                \
-  static int flash_attn_vec_block_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy,     \
-                                              uint32_t gz, void *s) {                              \
-    (void)gy; (void)gz; (void)s;                                                                   \
-    fav_params p = read_fav(a);                                                                    \
-    if (gx >= p.heads) return 0;                                                                   \
-    float part[FAV_BLOCK_FLOATS];                                                                  \
-    for (uint32_t w = 0; w < p.nwg; w++) fav_partial(a, T, gx, w, part + w * (p.hd + 2));         \
-    fav_combine(part, (float *)a->ptr[3] + (uint64_t)gx * p.hd, p.hd, p.nwg);                      \
+    if (gx < p.heads && gy < p.nwg) fav_partial(a, T, gx, gy);                                     \
     return 0;                                                                                      \
   }
 
@@ -255,7 +199,20 @@ static int fav_reduce_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_
   (void)gy; (void)gz; (void)s;
   uint32_t heads = mlxn_arg_u32(a, 2, 0), hd = mlxn_arg_u32(a, 2, 4), nwg = mlxn_arg_u32(a, 2, 8);
   if (gx >= heads) return 0;
-  fav_combine((const float *)a->ptr[0] + (uint64_t)gx * nwg * (hd + 2), (float *)a->ptr[1] + (uint64_t)gx * hd, hd, nwg);
+  const float *tmp = (const float *)a->ptr[0] + (uint64_t)gx * nwg * (hd + 2);
+  float *out = (float *)a->ptr[1] + (uint64_t)gx * hd;
+  float m = -INFINITY;
+  for (uint32_t w = 0; w < nwg; w++) m = fmaxf(m, tmp[w * (hd + 2) + hd]);
+  float l = 0.0f;
+  for (uint32_t d = 0; d < hd; d++) out[d] = 0.0f;
+  for (uint32_t w = 0; w < nwg; w++) {
+    const float *part = tmp + w * (hd + 2);
+    if (part[hd + 1] == 0.0f) continue; /* an empty chunk */
+    float c = expf(part[hd] - m);
+    l += part[hd + 1] * c;
+    for (uint32_t d = 0; d < hd; d++) out[d] += part[d] * c;
+  }
+  for (uint32_t d = 0; d < hd; d++) out[d] /= l;
   return 0;
 }
 
@@ -265,7 +222,5 @@ const mlxn_cpu_kernel mlxn_cpu_attention_kernels[] = {
     {"flash_attn_vec_f32", "bbbbc", flash_attn_vec_f32_validate, flash_attn_vec_f32_run},
     {"flash_attn_vec_f16", "bbbbc", flash_attn_vec_f16_validate, flash_attn_vec_f16_run},
     {"flash_attn_vec_reduce", "bbc", fav_reduce_validate, fav_reduce_run},
-    {"flash_attn_vec_block_f32", "bbbbc", flash_attn_vec_block_f32_validate, flash_attn_vec_block_f32_run},
-    {"flash_attn_vec_block_f16", "bbbbc", flash_attn_vec_block_f16_validate, flash_attn_vec_block_f16_run},
     {0, 0, 0, 0},
 };

@@ -4,8 +4,6 @@
 #include "common.cuh"
 
 #define MAX_HEAD_DIM 512
-// Shared floats of flash_attn_vec_block: nwg · (head_dim + 2) must fit (the validator checks it).
-#define FLASH_BLOCK_FLOATS 8192
 
 template <int T> __global__ void k_sdpa(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
@@ -41,7 +39,7 @@ template <int T> __global__ void k_sdpa(const mlxn_gpu_args *__restrict__ args) 
 // issues all their K and V loads at once: the kernel's latency is one memory round trip per step
 // (a workgroup's chunk at ctx 512 and 32 workgroups is one step).
 template <int T, int PER>
-__device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t h, uint32_t w, uint32_t lane, float *out) {
+__device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t h, uint32_t w, uint32_t lane) {
   constexpr int KEYS = 64 / PER; // 64 K and 64 V registers per lane
   uint32_t heads = arg_u32(a, 4, 0), kv_heads = arg_u32(a, 4, 4);
   uint32_t kv_len = arg_u32(a, 4, 12), kv_cap = arg_u32(a, 4, 16), mask = arg_u32(a, 4, 24);
@@ -99,6 +97,7 @@ __device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t 
     }
     m = mn;
   }
+  float *out = buf<float>(a, 3) + ((uint64_t)h * nwg + w) * (hd + 2);
 #pragma unroll
   for (int i = 0; i < PER; i++) out[lane + 32 * i] = acc[i];
   if (lane == 0) {
@@ -107,87 +106,60 @@ __device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t 
   }
 }
 
-// Workgroup w's partial result for head h (the weighted sum, then the running max and sum) at `out`.
-template <int T>
-__device__ __forceinline__ void flash_vec_partial(const mlxn_gpu_args &a, uint32_t h, uint32_t w, uint32_t lane, float *out) {
-  switch (arg_u32(a, 4, 8)) { // the validator admits head dims 64, 128, 256 and 512
-    case 64: flash_vec_body<T, 2>(a, h, w, lane, out); break;
-    case 128: flash_vec_body<T, 4>(a, h, w, lane, out); break;
-    case 256: flash_vec_body<T, 8>(a, h, w, lane, out); break;
-    default: flash_vec_body<T, 16>(a, h, w, lane, out); break;
-  }
-}
-
 template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   uint32_t heads = arg_u32(a, 4, 0), hd = arg_u32(a, 4, 8), nwg = arg_u32(a, 4, 36);
   uint32_t h = blockIdx.x, w = blockIdx.y, lane = threadIdx.x;
   if (h >= heads || w >= nwg) return;
-  flash_vec_partial<T>(a, h, w, lane, buf<float>(a, 3) + ((uint64_t)h * nwg + w) * (hd + 2));
+  switch (hd) { // the validator admits 64, 128, 256 and 512
+    case 64: flash_vec_body<T, 2>(a, h, w, lane); break;
+    case 128: flash_vec_body<T, 4>(a, h, w, lane); break;
+    case 256: flash_vec_body<T, 8>(a, h, w, lane); break;
+    default: flash_vec_body<T, 16>(a, h, w, lane); break;
+  }
 }
 
 // Workgroups whose partial results a thread loads at once (more are taken in further rounds).
 #define REDUCE_BATCH 32
 
-// Output dimension d of a head from its nwg partials at `part` (each hd + 2 floats): a round loads
-// the (m, l) pairs and dimension d of a batch of workgroups at once, then weighs them locally (one
-// memory round trip per REDUCE_BATCH workgroups). Shared by the reduce and the block kernel, so the
-// two forms agree bit for bit.
-__device__ __forceinline__ float flash_combine_dim(const float *part, uint32_t hd, uint32_t nwg, uint32_t d) {
-  // Running max / sum over batches, rescaled like the online softmax of the split kernel.
-  float m = -INFINITY, l = 0.0f, o = 0.0f;
-  for (uint32_t w0 = 0; w0 < nwg; w0 += REDUCE_BATCH) {
-    float pm[REDUCE_BATCH], pl[REDUCE_BATCH], po[REDUCE_BATCH];
-#pragma unroll
-    for (int j = 0; j < REDUCE_BATCH; j++) {
-      const float *p = part + (uint64_t)(w0 + j) * (hd + 2);
-      bool in = w0 + j < nwg;
-      pm[j] = in ? p[hd] : -INFINITY;
-      pl[j] = in ? p[hd + 1] : 0.0f;
-      po[j] = in ? p[d] : 0.0f;
-    }
-    float mn = m;
-#pragma unroll
-    for (int j = 0; j < REDUCE_BATCH; j++) mn = fmaxf(mn, pm[j]);
-    float corr = m == -INFINITY ? 0.0f : expf(m - mn);
-    l *= corr;
-    o *= corr;
-#pragma unroll
-    for (int j = 0; j < REDUCE_BATCH; j++) {
-      float e = pl[j] != 0.0f ? expf(pm[j] - mn) : 0.0f; // an empty chunk has l = 0, m = -inf
-      l += pl[j] * e;
-      o += po[j] * e;
-    }
-    m = mn;
-  }
-  return o / l;
-}
-
-// One block per head; thread d combines output dimension d.
+// One block per head; thread d combines output dimension d. Each thread loads the (m, l) pairs and
+// its dimension of a batch of workgroups in one round, then weighs them locally: the kernel's
+// latency is one memory round trip per REDUCE_BATCH workgroups (one at the default 32).
 __global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   uint32_t heads = arg_u32(a, 2, 0), hd = arg_u32(a, 2, 4), nwg = arg_u32(a, 2, 8);
   uint32_t h = blockIdx.x;
   if (h >= heads) return;
-  const float *part = buf<const float>(a, 0) + (uint64_t)h * nwg * (hd + 2);
-  for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
-    buf<float>(a, 1)[(uint64_t)h * hd + d] = flash_combine_dim(part, hd, nwg, d);
-}
-
-// flash_attn_vec_block: one block of nwg ≤ 8 warps per head (the split body's registers allow 256
-// threads per block). Warp w computes workgroup w's partial
-// into shared memory exactly as the split kernel does, then the block combines them as the reduce
-// kernel does: one dispatch, no scratch, the same bits as the two-pass form.
-template <int T> __global__ void __launch_bounds__(256) k_flash_attn_vec_block(const mlxn_gpu_args *__restrict__ args) {
-  const mlxn_gpu_args &a = kernel_args(args);
-  __shared__ float part[FLASH_BLOCK_FLOATS];
-  uint32_t heads = arg_u32(a, 4, 0), hd = arg_u32(a, 4, 8), nwg = arg_u32(a, 4, 36);
-  uint32_t h = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (h >= heads) return; // uniform per block
-  if (w < nwg) flash_vec_partial<T>(a, h, w, lane, part + w * (hd + 2));
-  __syncthreads();
-  for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
-    buf<float>(a, 3)[(uint64_t)h * hd + d] = flash_combine_dim(part, hd, nwg, d);
+  const float *tmp = buf<const float>(a, 0) + (uint64_t)h * nwg * (hd + 2);
+  for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    // Running max / sum over batches, rescaled like the online softmax of the split kernel.
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (uint32_t w0 = 0; w0 < nwg; w0 += REDUCE_BATCH) {
+      float pm[REDUCE_BATCH], pl[REDUCE_BATCH], po[REDUCE_BATCH];
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) {
+        const float *part = tmp + (uint64_t)(w0 + j) * (hd + 2);
+        bool in = w0 + j < nwg;
+        pm[j] = in ? part[hd] : -INFINITY;
+        pl[j] = in ? part[hd + 1] : 0.0f;
+        po[j] = in ? part[d] : 0.0f;
+      }
+      float mn = m;
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) mn = fmaxf(mn, pm[j]);
+      float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+      l *= corr;
+      o *= corr;
+#pragma unroll
+      for (int j = 0; j < REDUCE_BATCH; j++) {
+        float e = pl[j] != 0.0f ? expf(pm[j] - mn) : 0.0f; // an empty chunk has l = 0, m = -inf
+        l += pl[j] * e;
+        o += po[j] * e;
+      }
+      m = mn;
+    }
+    buf<float>(a, 1)[(uint64_t)h * hd + d] = o / l;
+  }
 }
 
 extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[] = {
@@ -196,7 +168,5 @@ extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[] = {
     {"flash_attn_vec_f32", (const void *)k_flash_attn_vec<T_F32>, 0},
     {"flash_attn_vec_f16", (const void *)k_flash_attn_vec<T_F16>, 0},
     {"flash_attn_vec_reduce", (const void *)k_flash_attn_vec_reduce, 0},
-    {"flash_attn_vec_block_f32", (const void *)k_flash_attn_vec_block<T_F32>, 0},
-    {"flash_attn_vec_block_f16", (const void *)k_flash_attn_vec_block<T_F16>, 0},
     {nullptr, nullptr, 0},
 };

@@ -1,7 +1,6 @@
 // Attention in MSL. sdpa: one thread per query row (threadgroups (batch, heads, ceil(seq/32)), 32
 // threads). flash_attn_vec: one simdgroup per (head, workgroup), each lane owning head_dim/32
-// dimensions; then a reduce kernel combines the workgroups (or, flash_attn_vec_block, the head's one
-// threadgroup does). Online softmax in f32.
+// dimensions; then a reduce kernel combines the workgroups. Online softmax in f32.
 
 struct sdpa_params { uint n_heads; uint n_kv_heads; uint head_dim; uint seq_len; uint kv_seq_len; float scale; uint kv_capacity; };
 
@@ -38,59 +37,6 @@ struct fav_params {
   uint mask; uint window; float softcap; uint nwg;
 };
 
-// Workgroup w's partial result for head h (the weighted sums, then the running max and sum) at
-// `out`: device memory for the split kernel, threadgroup memory for the block kernel.
-template <typename T, typename Out>
-inline void fav_partial(device const float *q, device const T *k, device const T *v, constant fav_params &p,
-                        uint h, uint w, uint lane, Out out) {
-  uint per = p.head_dim / 32, kvh = h / (p.n_heads / p.n_kv_heads);
-  ulong kbase = ulong(kvh) * p.kv_capacity * p.head_dim;
-  float ql[16], acc[16];
-  for (uint i = 0; i < per; i++) {
-    ql[i] = q[ulong(h) * p.head_dim + lane + 32 * i];
-    acc[i] = 0.0f;
-  }
-  uint chunk = (p.kv_seq_len + p.nwg - 1) / p.nwg, k0 = w * chunk, k1 = min(k0 + chunk, p.kv_seq_len);
-  uint pos = p.kv_seq_len - 1;
-  if (p.mask == 2 && pos + 1 > p.window && k0 < pos + 1 - p.window) k0 = pos + 1 - p.window;
-  float m = -INFINITY, l = 0.0f;
-  for (uint key = k0; key < k1; key++) {
-    ulong ko = kbase + ulong(key) * p.head_dim + lane;
-    float part = 0.0f;
-    for (uint i = 0; i < per; i++) part += ql[i] * ld(k, ko + 32 * i);
-    float s = simd_sum(part) * p.scale;
-    if (p.softcap > 0.0f) s = p.softcap * precise::tanh(s / p.softcap);
-    float mn = max(m, s), corr = precise::exp(m - mn), e = precise::exp(s - mn);
-    l = l * corr + e;
-    for (uint i = 0; i < per; i++) acc[i] = acc[i] * corr + e * ld(v, ko + 32 * i);
-    m = mn;
-  }
-  for (uint i = 0; i < per; i++) out[lane + 32 * i] = acc[i];
-  if (lane == 0) {
-    out[p.head_dim] = m;
-    out[p.head_dim + 1] = l;
-  }
-}
-
-// Combines a head's nwg partials at t into o (dimensions first, first + step, …), as
-// kernels/cpu/attention.c does.
-template <typename P>
-inline void fav_combine(P t, device float *o, uint hd, uint nwg, uint first, uint step) {
-  float m = -INFINITY;
-  for (uint w = 0; w < nwg; w++) m = max(m, t[w * (hd + 2) + hd]);
-  float l = 0.0f;
-  for (uint w = 0; w < nwg; w++) {
-    if (t[w * (hd + 2) + hd + 1] != 0.0f) l += t[w * (hd + 2) + hd + 1] * precise::exp(t[w * (hd + 2) + hd] - m);
-  }
-  for (uint d = first; d < hd; d += step) {
-    float acc = 0.0f;
-    for (uint w = 0; w < nwg; w++) {
-      if (t[w * (hd + 2) + hd + 1] != 0.0f) acc += t[w * (hd + 2) + d] * precise::exp(t[w * (hd + 2) + hd] - m);
-    }
-    o[d] = acc / l;
-  }
-}
-
 #define FLASH(NAME, T)                                                                               \
   kernel void NAME(device const float *q [[buffer(0)]], device const T *k [[buffer(1)]],            \
                    device const T *v [[buffer(2)]], device float *tmp [[buffer(3)]],                 \
@@ -98,32 +44,57 @@ inline void fav_combine(P t, device float *o, uint hd, uint nwg, uint first, uin
                    uint lane [[thread_index_in_simdgroup]]) {                                       \
     uint h = gid.x, w = gid.y;                                                                      \
     if (h >= p.n_heads || w >= p.nwg) return;                                                       \
-    fav_partial(q, k, v, p, h, w, lane, tmp + (ulong(h) * p.nwg + w) * (p.head_dim + 2));           \
+    uint per = p.head_dim / 32, kvh = h / (p.n_heads / p.n_kv_heads);                               \
+    ulong kbase = ulong(kvh) * p.kv_capacity * p.head_dim;                                          \
+    float ql[16], acc[16];                                                                          \
+    for (uint i = 0; i < per; i++) {                                                                \
+      ql[i] = q[ulong(h) * p.head_dim + lane + 32 * i];                                             \
+      acc[i] = 0.0f;                                                                                \
+    }                                                                                               \
+    uint chunk = (p.kv_seq_len + p.nwg - 1) / p.nwg, k0 = w * chunk, k1 = min(k0 + chunk, p.kv_seq_len); \
+    uint pos = p.kv_seq_len - 1;                                                                    \
+    if (p.mask == 2 && pos + 1 > p.window && k0 < pos + 1 - p.window) k0 = pos + 1 - p.window;      \
+    float m = -INFINITY, l = 0.0f;                                                                  \
+    for (uint key = k0; key < k1; key++) {                                                          \
+      ulong ko = kbase + ulong(key) * p.head_dim + lane;                                            \
+      float part = 0.0f;                                                                            \
+      for (uint i = 0; i < per; i++) part += ql[i] * ld(k, ko + 32 * i);                            \
+      float s = simd_sum(part) * p.scale;                                                           \
+      if (p.softcap > 0.0f) s = p.softcap * precise::tanh(s / p.softcap);                           \
+      float mn = max(m, s), corr = precise::exp(m - mn), e = precise::exp(s - mn);                  \
+      l = l * corr + e;                                                                             \
+      for (uint i = 0; i < per; i++) acc[i] = acc[i] * corr + e * ld(v, ko + 32 * i);              \
+      m = mn;                                                                                       \
+    }                                                                                               \
+    device float *out = tmp + (ulong(h) * p.nwg + w) * (p.head_dim + 2);                            \
+    for (uint i = 0; i < per; i++) out[lane + 32 * i] = acc[i];                                     \
+    if (lane == 0) {                                                                                \
+      out[p.head_dim] = m;                                                                          \
+      out[p.head_dim + 1] = l;                                                                      \
+    }                                                                                               \
   }
 FLASH(flash_attn_vec_f32, float)
 FLASH(flash_attn_vec_f16, half)
-
-// One threadgroup of nwg ≤ 8 simdgroups per head: simdgroup w's partial goes to threadgroup memory,
-// then the threadgroup combines them (one dispatch, no scratch; nwg · (head_dim + 2) ≤ 8192).
-#define FLASH_BLOCK(NAME, T)                                                                         \
-  kernel void NAME(device const float *q [[buffer(0)]], device const T *k [[buffer(1)]],            \
-                   device const T *v [[buffer(2)]], device float *o [[buffer(3)]],                   \
-                   constant fav_params &p [[buffer(4)]], MLXN_ARGS_TAIL,                             \
-                   uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) { \
-    threadgroup float part[8192];                                                                   \
-    uint h = gid.x;                                                                                 \
-    if (h >= p.n_heads) return;                                                                     \
-    if (sg < p.nwg) fav_partial(q, k, v, p, h, sg, lane, part + sg * (p.head_dim + 2));             \
-    threadgroup_barrier(mem_flags::mem_threadgroup);                                                \
-    fav_combine(part, o + ulong(h) * p.head_dim, p.head_dim, p.nwg, lid.x, tpg.x);                  \
-  }
-FLASH_BLOCK(flash_attn_vec_block_f32, float)
-FLASH_BLOCK(flash_attn_vec_block_f16, half)
 
 struct reduce_params { uint n_heads; uint head_dim; uint nwg; };
 kernel void flash_attn_vec_reduce(device const float *tmp [[buffer(0)]], device float *o [[buffer(1)]],
                                   constant reduce_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
   uint h = gid.x;
   if (h >= p.n_heads) return;
-  fav_combine(tmp + ulong(h) * p.nwg * (p.head_dim + 2), o + ulong(h) * p.head_dim, p.head_dim, p.nwg, lid.x, tpg.x);
+  device const float *t = tmp + ulong(h) * p.nwg * (p.head_dim + 2);
+  float m = -INFINITY;
+  for (uint w = 0; w < p.nwg; w++) m = max(m, t[w * (p.head_dim + 2) + p.head_dim]);
+  float l = 0.0f;
+  for (uint w = 0; w < p.nwg; w++) {
+    device const float *part = t + w * (p.head_dim + 2);
+    if (part[p.head_dim + 1] != 0.0f) l += part[p.head_dim + 1] * precise::exp(part[p.head_dim] - m);
+  }
+  for (uint d = lid.x; d < p.head_dim; d += tpg.x) {
+    float acc = 0.0f;
+    for (uint w = 0; w < p.nwg; w++) {
+      device const float *part = t + w * (p.head_dim + 2);
+      if (part[p.head_dim + 1] != 0.0f) acc += part[d] * precise::exp(part[p.head_dim] - m);
+    }
+    o[ulong(h) * p.head_dim + d] = acc / l;
+  }
 }

@@ -35,11 +35,6 @@ export const attentionContracts: readonly KernelContract[] = [
     opKind: CapturedOpKind.Sdpa,
     slots: qkvo("params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg}", 40),
   })),
-  ...["f32", "f16"].map((t): KernelContract => ({
-    name: `flash_attn_vec_block_${t}`,
-    opKind: CapturedOpKind.Sdpa,
-    slots: qkvo("params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg}", 40),
-  })),
   {
     name: "flash_attn_vec_reduce",
     opKind: CapturedOpKind.Sdpa,
@@ -140,16 +135,8 @@ export interface FlashAttnVecOptions {
   slidingWindow?: number;
   /** Scores become softcap·tanh(score/softcap) when > 0. */
   softcap?: number;
-  /** Workgroups per head (default 32; with `oneGroupPerHead`, 8). */
+  /** Workgroups per head (default 32). */
   nwg?: number;
-  /**
-   * One dispatch with one threadgroup per head (default false): its `nwg` ≤ 8 simdgroups compute
-   * the workgroups' partial results into threadgroup memory and combine them there, exactly as the
-   * two-pass form does (the same bits), with no barrier, no reduce dispatch and `tmp` unused. It
-   * spreads the keys over fewer cores, so the split form suits long contexts better; measure both.
-   * Needs nwg · (headDim + 2) ≤ 8192.
-   */
-  oneGroupPerHead?: boolean;
 }
 
 /** Bytes of the scratch buffer flashAttnVec needs: nHeads · nwg · (headDim + 2) f32. */
@@ -158,10 +145,9 @@ export function flashAttnVecScratchBytes(o: Pick<FlashAttnVecOptions, "nHeads" |
 }
 
 /**
- * Decode attention for one query per head: `nwg` workgroups per head each attend to a chunk of the
- * keys; their partial results go to `tmp`, a barrier, then a reduce writes `out` [nHeads, headDim]
- * f32 — or, with `oneGroupPerHead`, one threadgroup per head does both in one dispatch. K/V f32 or
- * f16 [nKvHeads, kvCapacity, headDim]; q f32 [nHeads, headDim].
+ * Decode attention for one query per head: partial results of `nwg` workgroups per head go to
+ * `tmp`, a barrier, then a reduce writes `out` [nHeads, headDim] f32. K/V f32 or f16
+ * [nKvHeads, kvCapacity, headDim]; q f32 [nHeads, headDim].
  */
 export function flashAttnVec(
   target: DispatchTarget,
@@ -182,16 +168,9 @@ export function flashAttnVec(
   if (o.kvSeqLen > o.kvCapacity) {
     throw new MlxError("InvalidArgument", `${op}: kvSeqLen (${o.kvSeqLen}) exceeds kvCapacity (${o.kvCapacity})`);
   }
-  const block = o.oneGroupPerHead === true;
-  const nwg = o.nwg ?? (block ? 8 : 32), scale = o.scale ?? 1 / Math.sqrt(o.headDim), softcap = o.softcap ?? 0;
+  const nwg = o.nwg ?? 32, scale = o.scale ?? 1 / Math.sqrt(o.headDim), softcap = o.softcap ?? 0;
   checkU32(op, "nwg", nwg);
   if (nwg > 256) throw new MlxError("InvalidArgument", `${op}: nwg must be <= 256`);
-  if (block && (nwg > 8 || nwg * (o.headDim + 2) > 8192)) {
-    throw new MlxError(
-      "InvalidArgument",
-      `${op}: oneGroupPerHead takes nwg <= 8 with nwg * (headDim + 2) <= 8192, got nwg ${nwg} (use a smaller nwg)`,
-    );
-  }
   checkFinite(op, "scale", scale);
   checkFinite(op, "softcap", softcap, { min: 0 });
   const mask = o.mask ?? "causal";
@@ -206,32 +185,22 @@ export function flashAttnVec(
   checkBuffer(op, "q", q, DType.F32, o.nHeads * o.headDim);
   checkBuffer(op, "k", k, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "v", v, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
-  if (!block) checkBuffer(op, "tmp", tmp, DType.F32, flashAttnVecScratchBytes({ ...o, nwg }) / 4);
+  checkBuffer(op, "tmp", tmp, DType.F32, flashAttnVecScratchBytes({ ...o, nwg }) / 4);
   checkBuffer(op, "out", out, DType.F32, o.nHeads * o.headDim);
-  const params = [
-    o.nHeads,
-    o.nKvHeads,
-    o.headDim,
-    o.kvSeqLen,
-    o.kvCapacity,
-    f32Bits(scale),
-    maskCode,
-    window,
-    f32Bits(softcap),
-    nwg,
-  ];
-  if (block) {
-    target.dispatch({
-      pipeline: registry.get(`flash_attn_vec_block_${kvType}`),
-      bindings: [q, k, v, out, params],
-      grid: o.nHeads,
-      threadgroup: 32 * nwg,
-    });
-    return;
-  }
   target.dispatch({
     pipeline: registry.get(`flash_attn_vec_${kvType}`),
-    bindings: [q, k, v, tmp, params],
+    bindings: [q, k, v, tmp, [
+      o.nHeads,
+      o.nKvHeads,
+      o.headDim,
+      o.kvSeqLen,
+      o.kvCapacity,
+      f32Bits(scale),
+      maskCode,
+      window,
+      f32Bits(softcap),
+      nwg,
+    ]],
     grid: [o.nHeads, nwg, 1],
     threadgroup: 32,
   });
