@@ -12,14 +12,15 @@
 /* A script may end while a command buffer still runs. exit() then tears the CUDA runtime down,
  * and a queue thread still inside it crashes the process (about 1 run in 12 on an H200 before this
  * guard). A handler registered after the runtime has initialised runs before that teardown: it
- * turns further command buffers away and waits for the ones in progress, which takes at most as
- * long as the GPU work already submitted. */
+ * turns further command buffers away and waits for the ones in progress (as long as the GPU work
+ * already submitted, at most 10 s). */
 static atomic_int exiting, running;
 static pthread_once_t exit_guard_once = PTHREAD_ONCE_INIT;
 
+/* Waits at most 10 s: a GPU that never finishes must not turn the exit into a hang. */
 static void quiesce_at_exit(void) {
   atomic_store(&exiting, 1);
-  while (atomic_load(&running) > 0) nanosleep(&(struct timespec){0, 100000}, NULL);
+  for (int i = 0; i < 100000 && atomic_load(&running) > 0; i++) nanosleep(&(struct timespec){0, 100000}, NULL);
 }
 
 static void register_exit_guard(void) { atexit(quiesce_at_exit); }
