@@ -7,7 +7,7 @@
  * @module
  */
 
-import { contractOf } from "../kernels.ts";
+import { contractOf, type KernelContract } from "../kernels.ts";
 import { type CapturedNode, type DispatchNode, isDispatch } from "./nodes.ts";
 import { type Accesses, accessesOf, formatRange, type MemRange, rangesOverlap } from "./ranges.ts";
 
@@ -31,14 +31,16 @@ export interface Hazard {
   readonly range: MemRange;
 }
 
+/** The contract of a dispatch node's kernel, when the node carries bindings to read through it. */
+function boundContract(n: DispatchNode): KernelContract | undefined {
+  if (!n.bindings) return undefined;
+  return (n.pipeline as { contract?: KernelContract }).contract ?? contractOf(n.pipeline.name);
+}
+
 /** The true accesses of a dispatch node: from its bindings when it has them, else its annotation. */
 export function trueAccesses(n: DispatchNode): Accesses {
-  if (n.bindings) {
-    const contract = (n.pipeline as { contract?: Parameters<typeof accessesOf>[0] }).contract ??
-      contractOf(n.pipeline.name);
-    if (contract) return accessesOf(contract, n.bindings);
-  }
-  return n;
+  const contract = boundContract(n);
+  return contract ? accessesOf(contract, n.bindings!) : n;
 }
 
 function intersect(a: MemRange, b: MemRange): MemRange {
@@ -143,10 +145,7 @@ export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): Brok
   for (const n of nodes) {
     if (!isDispatch(n)) continue;
     const ref = { index: index++, kernel: n.pipeline.name };
-    const contract = n.bindings
-      ? (n.pipeline as { contract?: Parameters<typeof accessesOf>[0] }).contract ?? contractOf(n.pipeline.name)
-      : undefined;
-    contract?.slots.forEach((s, i) => {
+    boundContract(n)?.slots.forEach((s, i) => {
       const c = s.constantIf, b = n.bindings![i];
       if (!c || !(bytesWord(n.bindings![c.slot], c.word) & c.mask)) return;
       const r = (b as { range?: () => MemRange } | undefined)?.range?.();
