@@ -1,17 +1,14 @@
 /**
  * A llama-style decoder with random weights (fixed seed), for the demo and the benchmarks: per layer
- * RMS_NORM → MUL(weight), the Q/K/V projection (one weight of the three stacked: one wide product
- * instead of three small ones), NeoX rope (K rotated straight into the cache, V copied there),
- * flash attention (split + reduce), output projection + residual add, RMS_NORM → MUL, the gate/up
- * projection (stacked likewise) + SwiGLU, the down projection + residual add; then the final norm
- * and a dense bf16 lm-head.
- *
- * For bf16 weights the norms, the adds and SwiGLU live inside the products (the dense matmul's
- * RMS-norm prologue and its epilogues): one kernel each, which shortens the dependency chain a GPU
- * walks per token. For the quantized formats (Q4_0, MLX 4-bit) they are separate kernels, and the
- * norm → mul pairs appear as llama.cpp's graph has them, so the fusion pass can fire. Stacking is
- * how fast engines lay these weights out: the bytes are the same, but one product of n rows
- * streams them closer to the bandwidth limit than several concurrent ones.
+ * RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), the Q/K/V projection
+ * (one weight of the three stacked: one wide product instead of three small ones), NeoX rope (K
+ * rotated straight into the cache, V copied there), flash attention (split + reduce), output
+ * projection + residual add, RMS_NORM → MUL, the gate/up projection (stacked likewise) + SwiGLU,
+ * the down projection + residual add (for bf16 weights the add and SwiGLU are the products'
+ * epilogues, one kernel each; for quantized ones separate kernels); then the final norm and a
+ * dense bf16 lm-head. Stacking is how fast engines lay these weights
+ * out: the bytes are the same, but one product of n rows streams them closer to the bandwidth limit
+ * than several concurrent ones, and Q/K/V and gate/up are slices of one output. Weights: Q4_0, MLX 4-bit, or bf16 (dense; synthetic values made fast for large shapes).
  *
  * @module
  */
@@ -60,10 +57,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   interface Linear {
     n: number;
     k: number;
-    /** Whether the product normalises its own input (dense weights: the RMS-norm prologue). */
-    normsInput: boolean;
-    /** y = x · Wᵀ, or with `norm` (only when `normsInput`) y = (rmsNorm(x) ⊙ weight) · Wᵀ. */
-    run(s: GraphSession, x: MlxBuffer, y: MlxBuffer, norm?: ops.RmsNormInput): void;
+    run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
     /**
      * The residual connection y += x · Wᵀ: one kernel for dense weights (the product's residual
      * epilogue), else the product into `scratch`, a barrier and an add.
@@ -74,20 +68,12 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
      * kernel for dense weights (the product's SwiGLU epilogue), else the product into `scratch`
      * (2 · ffn), a barrier and silu_mul of its halves.
      */
-    gluInto(
-      s: GraphSession,
-      x: MlxBuffer,
-      y: MlxBuffer,
-      scratch: MlxBuffer,
-      barrier: () => void,
-      norm?: ops.RmsNormInput,
-    ): void;
+    gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
   }
   /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
   const unfused = (n: number, k: number, run: Linear["run"]): Linear => ({
     n,
     k,
-    normsInput: false,
     run,
     addInto(s, x, y, scratch, barrier) {
       run(s, x, scratch);
@@ -117,11 +103,9 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       return {
         n,
         k,
-        normsInput: true,
-        run: (s, x, y, norm) => s.matmul(x, buf, y, { m: 1, n, k, rmsNorm: norm, constantWeights: true }),
+        run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, constantWeights: true }),
         addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y, constantWeights: true }),
-        gluInto: (s, x, y, _scratch, _barrier, norm) =>
-          s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true, rmsNorm: norm, constantWeights: true }),
+        gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true, constantWeights: true }),
       };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
@@ -152,14 +136,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   const embedding = rand(vocab * hidden, 1);
   const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
   const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
-  const head: Linear = {
-    ...unfused(
-      vocab,
-      hidden,
-      (s, x, y, norm) => s.matmul(x, lmHead, y, { m: 1, n: vocab, k: hidden, rmsNorm: norm, constantWeights: true }),
-    ),
-    normsInput: quant === "bf16", // like the layers: the quantized models keep llama.cpp's pattern
-  };
   const ones = device.upload(new Float32Array(hidden).fill(1));
   const qkv = f32((heads + 2 * kvHeads) * headDim), gu = f32(2 * ffn);
   const qBytes = heads * headDim * 4, kvBytes = kvHeads * headDim * 4;
@@ -187,21 +163,13 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
   function step(s: GraphSession, pos: number, barrier: () => void): void {
     const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
-    /**
-     * RMS_NORM of the residual stream → MUL(weight) → `project`: inside the product when it
-     * normalises its own input (one kernel), else as llama.cpp's graph has them (so fusion can fire).
-     */
-    const normThen = (lin: Linear, weight: MlxBuffer, project: (x: MlxBuffer, norm?: ops.RmsNormInput) => void) => {
-      barrier();
-      if (lin.normsInput) return project(act.x, { weight, eps: 1e-5 });
-      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
-      barrier();
-      s.elementwiseMul(act.t, weight, act.h);
-      barrier();
-      project(act.h);
-    };
     for (const L of layers) {
-      normThen(L.wqkv, L.attnNorm, (x, norm) => L.wqkv.run(s, x, act.qkv, norm));
+      barrier();
+      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 }); // RMS_NORM …
+      barrier();
+      s.elementwiseMul(act.t, L.attnNorm, act.h); // … then MUL(weight): the fusion pattern
+      barrier();
+      L.wqkv.run(s, act.h, act.qkv);
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
       const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
@@ -218,12 +186,21 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       });
       barrier();
       L.wo.addInto(s, act.attn, act.x, act.o, barrier); // x += attn · Woᵀ
-      // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ), h the normalised stream
-      normThen(L.wgu, L.ffnNorm, (x, norm) => L.wgu.gluInto(s, x, act.ff, act.gu, barrier, norm));
+      barrier();
+      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+      barrier();
+      s.elementwiseMul(act.t, L.ffnNorm, act.h);
+      barrier();
+      L.wgu.gluInto(s, act.h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
       barrier();
       L.wd.addInto(s, act.ff, act.x, act.d, barrier); // x += ff · Wdᵀ
     }
-    normThen(head, outNorm, (x, norm) => head.run(s, x, act.logits, norm));
+    barrier();
+    s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+    barrier();
+    s.elementwiseMul(act.t, outNorm, act.h);
+    barrier();
+    s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden, constantWeights: true });
   }
 
   return {

@@ -32,40 +32,26 @@ static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, 
   return 0;
 }
 
-/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, mode, eps: f32}, 4 residual (optional),
- *      5 norm weight f32 [K] (optional) --------------------------------------------------------
- * mode = epilogue | constant_weights << 8 | rms_norm << 9. constant_weights: W is written by no
- * dispatch of this command buffer, so a GPU may start reading it before the dispatch's producers
- * finish (the CPU backend has nothing to gain from it).
- * rms_norm: the product is taken of norm(x) ⊙ g (g in slot 5): each output is
- *   inv · Σ_i (x[i]·g[i])·W[i] with inv = 1 / √(Σx²/K + eps) of x's row, x² summed in the same pass.
+/* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, mode}, 4 residual (optional) --------------------------
+ * mode = epilogue | constant_weights << 8. constant_weights: W is written by no dispatch of this
+ * command buffer, so a GPU may start reading it before the dispatch's producers finish (the CPU
+ * backend has nothing to gain from it).
  * epilogue 0: y = x · Wᵀ.
  * epilogue 1 (residual): y = x · Wᵀ + residual [M, N] (slot 4; y may be the residual itself,
  *   y += x · Wᵀ, but must not partly overlap it).
  * epilogue 2 (SwiGLU): W holds 2N rows, gate rows then up rows; y[j] = silu(x · W[j]) · x · W[N + j].
- * Without rms_norm each equals the unfused sequence (matmul, then add or silu_mul) bit for bit. */
+ * Each equals the unfused sequence (matmul, then add or silu_mul) bit for bit. */
 
 enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
 #define OUTS_SWIGLU 2 /* outputs per threadgroup with the SwiGLU epilogue (each takes two rows) */
 
 #define MODE_CONSTANT_WEIGHTS 0x100u
-#define MODE_RMS_NORM 0x200u
 
 static int check_epilogue(const mlxn_kargs *a, mm_params p, uint32_t mode, char *err, size_t cap) {
   uint32_t epi = mode & 0xffu;
-  if (mode & ~(0xffu | MODE_CONSTANT_WEIGHTS | MODE_RMS_NORM))
-    return mlxn_kfail(err, cap,
-                      "mode 0x%x has unknown bits (epilogue in bits 0-7, constant weights bit 8, RMS norm bit 9)", mode);
+  if (mode & ~(0xffu | MODE_CONSTANT_WEIGHTS))
+    return mlxn_kfail(err, cap, "mode 0x%x has unknown bits (epilogue in bits 0-7, constant weights bit 8)", mode);
   if (epi > EPI_SWIGLU) return mlxn_kfail(err, cap, "epilogue must be 0 (none), 1 (residual) or 2 (SwiGLU), got %u", epi);
-  int norm = (mode & MODE_RMS_NORM) != 0;
-  if (norm != (a->ptr[5] != NULL))
-    return mlxn_kfail(err, cap, norm ? "RMS-norm input (mode bit 9) but slot 5 (norm weight) is not bound"
-                                     : "slot 5 (norm weight) bound without the RMS-norm mode bit 9");
-  if (norm) {
-    float eps = mlxn_arg_f32(a, 3, 16);
-    if (!(eps >= 0.0f) || isinf(eps)) return mlxn_kfail(err, cap, "RMS-norm eps must be finite and >= 0");
-    MLXN_NEED_BUF(a, 5, (uint64_t)p.k * 4, err, cap);
-  }
   if ((epi == EPI_RESIDUAL) != (a->ptr[4] != NULL))
     return mlxn_kfail(err, cap, epi == EPI_RESIDUAL ? "residual epilogue but slot 4 is not bound"
                                                     : "slot 4 (residual) bound without the residual epilogue");
@@ -78,26 +64,15 @@ static int check_epilogue(const mlxn_kargs *a, mm_params p, uint32_t mode, char 
   return 0;
 }
 
-/* Σ x[i]·W[row + i] in index order; with a norm weight g, Σ (x[i]·g[i])·W[row + i]. */
-static float dense_dot(const float *x, const float *g, const void *w, uint64_t row, uint32_t k, mlxn_ftype t) {
+static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, mlxn_ftype t) {
   float acc = 0.0f;
-  if (g)
-    for (uint32_t i = 0; i < k; i++) acc += (x[i] * g[i]) * mlxn_load(w, row + i, t);
-  else
-    for (uint32_t i = 0; i < k; i++) acc += x[i] * mlxn_load(w, row + i, t);
+  for (uint32_t i = 0; i < k; i++) acc += x[i] * mlxn_load(w, row + i, t);
   return acc;
-}
-
-/* 1 / √(Σx²/k + eps), x² summed in index order. */
-static float inv_rms(const float *x, uint32_t k, float eps) {
-  float ss = 0.0f;
-  for (uint32_t i = 0; i < k; i++) ss += x[i] * x[i];
-  return 1.0f / sqrtf(ss / (float)k + eps);
 }
 
 #define DENSE_KERNEL(SUF, T)                                                                      \
   static int matmul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
-    MLXN_NEED_BYTES(a, 3, 20, err, cap);                                                           \
+    MLXN_NEED_BYTES(a, 3, 16, err, cap);                                                           \
     mm_params p = read_mm(a, 3);                                                                   \
     uint32_t mode = mlxn_arg_u32(a, 3, 12), rows = (mode & 0xffu) == EPI_SWIGLU ? 2 : 1;           \
     if (check_mm(a, p, rows == 2 ? OUTS_SWIGLU : OUTS, err, cap)) return 1;                        \
@@ -110,21 +85,15 @@ static float inv_rms(const float *x, uint32_t k, float eps) {
                                 void *s) {                                                         \
     (void)gz; (void)s;                                                                             \
     mm_params p = read_mm(a, 3);                                                                   \
-    uint32_t mode = mlxn_arg_u32(a, 3, 12), epi = mode & 0xffu;                                    \
-    uint32_t outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS;                                        \
+    uint32_t epi = mlxn_arg_u32(a, 3, 12) & 0xffu, outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS;  \
     if (gy >= p.m) return 0;                                                                       \
     const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
     float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \
     const float *res = epi == EPI_RESIDUAL ? (const float *)a->ptr[4] + (uint64_t)gy * p.n : NULL; \
-    const float *g = (mode & MODE_RMS_NORM) ? (const float *)a->ptr[5] : NULL;                     \
-    float inv = g ? inv_rms(x, p.k, mlxn_arg_f32(a, 3, 16)) : 1.0f;                                \
     for (uint32_t n = gx * outs; n < p.n && n < (gx + 1) * outs; n++) {                            \
-      float acc = dense_dot(x, g, a->ptr[1], (uint64_t)n * p.k, p.k, T);                           \
-      if (g) acc *= inv;                                                                           \
-      if (epi == EPI_SWIGLU) { /* what silu_mul computes from the stored gate and up */           \
-        float up = dense_dot(x, g, a->ptr[1], ((uint64_t)p.n + n) * p.k, p.k, T);                  \
-        acc = mlxn_silu(acc) * (g ? up * inv : up);                                                \
-      }                                                                                            \
+      float acc = dense_dot(x, a->ptr[1], (uint64_t)n * p.k, p.k, T);                              \
+      if (epi == EPI_SWIGLU) /* what silu_mul computes from the stored gate and up */             \
+        acc = mlxn_silu(acc) * dense_dot(x, a->ptr[1], ((uint64_t)p.n + n) * p.k, p.k, T);         \
       y[n] = res ? acc + res[n] : acc; /* the same sum the separate add kernel computes */         \
     }                                                                                              \
     return 0;                                                                                      \
@@ -383,8 +352,8 @@ GGML_ID_KERNEL(qmatmul_id_q8_0, GGML_Q8_0)
 GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
 
 const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
-    {"matmul_f32", "bbbcoo", matmul_f32_validate, matmul_f32_run},
-    {"matmul_bf16", "bbbcoo", matmul_bf16_validate, matmul_bf16_run},
+    {"matmul_f32", "bbbco", matmul_f32_validate, matmul_f32_run},
+    {"matmul_bf16", "bbbco", matmul_bf16_validate, matmul_bf16_run},
     {"qmatmul_affine", "bbbbbc", qmatmul_affine_validate, qmatmul_affine_run},
     {"qmatmul_affine_fast", "bbbbbc", qmatmul_affine_fast_validate, qmatmul_affine_fast_run},
     {"qmatmul_q4_0_mv", "bbbc", qmatmul_q4_0_mv_validate, qmatmul_q4_0_mv_run},

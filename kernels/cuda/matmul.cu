@@ -28,11 +28,9 @@ __device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
 }
 
 // The dense kernels' mode (params word 3), as in kernels/cpu/matmul.c: the epilogue in bits 0-7,
-// bit 8 set when W is written by no dispatch of this command buffer, bit 9 when x is RMS-normalised
-// inside the product (norm weight in slot 5, eps in params word 4).
+// and bit 8 set when W is written by no dispatch of this command buffer.
 enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
 #define MODE_CONSTANT_WEIGHTS 0x100u
-#define MODE_RMS_NORM 0x200u
 #define OUTS_SWIGLU 2 // outputs per block with the SwiGLU epilogue (each takes a gate and an up row)
 
 // Stores output i of a dense product, adding the residual when one is bound (slot 4): the same sum
@@ -73,30 +71,11 @@ __device__ __forceinline__ void copy_async_wait_all() {
 #endif
 }
 
-// 1 / √(Σx²/k + eps): what the RMS-norm prologue scales a row's sums by.
-__device__ __forceinline__ float inv_rms(float sum_sq, uint32_t k, float eps) {
-  return 1.0f / sqrtf(sum_sq / (float)k + eps);
-}
-__device__ __forceinline__ float4 mul4(float4 u, float4 v) { return make_float4(u.x * v.x, u.y * v.y, u.z * v.z, u.w * v.w); }
-__device__ __forceinline__ float sq4(float4 u) { return u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w; }
-
-// The bf16 fast path's shared memory, declared once by the kernel (both instantiations of
-// matmul_bf16_rows use it, so the block's footprint does not double).
-struct DenseShared {
-  float partial[WARPS][DENSE_ROWS_PER_WARP + 1]; // per warp: its two row sums and, with the norm, Σx²
-#if MLXN_GEMV_STAGE > 0
-  uint4 stage[WARPS][MLXN_GEMV_STAGE][2][32];
-#endif
-};
-
 // bf16 fast path. Rows r0 and r1 of W: two consecutive outputs, or (SwiGLU) the gate and up rows
-// of one output. Waits for the producers itself, after staging its first weights. NORM: x is read
-// as x ⊙ g (g = the norm weight) and its squares are summed on the way; the pair's two warps
-// together read every chunk of x once, so their Σx² is the row's, and the sums are scaled at the end.
-template <bool NORM>
-__device__ void matmul_bf16_rows(const mlxn_gpu_args &a, DenseShared &sh, uint32_t row, uint32_t n_, uint32_t k,
-                                 uint32_t epi, bool constant_weights) {
-  auto &partial = sh.partial;
+// of one output. Waits for the producers itself, after staging its first weights.
+__device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k, uint32_t epi,
+                                 bool constant_weights) {
+  __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
   const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
   const bool glu = epi == EPI_SWIGLU;
   // Plain: outputs n0, n0 + 1. SwiGLU: output n0 from rows n0 and n_ + n0.
@@ -112,7 +91,7 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, DenseShared &sh, uint32
   if (!constant_weights) wait_producers();
 #if MLXN_GEMV_STAGE > 0
   // Asynchronous copies: each lane later reads back only what it staged (no block barrier needed).
-  auto &stage = sh.stage;
+  __shared__ uint4 stage[WARPS][MLXN_GEMV_STAGE][2][32];
 #pragma unroll
   for (int j = 0; j < MLXN_GEMV_STAGE; j++) {
     const uint32_t cj = c + j * stride;
@@ -125,24 +104,12 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, DenseShared &sh, uint32
 #endif
   if (constant_weights) wait_producers(); // else the wait came first: a producer may write W
   const float4 *x4 = reinterpret_cast<const float4 *>(buf<const float>(a, 0) + (uint64_t)row * k);
-  const float4 *g4 = reinterpret_cast<const float4 *>(buf<const float>(a, 5));
-  float acc0 = 0.0f, acc1 = 0.0f, sum_sq = 0.0f;
-  // Chunk j of x (8 values) as two float4: with the norm, times g, its squares summed first.
-  auto load_x = [&](uint32_t j, float4 &lo, float4 &hi) {
-    lo = x4[2 * j];
-    hi = x4[2 * j + 1];
-    if constexpr (NORM) {
-      sum_sq += sq4(lo) + sq4(hi);
-      lo = mul4(lo, g4[2 * j]);
-      hi = mul4(hi, g4[2 * j + 1]);
-    }
-  };
+  float acc0 = 0.0f, acc1 = 0.0f;
   // One step over chunks c and c + stride of both rows (the same sums whichever way the weights
   // arrived, so every path agrees bit for bit).
   auto pair_step = [&](uint4 a0, uint4 b0, uint4 a1, uint4 b1) {
-    float4 xc0, xc1, xd0, xd1;
-    load_x(c, xc0, xc1);
-    load_x(c + stride, xd0, xd1);
+    const uint32_t d = c + stride;
+    float4 xc0 = x4[2 * c], xc1 = x4[2 * c + 1], xd0 = x4[2 * d], xd1 = x4[2 * d + 1];
     acc0 += dot8(a0, xc0, xc1) + dot8(b0, xd0, xd1);
     acc1 += dot8(a1, xc0, xc1) + dot8(b1, xd0, xd1);
     c += 2 * stride;
@@ -156,52 +123,37 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, DenseShared &sh, uint32
 #endif
   while (c + stride < chunks) pair_step(__ldg(w0 + c), __ldg(w0 + c + stride), __ldg(w1 + c), __ldg(w1 + c + stride));
   if (c < chunks) {
-    float4 x0, x1;
-    load_x(c, x0, x1);
+    float4 x0 = x4[2 * c], x1 = x4[2 * c + 1];
     acc0 += dot8(__ldg(w0 + c), x0, x1);
     acc1 += dot8(__ldg(w1 + c), x0, x1);
   }
   acc0 = warp_sum(acc0);
   acc1 = warp_sum(acc1);
-  if (NORM) sum_sq = warp_sum(sum_sq);
   if (lane == 0) {
     partial[warp][0] = acc0;
     partial[warp][1] = acc1;
-    partial[warp][2] = sum_sq;
   }
   __syncthreads();
   if (half != 0) return;
-  float inv = 1.0f;
-  if (NORM) {
-    float s2 = 0.0f;
-    for (uint32_t s = 0; s < DENSE_SPLIT; s++) s2 += partial[warp + s][2];
-    inv = inv_rms(s2, k, arg_f32(a, 3, 16));
-  }
   if (glu) {
     if (lane == 0 && n0 < n_) {
       float g = 0.0f, u = 0.0f; // summed as the plain path sums each row
       for (uint32_t s = 0; s < DENSE_SPLIT; s++) g += partial[warp + s][0];
       for (uint32_t s = 0; s < DENSE_SPLIT; s++) u += partial[warp + s][1];
-      if (NORM) g = __fmul_rn(g, inv), u = __fmul_rn(u, inv);
       buf<float>(a, 2)[(uint64_t)row * n_ + n0] = swiglu(g, u);
     }
   } else if (lane < DENSE_ROWS_PER_WARP && n0 + lane < n_) {
     float v = 0.0f;
     for (uint32_t s = 0; s < DENSE_SPLIT; s++) v += partial[warp + s][lane];
-    store_dense(a, epi, (uint64_t)row * n_ + n0 + lane, NORM ? __fmul_rn(v, inv) : v);
+    store_dense(a, epi, (uint64_t)row * n_ + n0 + lane, v);
   }
 }
 
 // Generic path: warp w of the block computes output blockIdx.x·outs + w (outs = 4, or 2 with SwiGLU,
 // whose warp then takes the gate and the up row in turn).
-// g: the norm weight (x is read as x ⊙ g), or null.
-template <int T>
-__device__ float dense_row_dot(const float *x, const float *g, const void *w, uint64_t wrow, uint32_t k, uint32_t lane) {
+template <int T> __device__ float dense_row_dot(const float *x, const void *w, uint64_t wrow, uint32_t k, uint32_t lane) {
   float acc = 0.0f;
-  if (g)
-    for (uint32_t i = lane; i < k; i += 32) acc += (x[i] * g[i]) * load<T>(w, wrow + i);
-  else
-    for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
+  for (uint32_t i = lane; i < k; i += 32) acc += x[i] * load<T>(w, wrow + i);
   return warp_sum(acc);
 }
 
@@ -210,16 +162,10 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args
   uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8), mode = arg_u32(a, 3, 12);
   uint32_t epi = mode & 0xffu;
   uint32_t row = blockIdx.y, lane = lane_id();
-  const bool norm = (mode & MODE_RMS_NORM) != 0;
-  bool aligned = ((a.ptr[0] | a.ptr[1] | a.ptr[5]) & 15u) == 0; // slices need only be element-aligned
+  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
   if constexpr (T == T_BF16) { // (constexpr: only this kernel carries the staging buffer)
-    __shared__ DenseShared sh;
     if (k % 8 == 0 && aligned) { // uniform per block: the whole block takes it
-      const bool cw = (mode & MODE_CONSTANT_WEIGHTS) != 0;
-      if (row < m) {
-        if (norm) matmul_bf16_rows<true>(a, sh, row, n_, k, epi, cw);
-        else matmul_bf16_rows<false>(a, sh, row, n_, k, epi, cw);
-      }
+      if (row < m) matmul_bf16_rows(a, row, n_, k, epi, (mode & MODE_CONSTANT_WEIGHTS) != 0);
       return;
     }
   }
@@ -227,16 +173,9 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args
   const uint32_t outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : WARPS, n = blockIdx.x * outs + warp_id();
   if (row >= m || warp_id() >= outs || n >= n_) return;
   const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
-  const float *g = norm ? buf<const float>(a, 5) : nullptr;
   const void *w = buf<const void>(a, 1);
-  float inv = 1.0f;
-  if (norm) { // the warp's own Σx², lane-strided like its dot products
-    float s2 = 0.0f;
-    for (uint32_t i = lane; i < k; i += 32) s2 += x[i] * x[i];
-    inv = inv_rms(warp_sum(s2), k, arg_f32(a, 3, 16));
-  }
-  float acc = __fmul_rn(dense_row_dot<T>(x, g, w, (uint64_t)n * k, k, lane), inv);
-  if (epi == EPI_SWIGLU) acc = swiglu(acc, __fmul_rn(dense_row_dot<T>(x, g, w, ((uint64_t)n_ + n) * k, k, lane), inv));
+  float acc = dense_row_dot<T>(x, w, (uint64_t)n * k, k, lane);
+  if (epi == EPI_SWIGLU) acc = swiglu(acc, dense_row_dot<T>(x, w, ((uint64_t)n_ + n) * k, k, lane));
   if (lane == 0) store_dense(a, epi, (uint64_t)row * n_ + n, acc);
 }
 

@@ -3,39 +3,30 @@
 // simd_sum. The ggml mat-vec and mat-mat kernels share the per-lane arithmetic.
 
 struct mm_params { uint m; uint n; uint k; };
-// mode: epilogue (bits 0-7): 0 none, 1 residual, 2 SwiGLU; bit 9: x RMS-normalised in the product.
-struct dense_params { uint m; uint n; uint k; uint mode; float eps; };
+struct dense_params { uint m; uint n; uint k; uint mode; }; // epilogue (bits 0-7): 0 none, 1 residual, 2 SwiGLU
 struct affine_params { uint m; uint n; uint k; uint bits; uint group_size; };
 struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 
 #define MM_TAIL MLXN_ARGS_TAIL, uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
 // Epilogues as kernels/cpu/matmul.c: 1 adds res (slot 4; an unbound slot is never read), 2 takes
-// W's 2n rows as gate then up, output j = silu(gate j) · up j (2 outputs per threadgroup). Mode bit
-// 9: x is read as x ⊙ g (g in slot 5) and the sums are scaled by 1/√(mean(x²) + eps) of x's row.
+// W's 2n rows as gate then up, output j = silu(gate j) · up j (2 outputs per threadgroup).
 #define DENSE(NAME, T)                                                                               \
   kernel void NAME(device const float *x [[buffer(0)]], device const T *w [[buffer(1)]],            \
                    device float *y [[buffer(2)]], constant dense_params &p [[buffer(3)]],             \
-                   device const float *res [[buffer(4)]], device const float *g [[buffer(5)]], MM_TAIL) { \
+                   device const float *res [[buffer(4)]], MM_TAIL) {                                  \
     uint epi = p.mode & 0xffu; /* bit 8 (constant weights) changes nothing here */                   \
-    bool glu = epi == 2, norm = (p.mode & 0x200u) != 0;                                             \
+    bool glu = epi == 2;                                                                            \
     uint n = gid.x * (glu ? 2 : 4) + sg, row = gid.y;                                               \
     if ((glu && sg >= 2) || n >= p.n || row >= p.m) return;                                         \
-    device const float *xr = x + ulong(row) * p.k;                                                  \
-    float inv = 1.0f;                                                                               \
-    if (norm) {                                                                                     \
-      float ss = 0.0f;                                                                              \
-      for (uint i = lane; i < p.k; i += 32) ss += xr[i] * xr[i];                                    \
-      inv = 1.0f / sqrt(simd_sum(ss) / float(p.k) + p.eps);                                         \
-    }                                                                                               \
     float acc = 0.0f;                                                                               \
-    for (uint i = lane; i < p.k; i += 32) acc += (norm ? xr[i] * g[i] : xr[i]) * ld(w, ulong(n) * p.k + i); \
-    acc = simd_sum(acc) * inv;                                                                      \
+    for (uint i = lane; i < p.k; i += 32) acc += x[ulong(row) * p.k + i] * ld(w, ulong(n) * p.k + i); \
+    acc = simd_sum(acc);                                                                            \
     if (glu) {                                                                                      \
       float up = 0.0f;                                                                              \
       ulong urow = (ulong(p.n) + n) * p.k;                                                          \
-      for (uint i = lane; i < p.k; i += 32) up += (norm ? xr[i] * g[i] : xr[i]) * ld(w, urow + i);  \
-      acc = silu(acc) * (simd_sum(up) * inv);                                                       \
+      for (uint i = lane; i < p.k; i += 32) up += x[ulong(row) * p.k + i] * ld(w, urow + i);       \
+      acc = silu(acc) * simd_sum(up);                                                               \
     }                                                                                               \
     ulong o = ulong(row) * p.n + n;                                                                 \
     if (lane == 0) y[o] = epi == 1 ? acc + res[o] : acc;                                            \

@@ -14,15 +14,13 @@ import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
 import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits, overlapping } from "./common.ts";
+import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
 /** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
 const MODE_CONSTANT_WEIGHTS = 0x100;
-/** Bit of the dense kernels' mode word: x is RMS-normalised inside the product (slot 5, eps word 4). */
-const MODE_RMS_NORM = 0x200;
 const OUTS = 4, OUTS_FAST = 8, OUTS_SWIGLU = 2, THREADS = 128;
-/** The dense kernels' epilogue codes (params word 3, bits 0-7; bit 8: constant weights; bit 9: norm). */
+/** The dense kernels' epilogue codes (params word 3, bits 0-7; bit 8: constant weights). */
 const enum Epilogue {
   None = 0,
   Residual = 1,
@@ -43,9 +41,8 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "x", kind: "buffer", access: R },
       { name: "w", kind: "buffer", access: R, constantIf: { slot: 3, word: 3, mask: MODE_CONSTANT_WEIGHTS } },
       { name: "y", kind: "buffer", access: W },
-      { name: "params{m,n,k,mode,eps}", kind: "bytes", size: 20 },
+      { name: "params{m,n,k,mode}", kind: "bytes", size: 16 },
       { name: "residual", kind: "buffer", access: R, optional: true },
-      { name: "norm_weight", kind: "buffer", access: R, optional: true },
     ])
   ),
   ...["qmatmul_affine", "qmatmul_affine_fast"].map((name) =>
@@ -102,25 +99,8 @@ function checkBytes(op: string, name: string, buf: MlxBuffer, bytes: number): vo
   }
 }
 
-/** RMS normalisation of a product's input, applied inside the product (see {@link DenseMatmulOptions}). */
-export interface RmsNormInput {
-  /** f32 [k]: the norm's per-column weight (llama's attention or FFN norm). */
-  weight: MlxBuffer;
-  /** Added to the mean square before the root. */
-  eps: number;
-}
-
 /** Options of {@link matmul}. */
 export interface DenseMatmulOptions extends MatmulShape {
-  /**
-   * RMSNorm of x in the same kernel: the product is taken of norm(x) ⊙ weight, where norm(x) =
-   * x / √(mean(x²) + eps) per row of x. A decode step's rmsNorm → mul → product becomes one kernel,
-   * two dependent steps shorter. The kernel sums W·(x ⊙ weight) and x² in one pass over x and
-   * scales the sum by the row's 1/√(mean(x²) + eps) at the end, so the result equals the unfused
-   * sequence within f32 rounding (a few ulps; not bit for bit, because the scale is applied once to
-   * the sum instead of to every input). Combines with either epilogue.
-   */
-  rmsNorm?: RmsNormInput;
   /**
    * f32 [m, n] added to the product in the same kernel: y = x · Wᵀ + residual (a residual
    * connection's add, one dependent step shorter, bit-identical to matmul then elementwiseAdd). It
@@ -175,16 +155,10 @@ export function matmul(
       throw new MlxError("InvalidArgument", "matmul: the residual must be y itself or not overlap it");
     }
   }
-  const norm = s.rmsNorm;
-  if (norm) {
-    checkBuffer("matmul", "rmsNorm.weight", norm.weight, DType.F32, s.k);
-    checkFinite("matmul", "rmsNorm.eps", norm.eps, { min: 0 });
-  }
   const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
-  const mode = epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0) | (norm ? MODE_RMS_NORM : 0);
   target.dispatch({
     pipeline: registry.get(`matmul_${w.dtype}`),
-    bindings: [x, w, y, [s.m, s.n, s.k, mode, norm ? f32Bits(norm.eps) : 0], r, norm?.weight],
+    bindings: [x, w, y, [s.m, s.n, s.k, epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0)], r],
     grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
     threadgroup: THREADS,
   });
