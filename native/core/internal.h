@@ -141,13 +141,18 @@ struct mlxn_device {
 
 /* The live entry of a handle, or NULL (unknown, freed or stale). Caller holds dev->mu. Inline: the
  * decoder calls it for every buffer binding. */
-static inline buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
+/* The live entry of `handle` in a buffer table of n entries, or NULL (bad index, freed, or a recycled
+ * slot's stale generation). */
+static inline buffer_entry *mlxn_buffer_in_table(buffer_entry *table, uint32_t n, uint32_t handle, uint32_t *index_out) {
   uint32_t idx1 = handle & HANDLE_INDEX_MASK;
-  if (idx1 == 0 || idx1 > dev->n_buffers) return NULL;
-  buffer_entry *e = &dev->buffers[idx1 - 1];
+  if (idx1 == 0 || idx1 > n) return NULL;
+  buffer_entry *e = &table[idx1 - 1];
   if (!e->alive || (e->gen & 0xfffu) != handle >> HANDLE_INDEX_BITS) return NULL;
   if (index_out) *index_out = idx1 - 1;
   return e;
+}
+static inline buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
+  return mlxn_buffer_in_table(dev->buffers, dev->n_buffers, handle, index_out);
 }
 
 /* device.c */

@@ -221,13 +221,16 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     if (slot != 0) FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot); \
   } while (0)
 
-/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot`. Always inlined: it runs for nearly
- * every record, and the call's prologue and epilogue were a tenth of the decoder's time. */
-static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb, uint32_t slot, uint32_t handle,
+/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot`, looked up in the device's buffer
+ * table (passed in: the caller reads it once per run of records, since the stores here could alias
+ * it for the compiler). Always inlined: it runs for nearly every record, and the call's prologue and
+ * epilogue were a tenth of the decoder's time. */
+static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb, buffer_entry *buffers,
+                                                                  uint32_t n_buffers, uint32_t slot, uint32_t handle,
                                                                   uint64_t boff, uint64_t blen, uint32_t off) {
   if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
   uint32_t index;
-  buffer_entry *e = mlxn_buffer_lookup(cb->dev, handle, &index);
+  buffer_entry *e = mlxn_buffer_in_table(buffers, n_buffers, handle, &index);
   if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
   if (boff > e->size || blen > e->size - boff)
     FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
@@ -262,7 +265,9 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     switch (op) {
       case MLXN_OP_SET_BUFFER: {
         NEED_WORDS(op, MLXN_REC_SET_BUFFER_WORDS);
-        int32_t rc = bind_buffer(cb, slot, word(r + 4), word(r + 8), word(r + 12), off);
+        buffer_entry *table = dev->buffers; /* the table does not change while the decoder holds dev->mu */
+        uint32_t n_table = dev->n_buffers;
+        int32_t rc = bind_buffer(cb, table, n_table, slot, word(r + 4), word(r + 8), word(r + 12), off);
         if (rc != MLXN_OK) return rc;
         /* A dispatch's buffers come in a run: bind the following SET_BUFFER records here, without a
          * trip through the switch (the same checks, record by record). */
@@ -273,7 +278,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
           if ((h & 0xffu) != MLXN_OP_SET_BUFFER || (h >> 16) != MLXN_REC_SET_BUFFER_WORDS) break;
           off = next;
           r = stream + off;
-          rc = bind_buffer(cb, (h >> 8) & 0xffu, word(r + 4), word(r + 8), word(r + 12), off);
+          rc = bind_buffer(cb, table, n_table, (h >> 8) & 0xffu, word(r + 4), word(r + 8), word(r + 12), off);
           if (rc != MLXN_OK) return rc;
         }
         break;
@@ -325,7 +330,8 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         break;
       case MLXN_OP_SET_BUFFER64: {
         NEED_WORDS(op, MLXN_REC_SET_BUFFER64_WORDS);
-        int32_t rc = bind_buffer(cb, slot, word(r + 4), word(r + 8) | ((uint64_t)word(r + 12) << 32),
+        int32_t rc = bind_buffer(cb, dev->buffers, dev->n_buffers, slot, word(r + 4),
+                                 word(r + 8) | ((uint64_t)word(r + 12) << 32),
                                  word(r + 16) | ((uint64_t)word(r + 20) << 32), off);
         if (rc != MLXN_OK) return rc;
         break;
