@@ -139,10 +139,8 @@ struct mlxn_device {
 #define HANDLE_INDEX_BITS 20u
 #define HANDLE_INDEX_MASK ((1u << HANDLE_INDEX_BITS) - 1u)
 
-/* The live entry of a handle, or NULL (unknown, freed or stale). Caller holds dev->mu. Inline: the
- * decoder calls it for every buffer binding. */
 /* The live entry of `handle` in a buffer table of n entries, or NULL (bad index, freed, or a recycled
- * slot's stale generation). */
+ * slot's stale generation). Inline: the decoder calls it for every buffer binding. */
 static inline buffer_entry *mlxn_buffer_in_table(buffer_entry *table, uint32_t n, uint32_t handle, uint32_t *index_out) {
   uint32_t idx1 = handle & HANDLE_INDEX_MASK;
   if (idx1 == 0 || idx1 > n) return NULL;
@@ -151,6 +149,7 @@ static inline buffer_entry *mlxn_buffer_in_table(buffer_entry *table, uint32_t n
   if (index_out) *index_out = idx1 - 1;
   return e;
 }
+/* The live entry of a handle in the device's table, or NULL. Caller holds dev->mu. */
 static inline buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
   return mlxn_buffer_in_table(dev->buffers, dev->n_buffers, handle, index_out);
 }
