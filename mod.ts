@@ -106,6 +106,7 @@ export type {
   GgmlMatmulOptions,
   GgmlMoeOptions,
   MatmulShape,
+  QkvRopeOptions,
 } from "./src/ops/matmul.ts";
 export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/attention.ts";
 export {
