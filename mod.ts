@@ -106,7 +106,6 @@ export type {
   GgmlMatmulOptions,
   GgmlMoeOptions,
   MatmulShape,
-  QkvRopeOptions,
 } from "./src/ops/matmul.ts";
 export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/attention.ts";
 export {

@@ -69,11 +69,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
      * (2 · ffn), a barrier and silu_mul of its halves.
      */
     gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
-    /**
-     * For dense weights: the Q/K/V projection with rope and the KV-cache writes in one kernel (the
-     * product's epilogue). Absent for quantized ones (product, barrier, two ropes and a copy).
-     */
-    qkvRope?(s: GraphSession, x: MlxBuffer, q: MlxBuffer, caches: [MlxBuffer, MlxBuffer], o: ops.QkvRopeOptions): void;
   }
   /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
   const unfused = (n: number, k: number, run: Linear["run"]): Linear => ({
@@ -111,7 +106,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
         run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, constantWeights: true }),
         addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y, constantWeights: true }),
         gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true, constantWeights: true }),
-        qkvRope: (s, x, q, [kc, vc], o) => s.matmulQkvRope(x, buf, q, kc, vc, act.pos, { ...o, constantWeights: true }),
       };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
@@ -175,25 +169,13 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.elementwiseMul(act.t, L.attnNorm, act.h); // … then MUL(weight): the fusion pattern
       barrier();
-      if (L.wqkv.qkvRope) { // one kernel: the product, rope and the cache writes
-        L.wqkv.qkvRope(s, act.h, act.qr, [L.kCache, L.vCache], {
-          k: hidden,
-          nHeads: heads,
-          nKvHeads: kvHeads,
-          headDim,
-          theta: rope.theta,
-          kvCapacity: ctx,
-          cacheRow: pos,
-        });
-      } else {
-        L.wqkv.run(s, act.h, act.qkv);
-        barrier();
-        // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
-        const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-        s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
-        s.ropeNeox(act.k, row(L.kCache), act.pos, { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim });
-        s.stridedCopy(act.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
-      }
+      L.wqkv.run(s, act.h, act.qkv);
+      barrier();
+      // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
+      const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+      s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
+      s.ropeNeox(act.k, row(L.kCache), act.pos, { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim });
+      s.stridedCopy(act.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
       barrier();
       s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
         nHeads: heads,

@@ -292,19 +292,6 @@ export class GraphSession implements DispatchTarget {
     ops.matmul(this, this.#registry, x, w, y, o);
   }
 
-  /** One token's Q/K/V projection with rope and the KV-cache writes in its epilogue. */
-  matmulQkvRope(
-    x: MlxBuffer,
-    w: MlxBuffer,
-    q: MlxBuffer,
-    kCache: MlxBuffer,
-    vCache: MlxBuffer,
-    positions: MlxBuffer,
-    o: ops.QkvRopeOptions,
-  ): void {
-    ops.matmulQkvRope(this, this.#registry, x, w, q, kCache, vCache, positions, o);
-  }
-
   /** y = x · Wᵀ, MLX affine-quantized weights. */
   quantizedMatmul(
     x: MlxBuffer,

@@ -102,93 +102,6 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
 DENSE_KERNEL(f32, MLXN_T_F32)
 DENSE_KERNEL(bf16, MLXN_T_BF16)
 
-/* ---- Q/K/V projection with NeoX rope and the KV-cache writes in its epilogue --------------------
- * 0 x f32 [K] (one token), 1 W [N, K] with N = (H + 2·KV)·D (the Q rows, then K, then V, head by
- * head), 2 q f32 [H·D] (rotated), 3 {K, H, KV, D, theta: f32, head_stride, mode}, 4 positions u32[1],
- * 5 K rows, 6 V rows: element h·head_stride + j of slot 5/6 receives dim j of KV head h (a cache
- * [KV, capacity, D] sliced at the token's row, head_stride = capacity·D). mode: bit 8 = constant
- * weights, as for the dense product. Rotation as rope_neox_f32 over the whole head (dims j and
- * j + D/2 pair up); V is stored as is. Geometry: threadgroups (ceil(N / 4), 1), each producing 2
- * pairs (4 rows). Each row's sum is the dense product's, so the result is bit for bit the product
- * followed by rope_neox and the copy into the caches. */
-
-#define PAIRS_PER_GROUP 2
-
-typedef struct qkv_params {
-  uint32_t k, heads, kv, d, head_stride, mode;
-  float theta;
-} qkv_params;
-
-static qkv_params read_qkv(const mlxn_kargs *a) {
-  qkv_params p = {mlxn_arg_u32(a, 3, 0), mlxn_arg_u32(a, 3, 4),  mlxn_arg_u32(a, 3, 8),  mlxn_arg_u32(a, 3, 12),
-                  mlxn_arg_u32(a, 3, 20), mlxn_arg_u32(a, 3, 24), mlxn_arg_f32(a, 3, 16)};
-  return p;
-}
-
-static int qkv_rope_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 3, 28, err, cap);
-  qkv_params p = read_qkv(a);
-  if (p.k == 0 || p.heads == 0 || p.kv == 0) return mlxn_kfail(err, cap, "K, n_heads and n_kv_heads must be > 0");
-  if (p.d < 2 || p.d % 2) return mlxn_kfail(err, cap, "head_dim must be even and >= 2, got %u", p.d);
-  if (!(p.theta > 0.0f) || isinf(p.theta)) return mlxn_kfail(err, cap, "theta must be finite and > 0");
-  if (p.head_stride < p.d)
-    return mlxn_kfail(err, cap, "the cache head stride (%u) must be at least head_dim (%u)", p.head_stride, p.d);
-  if (p.mode & ~MODE_CONSTANT_WEIGHTS) return mlxn_kfail(err, cap, "mode 0x%x has unknown bits (constant weights: bit 8)", p.mode);
-  uint64_t n = ((uint64_t)p.heads + 2ull * p.kv) * p.d;
-  if (n > UINT32_MAX) return mlxn_kfail(err, cap, "(n_heads + 2·n_kv_heads)·head_dim overflows 32 bits");
-  if ((uint64_t)a->groups[0] * PAIRS_PER_GROUP < n / 2)
-    return mlxn_kfail(err, cap, "grid %u threadgroups does not cover %llu row pairs (x%u per group)", a->groups[0],
-                      (unsigned long long)(n / 2), PAIRS_PER_GROUP);
-  MLXN_NEED_BUF(a, 0, (uint64_t)p.k * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, n * p.k * mlxn_ftype_size(t), err, cap);
-  MLXN_NEED_BUF(a, 2, (uint64_t)p.heads * p.d * 4, err, cap);
-  MLXN_NEED_BUF(a, 4, 4, err, cap);
-  uint64_t rows = ((uint64_t)(p.kv - 1) * p.head_stride + p.d) * 4;
-  MLXN_NEED_BUF(a, 5, rows, err, cap);
-  MLXN_NEED_BUF(a, 6, rows, err, cap);
-  return 0;
-}
-
-static void qkv_rope_run(const mlxn_kargs *a, uint32_t gx, mlxn_ftype t) {
-  qkv_params p = read_qkv(a);
-  const uint32_t half = p.d / 2, pairs = (p.heads + 2 * p.kv) * half;
-  const float *x = (const float *)a->ptr[0];
-  const float pos = (float)((const uint32_t *)a->ptr[4])[0];
-  for (uint32_t q = gx * PAIRS_PER_GROUP; q < pairs && q < (gx + 1) * PAIRS_PER_GROUP; q++) {
-    uint32_t head = q / half, j = q % half;
-    uint64_t r0 = (uint64_t)head * p.d + j;
-    float v0 = dense_dot(x, a->ptr[1], r0 * p.k, p.k, t), v1 = dense_dot(x, a->ptr[1], (r0 + half) * p.k, p.k, t);
-    float *out;
-    if (head >= p.heads + p.kv) { /* V: stored as is */
-      out = (float *)a->ptr[6] + (uint64_t)(head - p.heads - p.kv) * p.head_stride;
-    } else { /* Q or K: rotated exactly as rope_neox_f32 rotates the stored product */
-      float freq = powf(p.theta, -2.0f * (float)j / (float)p.d);
-      float ang = pos * freq, c = cosf(ang), sn = sinf(ang);
-      float r = v0 * c - v1 * sn, i = v0 * sn + v1 * c;
-      v0 = r;
-      v1 = i;
-      out = head < p.heads ? (float *)a->ptr[2] + (uint64_t)head * p.d
-                           : (float *)a->ptr[5] + (uint64_t)(head - p.heads) * p.head_stride;
-    }
-    out[j] = v0;
-    out[j + half] = v1;
-  }
-}
-
-#define QKV_ROPE_KERNEL(SUF, T)                                                                   \
-  static int matmul_qkv_rope_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {      \
-    return qkv_rope_validate(a, T, err, cap);                                                      \
-  }                                                                                                \
-  static int matmul_qkv_rope_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, \
-                                         void *s) {                                                \
-    (void)gy; (void)gz; (void)s;                                                                   \
-    qkv_rope_run(a, gx, T);                                                                        \
-    return 0;                                                                                      \
-  }
-
-QKV_ROPE_KERNEL(f32, MLXN_T_F32)
-QKV_ROPE_KERNEL(bf16, MLXN_T_BF16)
-
 /* ---- MLX affine: 0 x, 1 packed W, 2 scales bf16 [N, K/gs], 3 biases bf16, 4 y,
  *      5 {M, N, K, bits, group_size}; w = scale · q + bias -------------------------------------
  * Packing of one row (K values, K·bits/8 bytes): 4 and 8 bits — little-endian u32 words holding
@@ -441,8 +354,6 @@ GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
 const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
     {"matmul_f32", "bbbco", matmul_f32_validate, matmul_f32_run},
     {"matmul_bf16", "bbbco", matmul_bf16_validate, matmul_bf16_run},
-    {"matmul_qkv_rope_f32", "bbbcbbb", matmul_qkv_rope_f32_validate, matmul_qkv_rope_f32_run},
-    {"matmul_qkv_rope_bf16", "bbbcbbb", matmul_qkv_rope_bf16_validate, matmul_qkv_rope_bf16_run},
     {"qmatmul_affine", "bbbbbc", qmatmul_affine_validate, qmatmul_affine_run},
     {"qmatmul_affine_fast", "bbbbbc", qmatmul_affine_fast_validate, qmatmul_affine_fast_run},
     {"qmatmul_q4_0_mv", "bbbc", qmatmul_q4_0_mv_validate, qmatmul_q4_0_mv_run},

@@ -71,54 +71,19 @@ __device__ __forceinline__ void copy_async_wait_all() {
 #endif
 }
 
-// The Q/K/V projection's epilogue (k_matmul_qkv_rope): pair p of rows (head·D + j, that + D/2),
-// summed as v0 and v1, rotated as rope_neox rotates the stored product (Q into slot 2, K into the
-// cache rows of slot 5) or stored as is (V, slot 6).
-__device__ void qkv_rope_store(const mlxn_gpu_args &a, uint32_t p, float v0, float v1) {
-  const uint32_t heads = arg_u32(a, 3, 4), kv = arg_u32(a, 3, 8), d = arg_u32(a, 3, 12), half = d / 2;
-  const uint32_t head = p / half, j = p % half, head_stride = arg_u32(a, 3, 20);
-  float *out;
-  if (head >= heads + kv) {
-    out = buf<float>(a, 6) + (uint64_t)(head - heads - kv) * head_stride;
-  } else {
-    float freq = powf(arg_f32(a, 3, 16), -2.0f * (float)j / (float)d);
-    float ang = (float)buf<const uint32_t>(a, 4)[0] * freq;
-    float c = cosf(ang), s = sinf(ang);
-    float r = __fsub_rn(__fmul_rn(v0, c), __fmul_rn(v1, s)), i = __fadd_rn(__fmul_rn(v0, s), __fmul_rn(v1, c));
-    v0 = r;
-    v1 = i;
-    out = head < heads ? buf<float>(a, 2) + (uint64_t)head * d : buf<float>(a, 5) + (uint64_t)(head - heads) * head_stride;
-  }
-  out[j] = v0;
-  out[j + half] = v1;
-}
-#define QKV_PAIRS 2 // row pairs per block in k_matmul_qkv_rope
-
 // bf16 fast path. Rows r0 and r1 of W: two consecutive outputs, or (SwiGLU) the gate and up rows
-// of one output, or (QKV) rows j and j + D/2 of one head. Waits for the producers itself, after
-// staging its first weights.
-template <bool QKV>
+// of one output. Waits for the producers itself, after staging its first weights.
 __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t n_, uint32_t k, uint32_t epi,
                                  bool constant_weights) {
   __shared__ float partial[WARPS][DENSE_ROWS_PER_WARP];
   const uint32_t warp = warp_id(), lane = lane_id(), pair = warp / DENSE_SPLIT, half = warp % DENSE_SPLIT;
   const bool glu = epi == EPI_SWIGLU;
-  // Plain: outputs n0, n0 + 1. SwiGLU: output n0 from rows n0 and n_ + n0. QKV: row pair n0.
-  const uint32_t n0 = QKV ? blockIdx.x * QKV_PAIRS + pair
-                      : glu ? blockIdx.x * OUTS_SWIGLU + pair
-                            : blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
+  // Plain: outputs n0, n0 + 1. SwiGLU: output n0 from rows n0 and n_ + n0.
+  const uint32_t n0 = glu ? blockIdx.x * OUTS_SWIGLU + pair : blockIdx.x * WARPS + pair * DENSE_ROWS_PER_WARP;
   const __nv_bfloat16 *w = buf<const __nv_bfloat16>(a, 1);
   // Rows past n read row n-1 (in bounds) and are not stored.
   const uint32_t last = n_ - 1;
-  uint32_t r0, r1;
-  if constexpr (QKV) {
-    const uint32_t d = arg_u32(a, 3, 12), p = min(n0, n_ / 2 - 1);
-    r0 = p / (d / 2) * d + p % (d / 2);
-    r1 = r0 + d / 2;
-  } else {
-    r0 = min(n0, last);
-    r1 = glu ? n_ + min(n0, last) : min(n0 + 1, last);
-  }
+  const uint32_t r0 = min(n0, last), r1 = glu ? n_ + min(n0, last) : min(n0 + 1, last);
   const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (uint64_t)r0 * k);
   const uint4 *w1 = reinterpret_cast<const uint4 *>(w + (uint64_t)r1 * k);
   const uint32_t chunks = k / 8, stride = 32 * DENSE_SPLIT;
@@ -170,15 +135,6 @@ __device__ void matmul_bf16_rows(const mlxn_gpu_args &a, uint32_t row, uint32_t 
   }
   __syncthreads();
   if (half != 0) return;
-  if constexpr (QKV) {
-    if (lane == 0 && n0 < n_ / 2) {
-      float v0 = 0.0f, v1 = 0.0f; // summed as the plain path sums each row
-      for (uint32_t s = 0; s < DENSE_SPLIT; s++) v0 += partial[warp + s][0];
-      for (uint32_t s = 0; s < DENSE_SPLIT; s++) v1 += partial[warp + s][1];
-      qkv_rope_store(a, n0, v0, v1);
-    }
-    return;
-  }
   if (glu) {
     if (lane == 0 && n0 < n_) {
       float g = 0.0f, u = 0.0f; // summed as the plain path sums each row
@@ -209,7 +165,7 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args
   bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
   if constexpr (T == T_BF16) { // (constexpr: only this kernel carries the staging buffer)
     if (k % 8 == 0 && aligned) { // uniform per block: the whole block takes it
-      if (row < m) matmul_bf16_rows<false>(a, row, n_, k, epi, (mode & MODE_CONSTANT_WEIGHTS) != 0);
+      if (row < m) matmul_bf16_rows(a, row, n_, k, epi, (mode & MODE_CONSTANT_WEIGHTS) != 0);
       return;
     }
   }
@@ -221,31 +177,6 @@ template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args
   float acc = dense_row_dot<T>(x, w, (uint64_t)n * k, k, lane);
   if (epi == EPI_SWIGLU) acc = swiglu(acc, dense_row_dot<T>(x, w, ((uint64_t)n_ + n) * k, k, lane));
   if (lane == 0) store_dense(a, epi, (uint64_t)row * n_ + n, acc);
-}
-
-// One token's Q/K/V projection with rope and the cache writes (kernels/cpu/matmul.c): params
-// {k, heads, kv_heads, head_dim, theta, head_stride, mode}; warp pair w of the block takes row pair
-// blockIdx.x·2 + w (the fast path) or warp w < 2 takes it (generic path).
-template <int T> __global__ void k_matmul_qkv_rope(const mlxn_gpu_args *__restrict__ args) {
-  const mlxn_gpu_args &a = kernel_args_early(args);
-  const uint32_t k = arg_u32(a, 3, 0), d = arg_u32(a, 3, 12), mode = arg_u32(a, 3, 24);
-  const uint32_t n_ = (arg_u32(a, 3, 4) + 2 * arg_u32(a, 3, 8)) * d;
-  bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0;
-  if constexpr (T == T_BF16) {
-    if (k % 8 == 0 && aligned) {
-      matmul_bf16_rows<true>(a, 0, n_, k, EPI_NONE, (mode & MODE_CONSTANT_WEIGHTS) != 0);
-      return;
-    }
-  }
-  wait_producers();
-  const uint32_t p = blockIdx.x * QKV_PAIRS + warp_id(), lane = lane_id();
-  if (warp_id() >= QKV_PAIRS || p >= n_ / 2) return;
-  const uint32_t r0 = p / (d / 2) * d + p % (d / 2);
-  const float *x = buf<const float>(a, 0);
-  const void *w = buf<const void>(a, 1);
-  float v0 = dense_row_dot<T>(x, w, (uint64_t)r0 * k, k, lane);
-  float v1 = dense_row_dot<T>(x, w, ((uint64_t)r0 + d / 2) * k, k, lane);
-  if (lane == 0) qkv_rope_store(a, p, v0, v1);
 }
 
 // ---- MLX affine ---------------------------------------------------------------------------------
@@ -367,8 +298,6 @@ template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ arg
 extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
     {"matmul_f32", (const void *)k_matmul<T_F32>, 0},
     {"matmul_bf16", (const void *)k_matmul<T_BF16>, 0},
-    {"matmul_qkv_rope_f32", (const void *)k_matmul_qkv_rope<T_F32>, 0},
-    {"matmul_qkv_rope_bf16", (const void *)k_matmul_qkv_rope<T_BF16>, 0},
     {"qmatmul_affine", (const void *)k_affine<false>, 0},
     {"qmatmul_affine_fast", (const void *)k_affine<true>, 0},
     {"qmatmul_q4_0_mv", (const void *)k_ggml<Q4_0, true>, 0},

@@ -34,42 +34,6 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)
 
-// One token's Q/K/V projection with NeoX rope and the KV-cache writes (kernels/cpu/matmul.c):
-// simdgroup w < 2 of threadgroup g takes row pair p = 2g + w, rows (head·D + j, that + D/2).
-struct qkv_params { uint k; uint heads; uint kv_heads; uint head_dim; float theta; uint head_stride; uint mode; };
-#define QKV_ROPE(NAME, T)                                                                            \
-  kernel void NAME(device const float *x [[buffer(0)]], device const T *w [[buffer(1)]],            \
-                   device float *q [[buffer(2)]], constant qkv_params &p [[buffer(3)]],               \
-                   device const uint *pos [[buffer(4)]], device float *kr [[buffer(5)]],              \
-                   device float *vr [[buffer(6)]], MM_TAIL) {                                         \
-    uint half_dim = p.head_dim / 2, pairs = (p.heads + 2 * p.kv_heads) * half_dim;                  \
-    uint pr = gid.x * 2 + sg;                                                                       \
-    if (sg >= 2 || pr >= pairs) return;                                                             \
-    uint head = pr / half_dim, j = pr % half_dim;                                                   \
-    ulong r0 = ulong(head) * p.head_dim + j, r1 = r0 + half_dim;                                    \
-    float v0 = 0.0f, v1 = 0.0f;                                                                     \
-    for (uint i = lane; i < p.k; i += 32) v0 += x[i] * ld(w, r0 * p.k + i);                         \
-    for (uint i = lane; i < p.k; i += 32) v1 += x[i] * ld(w, r1 * p.k + i);                         \
-    v0 = simd_sum(v0);                                                                              \
-    v1 = simd_sum(v1);                                                                              \
-    if (lane != 0) return;                                                                          \
-    device float *out;                                                                              \
-    if (head >= p.heads + p.kv_heads) {                                                             \
-      out = vr + ulong(head - p.heads - p.kv_heads) * p.head_stride;                                \
-    } else { /* rotated as rope_neox_f32 rotates the stored product */                              \
-      float freq = precise::pow(p.theta, -2.0f * float(j) / float(p.head_dim));                     \
-      float ang = float(pos[0]) * freq, c = precise::cos(ang), s = precise::sin(ang);               \
-      float r = v0 * c - v1 * s, im = v0 * s + v1 * c;                                              \
-      v0 = r;                                                                                       \
-      v1 = im;                                                                                      \
-      out = head < p.heads ? q + ulong(head) * p.head_dim : kr + ulong(head - p.heads) * p.head_stride; \
-    }                                                                                               \
-    out[j] = v0;                                                                                    \
-    out[j + half_dim] = v1;                                                                         \
-  }
-QKV_ROPE(matmul_qkv_rope_f32, float)
-QKV_ROPE(matmul_qkv_rope_bf16, ushort)
-
 inline uint affine_q(device const uchar *row, uint k, uint bits) {
   if (bits == 8) return row[k];
   if (bits == 4) return (row[k >> 1] >> ((k & 1u) * 4)) & 0xfu;

@@ -14,7 +14,7 @@ import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
 import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits, overlapping } from "./common.ts";
+import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
 /** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
@@ -43,17 +43,6 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "y", kind: "buffer", access: W },
       { name: "params{m,n,k,mode}", kind: "bytes", size: 16 },
       { name: "residual", kind: "buffer", access: R, optional: true },
-    ])
-  ),
-  ...["f32", "bf16"].map((t) =>
-    contract(`matmul_qkv_rope_${t}`, [
-      { name: "x", kind: "buffer", access: R },
-      { name: "w", kind: "buffer", access: R, constantIf: { slot: 3, word: 6, mask: MODE_CONSTANT_WEIGHTS } },
-      { name: "q", kind: "buffer", access: W },
-      { name: "params{k,heads,kv_heads,head_dim,theta,head_stride,mode}", kind: "bytes", size: 28 },
-      { name: "positions", kind: "buffer", access: R },
-      { name: "k_rows", kind: "buffer", access: W },
-      { name: "v_rows", kind: "buffer", access: W },
     ])
   ),
   ...["qmatmul_affine", "qmatmul_affine_fast"].map((name) =>
@@ -171,87 +160,6 @@ export function matmul(
     pipeline: registry.get(`matmul_${w.dtype}`),
     bindings: [x, w, y, [s.m, s.n, s.k, epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0)], r],
     grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
-    threadgroup: THREADS,
-  });
-}
-
-/** Options of {@link matmulQkvRope}. */
-export interface QkvRopeOptions {
-  /** Columns of x and W (the model's hidden size). */
-  k: number;
-  /** Query heads. */
-  nHeads: number;
-  /** Key/value heads. */
-  nKvHeads: number;
-  /** Dims per head (even); the whole head rotates (NeoX pairs j and j + headDim/2). */
-  headDim: number;
-  /** Rope frequency base. */
-  theta: number;
-  /** Positions each cache holds per head: the caches are f32 [nKvHeads, kvCapacity, headDim]. */
-  kvCapacity: number;
-  /** The token's row in the caches (where its K and V go); positions[0] gives its rotation angle. */
-  cacheRow: number;
-  /** As for {@link matmul}: no earlier dispatch of this command buffer writes W. Default false. */
-  constantWeights?: boolean;
-}
-
-/**
- * One token's Q/K/V projection with NeoX rope and the KV-cache writes in the product's epilogue:
- * W stacks the Q rows, then K, then V ((nHeads + 2·nKvHeads)·headDim rows of k, f32 or bf16); q
- * receives the rotated queries (f32 [nHeads·headDim]); the rotated keys and the values go straight
- * into row `cacheRow` of each head of `kCache` and `vCache`. One kernel instead of the product, two
- * ropes and a copy (a dependent step shorter), bit-identical to that sequence: each row's sum is
- * the dense product's, and the rotation is rope_neox's. Geometry: threadgroups
- * (ceil(rows / 4), 1) of 128 threads, each producing two pairs of rows (j, j + headDim/2).
- */
-export function matmulQkvRope(
-  target: DispatchTarget,
-  registry: KernelRegistry,
-  x: MlxBuffer,
-  w: MlxBuffer,
-  q: MlxBuffer,
-  kCache: MlxBuffer,
-  vCache: MlxBuffer,
-  positions: MlxBuffer,
-  o: QkvRopeOptions,
-): void {
-  const op = "matmul_qkv_rope";
-  for (
-    const [name, v] of Object.entries({ k: o.k, nHeads: o.nHeads, nKvHeads: o.nKvHeads, kvCapacity: o.kvCapacity })
-  ) {
-    checkU32(op, name, v);
-  }
-  checkU32(op, "headDim", o.headDim, 2);
-  checkU32(op, "cacheRow", o.cacheRow, 0);
-  if (o.headDim % 2 !== 0) throw new MlxError("InvalidArgument", `${op}: headDim must be even, got ${o.headDim}`);
-  if (o.cacheRow >= o.kvCapacity) {
-    throw new MlxError("InvalidArgument", `${op}: cacheRow ${o.cacheRow} is past the caches' ${o.kvCapacity} rows`);
-  }
-  checkFinite(op, "theta", o.theta, { positive: true });
-  if (w.dtype !== DType.F32 && w.dtype !== DType.BF16) {
-    throw new MlxError("InvalidArgument", `${op}: weights must be f32 or bf16, got ${w.dtype}`);
-  }
-  const d = o.headDim, rows = (o.nHeads + 2 * o.nKvHeads) * d, headStride = o.kvCapacity * d;
-  checkBuffer(op, "x", x, DType.F32, o.k);
-  checkBuffer(op, "w", w, w.dtype, rows * o.k);
-  checkBuffer(op, "q", q, DType.F32, o.nHeads * d);
-  checkBuffer(op, "kCache", kCache, DType.F32, o.nKvHeads * headStride);
-  checkBuffer(op, "vCache", vCache, DType.F32, o.nKvHeads * headStride);
-  checkBuffer(op, "positions", positions, DType.U32, 1);
-  // The token's rows: from its row of head 0 to the end of its row of the last head.
-  const at = o.cacheRow * d * 4, span = ((o.nKvHeads - 1) * headStride + d) * 4;
-  target.dispatch({
-    pipeline: registry.get(`matmul_qkv_rope_${w.dtype}`),
-    bindings: [
-      x,
-      w,
-      q,
-      [o.k, o.nHeads, o.nKvHeads, d, f32Bits(o.theta), headStride, o.constantWeights ? MODE_CONSTANT_WEIGHTS : 0],
-      positions,
-      kCache.slice(at, span),
-      vCache.slice(at, span),
-    ],
-    grid: [Math.ceil(rows / 4), 1, 1],
     threadgroup: THREADS,
   });
 }
