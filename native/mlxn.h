@@ -30,6 +30,9 @@
  *    SET_BUFFER64      [hdr, buffer, offset_lo, offset_hi, length_lo, length_hi]    6 words
  *                      binds bytes [offset, offset+length) of a buffer at the header's slot; a
  *                      kernel never sees more. SET_BUFFER64 is for views beyond 4 GiB.
+ *    SET_BUFFER_WHOLE  [hdr, buffer]                                                2 words
+ *                      binds a whole buffer (offset 0, its full size): the common case, half
+ *                      the words of SET_BUFFER.
  *    SET_BYTES         [hdr, nbytes, data…]   data padded to a whole word; nbytes ≤ MLXN_MAX_INLINE_BYTES
  *                      inline constants for the header's slot, copied into the command buffer.
  *    SET_TG_MEMORY     [hdr, nbytes]          threadgroup memory for the header's index    2 words
@@ -56,7 +59,7 @@
 extern "C" {
 #endif
 
-#define MLXN_ABI_VERSION 1
+#define MLXN_ABI_VERSION 2
 
 /* ---- status codes ------------------------------------------------------------------------- */
 #define MLXN_OK 0
@@ -78,10 +81,12 @@ extern "C" {
 #define MLXN_OP_DISPATCH_GROUPS 6
 #define MLXN_OP_BARRIER 7
 #define MLXN_OP_SET_BUFFER64 8
+#define MLXN_OP_SET_BUFFER_WHOLE 9
 
 #define MLXN_REC_SET_PIPELINE_WORDS 2
 #define MLXN_REC_SET_BUFFER_WORDS 4
 #define MLXN_REC_SET_BUFFER64_WORDS 6
+#define MLXN_REC_SET_BUFFER_WHOLE_WORDS 2
 #define MLXN_REC_SET_BYTES_HEADER_WORDS 2
 #define MLXN_REC_SET_TG_MEMORY_WORDS 2
 #define MLXN_REC_DISPATCH_WORDS 8

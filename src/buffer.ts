@@ -77,6 +77,7 @@ export class MlxBuffer {
   readonly #host: BufferHost;
   readonly #state: AllocationState;
   readonly #root: MlxBuffer | undefined; // keeps the allocation alive while a slice lives
+  readonly #whole: boolean;
 
   /** @internal Use MlxDevice.alloc / upload / MlxBuffer.slice. */
   constructor(
@@ -97,6 +98,7 @@ export class MlxBuffer {
     }
     this.byteOffset = byteOffset;
     this.byteLength = byteLength;
+    this.#whole = byteOffset === 0 && byteLength === this.#state.byteLength;
     this.dtype = dtype;
     this.shape = Object.freeze(shape ? [...shape] : [Math.floor(byteLength / dtypeSize(dtype))]);
     this.#root = root;
@@ -112,6 +114,11 @@ export class MlxBuffer {
   /** @internal Native handle or 0 when disposed (no throw: for the encoder's hot path). */
   get rawHandle(): number {
     return this.#state.handle;
+  }
+
+  /** @internal Whether this view covers its whole allocation (the stream's compact binding record). */
+  get isWholeAllocation(): boolean {
+    return this.#whole;
   }
 
   /** Identity of the allocation, shared by every slice of it (for memory ranges). */

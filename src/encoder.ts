@@ -30,6 +30,7 @@ import {
   H_DISPATCH_THREADS,
   H_SET_BUFFER,
   H_SET_BUFFER64,
+  H_SET_BUFFER_WHOLE,
   H_SET_PIPELINE,
   H_SET_TG_MEMORY,
   setBytesHeader,
@@ -315,7 +316,11 @@ export class CommandEncoder {
         if (b instanceof MlxBuffer) {
           const h = b.rawHandle, off = b.byteOffset, len = b.byteLength;
           if (h === 0) return false;
-          if (off + len < TWO_32) {
+          if (b.isWholeAllocation) { // the common case: half the words
+            w[at] = H_SET_BUFFER_WHOLE | (i << 8);
+            w[at + 1] = h;
+            at += 2;
+          } else if (off + len < TWO_32) {
             w[at] = H_SET_BUFFER | (i << 8);
             w[at + 1] = h;
             w[at + 2] = off;

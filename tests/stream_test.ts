@@ -80,6 +80,38 @@ Deno.test("malformed streams are refused with a code, the record's byte offset a
       reason: /SET_BUFFER must be 4 words, header says 3/,
     },
     {
+      name: "whole-buffer record with the wrong length",
+      raw: valid().rec(Op.SET_BUFFER_WHOLE, 2, c.handle, 0),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /SET_BUFFER_WHOLE must be 2 words, header says 3/,
+    },
+    {
+      name: "truncated whole-buffer record",
+      raw: (() => {
+        const r = valid();
+        r.words.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 2)); // claims 2 words, 1 present
+        return r;
+      })(),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /truncated record: SET_BUFFER_WHOLE claims 2 words, 4 bytes remain/,
+    },
+    {
+      name: "whole-buffer record with a stale handle",
+      raw: valid().rec(Op.SET_BUFFER_WHOLE, 2, staleHandle),
+      rc: Status.E_BAD_HANDLE,
+      record: 3,
+      reason: /not a live buffer/,
+    },
+    {
+      name: "whole-buffer record, slot out of range",
+      raw: valid().rec(Op.SET_BUFFER_WHOLE, 31, c.handle),
+      rc: Status.E_STREAM,
+      record: 3,
+      reason: /slot 31/,
+    },
+    {
       name: "unknown opcode",
       raw: valid().rec(99, 0, 1, 2),
       rc: Status.E_STREAM,

@@ -124,6 +124,7 @@ static const char *op_name(uint32_t op) {
     case MLXN_OP_DISPATCH_GROUPS: return "DISPATCH_GROUPS";
     case MLXN_OP_BARRIER: return "BARRIER";
     case MLXN_OP_SET_BUFFER64: return "SET_BUFFER64";
+    case MLXN_OP_SET_BUFFER_WHOLE: return "SET_BUFFER_WHOLE";
     default: return "?";
   }
 }
@@ -221,17 +222,19 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     if (slot != 0) FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot); \
   } while (0)
 
-/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot`, looked up in the device's buffer
+/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot` (with `whole`, all of it), looked up in the device's buffer
  * table (passed in: the caller reads it once per run of records, since the stores here could alias
  * it for the compiler). Always inlined: it runs for nearly every record, and the call's prologue and
  * epilogue were a tenth of the decoder's time. */
 static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb, buffer_entry *buffers,
                                                                   uint32_t n_buffers, uint32_t slot, uint32_t handle,
-                                                                  uint64_t boff, uint64_t blen, uint32_t off) {
+                                                                  uint64_t boff, uint64_t blen, int whole,
+                                                                  uint32_t off) {
   if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
   uint32_t index;
   buffer_entry *e = mlxn_buffer_in_table(buffers, n_buffers, handle, &index);
   if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
+  if (whole) blen = e->size;
   if (boff > e->size || blen > e->size - boff)
     FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
          (unsigned long long)boff, (unsigned long long)(boff + blen), (unsigned long long)e->size);
@@ -263,22 +266,31 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
            len - off);
     /* Ordered by frequency: a dispatch is typically a few buffers, one SET_BYTES and the dispatch. */
     switch (op) {
+      case MLXN_OP_SET_BUFFER_WHOLE:
       case MLXN_OP_SET_BUFFER: {
-        NEED_WORDS(op, MLXN_REC_SET_BUFFER_WORDS);
+        int whole = op == MLXN_OP_SET_BUFFER_WHOLE;
+        NEED_WORDS(op, whole ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS);
         buffer_entry *table = dev->buffers; /* the table does not change while the decoder holds dev->mu */
         uint32_t n_table = dev->n_buffers;
-        int32_t rc = bind_buffer(cb, table, n_table, slot, word(r + 4), word(r + 8), word(r + 12), off);
+        int32_t rc = bind_buffer(cb, table, n_table, slot, word(r + 4), whole ? 0 : word(r + 8),
+                                 whole ? 0 : word(r + 12), whole, off);
         if (rc != MLXN_OK) return rc;
-        /* A dispatch's buffers come in a run: bind the following SET_BUFFER records here, without a
-         * trip through the switch (the same checks, record by record). */
+        /* A dispatch's buffers come in a run: bind the following buffer records here, without a trip
+         * through the switch (the same checks, record by record). */
         for (;;) {
-          uint32_t next = off + MLXN_REC_SET_BUFFER_WORDS * 4;
-          if (len - next < MLXN_REC_SET_BUFFER_WORDS * 4) break;
-          uint32_t h = word(stream + next);
-          if ((h & 0xffu) != MLXN_OP_SET_BUFFER || (h >> 16) != MLXN_REC_SET_BUFFER_WORDS) break;
+          uint32_t next = off + words * 4;
+          if (len - next < MLXN_REC_SET_BUFFER_WHOLE_WORDS * 4) break;
+          uint32_t h = word(stream + next), hop = h & 0xffu;
+          int next_whole = hop == MLXN_OP_SET_BUFFER_WHOLE;
+          uint32_t next_words = next_whole ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS;
+          if ((!next_whole && hop != MLXN_OP_SET_BUFFER) || (h >> 16) != next_words || len - next < next_words * 4)
+            break; /* anything else (or a malformed record) goes through the switch */
           off = next;
+          words = next_words;
+          whole = next_whole;
           r = stream + off;
-          rc = bind_buffer(cb, table, n_table, (h >> 8) & 0xffu, word(r + 4), word(r + 8), word(r + 12), off);
+          rc = bind_buffer(cb, table, n_table, (h >> 8) & 0xffu, word(r + 4), whole ? 0 : word(r + 8),
+                           whole ? 0 : word(r + 12), whole, off);
           if (rc != MLXN_OK) return rc;
         }
         break;
@@ -332,7 +344,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         NEED_WORDS(op, MLXN_REC_SET_BUFFER64_WORDS);
         int32_t rc = bind_buffer(cb, dev->buffers, dev->n_buffers, slot, word(r + 4),
                                  word(r + 8) | ((uint64_t)word(r + 12) << 32),
-                                 word(r + 16) | ((uint64_t)word(r + 20) << 32), off);
+                                 word(r + 16) | ((uint64_t)word(r + 20) << 32), 0, off);
         if (rc != MLXN_OK) return rc;
         break;
       }

@@ -6,7 +6,7 @@
  */
 
 /** ABI version this module speaks; a library reporting another version is refused. */
-export const ABI_VERSION = 1;
+export const ABI_VERSION = 2;
 
 /** Native status codes (MLXN_OK, MLXN_E_*). */
 export const Status = {
@@ -31,6 +31,7 @@ export const Op = {
   DISPATCH_GROUPS: 6,
   BARRIER: 7,
   SET_BUFFER64: 8,
+  SET_BUFFER_WHOLE: 9,
 } as const;
 
 /** Record lengths in 32-bit words, header included (MLXN_REC_*_WORDS). */
@@ -38,6 +39,7 @@ export const RecordWords = {
   SET_PIPELINE: 2,
   SET_BUFFER: 4,
   SET_BUFFER64: 6,
+  SET_BUFFER_WHOLE: 2,
   SET_BYTES_HEADER: 2,
   SET_TG_MEMORY: 2,
   DISPATCH: 8,

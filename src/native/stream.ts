@@ -12,6 +12,8 @@ export const H_SET_PIPELINE: number = recordHeader(Op.SET_PIPELINE, RecordWords.
 /** @see H_SET_PIPELINE */
 export const H_SET_BUFFER: number = recordHeader(Op.SET_BUFFER, RecordWords.SET_BUFFER);
 /** @see H_SET_PIPELINE */
+export const H_SET_BUFFER_WHOLE: number = recordHeader(Op.SET_BUFFER_WHOLE, RecordWords.SET_BUFFER_WHOLE);
+/** @see H_SET_PIPELINE */
 export const H_SET_BUFFER64: number = recordHeader(Op.SET_BUFFER64, RecordWords.SET_BUFFER64);
 /** @see H_SET_PIPELINE */
 export const H_SET_TG_MEMORY: number = recordHeader(Op.SET_TG_MEMORY, RecordWords.SET_TG_MEMORY);
