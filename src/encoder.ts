@@ -271,7 +271,9 @@ export class CommandEncoder {
    * stream words, and publishes them (moves the write position) only at the end. On anything off it
    * returns false with nothing written, and the two-pass path reports the error with its message.
    * Returns true when the dispatch was encoded. The records are stored inline rather than through
-   * StreamWriter's record methods (same layout): calling those cost ~4.4 ns of the ~50 ns here.
+   * StreamWriter's record methods (calling those cost ~4.4 ns of the ~50 ns here), and a view that
+   * covers its whole allocation is bound with the 2-word SET_BUFFER_WHOLE record (the two-pass path
+   * writes SET_BUFFER for every view; both are valid streams).
    */
   #fastWrite(d: DispatchDescriptor): boolean {
     const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
