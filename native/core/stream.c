@@ -222,10 +222,10 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     if (slot != 0) FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot); \
   } while (0)
 
-/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot` (with `whole`, all of it), looked up in the device's buffer
- * table (passed in: the caller reads it once per run of records, since the stores here could alias
- * it for the compiler). Always inlined: it runs for nearly every record, and the call's prologue and
- * epilogue were a tenth of the decoder's time. */
+/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot` (with `whole`: all of it), looked up
+ * in the device's buffer table (passed in: the caller reads it once per run of records, since the
+ * stores here could alias it for the compiler). Always inlined: it runs for nearly every record, and
+ * the call's prologue and epilogue were a tenth of the decoder's time. */
 static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb, buffer_entry *buffers,
                                                                   uint32_t n_buffers, uint32_t slot, uint32_t handle,
                                                                   uint64_t boff, uint64_t blen, int whole,
@@ -268,30 +268,28 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     switch (op) {
       case MLXN_OP_SET_BUFFER_WHOLE:
       case MLXN_OP_SET_BUFFER: {
-        int whole = op == MLXN_OP_SET_BUFFER_WHOLE;
-        NEED_WORDS(op, whole ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS);
         buffer_entry *table = dev->buffers; /* the table does not change while the decoder holds dev->mu */
         uint32_t n_table = dev->n_buffers;
-        int32_t rc = bind_buffer(cb, table, n_table, slot, word(r + 4), whole ? 0 : word(r + 8),
-                                 whole ? 0 : word(r + 12), whole, off);
-        if (rc != MLXN_OK) return rc;
-        /* A dispatch's buffers come in a run: bind the following buffer records here, without a trip
-         * through the switch (the same checks, record by record). */
+        /* A dispatch's buffers come in a run: bind them in this loop, without a trip through the
+         * switch between them (the same checks, record by record). */
         for (;;) {
+          int whole = op == MLXN_OP_SET_BUFFER_WHOLE;
+          NEED_WORDS(op, whole ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS);
+          int32_t rc = bind_buffer(cb, table, n_table, slot, word(r + 4), whole ? 0 : word(r + 8),
+                                   whole ? 0 : word(r + 12), whole, off);
+          if (rc != MLXN_OK) return rc;
           uint32_t next = off + words * 4;
           if (len - next < MLXN_REC_SET_BUFFER_WHOLE_WORDS * 4) break;
-          uint32_t h = word(stream + next), hop = h & 0xffu;
-          int next_whole = hop == MLXN_OP_SET_BUFFER_WHOLE;
-          uint32_t next_words = next_whole ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS;
-          if ((!next_whole && hop != MLXN_OP_SET_BUFFER) || (h >> 16) != next_words || len - next < next_words * 4)
+          uint32_t h = word(stream + next), hop = h & 0xffu, hwords = h >> 16;
+          uint32_t expect = hop == MLXN_OP_SET_BUFFER_WHOLE ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS;
+          if ((hop != MLXN_OP_SET_BUFFER_WHOLE && hop != MLXN_OP_SET_BUFFER) || hwords != expect ||
+              len - next < hwords * 4)
             break; /* anything else (or a malformed record) goes through the switch */
           off = next;
-          words = next_words;
-          whole = next_whole;
           r = stream + off;
-          rc = bind_buffer(cb, table, n_table, (h >> 8) & 0xffu, word(r + 4), whole ? 0 : word(r + 8),
-                           whole ? 0 : word(r + 12), whole, off);
-          if (rc != MLXN_OK) return rc;
+          op = hop;
+          slot = (h >> 8) & 0xffu;
+          words = hwords;
         }
         break;
       }
