@@ -1,5 +1,5 @@
 /**
- * Host cost of submitting work on the CUDA backend (run on the GPU machine):
+ * Host cost of submitting work on the CUDA backend (run on the GPU machine; skipped without CUDA):
  *
  *   deno run --allow-ffi --allow-read --allow-env bench/gpu_bench.ts
  *
@@ -10,6 +10,7 @@
  * (wall − device) / N. Prints one JSON line per case.
  */
 import { DType, MlxDevice, ops } from "../mod.ts";
+import { openGpuOrSkip } from "./gpu_device.ts";
 
 const N = 512, REPS = 200;
 
@@ -67,15 +68,19 @@ function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "a
   for (const b of bufs) b.dispose();
 }
 
-{
-  using d = MlxDevice.open({ backend: "cuda", cudaGraphs: false });
-  measure("stream launches", d, "none");
-}
-{
-  using d = MlxDevice.open({ backend: "cuda" });
-  measure("fresh graph every command buffer", d, "topology");
-}
-{
-  using d = MlxDevice.open({ backend: "cuda" });
-  measure("cached graph, one argument updated", d, "args");
+const probe = openGpuOrSkip("gpu_bench", "cuda");
+if (probe) {
+  probe.close();
+  {
+    using d = MlxDevice.open({ backend: "cuda", cudaGraphs: false });
+    measure("stream launches", d, "none");
+  }
+  {
+    using d = MlxDevice.open({ backend: "cuda" });
+    measure("fresh graph every command buffer", d, "topology");
+  }
+  {
+    using d = MlxDevice.open({ backend: "cuda" });
+    measure("cached graph, one argument updated", d, "args");
+  }
 }
