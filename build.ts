@@ -1,35 +1,57 @@
 /**
- * Builds the native CPU library from the package's own C sources — what a JSR user runs once:
+ * Builds the native libraries from the package's own sources — what a user of the published package
+ * runs once:
  *
  * ```sh
- * deno run -A jsr:@mlxn/mlx-native/build            # prints the libPath
+ * deno run -A jsr:@mlxn/mlx-native/build            # prints the library paths
  * ```
  *
- * then `MlxDevice.open({ libPath })` (or `MLXN_LIB=<libPath>`). The sources are read next to this
- * file (fetched when the package is remote), written to a cache directory and compiled with $CC,
- * else clang, else cc. Flags: --out <dir> (default: $XDG_CACHE_HOME or ~/.cache, /mlx-native/<version>).
+ * It builds the CPU library everywhere and, on macOS, the Metal library too. `MlxDevice.open()`
+ * then finds them on its own in the default output folder when it may read HOME (run with
+ * `--allow-env=HOME,XDG_CACHE_HOME`); otherwise pass a printed path as `MlxDevice.open({ libPath })`
+ * or `MLXN_LIB`. The CUDA library needs nvcc and is built from a checkout with `make cuda`.
+ *
+ * The sources are read next to this file (fetched when the package is remote), written to the
+ * output folder and compiled with $CC, else clang, else cc. Flags: `--out <dir>` (default:
+ * `$XDG_CACHE_HOME` or `~/.cache`, then `/mlx-native/<version>`), `--verbose`.
  *
  * @module
  */
 
 import { parseArgs } from "node:util";
-import { CPU_CFLAGS, CPU_SOURCES } from "./src/native/sources.ts";
+import {
+  buildOutputDir,
+  CPU_CFLAGS,
+  CPU_SOURCES,
+  METAL_OBJC_SOURCE,
+  METAL_SHADERS,
+  metalSourceHeader,
+} from "./src/native/sources.ts";
 
 /** Options of {@link buildNative}. */
 export interface BuildOptions {
-  /** Output directory (default: the user cache directory). */
+  /** Output directory (default: the build entry's folder in the user cache directory). */
   outDir?: string;
   /** C compiler (default: $CC, else clang, else cc). */
   cc?: string;
+  /** Also build the Metal library (default: on macOS only; it needs Apple's Metal framework). */
+  metal?: boolean;
   /** Progress messages (default: silent). */
   log?: (message: string) => void;
 }
 
-const VERSION = "0.1.0";
+/** The libraries {@link buildAll} built. */
+export interface BuiltLibraries {
+  /** The CPU library. */
+  cpu: string;
+  /** The Metal library, when built. */
+  metal?: string;
+}
 
 function defaultOutDir(): string {
-  const base = Deno.env.get("XDG_CACHE_HOME") ?? `${Deno.env.get("HOME") ?? "."}/.cache`;
-  return `${base}/mlx-native/${VERSION}`;
+  const dir = buildOutputDir((name) => Deno.env.get(name));
+  if (dir === undefined) throw new Error("neither XDG_CACHE_HOME nor HOME is set: pass --out <dir>");
+  return dir;
 }
 
 async function readSource(rel: string): Promise<Uint8Array> {
@@ -38,6 +60,15 @@ async function readSource(rel: string): Promise<Uint8Array> {
   const res = await fetch(url);
   if (!res.ok) throw new Error(`could not fetch ${url}: HTTP ${res.status}`);
   return new Uint8Array(await res.arrayBuffer());
+}
+
+/** Copies the package files `rels` under `dir`, keeping their relative paths. */
+async function stage(dir: string, rels: readonly string[]): Promise<void> {
+  for (const rel of rels) {
+    const path = `${dir}/${rel}`;
+    await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
+    await Deno.writeFile(path, await readSource(rel));
+  }
 }
 
 async function findCompiler(preferred?: string): Promise<string> {
@@ -51,38 +82,73 @@ async function findCompiler(preferred?: string): Promise<string> {
   throw new Error(`no C compiler found (tried ${candidates.join(", ")}): install clang or gcc, or set CC`);
 }
 
+async function compile(cc: string, args: string[], log: (message: string) => void): Promise<void> {
+  log(`${cc} ${args.join(" ")}`);
+  const res = await new Deno.Command(cc, { args, stdout: "piped", stderr: "piped" }).output();
+  if (!res.success) throw new Error(`compiling the native library failed:\n${new TextDecoder().decode(res.stderr)}`);
+}
+
+const darwin = Deno.build.os === "darwin";
+const cFiles = (src: string) => CPU_SOURCES.filter((f) => f.endsWith(".c")).map((f) => `${src}/${f}`);
+const platformFlags = () => darwin ? ["-D_DARWIN_C_SOURCE", "-dynamiclib"] : ["-shared"];
+
 /** Builds the CPU library; resolves to its path. */
 export async function buildNative(options: BuildOptions = {}): Promise<string> {
   const log = options.log ?? (() => {});
   const out = options.outDir ?? defaultOutDir();
   const src = `${out}/src`;
-  for (const rel of CPU_SOURCES) {
-    const path = `${src}/${rel}`;
-    await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
-    await Deno.writeFile(path, await readSource(rel));
-  }
+  await stage(src, CPU_SOURCES);
   const cc = await findCompiler(options.cc);
-  const lib = `${out}/libmlxn_cpu.${Deno.build.os === "darwin" ? "dylib" : "so"}`;
-  const args = [
+  const lib = `${out}/libmlxn_cpu.${darwin ? "dylib" : "so"}`;
+  await compile(cc, [...CPU_CFLAGS, ...platformFlags(), "-o", lib, ...cFiles(src), "-ldl", "-lm"], log);
+  return lib;
+}
+
+/**
+ * Builds the Metal library (macOS only): the Objective-C backend over the core, with the MSL sources
+ * embedded as a C string; resolves to its path.
+ */
+export async function buildMetal(options: BuildOptions = {}): Promise<string> {
+  if (!darwin) throw new Error("the Metal library builds on macOS only (it links Apple's Metal framework)");
+  const log = options.log ?? (() => {});
+  const out = options.outDir ?? defaultOutDir();
+  const src = `${out}/src`;
+  await stage(src, [...CPU_SOURCES, METAL_OBJC_SOURCE]);
+  const shaders = await Promise.all(METAL_SHADERS.map(async (f) => new TextDecoder().decode(await readSource(f))));
+  await Deno.mkdir(`${out}/gen`, { recursive: true });
+  await Deno.writeTextFile(`${out}/gen/mlxn_metal_source.h`, metalSourceHeader(shaders));
+  const lib = `${out}/libmlxn_metal.dylib`;
+  const core = cFiles(src).filter((f) => !f.includes("/native/cpu/"));
+  await compile(options.cc ?? "clang", [
     ...CPU_CFLAGS,
-    Deno.build.os === "darwin" ? "-dynamiclib" : "-shared",
+    "-D_DARWIN_C_SOURCE",
+    "-fno-objc-arc",
+    `-I${out}/gen`,
+    "-dynamiclib",
+    "-framework",
+    "Metal",
+    "-framework",
+    "Foundation",
     "-o",
     lib,
-    ...CPU_SOURCES.filter((f) => f.endsWith(".c")).map((f) => `${src}/${f}`),
-    "-ldl",
-    "-lm",
-  ];
-  log(`${cc} ${args.join(" ")}`);
-  const res = await new Deno.Command(cc, { args, stdout: "piped", stderr: "piped" }).output();
-  if (!res.success) throw new Error(`compiling the native library failed:\n${new TextDecoder().decode(res.stderr)}`);
+    `${src}/${METAL_OBJC_SOURCE}`,
+    ...core,
+  ], log);
   return lib;
+}
+
+/** Builds every library this OS can run: CPU, and Metal on macOS (unless `metal: false`). */
+export async function buildAll(options: BuildOptions = {}): Promise<BuiltLibraries> {
+  const cpu = await buildNative(options);
+  const metal = (options.metal ?? darwin) ? await buildMetal(options) : undefined;
+  return metal ? { cpu, metal } : { cpu };
 }
 
 if (import.meta.main) {
   const { values } = parseArgs({ options: { out: { type: "string" }, verbose: { type: "boolean" } } });
   try {
-    const lib = await buildNative({ outDir: values.out, log: values.verbose ? console.error : undefined });
-    console.log(lib);
+    const built = await buildAll({ outDir: values.out, log: values.verbose ? console.error : undefined });
+    for (const path of Object.values(built)) console.log(path);
   } catch (e) {
     console.error(`mlx-native build: ${e instanceof Error ? e.message : e}`);
     Deno.exit(1);

@@ -1,6 +1,8 @@
 /**
  * Switches: environment variables read once, and only when the env permission is already granted
- * (no prompt, no NotCapable error); explicit options always win.
+ * (no prompt, no NotCapable error); explicit options always win. Without the permission a switch's
+ * value cannot be read, nor can whether it is set, so the first read says once on stderr that MLXN_*
+ * switches are being ignored, unless the user denied them on purpose (`--deny-env`).
  *
  * @module
  */
@@ -32,7 +34,8 @@ export interface MlxConfig {
   cudaPdl: boolean;
 }
 
-const NAMES = [
+/** The names of every switch, in the order the README lists them. */
+export const SWITCH_NAMES: readonly string[] = [
   "MLXN_BACKEND",
   "MLXN_LIB",
   "MLXN_CONCURRENCY",
@@ -43,7 +46,7 @@ const NAMES = [
   "MLXN_TRACE",
   "MLXN_CUDA_GRAPHS",
   "MLXN_CUDA_PDL",
-] as const;
+];
 
 /** Reads one environment variable if, and only if, reading it is already permitted. */
 export function readEnvIfGranted(name: string): string | undefined {
@@ -57,13 +60,42 @@ export function readEnvIfGranted(name: string): string | undefined {
   }
 }
 
+/** The env permission state of a variable ("granted", "prompt" or "denied"); never prompts. */
+function envPermission(name: string): Deno.PermissionState {
+  try {
+    return Deno.permissions.querySync({ name: "env", variable: name }).state;
+  } catch {
+    return "denied";
+  }
+}
+
+/**
+ * The notice for switches that cannot be read because env access was neither granted nor denied,
+ * or undefined when every switch is readable or deliberately denied.
+ */
+export function unreadableSwitchesNotice(
+  state: (name: string) => Deno.PermissionState = envPermission,
+): string | undefined {
+  const unread = SWITCH_NAMES.filter((n) => state(n) === "prompt");
+  if (unread.length === 0) return undefined;
+  const which = unread.length === SWITCH_NAMES.length ? "MLXN_* environment switches" : unread.join(", ");
+  return `mlx-native: ${which} cannot be read without env permission, so any that are set are ignored ` +
+    `(MLXN_LIB then loads the default library). To apply them run with --allow-env='MLXN_*' (or --allow-env); ` +
+    `to silence this, pass the settings as options and run with --deny-env='MLXN_*'.`;
+}
+
 let cached: Readonly<MlxConfig> | undefined;
 
-/** The switches from the environment, read once per process. */
+/**
+ * The switches from the environment, read once per process. The first call prints
+ * {@link unreadableSwitchesNotice} to stderr when it applies.
+ */
 export function envConfig(): Readonly<MlxConfig> {
   if (cached) return cached;
-  const env: Partial<Record<typeof NAMES[number], string>> = {};
-  for (const n of NAMES) env[n] = readEnvIfGranted(n);
+  const notice = unreadableSwitchesNotice();
+  if (notice) console.error(notice);
+  const env: Record<string, string | undefined> = {};
+  for (const n of SWITCH_NAMES) env[n] = readEnvIfGranted(n);
   const backend = env.MLXN_BACKEND?.toLowerCase();
   const profile = env.MLXN_PROFILE?.toLowerCase();
   cached = Object.freeze({

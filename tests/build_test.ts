@@ -1,7 +1,14 @@
 /** The JSR build entry: its source list and flags match the tree and the Makefile, and it builds a working library. */
 import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import { buildNative } from "../build.ts";
-import { CPU_CFLAGS, CPU_SOURCES } from "../src/native/sources.ts";
+import {
+  CPU_CFLAGS,
+  CPU_SOURCES,
+  METAL_OBJC_SOURCE,
+  METAL_SHADERS,
+  metalSourceHeader,
+  PACKAGE_VERSION,
+} from "../src/native/sources.ts";
 import { runDeno } from "./helpers.ts";
 
 const root = new URL("../", import.meta.url);
@@ -39,4 +46,35 @@ Deno.test("the build entry compiles a library that opens and computes", async ()
   equal(r.ok, true, r.message);
   deepStrictEqual(r.result, [2, 4]);
   Deno.removeSync(out, { recursive: true });
+});
+
+Deno.test("the build entry's Metal sources are the tree's, in the Makefile's order", () => {
+  const shaders = filesUnder("kernels/metal/", [".metal"]).sort();
+  const common = "kernels/metal/common.metal";
+  deepStrictEqual([...METAL_SHADERS], [common, ...shaders.filter((f) => f !== common)]);
+  ok(Deno.statSync(new URL(METAL_OBJC_SOURCE, root)).isFile);
+});
+
+Deno.test("the build entry's embedded-MSL header is byte-identical to the Makefile's", async () => {
+  const made = await new Deno.Command("make", {
+    args: ["-s", "-C", root.pathname, "-B", "build/mlxn_metal_source.h"],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  equal(made.code, 0, new TextDecoder().decode(made.stderr));
+  const want = Deno.readTextFileSync(new URL("build/mlxn_metal_source.h", root));
+  const shaders = METAL_SHADERS.map((f) => Deno.readTextFileSync(new URL(f, root)));
+  equal(metalSourceHeader(shaders), want);
+  // Quotes and backslashes are escaped, so the literal holds the MSL text exactly.
+  equal(metalSourceHeader(['a "q" \\ b\n']), 'static const char mlxn_metal_source[] =\n"a \\"q\\" \\\\ b\\n"\n;\n');
+});
+
+Deno.test("the published package holds every file the build entry reads; its version is deno.json's", () => {
+  const config = JSON.parse(Deno.readTextFileSync(new URL("deno.json", root)));
+  equal(PACKAGE_VERSION, config.version);
+  const include: string[] = config.publish.include, exclude: string[] = config.publish.exclude;
+  const under = (f: string, dirs: string[]) => dirs.some((d) => d.endsWith("/") ? f.startsWith(d) : f === d);
+  for (const f of [...CPU_SOURCES, METAL_OBJC_SOURCE, ...METAL_SHADERS, "build.ts", "src/native/sources.ts"]) {
+    ok(under(f, include) && !under(f, exclude), `${f} is not in the published package`);
+  }
 });

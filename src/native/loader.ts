@@ -3,16 +3,17 @@
  * `Deno.dlopen`.
  *
  * Discovery order: an explicit path > MLXN_LIB (read only when the env permission is already
- * granted) > the module's own build/ directory. The ffi permission is queried first, so a missing
+ * granted) > the module's own build/ directory > the build entry's output folder. The ffi permission is queried first, so a missing
  * grant is a clear PermissionDenied naming the flag — never a prompt, never "library not found".
  *
  * @module
  */
 
-import type { BackendName } from "../config.ts";
+import { type BackendName, envConfig, readEnvIfGranted } from "../config.ts";
 import { MlxError } from "../errors.ts";
 import { ABI_VERSION } from "./abi.ts";
 import { type NativeSymbols, symbols } from "./ffi.ts";
+import { buildOutputDir, PACKAGE_VERSION } from "./sources.ts";
 
 /** A loaded native library. */
 export interface NativeLibrary {
@@ -29,18 +30,99 @@ export function libraryFileName(backend: BackendName): string {
 }
 
 /** The module's own build directory, when the module is loaded from local files. */
-export function moduleBuildDir(): string | undefined {
-  const url = new URL("../../build/", import.meta.url);
+export function moduleBuildDir(moduleUrl: string = import.meta.url): string | undefined {
+  const url = new URL("../../build/", moduleUrl);
   if (url.protocol !== "file:") return undefined;
   let path = decodeURIComponent(url.pathname);
   if (Deno.build.os === "windows") path = path.replace(/^\/([A-Za-z]:)/, "$1");
   return path.replace(/\/$/, "");
 }
 
-/** The default library path of a backend, or undefined when the module is not local. */
-export function defaultLibraryPath(backend: BackendName): string | undefined {
-  const dir = moduleBuildDir();
-  return dir ? `${dir}/${libraryFileName(backend)}` : undefined;
+/**
+ * Where a backend's library is looked for, in order: the module's own build/ directory (a checkout
+ * built with make), then the build entry's output folder (when HOME or XDG_CACHE_HOME is readable).
+ */
+export function libraryCandidates(
+  backend: BackendName,
+  moduleUrl: string = import.meta.url,
+  readEnv: (name: string) => string | undefined = readEnvIfGranted,
+): string[] {
+  return [moduleBuildDir(moduleUrl), buildOutputDir(readEnv)]
+    .filter((d): d is string => d !== undefined)
+    .map((d) => `${d}/${libraryFileName(backend)}`);
+}
+
+/**
+ * The default library path of a backend: the first candidate known to exist, else the first one
+ * whose existence cannot be checked without a prompt, else the first candidate (whose load then
+ * fails with the build command). Throws LibraryNotFound when there is no candidate at all: a
+ * remote import that may not read HOME.
+ */
+export function defaultLibraryPath(backend: BackendName): string {
+  const candidates = libraryCandidates(backend);
+  if (candidates.length === 0) throw unlocatable();
+  const known = candidates.map(libraryExists);
+  const i = known.indexOf(true);
+  if (i >= 0) return candidates[i];
+  const unknown = known.indexOf(undefined);
+  return candidates[unknown >= 0 ? unknown : 0];
+}
+
+/** Whether a library file exists: true, false, or undefined when checking it needs a permission. */
+function libraryExists(path: string): boolean | undefined {
+  if (loaded.has(path)) return true;
+  if (granted({ name: "read", path })) {
+    try {
+      return Deno.statSync(path).isFile;
+    } catch {
+      return false;
+    }
+  }
+  if (!ffiGranted(path)) return undefined;
+  try {
+    Deno.dlopen(path, {}).close();
+    return true;
+  } catch (e) {
+    return !isMissingFile(e); // exists but does not load: loadLibrary says why
+  }
+}
+
+function granted(desc: Deno.PermissionDescriptor): boolean {
+  try {
+    return Deno.permissions.querySync(desc).state === "granted";
+  } catch {
+    return false;
+  }
+}
+
+function isMissingFile(e: unknown): boolean {
+  return /no such file|not found|cannot find|image not found/i.test(e instanceof Error ? e.message : String(e));
+}
+
+/** The command that builds a backend's library, for the way this module was imported. */
+export function buildCommand(backend: BackendName, moduleUrl: string = import.meta.url): string {
+  const root = moduleBuildDir(moduleUrl)?.replace(/\/build$/, "");
+  if (root !== undefined) {
+    const target = backend === "cpu" ? "native" : backend;
+    return `\`make ${target}\` in ${root}` + (backend === "cuda" ? " (needs nvcc)" : "");
+  }
+  const entry = new URL("../../build.ts", moduleUrl).href;
+  if (backend === "cuda") {
+    return `\`make cuda\` (needs nvcc) in a checkout of mlx-native — the build entry builds only the ` +
+      `CPU and Metal libraries — then pass its path as MlxDevice.open({ libPath }) or MLXN_LIB`;
+  }
+  return `\`deno run -A ${entry}\`` + (backend === "metal" ? " on macOS" : "");
+}
+
+function unlocatable(): MlxError {
+  return new MlxError(
+    "LibraryNotFound",
+    `mlx-native was imported from ${new URL("../../", import.meta.url).href}, so its native libraries are ` +
+      `looked for in the build entry's output folder ($XDG_CACHE_HOME or $HOME/.cache, then mlx-native/` +
+      `${PACKAGE_VERSION}), and finding that folder needs --allow-env=HOME,XDG_CACHE_HOME: grant it, or pass ` +
+      `MlxDevice.open({ libPath }) (or MLXN_LIB). The CPU library (and Metal on macOS) is built with ` +
+      `${buildCommand("cpu")}; the CUDA library with ${buildCommand("cuda")}.`,
+  );
 }
 
 /** Whether FFI access to `path` is already granted (never prompts). */
@@ -64,20 +146,42 @@ export function assertFfiGranted(path: string): void {
 
 const loaded = new Map<string, NativeLibrary>();
 
+/** Where a library path came from, for an error that says what to fix. */
+function origin(path: string): "env" | "default" | "option" {
+  if (path === envConfig().lib) return "env";
+  const backend = backendOfFile(path);
+  return backend && libraryCandidates(backend).includes(path) ? "default" : "option";
+}
+
+function backendOfFile(path: string): BackendName | undefined {
+  return /libmlxn_(cpu|cuda|metal)\.(so|dylib)$/.exec(path)?.[1] as BackendName | undefined;
+}
+
+/** What to do about a library that is missing, unloadable or of another ABI. */
+function remedy(path: string, problem: "missing" | "unloadable" | "abi"): string {
+  const from = origin(path);
+  if (from === "env") {
+    return `MLXN_LIB=${path} is wrong: point MLXN_LIB at a library built from this release, or unset it ` +
+      `to use the default`;
+  }
+  const build = `build it with ${buildCommand(backendOfFile(path) ?? "cpu")}`;
+  const fix = problem === "missing" ? build : `re${build}`;
+  return from === "option" ? `${fix}, or check the libPath given to MlxDevice.open` : fix;
+}
+
 function dlopenError(path: string, e: unknown): MlxError {
   const msg = e instanceof Error ? e.message : String(e);
-  if (/no such file|not found|cannot find|image not found/i.test(msg)) {
+  if (isMissingFile(e)) {
     return new MlxError(
       "LibraryNotFound",
-      `native library ${path} does not exist: build it with \`make native\` in the mlx-native ` +
-        `checkout (or run the package's build entry and pass the libPath it prints). (${msg})`,
+      `native library ${path} does not exist: ${remedy(path, "missing")}. (${msg})`,
       { cause: e },
     );
   }
   return new MlxError(
     "LibraryLoadFailed",
-    `native library ${path} exists but could not be loaded (${msg}): rebuild it with \`make native\` ` +
-      `for this OS and architecture, and check that the file is readable.`,
+    `native library ${path} exists but could not be loaded (${msg}): ${remedy(path, "unloadable")}; ` +
+      `check that the file is readable and built for this OS and architecture.`,
     { cause: e },
   );
 }
@@ -102,7 +206,7 @@ export function loadLibrary(path: string): NativeLibrary {
     throw new MlxError(
       "AbiMismatch",
       `native library ${path} speaks ABI version ${version}, this module needs ${ABI_VERSION}: ` +
-        `rebuild the library from the same release (\`make native\`).`,
+        `${remedy(path, "abi")}.`,
     );
   }
   let lib: Deno.DynamicLibrary<typeof symbols>;
@@ -112,7 +216,7 @@ export function loadLibrary(path: string): NativeLibrary {
     throw new MlxError(
       "AbiMismatch",
       `native library ${path} reports ABI ${version} but lacks symbols this module needs ` +
-        `(${e instanceof Error ? e.message : e}): rebuild it with \`make native\`.`,
+        `(${e instanceof Error ? e.message : e}): ${remedy(path, "abi")}.`,
       { cause: e },
     );
   }

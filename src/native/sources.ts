@@ -1,9 +1,24 @@
 /**
- * The native library's sources and compiler flags, shared by the JSR build entry (build.ts) and
- * checked against the Makefile by tests/build_test.ts.
+ * The native libraries' sources, compiler flags and the build entry's output folder, shared by the
+ * build entry (build.ts), the loader (which looks there) and tests/build_test.ts (which checks them
+ * against the Makefile and the tree).
  *
  * @module
  */
+
+/** The package version (deno.json's); the build entry's output folder is per version. */
+export const PACKAGE_VERSION = "0.1.0";
+
+/**
+ * The build entry's default output folder: `$XDG_CACHE_HOME/mlx-native/<version>`, else
+ * `$HOME/.cache/mlx-native/<version>`, or undefined when neither variable can be read. `readEnv`
+ * returns undefined for a variable that is unset or not readable.
+ */
+export function buildOutputDir(readEnv: (name: string) => string | undefined): string | undefined {
+  const xdg = readEnv("XDG_CACHE_HOME"), home = readEnv("HOME");
+  const base = xdg ? xdg : home ? `${home}/.cache` : undefined;
+  return base === undefined ? undefined : `${base}/mlx-native/${PACKAGE_VERSION}`;
+}
 
 /** Sources of the CPU backend, relative to the package root (headers first). */
 export const CPU_SOURCES: readonly string[] = [
@@ -35,3 +50,29 @@ export const CPU_CFLAGS: readonly string[] = [
   "-fvisibility=hidden",
   "-D_POSIX_C_SOURCE=200809L",
 ];
+
+/** Sources of the Metal backend (macOS), relative to the package root, besides the core's. */
+export const METAL_OBJC_SOURCE = "objc/mlxn_metal.m";
+
+/**
+ * The MSL sources embedded in the Metal library, in the Makefile's order (common.metal first, then
+ * the rest sorted by name).
+ */
+export const METAL_SHADERS: readonly string[] = [
+  "kernels/metal/common.metal",
+  "kernels/metal/attention.metal",
+  "kernels/metal/elementwise.metal",
+  "kernels/metal/matmul.metal",
+  "kernels/metal/norm.metal",
+  "kernels/metal/rope.metal",
+];
+
+/**
+ * The header that embeds the MSL sources as one C string literal `mlxn_metal_source` (what the
+ * Makefile's build/mlxn_metal_source.h rule writes): every line escaped and ended with `\n`.
+ */
+export function metalSourceHeader(shaders: readonly string[]): string {
+  const lines = shaders.flatMap((text) => text.endsWith("\n") ? text.slice(0, -1).split("\n") : text.split("\n"));
+  const quoted = lines.map((l) => `"${l.replaceAll("\\", "\\\\").replaceAll('"', '\\"')}\\n"\n`);
+  return `static const char mlxn_metal_source[] =\n${quoted.join("")};\n`;
+}
