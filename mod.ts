@@ -6,7 +6,7 @@
  *
  * @example
  * ```ts
- * import { DType, KernelRegistry, MlxDevice, ops } from "./mod.ts";
+ * import { DType, KernelRegistry, MlxDevice, ops } from "@mlxn/mlx-native";
  *
  * using device = MlxDevice.open(); // needs --allow-ffi
  * const registry = new KernelRegistry(device);

@@ -28,7 +28,7 @@ export type MlxErrorCode =
  *
  * @example
  * ```ts
- * import { MlxDevice, MlxError } from "./mod.ts";
+ * import { MlxDevice, MlxError } from "@mlxn/mlx-native";
  * try {
  *   MlxDevice.open({ backend: "cpu" });
  * } catch (e) {
