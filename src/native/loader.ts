@@ -3,8 +3,10 @@
  * `Deno.dlopen`.
  *
  * Discovery order: an explicit path > MLXN_LIB (read only when the env permission is already
- * granted) > the module's own build/ directory > the build entry's output folder. The ffi permission is queried first, so a missing
- * grant is a clear PermissionDenied naming the flag — never a prompt, never "library not found".
+ * granted) > the module's own build/ directory > the build entry's output folder. The ffi
+ * permission is queried first, so a missing grant is a clear PermissionDenied naming the flag —
+ * never a prompt, never "library not found". Errors name the fix for where the path came from: the
+ * backend's build command, or MLXN_LIB itself when the variable is wrong.
  *
  * @module
  */
