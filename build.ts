@@ -25,6 +25,7 @@ import {
   CPU_SOURCES,
   METAL_OBJC_SOURCE,
   METAL_SHADERS,
+  metalCompileArgs,
   metalSourceHeader,
 } from "./src/native/sources.ts";
 
@@ -118,22 +119,7 @@ export async function buildMetal(options: BuildOptions = {}): Promise<string> {
   await Deno.mkdir(`${out}/gen`, { recursive: true });
   await Deno.writeTextFile(`${out}/gen/mlxn_metal_source.h`, metalSourceHeader(shaders));
   const lib = `${out}/libmlxn_metal.dylib`;
-  const core = cFiles(src).filter((f) => !f.includes("/native/cpu/"));
-  await compile(options.cc ?? "clang", [
-    ...CPU_CFLAGS,
-    "-D_DARWIN_C_SOURCE",
-    "-fno-objc-arc",
-    `-I${out}/gen`,
-    "-dynamiclib",
-    "-framework",
-    "Metal",
-    "-framework",
-    "Foundation",
-    "-o",
-    lib,
-    `${src}/${METAL_OBJC_SOURCE}`,
-    ...core,
-  ], log);
+  await compile(options.cc ?? "clang", metalCompileArgs({ src, include: `${out}/gen`, lib }), log);
   return lib;
 }
 

@@ -6,6 +6,7 @@ import {
   CPU_SOURCES,
   METAL_OBJC_SOURCE,
   METAL_SHADERS,
+  metalCompileArgs,
   metalSourceHeader,
   PACKAGE_VERSION,
 } from "../src/native/sources.ts";
@@ -77,4 +78,27 @@ Deno.test("the published package holds every file the build entry reads; its ver
   for (const f of [...CPU_SOURCES, METAL_OBJC_SOURCE, ...METAL_SHADERS, "build.ts", "src/native/sources.ts"]) {
     ok(under(f, include) && !under(f, exclude), `${f} is not in the published package`);
   }
+});
+
+Deno.test("the build entry compiles the Metal library with the Makefile's recipe", () => {
+  const make = Deno.readTextFileSync(new URL("Makefile", root));
+  const recipe = make.match(/^\$\(METAL_LIB\):.*\n((?:\t.*\\\n)*\t.*)$/m);
+  ok(recipe, "the Makefile's METAL_LIB rule not found");
+  const core = [...filesUnder("native/core/", [".c"]), ...filesUnder("kernels/cpu/", [".c"])].sort();
+  const want = recipe[1].replace(/\\\n/g, " ").trim().split(/\s+/).slice(1).flatMap((t) =>
+    t === "$(CFLAGS_COMMON)"
+      ? [...CPU_CFLAGS, "-D_DARWIN_C_SOURCE"] // the Makefile adds it on Darwin
+      : t === "$(CORE_SRC)"
+      ? core.map((f) => `SRC/${f}`)
+      : t === "-Ibuild"
+      ? ["-IGEN"]
+      : t === "$@"
+      ? ["LIB"]
+      : t === "objc/mlxn_metal.m"
+      ? ["SRC/objc/mlxn_metal.m"]
+      : [t]
+  );
+  const got = metalCompileArgs({ src: "SRC", include: "GEN", lib: "LIB" });
+  const cut = got.indexOf("SRC/objc/mlxn_metal.m");
+  deepStrictEqual([...got.slice(0, cut + 1), ...got.slice(cut + 1).sort()], want);
 });

@@ -76,3 +76,36 @@ export function metalSourceHeader(shaders: readonly string[]): string {
   const quoted = lines.map((l) => `"${l.replaceAll("\\", "\\\\").replaceAll('"', '\\"')}\\n"\n`);
   return `static const char mlxn_metal_source[] =\n${quoted.join("")};\n`;
 }
+
+/** Where {@link metalCompileArgs} finds and puts things. */
+export interface MetalBuildPaths {
+  /** The folder holding the package sources at their relative paths. */
+  src: string;
+  /** The folder holding the generated mlxn_metal_source.h. */
+  include: string;
+  /** The library to write. */
+  lib: string;
+}
+
+/**
+ * The clang arguments that build the Metal library (the Makefile's recipe): the Objective-C backend
+ * and the core's C sources, MRC, linked against Metal and Foundation.
+ */
+export function metalCompileArgs(paths: MetalBuildPaths): string[] {
+  const core = CPU_SOURCES.filter((f) => f.endsWith(".c") && !f.startsWith("native/cpu/"));
+  return [
+    ...CPU_CFLAGS,
+    "-D_DARWIN_C_SOURCE",
+    "-fno-objc-arc",
+    `-I${paths.include}`,
+    "-dynamiclib",
+    "-framework",
+    "Metal",
+    "-framework",
+    "Foundation",
+    "-o",
+    paths.lib,
+    `${paths.src}/${METAL_OBJC_SOURCE}`,
+    ...core.map((f) => `${paths.src}/${f}`),
+  ];
+}
