@@ -14,6 +14,7 @@ Deno.test("GPU benches are skipped, not failed, when only the CPU backend is ava
   const r = await runDeno([
     "bench",
     "--no-prompt",
+    "--no-check", // make check type-checks the benches
     `--allow-ffi=${cpuLib}`,
     "--allow-read",
     bench("gpu_bench.ts"),

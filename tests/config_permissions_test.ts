@@ -23,19 +23,19 @@ async function deno(args: string[]) {
 }
 
 Deno.test("`deno test -P` runs with the test permission set from deno.json", async () => {
-  const r = await deno(["test", "-P", "--no-prompt", suite]);
+  const r = await deno(["test", "-P", "--no-prompt", "--no-check", suite]);
   equal(r.code, 0, r.stdout + r.stderr);
   match(r.stdout, /1 passed \| 0 failed/);
 });
 
 Deno.test("`deno test` without -P points at -P instead of failing test by test", async () => {
-  const r = await deno(["test", "--no-prompt", suite]);
+  const r = await deno(["test", "--no-prompt", "--no-check", suite]);
   equal(r.code === 0, false);
   match(r.stderr, /Test permissions were found in the config file.*-P/);
 });
 
 Deno.test("`deno bench -P` runs with the bench permission set from deno.json", async () => {
-  const r = await deno(["bench", "-P", "--no-prompt", suite, "--", "bench"]);
+  const r = await deno(["bench", "-P", "--no-prompt", "--no-check", suite, "--", "bench"]);
   equal(r.code, 0, r.stdout + r.stderr);
   match(r.stdout, /open a device and read a buffer/);
 });
