@@ -93,15 +93,45 @@ Deno.bench("demo step: recorded + fuse + reorder + dual buffer, executed", { gro
   s.finish({ fuse: true, reorder: true, dualBuffer: true });
 });
 
-const tracker = new ConflictTracker();
-for (const size of [4, 16, 64]) {
-  const ranges: MemRange[] = Array.from({ length: size }, (_, i) => [1, i * 64, i * 64 + 64]);
-  const probe: MemRange[] = [[2, 0, 64]];
-  Deno.bench(`tracker check vs a group of ${size} ranges`, { group: "tracker" }, () => {
-    tracker.reset();
-    tracker.add(ranges, []);
-    tracker.conflicts(probe, probe);
-  });
+// The tracker's cost per dispatch by the width of the concurrent group. Every run checks and adds
+// 800 dispatches, as 800/W groups of W (reset between groups), so equal times mean a flat cost per
+// dispatch. Each dispatch reads two ranges and writes one.
+const TRACKED = 800;
+type Access = { reads: MemRange[]; writes: MemRange[] };
+const layouts: Record<string, (k: number) => Access> = {
+  // own input and output allocations, one shared weight
+  "separate allocations": (k) => ({ reads: [[1, 0, 4096], [10 + k, 0, 256]], writes: [[2000 + k, 0, 256]] }),
+  // slice k of one input buffer and of one output buffer, in address order
+  "disjoint slices of one buffer": (k) => ({
+    reads: [[1, 0, 4096], [2, k * 256, k * 256 + 256]],
+    writes: [[3, k * 256, k * 256 + 256]],
+  }),
+};
+const shuffled = Array.from({ length: TRACKED }, (_, k) => k);
+for (let i = TRACKED - 1, seed = 7; i > 0; i--) {
+  seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+  const j = seed % (i + 1);
+  [shuffled[i], shuffled[j]] = [shuffled[j], shuffled[i]];
+}
+layouts["disjoint slices of one buffer, shuffled"] = (k) => layouts["disjoint slices of one buffer"](shuffled[k]);
+for (const [layout, access] of Object.entries(layouts)) {
+  const dispatches = Array.from({ length: TRACKED }, (_, k) => access(k));
+  for (const width of [1, 10, 100, 800]) {
+    const tracker = new ConflictTracker();
+    Deno.bench(`tracker, ${layout}: 800 dispatches in groups of ${width}`, {
+      group: `tracker: ${layout}`,
+      baseline: width === 1,
+    }, () => {
+      for (let g = 0; g < TRACKED; g += width) {
+        tracker.reset();
+        for (let k = g; k < g + width; k++) {
+          const d = dispatches[k];
+          if (tracker.conflicts(d.reads, d.writes)) throw new Error("the layout has no conflict");
+          tracker.add(d.reads, d.writes);
+        }
+      }
+    });
+  }
 }
 
 // Barrier overhead on 200 small dispatches: placed by hand, placed by the tracker (a dependent
