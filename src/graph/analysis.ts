@@ -20,60 +20,94 @@ export function dependsOn(a: DispatchNode, b: DispatchNode): boolean {
   return conflict(a, b) !== null;
 }
 
-/** The byte offsets of one allocation that start or end a range, and its two trees' place. */
-interface AllocAxis {
-  readonly cuts: number[]; // sorted, distinct; elementary interval k is [cuts[k], cuts[k + 1])
-  readonly base: number; // where its trees start in the shared arrays
-}
-
 /**
  * Per allocation, the highest level written and the highest level touched (read or written) over
- * each byte, as segment trees over the allocation's elementary intervals, with "raise to at least
- * v over a range" and "maximum over a range" in O(log m).
+ * each byte, as segment trees over the allocation's elementary intervals (between consecutive
+ * offsets where some range starts or ends), with "raise to at least v over a range" and "maximum
+ * over a range" in O(log m).
  */
 class LevelIndex {
-  readonly #axes = new Map<number, AllocAxis>();
+  // Every non-empty range of the accesses, in order (each entry's reads, then its writes): its
+  // allocation's index and its first and last elementary interval.
+  readonly #rangeAlloc: Int32Array;
+  readonly #rangeFrom: Int32Array;
+  readonly #rangeTo: Int32Array;
+  readonly #treeBase: Int32Array; // allocation a's two trees (4·m nodes each) start here below
+  readonly #intervals: Int32Array; // allocation a has m = #intervals[a] elementary intervals
   // One pair of arrays for every tree: max over the subtree, and a level raised over all of it.
   readonly #max: Int32Array;
   readonly #raised: Int32Array;
 
   constructor(accesses: readonly Accesses[]) {
-    const cutSets = new Map<number, number[]>();
-    const note = (r: MemRange) => {
-      if (r[1] === r[2]) return;
-      let c = cutSets.get(r[0]);
-      if (!c) cutSets.set(r[0], c = []);
-      c.push(r[1], r[2]);
+    // Number the allocations and the ranges; count each allocation's offsets.
+    const slotOf = new Map<number, number>(), counts: number[] = [], ranges: MemRange[] = [];
+    for (const acc of accesses) {
+      for (const list of [acc.reads, acc.writes]) {
+        for (const r of list) {
+          if (r[1] === r[2]) continue;
+          let a = slotOf.get(r[0]);
+          if (a === undefined) slotOf.set(r[0], a = counts.push(0) - 1);
+          counts[a] += 2;
+          ranges.push(r);
+        }
+      }
+    }
+    const rangeAlloc = new Int32Array(ranges.length);
+    for (let k = 0; k < ranges.length; k++) rangeAlloc[k] = slotOf.get(ranges[k][0])!;
+    // Counting sort of the offsets by allocation, then each allocation's run sorted and deduplicated.
+    const allocs = counts.length, start = new Int32Array(allocs + 1);
+    for (let a = 0; a < allocs; a++) start[a + 1] = start[a] + counts[a];
+    const cuts = new Float64Array(start[allocs]), fill = start.slice(0, allocs);
+    for (let k = 0; k < ranges.length; k++) {
+      const a = rangeAlloc[k];
+      cuts[fill[a]++] = ranges[k][1];
+      cuts[fill[a]++] = ranges[k][2];
+    }
+    const cutEnd = new Int32Array(allocs), intervals = new Int32Array(allocs);
+    const treeBase = new Int32Array(allocs + 1);
+    for (let a = 0; a < allocs; a++) {
+      const from = start[a], to = start[a + 1];
+      sortRun(cuts, from, to);
+      let out = from;
+      for (let i = from; i < to; i++) if (i === from || cuts[i] !== cuts[out - 1]) cuts[out++] = cuts[i];
+      cutEnd[a] = out;
+      intervals[a] = out - from - 1;
+      treeBase[a + 1] = treeBase[a] + 2 * 4 * intervals[a];
+    }
+    const cutIndex = (a: number, x: number) => {
+      let lo = start[a], hi = cutEnd[a] - 1;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (cuts[mid] < x) lo = mid + 1;
+        else hi = mid;
+      }
+      return lo - start[a];
     };
-    for (const a of accesses) {
-      a.reads.forEach(note);
-      a.writes.forEach(note);
+    this.#rangeFrom = new Int32Array(ranges.length);
+    this.#rangeTo = new Int32Array(ranges.length);
+    for (let k = 0; k < ranges.length; k++) {
+      this.#rangeFrom[k] = cutIndex(rangeAlloc[k], ranges[k][1]);
+      this.#rangeTo[k] = cutIndex(rangeAlloc[k], ranges[k][2]);
     }
-    let size = 0;
-    for (const [alloc, c] of cutSets) {
-      c.sort((x, y) => x - y);
-      let k = 0;
-      for (let i = 0; i < c.length; i++) if (i === 0 || c[i] !== c[k - 1]) c[k++] = c[i];
-      c.length = k;
-      this.#axes.set(alloc, { cuts: c, base: size });
-      size += 2 * 4 * (k - 1); // two trees of 4·m nodes for m elementary intervals
-    }
-    this.#max = new Int32Array(size);
-    this.#raised = new Int32Array(size);
+    this.#rangeAlloc = rangeAlloc;
+    this.#intervals = intervals;
+    this.#treeBase = treeBase;
+    this.#max = new Int32Array(treeBase[allocs]);
+    this.#raised = new Int32Array(treeBase[allocs]);
   }
 
-  /** The highest level written (`written`) or touched over the non-empty range, 0 if none. */
-  highest(r: MemRange, written: boolean): number {
-    const axis = this.#axes.get(r[0])!, m = axis.cuts.length - 1;
-    const base = axis.base + (written ? 0 : 4 * m);
-    return this.#query(base, 1, 0, m, indexOf(axis.cuts, r[1]), indexOf(axis.cuts, r[2]));
+  /** The highest level written (`written`) or touched over non-empty range number `k`, 0 if none. */
+  highest(k: number, written: boolean): number {
+    const a = this.#rangeAlloc[k], m = this.#intervals[a];
+    const base = this.#treeBase[a] + (written ? 0 : 4 * m);
+    return this.#query(base, 1, 0, m, this.#rangeFrom[k], this.#rangeTo[k]);
   }
 
-  /** Raises the written (`written`) or touched level over the non-empty range to at least `level`. */
-  raise(r: MemRange, written: boolean, level: number): void {
-    const axis = this.#axes.get(r[0])!, m = axis.cuts.length - 1;
-    const base = axis.base + (written ? 0 : 4 * m);
-    this.#update(base, 1, 0, m, indexOf(axis.cuts, r[1]), indexOf(axis.cuts, r[2]), level);
+  /** Raises the written (`written`) or touched level over non-empty range number `k` to at least `level`. */
+  raise(k: number, written: boolean, level: number): void {
+    const a = this.#rangeAlloc[k], m = this.#intervals[a];
+    const base = this.#treeBase[a] + (written ? 0 : 4 * m);
+    this.#update(base, 1, 0, m, this.#rangeFrom[k], this.#rangeTo[k], level);
   }
 
   // Node `node` (1-based heap order) covers elementary intervals [lo, hi).
@@ -82,11 +116,10 @@ class LevelIndex {
     const k = base + node - 1;
     if (from <= lo && hi <= to) return this.#max[k];
     const mid = (lo + hi) >> 1;
-    return Math.max(
-      this.#raised[k],
-      this.#query(base, 2 * node, lo, mid, from, to),
-      this.#query(base, 2 * node + 1, mid, hi, from, to),
-    );
+    const left = this.#query(base, 2 * node, lo, mid, from, to);
+    const right = this.#query(base, 2 * node + 1, mid, hi, from, to);
+    const raised = this.#raised[k];
+    return left > right ? (left > raised ? left : raised) : (right > raised ? right : raised);
   }
 
   #update(base: number, node: number, lo: number, hi: number, from: number, to: number, v: number): void {
@@ -103,14 +136,21 @@ class LevelIndex {
   }
 }
 
-function indexOf(cuts: readonly number[], x: number): number {
-  let lo = 0, hi = cuts.length - 1;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (cuts[mid] < x) lo = mid + 1;
-    else hi = mid;
+/** Sorts a[from, to) ascending: insertion sort for short runs (most allocations have one range). */
+function sortRun(a: Float64Array, from: number, to: number): void {
+  if (to - from > 32) {
+    a.subarray(from, to).sort();
+    return;
   }
-  return lo;
+  for (let i = from + 1; i < to; i++) {
+    const x = a[i];
+    let j = i - 1;
+    while (j >= from && a[j] > x) {
+      a[j + 1] = a[j];
+      j--;
+    }
+    a[j + 1] = x;
+  }
 }
 
 /**
@@ -120,27 +160,27 @@ function indexOf(cuts: readonly number[], x: number): number {
  * InvalidArgument for a malformed range.
  */
 export function dependencyLevels(accesses: readonly Accesses[], pinned?: (index: number) => boolean): Int32Array {
-  for (let i = 0; i < accesses.length; i++) {
-    checkRanges(accesses[i].reads, `dispatch ${i} reads`);
-    checkRanges(accesses[i].writes, `dispatch ${i} writes`);
+  for (const acc of accesses) {
+    checkRanges(acc.reads, "dependency analysis: a dispatch's reads");
+    checkRanges(acc.writes, "dependency analysis: a dispatch's writes");
   }
   const index = new LevelIndex(accesses);
   const levels = new Int32Array(accesses.length);
-  let highest = 0, floor = 1;
+  let highest = 0, floor = 1, next = 0; // next: the number of this entry's first non-empty range
   for (let i = 0; i < accesses.length; i++) {
     const { reads, writes } = accesses[i];
-    let after = 0; // the highest level this entry depends on
-    for (const r of reads) if (r[1] < r[2]) after = Math.max(after, index.highest(r, true)); // RAW
-    for (const w of writes) if (w[1] < w[2]) after = Math.max(after, index.highest(w, false)); // WAR, WAW
+    let after = 0, k = next; // after: the highest level this entry depends on
+    for (const r of reads) if (r[1] < r[2]) after = Math.max(after, index.highest(k++, true)); // RAW
+    for (const w of writes) if (w[1] < w[2]) after = Math.max(after, index.highest(k++, false)); // WAR, WAW
     let level = Math.max(after + 1, floor);
     if (pinned?.(i)) floor = level = Math.max(level, highest);
     levels[i] = level;
     if (level > highest) highest = level;
-    for (const r of reads) if (r[1] < r[2]) index.raise(r, false, level);
+    for (const r of reads) if (r[1] < r[2]) index.raise(next++, false, level);
     for (const w of writes) {
       if (w[1] === w[2]) continue;
-      index.raise(w, true, level);
-      index.raise(w, false, level);
+      index.raise(next, true, level);
+      index.raise(next++, false, level);
     }
   }
   return levels;
