@@ -319,10 +319,17 @@ export class ConflictTracker {
 /**
  * The concurrent group being built while walking a sequence of dispatches and barriers: the one
  * "walk the group, reset at a barrier" loop of the barrier pass, the validator and the encoders.
+ * With `recompute` (the default) it tracks the group's ranges so that a conflicting dispatch can
+ * start a new group; without, groups end only at barriers (the groups as placed).
  */
 export class GroupWalker {
-  readonly #tracker = new ConflictTracker();
+  readonly #tracker: ConflictTracker | null;
   #size = 0;
+
+  /** A walker at the start of a sequence. */
+  constructor(options: { recompute?: boolean } = {}) {
+    this.#tracker = options.recompute === false ? null : new ConflictTracker();
+  }
 
   /** Dispatches in the current group. */
   get groupSize(): number {
@@ -332,19 +339,23 @@ export class GroupWalker {
   /** Ends the group. Returns whether it held a dispatch (so the barrier separates something). */
   barrier(): boolean {
     const had = this.#size > 0;
-    this.#tracker.reset();
+    this.#tracker?.reset();
     this.#size = 0;
     return had;
   }
 
   /**
-   * Adds a dispatch to the group. With `check`, a dispatch that conflicts with the group first ends
-   * it; returns whether it did (a barrier belongs before this dispatch).
+   * Adds a dispatch to the group. When recomputing, a dispatch that conflicts with the group first
+   * ends it; returns whether it did (a barrier belongs before this dispatch).
    */
-  dispatch(acc: Accesses, check = true): boolean {
-    const split = check && this.#size > 0 && this.#tracker.conflicts(acc.reads, acc.writes);
-    if (split) this.barrier();
-    this.#tracker.add(acc.reads, acc.writes);
+  dispatch(acc: Accesses): boolean {
+    const t = this.#tracker;
+    let split = false;
+    if (t !== null) {
+      split = this.#size > 0 && t.conflicts(acc.reads, acc.writes);
+      if (split) this.barrier();
+      t.add(acc.reads, acc.writes);
+    }
     this.#size++;
     return split;
   }

@@ -19,7 +19,7 @@ import {
   type MemRange,
   rangesOverlap,
 } from "./ranges.ts";
-import { ByteIntervals, ConflictTracker } from "./tracker.ts";
+import { ByteIntervals, ConflictTracker, GroupWalker } from "./tracker.ts";
 
 /** A dispatch, identified for a report. */
 export interface DispatchRef {
@@ -76,19 +76,21 @@ interface Walked {
 /** Splits a sequence at its barrier nodes (the groups as placed) and checks every range once. */
 function walk(nodes: readonly CapturedNode[]): Walked {
   const refs: DispatchRef[] = [], accesses: Accesses[] = [], bounds = [0];
+  const walker = new GroupWalker({ recompute: false });
   for (const n of nodes) {
     if (!isDispatch(n)) {
-      if (refs.length > bounds[bounds.length - 1]) bounds.push(refs.length);
+      if (walker.barrier()) bounds.push(refs.length);
       continue;
     }
     const ref = { index: refs.length, kernel: n.pipeline.name }, acc = trueAccesses(n);
     const where = `dispatch ${ref.index} (${ref.kernel})`;
     checkRanges(acc.reads, `${where} reads`);
     checkRanges(acc.writes, `${where} writes`);
+    walker.dispatch(acc);
     refs.push(ref);
     accesses.push(acc);
   }
-  if (refs.length > bounds[bounds.length - 1]) bounds.push(refs.length);
+  if (walker.barrier()) bounds.push(refs.length);
   return { refs, accesses, bounds };
 }
 
