@@ -2,6 +2,7 @@
 import { deepStrictEqual, equal, throws } from "node:assert/strict";
 import fc from "fast-check";
 import { ConflictTracker, MlxError } from "../mod.ts";
+import { ByteIntervals } from "../src/graph/tracker.ts";
 import type { MemRange } from "../src/graph/ranges.ts";
 
 const A = (s: number, e: number): MemRange => [1, s, e];
@@ -198,5 +199,23 @@ Deno.test("property: hundreds of disjoint slices of one allocation, in any order
       },
     ),
     { numRuns: 300, seed: 8 },
+  );
+});
+
+Deno.test("property: ByteIntervals holds exactly the union of the added ranges", () => {
+  const span = fc.tuple(fc.nat(200), fc.nat(24)).map(([s, len]) => [s, s + len] as const);
+  fc.assert(
+    fc.property(fc.array(span, { maxLength: 120 }), fc.array(span, { minLength: 1, maxLength: 20 }), (adds, probes) => {
+      const set = new ByteIntervals(), bytes = new Uint8Array(256);
+      for (const [s, e] of adds) {
+        set.add(s, e);
+        bytes.fill(1, s, e);
+      }
+      let runs = 0;
+      for (let b = 0; b < bytes.length; b++) if (bytes[b] && (b === 0 || !bytes[b - 1])) runs++;
+      equal(set.intervalCount, runs, "touching and overlapping ranges merge");
+      for (const [s, e] of probes) equal(set.intersects(s, e), bytes.subarray(s, e).includes(1));
+    }),
+    { numRuns: 500, seed: 21 },
   );
 });

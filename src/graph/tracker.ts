@@ -26,7 +26,7 @@ export interface ConflictReason {
 }
 
 /** Index of the first of the `count` intervals of `set` whose end is >= `s` (touching counts), or `count`. */
-function firstEndingFrom(set: readonly number[], count: number, s: number): number {
+function firstEndingFrom(set: Float64Array, count: number, s: number): number {
   let lo = 0, hi = count;
   while (lo < hi) {
     const mid = (lo + hi) >> 1;
@@ -37,13 +37,13 @@ function firstEndingFrom(set: readonly number[], count: number, s: number): numb
 }
 
 /**
- * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals. Adding
- * and testing cost O(log k) for k intervals, O(1) when ranges arrive in address order.
+ * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals. Testing
+ * costs O(log k) for k intervals; adding O(log k) plus a memmove of the intervals after the new
+ * one (none when ranges arrive in address order).
  */
 export class ByteIntervals {
-  // Interleaved [s0, e0, s1, e1, …] with e_k < s_{k+1}; only the first `n` numbers are in use, so
-  // clearing keeps the storage.
-  readonly #set: number[] = [];
+  // Interleaved [s0, e0, s1, e1, …] with e_k < s_{k+1}; the first `n` numbers are in use.
+  #set: Float64Array = new Float64Array(8);
   #n = 0;
 
   /** Number of disjoint intervals. */
@@ -51,7 +51,7 @@ export class ByteIntervals {
     return this.#n >> 1;
   }
 
-  /** Empties the set. */
+  /** Empties the set (keeping its storage). */
   clear(): void {
     this.#n = 0;
   }
@@ -66,14 +66,13 @@ export class ByteIntervals {
 
   /** Adds [s, e), merging every interval it overlaps or touches (an empty range adds nothing). */
   add(s: number, e: number): void {
-    const set = this.#set, n = this.#n;
+    const n = this.#n;
     if (s >= e) return;
+    let set: Float64Array = this.#set;
     if (n === 0 || s > set[n - 1]) { // after everything: the address-order case
-      if (n === set.length) set.push(s, e);
-      else {
-        set[n] = s;
-        set[n + 1] = e;
-      }
+      if (n === set.length) set = this.#grow();
+      set[n] = s;
+      set[n + 1] = e;
       this.#n = n + 2;
       return;
     }
@@ -85,9 +84,11 @@ export class ByteIntervals {
     const i = firstEndingFrom(set, count, s); // the first interval touching or after [s, e)
     let j = i; // one past the last interval touching [s, e); each merged one is removed, so O(1) amortised
     while (j < count && set[2 * j] <= e) j++;
-    if (j === i) {
-      set.length = n; // drop spare storage past the end so the insertion shifts only live intervals
-      set.splice(2 * i, 0, s, e);
+    if (j === i) { // touches nothing: insert at i
+      if (n === set.length) set = this.#grow();
+      set.copyWithin(2 * i + 2, 2 * i, n);
+      set[2 * i] = s;
+      set[2 * i + 1] = e;
       this.#n = n + 2;
       return;
     }
@@ -97,6 +98,12 @@ export class ByteIntervals {
       set.copyWithin(2 * i + 2, 2 * j, n);
       this.#n = n - 2 * (j - i - 1);
     }
+  }
+
+  #grow(): Float64Array {
+    const bigger = new Float64Array(2 * this.#set.length);
+    bigger.set(this.#set);
+    return this.#set = bigger;
   }
 }
 
