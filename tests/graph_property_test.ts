@@ -29,7 +29,13 @@ import {
 import { placeBarriers } from "../src/graph/barriers.ts";
 import type { MemRange } from "../src/graph/ranges.ts";
 import { reorderLevels, reorderNodes } from "../src/graph/reorder.ts";
-import { dependent, referenceDepth, referenceHazards, referenceRedundantBarriers } from "./graph_reference.ts";
+import {
+  dependent,
+  referenceDepth,
+  referenceHazards,
+  referenceLookahead,
+  referenceRedundantBarriers,
+} from "./graph_reference.ts";
 import { randomValues, testContext } from "./helpers.ts";
 
 // ---- random programs on the device ------------------------------------------------------------
@@ -446,5 +452,16 @@ Deno.test("dependency depth, hazards, redundant barriers and barrier placement e
       deepStrictEqual(placeBarriers(nodes, false), expected);
     }),
     { numRuns: 300, seed: 13 },
+  );
+});
+
+Deno.test("the look-ahead reorder keeps the seed's exact permutation", () => {
+  fc.assert(
+    fc.property(graphArb, (nodes: CapturedNode[]) => {
+      const g = new ComputeGraph(nodes);
+      g.reorder();
+      deepStrictEqual(g.nodes, referenceLookahead(nodes));
+    }),
+    { numRuns: 300, seed: 17 },
   );
 });

@@ -81,3 +81,35 @@ export function referenceRedundantBarriers(nodes: readonly CapturedNode[]): numb
   }
   return redundant;
 }
+
+/** The seed's 64-node look-ahead reorder, over pairwise checks: the permutation it produces. */
+export function referenceLookahead(nodes: readonly CapturedNode[]): DispatchNode[] {
+  const ds = nodes.filter((n): n is DispatchNode => n.kind === "dispatch");
+  const annotated = (d: DispatchNode) => d.reads.length > 0 || d.writes.length > 0;
+  const movable = (d: DispatchNode) => d.opKind !== "Sdpa" && d.opKind !== "Softmax";
+  const out: DispatchNode[] = [], used = new Set<number>();
+  let group: DispatchNode[] = [];
+  for (let i0 = 0; i0 < ds.length; i0++) {
+    if (used.has(i0)) continue;
+    const node0 = ds[i0];
+    if (annotated(node0) && group.some((g) => dependent(g, node0))) {
+      const skipped = [node0];
+      for (let i1 = i0 + 1; i1 < Math.min(ds.length, i0 + 64); i1++) {
+        if (used.has(i1)) continue;
+        const node1 = ds[i1];
+        if (!movable(node1)) break;
+        const free = !annotated(node1) || !group.some((g) => dependent(g, node1));
+        if (free && !skipped.some((s) => dependent(s, node1))) {
+          group.push(node1);
+          out.push(node1);
+          used.add(i1);
+        } else skipped.push(node1);
+      }
+      group = [];
+    }
+    group.push(node0);
+    out.push(node0);
+    used.add(i0);
+  }
+  return out;
+}
