@@ -17,7 +17,9 @@ import {
   findHazards,
   MlxError,
 } from "../mod.ts";
+import { placeBarriers } from "../src/graph/barriers.ts";
 import type { GraphEncodeTarget } from "../src/graph/compute_graph.ts";
+import { reorderLevels, reorderNodes } from "../src/graph/reorder.ts";
 import type { MemRange } from "../src/graph/ranges.ts";
 // Importing the ops registers the kernel contracts that fused nodes are checked against.
 import "../src/ops/mod.ts";
@@ -268,4 +270,40 @@ Deno.test("dependency depth: the longest RAW/WAR/WAW chain bounds the barriers f
   equal(barrierLowerBound([]), 0);
   const w = other("w", [r(1, 0, 8)], []), war = other("war", [], [r(1, 4, 8)]);
   equal(dependencyDepth([w, war]), 2, "WAR counts");
+});
+
+Deno.test("levels reorder: each dispatch in the earliest group its dependencies allow", () => {
+  // a → b → c is a chain; d is free; e reads c. Levels: a,d = 1; b = 2; c = 3; e = 4.
+  const a = other("a", [], [r(1, 0, 64)]);
+  const b = other("b", [r(1, 0, 64)], [r(2, 0, 64)]);
+  const c = other("c", [r(2, 0, 64)], [r(4, 0, 64)]);
+  const d = other("d", [], [r(5, 0, 64)]);
+  const e = other("e", [r(4, 0, 64)], []);
+  const out = reorderLevels([a, BARRIER, b, BARRIER, c, BARRIER, d, e]);
+  deepStrictEqual(names(out.nodes), ["a", "d", "b", "c", "e"]);
+  equal(out.reordered, 3); // d, b and c moved
+  deepStrictEqual(names(placeBarriers(out.nodes, false)), ["a", "d", "|", "b", "|", "c", "|", "e"]);
+  // Two chains of 70, one after the other: the look-ahead's window cannot reach the second chain
+  // from the start of the first; levels run them side by side (69 barriers, the bound).
+  const chain = (alloc: number, tag: string) =>
+    Array.from(
+      { length: 70 },
+      (_, k) => other(`${tag}${k}`, [r(alloc, k * 8, k * 8 + 8)], [r(alloc, k * 8 + 8, k * 8 + 16)]),
+    );
+  const two = [...chain(1, "x"), ...chain(2, "y")];
+  const barriers = (nodes: readonly CapturedNode[]) =>
+    names(placeBarriers(nodes, false)).filter((x) => x === "|").length;
+  equal(barrierLowerBound(two), 69);
+  equal(barriers(reorderLevels(two).nodes), 69);
+  ok(barriers(reorderNodes(two).nodes) > 69);
+});
+
+Deno.test("levels reorder: nothing crosses a non-reorderable op", () => {
+  const a = other("a", [r(3, 0, 64)], []);
+  const sm = other("softmax", [], [r(3, 0, 64)], K.Softmax); // WAR on a
+  const c = other("c", [], [r(4, 0, 64)]); // free, but after the softmax
+  deepStrictEqual(names(reorderLevels([a, sm, c]).nodes), ["a", "softmax", "c"]);
+  deepStrictEqual(names(placeBarriers(reorderLevels([a, sm, c]).nodes, false)), ["a", "|", "softmax", "c"]);
+  // The same with an ordinary op: c joins the first group.
+  deepStrictEqual(names(reorderLevels([a, other("w", [], [r(3, 0, 64)]), c]).nodes), ["a", "c", "w"]);
 });

@@ -13,9 +13,12 @@ import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import fc from "fast-check";
 import {
   BARRIER,
+  barrierLowerBound,
   type CapturedNode,
   CapturedOpKind as K,
   ComputeGraph,
+  countRedundantBarriers,
+  dependencyDepth,
   type DispatchNode,
   DType,
   findHazards,
@@ -24,7 +27,15 @@ import {
   type MlxBuffer,
 } from "../mod.ts";
 import { placeBarriers } from "../src/graph/barriers.ts";
-import { type MemRange, rangesOverlap } from "../src/graph/ranges.ts";
+import type { MemRange } from "../src/graph/ranges.ts";
+import { reorderLevels, reorderNodes } from "../src/graph/reorder.ts";
+import {
+  dependent,
+  referenceDepth,
+  referenceHazards,
+  referenceLookahead,
+  referenceRedundantBarriers,
+} from "./graph_reference.ts";
 import { randomValues, testContext } from "./helpers.ts";
 
 // ---- random programs on the device ------------------------------------------------------------
@@ -250,11 +261,6 @@ const graphArb = fc.array(fc.oneof({ weight: 6, arbitrary: nodeArb }, { weight: 
   size: "max",
 });
 
-function dependent(a: DispatchNode, b: DispatchNode): boolean {
-  return b.reads.some((r) => a.writes.some((w) => rangesOverlap(r, w))) ||
-    b.writes.some((w) => a.reads.some((r) => rangesOverlap(w, r)) || a.writes.some((x) => rangesOverlap(w, x)));
-}
-
 Deno.test("reorder keeps every RAW/WAR/WAW dependency of the original order", () => {
   fc.assert(
     fc.property(graphArb, (nodes: CapturedNode[]) => {
@@ -319,5 +325,143 @@ Deno.test("fusion never leaves a hazard in an explicit-barrier program", () => {
       deepStrictEqual(findHazards(g.nodes), []);
     }),
     { numRuns: 200, seed: 3 },
+  );
+});
+
+// ---- the levels reorder and the O(n log n) passes against quadratic references --------------------
+
+const bigNodeArb = (kinds: K[]): fc.Arbitrary<DispatchNode> =>
+  fc.record({
+    reads: fc.array(rangeArb, { maxLength: 3 }),
+    writes: fc.array(rangeArb, { minLength: 1, maxLength: 2 }),
+    kind: fc.constantFrom(...kinds),
+  }).map(({ reads, writes, kind }) => ({ kind: "dispatch", pipeline: { name: "k" }, opKind: kind, reads, writes }));
+const bigGraphArb = (kinds: K[]) => fc.array(bigNodeArb(kinds), { minLength: 300, maxLength: 800 });
+const pinnedKind = (d: DispatchNode) => d.opKind === K.Softmax || d.opKind === K.Sdpa;
+
+/** Checks a levels schedule: each dispatch once, every dependency in order and across a barrier. */
+function checkSchedule(original: DispatchNode[], scheduled: readonly DispatchNode[]): number {
+  equal(scheduled.length, original.length);
+  const placed = placeBarriers(scheduled, false);
+  const group = new Map<DispatchNode, number>(), pos = new Map<DispatchNode, number>();
+  let g = 0;
+  for (const n of placed) {
+    if (n.kind === "barrier") g++;
+    else {
+      group.set(n, g);
+      pos.set(n, pos.size);
+    }
+  }
+  equal(pos.size, original.length, "every dispatch kept exactly once");
+  for (let j = 0; j < original.length; j++) {
+    for (let i = 0; i < j; i++) {
+      if (!dependent(original[i], original[j])) continue;
+      ok(pos.get(original[i])! < pos.get(original[j])!, `dependency ${i} → ${j} reversed`);
+      ok(group.get(original[i])! < group.get(original[j])!, `dependency ${i} → ${j} shares a group`);
+    }
+  }
+  return g; // barriers
+}
+
+Deno.test("levels reorder: random graphs of 300–800 dispatches reach the depth bound and keep every dependency", () => {
+  fc.assert(
+    fc.property(bigGraphArb([K.Other, K.ElemAdd, K.MatMul]), (nodes) => {
+      const barriers = checkSchedule(nodes, reorderLevels(nodes).nodes);
+      const depth = referenceDepth(nodes);
+      equal(barriers, depth - 1, "barriers = dependency depth − 1");
+      equal(barrierLowerBound(nodes), depth - 1);
+    }),
+    { numRuns: 25, seed: 41 },
+  );
+});
+
+Deno.test("levels reorder: non-reorderable ops keep their place; the bound with them is reached", () => {
+  let looser = 0;
+  fc.assert(
+    fc.property(bigGraphArb([K.Other, K.Other, K.Other, K.Other, K.MatMul, K.Softmax, K.Sdpa]), (nodes) => {
+      const scheduled = reorderLevels(nodes).nodes;
+      const barriers = checkSchedule(nodes, scheduled);
+      equal(barriers, referenceDepth(nodes, pinnedKind) - 1);
+      if (barriers > barrierLowerBound(nodes)) looser++;
+      // Nothing crosses a non-reorderable op, either way.
+      const at = new Map(scheduled.map((n, i) => [n, i]));
+      nodes.forEach((p, i) => {
+        if (!pinnedKind(p)) return;
+        nodes.forEach((q, j) => ok((j < i) === (at.get(q)! < at.get(p)!) || i === j, `dispatch ${j} crossed ${i}`));
+      });
+    }),
+    { numRuns: 15, seed: 43 },
+  );
+  ok(looser > 0, "the pinned ops constrained some schedules (the test exercises them)");
+});
+
+Deno.test("levels reorder never uses more barriers than the look-ahead on graphs of reorderable ops", () => {
+  const count = (ns: readonly CapturedNode[]) => placeBarriers(ns, false).filter((n) => n.kind === "barrier").length;
+  let fewer = 0;
+  // Only reorderable kinds: the look-ahead lets later work overtake a non-reorderable op that
+  // starts a group, which the levels pass (nothing crosses such an op) does not.
+  const reorderable = graphArb.map((ns) =>
+    ns.map((n) => n.kind === "dispatch" && pinnedKind(n) ? { ...n, opKind: K.Other } : n)
+  );
+  // Independent chains recorded one after the other: the look-ahead's 64-node window cannot see the
+  // next chain from the start of a long one; the levels pass runs them side by side.
+  const chains = fc.array(fc.integer({ min: 1, max: 120 }), { minLength: 1, maxLength: 4 }).map((lengths) =>
+    lengths.flatMap((len, c) =>
+      Array.from({ length: len }, (_, k): CapturedNode => ({
+        kind: "dispatch",
+        pipeline: { name: "k" },
+        opKind: K.Other,
+        reads: [[10 + c, k * 64, k * 64 + 64]],
+        writes: [[10 + c, k * 64 + 64, k * 64 + 128]],
+      }))
+    )
+  );
+  fc.assert(
+    fc.property(fc.oneof(reorderable, chains), (nodes) => {
+      const levels = count(reorderLevels(nodes).nodes), lookahead = count(reorderNodes(nodes).nodes);
+      ok(levels <= lookahead, `levels ${levels} > look-ahead ${lookahead}`);
+      if (levels < lookahead) fewer++;
+    }),
+    { numRuns: 200, seed: 5 },
+  );
+  ok(fewer > 0, "levels beat the look-ahead on some graph");
+});
+
+Deno.test("dependency depth, hazards, redundant barriers and barrier placement equal their quadratic definitions", () => {
+  fc.assert(
+    fc.property(graphArb, (nodes: CapturedNode[]) => {
+      const ds = nodes.filter((n): n is DispatchNode => n.kind === "dispatch");
+      equal(dependencyDepth(nodes), referenceDepth(ds));
+      deepStrictEqual(
+        findHazards(nodes).map((h) => ({ kind: h.kind, first: h.first.index, second: h.second.index, range: h.range })),
+        referenceHazards(nodes),
+      );
+      equal(countRedundantBarriers(nodes), referenceRedundantBarriers(nodes));
+      // Greedy placement: a barrier exactly before each dispatch that depends on its group.
+      const expected: CapturedNode[] = [];
+      let group: DispatchNode[] = [];
+      for (const n of nodes) {
+        if (n.kind === "barrier") continue;
+        if (group.some((a) => dependent(a, n))) {
+          expected.push(BARRIER);
+          group = [];
+        }
+        group.push(n);
+        expected.push(n);
+      }
+      deepStrictEqual(placeBarriers(nodes, false), expected);
+    }),
+    { numRuns: 300, seed: 13 },
+  );
+});
+
+Deno.test("the look-ahead reorder keeps the seed's exact permutation", () => {
+  fc.assert(
+    fc.property(graphArb, (nodes: CapturedNode[]) => {
+      const g = new ComputeGraph(nodes);
+      g.reorder();
+      deepStrictEqual(g.nodes, referenceLookahead(nodes));
+    }),
+    { numRuns: 300, seed: 17 },
   );
 });

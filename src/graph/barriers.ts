@@ -7,30 +7,23 @@
  */
 
 import { BARRIER, type CapturedNode } from "./nodes.ts";
-import { ConflictTracker } from "./tracker.ts";
+import { GroupWalker } from "./tracker.ts";
 
 /**
  * Returns the nodes with a barrier inserted before every dispatch that conflicts with its concurrent
  * group. Existing barriers are kept (`keepExplicit`) or dropped; consecutive barriers collapse.
+ * O(n log n) at worst in the ranges (see ConflictTracker).
  */
 export function placeBarriers(nodes: readonly CapturedNode[], keepExplicit: boolean): CapturedNode[] {
   const out: CapturedNode[] = [];
-  const tracker = new ConflictTracker();
-  let groupSize = 0;
-  const barrier = () => {
-    if (groupSize > 0) out.push(BARRIER);
-    tracker.reset();
-    groupSize = 0;
-  };
+  const walker = new GroupWalker();
   for (const n of nodes) {
     if (n.kind === "barrier") {
-      if (keepExplicit) barrier();
+      if (keepExplicit && walker.barrier()) out.push(BARRIER);
       continue;
     }
-    if (groupSize > 0 && tracker.conflicts(n.reads, n.writes)) barrier();
-    tracker.add(n.reads, n.writes);
+    if (walker.dispatch(n)) out.push(BARRIER);
     out.push(n);
-    groupSize++;
   }
   return out;
 }

@@ -5,14 +5,105 @@
  * @module
  */
 
+import { MlxError } from "../errors.ts";
 import type { KernelContract } from "../kernels.ts";
 
 /** A byte range of one allocation: `[allocation id, start, end)`. */
 export type MemRange = readonly [alloc: number, start: number, end: number];
 
-/** Whether two ranges share at least one byte (different allocations never do). */
+/**
+ * Whether two ranges share at least one byte (different allocations never do; an empty range
+ * touches no byte).
+ */
 export function rangesOverlap(a: MemRange, b: MemRange): boolean {
-  return a[0] === b[0] && a[1] < b[2] && b[1] < a[2];
+  return a[0] === b[0] && a[1] < b[2] && b[1] < a[2] && a[1] < a[2] && b[1] < b[2];
+}
+
+/** How a later access conflicts with an earlier one of the same bytes. */
+export type ConflictKind = "RAW" | "WAR" | "WAW";
+
+/**
+ * The conflict rule, in one place: a later access of bytes an earlier access touched conflicts
+ * unless both only read. Read after write is RAW, write after read WAR, write after write WAW.
+ */
+export function conflictKind(earlierWrites: boolean, laterWrites: boolean): ConflictKind | null {
+  return laterWrites ? (earlierWrites ? "WAW" : "WAR") : (earlierWrites ? "RAW" : null);
+}
+
+/**
+ * The first conflict of accesses `b` (later) with accesses `a` (earlier), or null: RAW is looked
+ * for first (b's reads against a's writes), then WAR and WAW (b's writes against a's reads, then
+ * a's writes). Pairwise, for small sets; groups use the interval structures built on the same rule.
+ */
+export function conflict(a: Accesses, b: Accesses): ConflictKind | null {
+  for (const r of b.reads) for (const w of a.writes) if (rangesOverlap(r, w)) return conflictKind(true, false);
+  for (const w of b.writes) {
+    for (const r of a.reads) if (rangesOverlap(w, r)) return conflictKind(false, true);
+    for (const w2 of a.writes) if (rangesOverlap(w, w2)) return conflictKind(true, true);
+  }
+  return null;
+}
+
+/**
+ * Throws an InvalidArgument MlxError unless `r` is `[allocation id, start, end)` with non-negative
+ * integers and start <= end. Without this a NaN, fractional, negative or reversed range compares as
+ * "no overlap" everywhere and silently drops a needed barrier. `where` names the caller for the
+ * message.
+ */
+export function checkRange(r: MemRange, where: string): void {
+  // Per dispatch on the encoder's hot path: comparisons reject NaN, the bound rejects infinities,
+  // Math.floor fractions; only a failure pays for the message.
+  if (typeof r === "object" && r !== null) {
+    const a = r[0], s = r[1], e = r[2];
+    if (
+      s >= 0 && e >= s && e <= MAX_SAFE && a >= 0 && a <= MAX_SAFE &&
+      Math.floor(s) === s && Math.floor(e) === e && Math.floor(a) === a
+    ) return;
+  }
+  throw invalidRange(r, where);
+}
+
+const MAX_SAFE = Number.MAX_SAFE_INTEGER;
+
+/** {@link checkRange} on every range of a list (which must be an array). */
+export function checkRanges(list: readonly MemRange[], where: string): void {
+  if (!Array.isArray(list)) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${where}: expected an array of byte ranges, got ${describe(list)}; pass [] when there are none`,
+    );
+  }
+  for (let i = 0; i < list.length; i++) checkRange(list[i], where);
+}
+
+function describe(x: unknown): string {
+  if (Array.isArray(x)) return `[${x.map((v) => typeof v === "number" ? String(v) : typeof v).join(", ")}]`;
+  return x === null ? "null" : typeof x;
+}
+
+function invalidRange(r: unknown, where: string): MlxError {
+  let why: string;
+  if (!Array.isArray(r) || r.length !== 3) why = "it is not a triple [allocation id, start, end]";
+  else {
+    const names = ["allocation id", "start", "end"];
+    const bad = r.findIndex((v) => !Number.isSafeInteger(v) || (v as number) < 0);
+    if (bad >= 0) {
+      const v = r[bad];
+      why = typeof v !== "number"
+        ? `its ${names[bad]} is ${typeof v}, not a number`
+        : Number.isNaN(v)
+        ? `its ${names[bad]} is NaN`
+        : v < 0
+        ? `its ${names[bad]} is negative`
+        : `its ${names[bad]} is not an integer`;
+    } else why = "it is reversed (end < start)";
+  }
+  return new MlxError(
+    "InvalidArgument",
+    `${where}: invalid byte range ${describe(r)}: ${why}. A range is [allocation id, start byte, end byte) ` +
+      `with non-negative integers and start <= end; pass buffer.range() or a buffer view, or fix the offsets ` +
+      `(an invalid range would compare as "no overlap" and hide a race)`,
+  );
 }
 
 /** Whether two ranges are the same bytes of the same allocation. */

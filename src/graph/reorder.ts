@@ -1,13 +1,21 @@
 /**
- * The reorder pass (llama.cpp's ggml_metal_graph_optimize_reorder, as in the seed): barriers are
- * stripped, then each node either joins the current concurrent group or, when it conflicts, first
- * pulls up to 64 later nodes into the group — a candidate must be clear of the group and of every
- * node skipped so far, non-reorderable ops end the look-ahead, and nodes with no memory effect
- * always join. Barriers are recomputed from ranges when the result is encoded.
+ * The reorder passes. Both strip barriers; barriers are recomputed from ranges when the result is
+ * encoded.
+ *
+ * The look-ahead (llama.cpp's ggml_metal_graph_optimize_reorder, as in the seed): each node either
+ * joins the current concurrent group or, when it conflicts, first pulls up to 64 later nodes into
+ * the group — a candidate must be clear of the group and of every node skipped so far,
+ * non-reorderable ops end the look-ahead, and nodes with no memory effect always join.
+ *
+ * Levels: every dispatch goes to the earliest concurrent group its dependencies allow (its
+ * dependency level), so the groups number exactly the dependency depth — the fewest any schedule
+ * can have. A non-reorderable op keeps its place relative to every other dispatch, as in the
+ * look-ahead: it lands no earlier than anything before it, and nothing after it lands earlier.
  *
  * @module
  */
 
+import { dependencyLevels } from "./analysis.ts";
 import { type CapturedNode, type DispatchNode, isAnnotated, isDispatch } from "./nodes.ts";
 import { isReorderable } from "./op_kind.ts";
 import { ConflictTracker } from "./tracker.ts";
@@ -23,7 +31,7 @@ export interface ReorderResult {
   readonly reordered: number;
 }
 
-/** Runs the pass. */
+/** Runs the look-ahead pass. */
 export function reorderNodes(input: readonly CapturedNode[]): ReorderResult {
   const nodes = input.filter(isDispatch);
   const n = nodes.length;
@@ -57,6 +65,22 @@ export function reorderNodes(input: readonly CapturedNode[]): ReorderResult {
     order.push(i0);
     used[i0] = 1;
   }
+  let reordered = 0;
+  for (let p = 0; p < order.length; p++) if (order[p] !== p) reordered++;
+  return { nodes: order.map((i) => nodes[i]), reordered };
+}
+
+/**
+ * Runs the levels pass: dispatches sorted by dependency level, in recorded order within a level.
+ * Same-level dispatches never conflict, so barriers placed from ranges number depth − 1. O(n log n).
+ */
+export function reorderLevels(input: readonly CapturedNode[]): ReorderResult {
+  const nodes = input.filter(isDispatch);
+  // A non-reorderable op sits at the highest level so far, and every later dispatch at its level
+  // or above; in recorded order within a level, so it keeps its place relative to every dispatch.
+  const levels = dependencyLevels(nodes, (i) => !isReorderable(nodes[i].opKind));
+  const order = Array.from(nodes.keys());
+  order.sort((a, b) => levels[a] - levels[b] || a - b);
   let reordered = 0;
   for (let p = 0; p < order.length; p++) if (order[p] !== p) reordered++;
   return { nodes: order.map((i) => nodes[i]), reordered };

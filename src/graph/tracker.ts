@@ -1,14 +1,19 @@
 /**
  * ConflictTracker: the memory ranges of the current concurrent group and the question "does a new
- * dispatch conflict with them?" (llama.cpp's ggml_mem_ranges; MLX's barrier logic). Read–read never
- * conflicts; a new read overlapping a recorded write is RAW; a new write overlapping any recorded
- * range is WAR or WAW; different allocations never conflict. Exact byte ranges, strict overlap.
- * Storage is typed arrays that grow as needed: no allocation per check.
+ * dispatch conflict with them?" (llama.cpp's ggml_mem_ranges; MLX's barrier logic), under the rule
+ * of {@link conflictKind}: read–read never conflicts; a new read overlapping a recorded write is
+ * RAW; a new write overlapping any recorded range is WAR or WAW; different allocations never
+ * conflict. Exact byte ranges, strict overlap; an empty range touches nothing.
+ *
+ * Each allocation keeps two sorted sets of disjoint byte intervals — the bytes written and the bytes
+ * accessed at all — so a check is a binary search (O(1) when ranges arrive in address order) and the
+ * cost per dispatch does not grow with the group's width, even for hundreds of disjoint slices of
+ * one allocation. {@link GroupWalker} is the one "walk the group, reset at a barrier" loop.
  *
  * @module
  */
 
-import type { MemRange } from "./ranges.ts";
+import { type Accesses, checkRanges, conflictKind, type MemRange, rangesOverlap } from "./ranges.ts";
 
 /** Why two accesses conflict. */
 export interface ConflictReason {
@@ -20,8 +25,95 @@ export interface ConflictReason {
   readonly existing: MemRange;
 }
 
+/** Index of the first of the `count` intervals of `set` whose end is >= `s` (touching counts), or `count`. */
+function firstEndingFrom(set: Float64Array, count: number, s: number): number {
+  let lo = 0, hi = count;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (set[2 * mid + 1] < s) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/**
+ * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals. Testing
+ * costs O(log k) for k intervals; adding O(log k) plus a memmove of the intervals after the new
+ * one (none when ranges arrive in address order).
+ */
+export class ByteIntervals {
+  // Interleaved [s0, e0, s1, e1, …] with e_k < s_{k+1}; the first `n` numbers are in use.
+  #set: Float64Array = new Float64Array(8);
+  #n = 0;
+
+  /** Number of disjoint intervals. */
+  get intervalCount(): number {
+    return this.#n >> 1;
+  }
+
+  /** Empties the set (keeping its storage). */
+  clear(): void {
+    this.#n = 0;
+  }
+
+  /** Whether [s, e) shares a byte with the set (an empty range never does). */
+  intersects(s: number, e: number): boolean {
+    const set = this.#set, n = this.#n;
+    if (n === 0 || s >= e || s >= set[n - 1] || e <= set[0]) return false;
+    if (s >= set[n - 2]) return true; // starts inside the last interval
+    return set[2 * firstEndingFrom(set, n >> 1, s + 1)] < e; // the first interval ending after s
+  }
+
+  /** Adds [s, e), merging every interval it overlaps or touches (an empty range adds nothing). */
+  add(s: number, e: number): void {
+    const n = this.#n;
+    if (s >= e) return;
+    let set: Float64Array = this.#set;
+    if (n === 0 || s > set[n - 1]) { // after everything: the address-order case
+      if (n === set.length) set = this.#grow();
+      set[n] = s;
+      set[n + 1] = e;
+      this.#n = n + 2;
+      return;
+    }
+    if (s >= set[n - 2]) { // inside or touching the last interval
+      if (e > set[n - 1]) set[n - 1] = e;
+      return;
+    }
+    const count = n >> 1;
+    const i = firstEndingFrom(set, count, s); // the first interval touching or after [s, e)
+    let j = i; // one past the last interval touching [s, e); each merged one is removed, so O(1) amortised
+    while (j < count && set[2 * j] <= e) j++;
+    if (j === i) { // touches nothing: insert at i
+      if (n === set.length) set = this.#grow();
+      set.copyWithin(2 * i + 2, 2 * i, n);
+      set[2 * i] = s;
+      set[2 * i + 1] = e;
+      this.#n = n + 2;
+      return;
+    }
+    set[2 * i] = Math.min(s, set[2 * i]);
+    set[2 * i + 1] = Math.max(e, set[2 * j - 1]);
+    if (j - i > 1) {
+      set.copyWithin(2 * i + 2, 2 * j, n);
+      this.#n = n - 2 * (j - i - 1);
+    }
+  }
+
+  #grow(): Float64Array {
+    const bigger = new Float64Array(2 * this.#set.length);
+    bigger.set(this.#set);
+    return this.#set = bigger;
+  }
+}
+
 const EMPTY_F64 = new Float64Array(0);
 const EMPTY_U8 = new Uint8Array(0);
+
+// The hash table's slots: six numbers each. An allocation's written bytes and touched (read or
+// written) bytes are each one inline interval [S, E) — empty when S = E — until a second disjoint
+// interval arrives; then S is SPILLED and the bytes live in a ByteIntervals of the slot.
+const SLOT = 6, KEY = 0, EPOCH = 1, WRITTEN = 2, TOUCHED = 4, SPILLED = -1;
 
 /**
  * The ranges of one concurrent group.
@@ -36,14 +128,26 @@ const EMPTY_U8 = new Uint8Array(0);
  * ```
  */
 export class ConflictTracker {
-  // Allocated on first use: a typed array costs ~0.7 µs to create in Deno, and most encoders
+  // The group's allocations: an open-addressing hash table (linear probing) whose slots carry the
+  // group (epoch) that claimed them, so a slot of an earlier group is empty and reset is O(1).
+  // Typed arrays are allocated on first use: one costs ~0.7 µs to create in Deno, and most encoders
   // (no autoBarriers) never record a range.
+  #slots = EMPTY_F64;
+  #spillWritten: (ByteIntervals | undefined)[] = [];
+  #spillTouched: (ByteIntervals | undefined)[] = [];
+  #mask = -1;
+  #allocs = 0; // slots claimed by the current group
+  #epoch = 1;
+  // Every recorded range in order, for conflictReason and size.
   #alloc = EMPTY_F64;
   #start = EMPTY_F64;
   #end = EMPTY_F64;
   #write = EMPTY_U8;
   #n = 0;
-  #lastIncoming: MemRange | null = null; // the incoming range of the last conflict found
+  // The lists conflicts() last validated: add() of the same lists (the check-then-add of a
+  // dispatch) does not validate them again.
+  #checkedReads: readonly MemRange[] | null = null;
+  #checkedWrites: readonly MemRange[] | null = null;
 
   /** Number of recorded ranges. */
   get size(): number {
@@ -53,61 +157,154 @@ export class ConflictTracker {
   /** Forgets every range (after a barrier). */
   reset(): void {
     this.#n = 0;
+    this.#allocs = 0;
+    this.#epoch++; // exact up to 2^53 groups
   }
 
-  /** Records a dispatch's reads and writes as part of the current group. */
+  /**
+   * Records a dispatch's reads and writes as part of the current group. Throws InvalidArgument for
+   * a malformed range (see `checkRange` in ranges.ts).
+   */
   add(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    for (let i = 0; i < reads.length; i++) this.#push(reads[i], 0);
-    for (let i = 0; i < writes.length; i++) this.#push(writes[i], 1);
+    if (reads !== this.#checkedReads || writes !== this.#checkedWrites) {
+      checkRanges(reads, "ConflictTracker.add reads");
+      checkRanges(writes, "ConflictTracker.add writes");
+    }
+    this.#checkedReads = this.#checkedWrites = null;
+    for (let i = 0; i < reads.length; i++) this.#record(reads[i], false);
+    for (let i = 0; i < writes.length; i++) this.#record(writes[i], true);
   }
 
-  /** Whether a dispatch with these accesses conflicts with the recorded group. */
+  /**
+   * Whether a dispatch with these accesses conflicts with the recorded group. Throws
+   * InvalidArgument for a malformed range.
+   */
   conflicts(reads: readonly MemRange[], writes: readonly MemRange[]): boolean {
-    return this.#find(reads, writes) >= 0;
+    checkRanges(reads, "ConflictTracker.conflicts reads");
+    checkRanges(writes, "ConflictTracker.conflicts writes");
+    this.#checkedReads = reads;
+    this.#checkedWrites = writes;
+    return this.#n > 0 && this.#firstConflict(reads, writes) >= 0;
   }
 
-  /** The first conflict of a dispatch with the recorded group, or null. */
+  /** The first conflict of a dispatch with the recorded group (in recording order), or null. */
   conflictReason(reads: readonly MemRange[], writes: readonly MemRange[]): ConflictReason | null {
-    const hit = this.#find(reads, writes);
-    if (hit < 0) return null;
-    const j = hit >>> 1, isWriteIn = (hit & 1) === 1;
-    const existing: MemRange = [this.#alloc[j], this.#start[j], this.#end[j]];
-    const incoming = this.#lastIncoming!;
-    const kind = !isWriteIn ? "RAW" : this.#write[j] ? "WAW" : "WAR";
-    return { kind, incoming, existing };
+    checkRanges(reads, "ConflictTracker.conflictReason reads");
+    checkRanges(writes, "ConflictTracker.conflictReason writes");
+    const k = this.#firstConflict(reads, writes);
+    if (k < 0) return null;
+    // Diagnostics only: the recorded range is found by a scan of the group.
+    const incomingWrites = (k & 1) === 1, hit = incomingWrites ? writes[k >> 1] : reads[k >> 1];
+    for (let j = 0; j < this.#n; j++) {
+      const existing: MemRange = [this.#alloc[j], this.#start[j], this.#end[j]];
+      const kind = conflictKind(this.#write[j] === 1, incomingWrites);
+      if (kind !== null && rangesOverlap(hit, existing)) return { kind, incoming: hit, existing };
+    }
+    return null; // unreachable: the interval sets hold exactly the recorded ranges
   }
 
-  /** Index·2 + (1 if the incoming range is a write) of the first conflict, or -1. */
-  #find(reads: readonly MemRange[], writes: readonly MemRange[]): number {
-    const n = this.#n, alloc = this.#alloc, start = this.#start, end = this.#end, write = this.#write;
+  /**
+   * The first incoming range that conflicts, reads first (RAW), then writes (WAR/WAW): 2·i for
+   * reads[i], 2·i + 1 for writes[i], -1 for none.
+   */
+  #firstConflict(reads: readonly MemRange[], writes: readonly MemRange[]): number {
+    if (this.#allocs === 0) return -1;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i];
-      for (let j = 0; j < n; j++) {
-        if (write[j] && alloc[j] === r[0] && start[j] < r[2] && r[1] < end[j]) {
-          this.#lastIncoming = r;
-          return j * 2;
-        }
-      }
+      const r = reads[i], slot = this.#slot(r[0]);
+      if (this.#claimed(slot) && this.#intersects(slot, WRITTEN, r[1], r[2])) return 2 * i;
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i];
-      for (let j = 0; j < n; j++) {
-        if (alloc[j] === r[0] && start[j] < r[2] && r[1] < end[j]) {
-          this.#lastIncoming = r;
-          return j * 2 + 1;
-        }
-      }
+      const r = writes[i], slot = this.#slot(r[0]);
+      if (this.#claimed(slot) && this.#intersects(slot, TOUCHED, r[1], r[2])) return 2 * i + 1;
     }
     return -1;
   }
 
-  #push(r: MemRange, isWrite: number): void {
+  /** The slot of `alloc`: where it is, or the free slot where it would go. */
+  #slot(alloc: number): number {
+    const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
+    // Fibonacci hashing of the id's low 32 bits (ids are small counters).
+    let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask;
+    while (slots[i * SLOT + EPOCH] === epoch && slots[i * SLOT + KEY] !== alloc) i = (i + 1) & mask;
+    return i;
+  }
+
+  #claimed(slot: number): boolean {
+    return this.#slots[slot * SLOT + EPOCH] === this.#epoch;
+  }
+
+  /** Whether [s, e) shares a byte with the slot's written or touched bytes. */
+  #intersects(slot: number, field: number, s: number, e: number): boolean {
+    const k = slot * SLOT + field, start = this.#slots[k];
+    if (start !== SPILLED) return start < e && s < this.#slots[k + 1] && s < e;
+    return (field === WRITTEN ? this.#spillWritten : this.#spillTouched)[slot]!.intersects(s, e);
+  }
+
+  /** Adds [s, e) (non-empty) to the slot's written or touched bytes. */
+  #addTo(slot: number, field: number, s: number, e: number): void {
+    const slots = this.#slots, k = slot * SLOT + field, start = slots[k], end = slots[k + 1];
+    const spill = field === WRITTEN ? this.#spillWritten : this.#spillTouched;
+    if (start === SPILLED) spill[slot]!.add(s, e);
+    else if (start === end) { // empty
+      slots[k] = s;
+      slots[k + 1] = e;
+    } else if (s <= end && start <= e) { // overlaps or touches: still one interval
+      slots[k] = Math.min(start, s);
+      slots[k + 1] = Math.max(end, e);
+    } else {
+      const set = spill[slot] ??= new ByteIntervals();
+      set.clear();
+      set.add(start, end);
+      set.add(s, e);
+      slots[k] = SPILLED;
+    }
+  }
+
+  #record(r: MemRange, isWrite: boolean): void {
+    this.#log(r, isWrite);
+    const s = r[1], e = r[2];
+    if (s === e) return; // touches nothing
+    if (2 * (this.#allocs + 1) > this.#mask + 1) this.#rehash();
+    const alloc = r[0], slot = this.#slot(alloc);
+    if (!this.#claimed(slot)) {
+      const slots = this.#slots, k = slot * SLOT;
+      slots[k + KEY] = alloc;
+      slots[k + EPOCH] = this.#epoch;
+      slots[k + WRITTEN] =
+        slots[k + WRITTEN + 1] =
+        slots[k + TOUCHED] =
+        slots[k + TOUCHED + 1] =
+          0;
+      this.#allocs++;
+    }
+    if (isWrite) this.#addTo(slot, WRITTEN, s, e);
+    this.#addTo(slot, TOUCHED, s, e);
+  }
+
+  /** Doubles the table (at least 64 slots), keeping the current group's allocations. */
+  #rehash(): void {
+    const old = this.#slots, oldWritten = this.#spillWritten, oldTouched = this.#spillTouched;
+    const cap = Math.max(64, 2 * (this.#mask + 1));
+    this.#slots = new Float64Array(cap * SLOT);
+    this.#spillWritten = new Array(cap);
+    this.#spillTouched = new Array(cap);
+    this.#mask = cap - 1;
+    for (let j = 0; j < old.length / SLOT; j++) {
+      if (old[j * SLOT + EPOCH] !== this.#epoch) continue;
+      const i = this.#slot(old[j * SLOT + KEY]);
+      this.#slots.set(old.subarray(j * SLOT, j * SLOT + SLOT), i * SLOT);
+      this.#spillWritten[i] = oldWritten[j];
+      this.#spillTouched[i] = oldTouched[j];
+    }
+  }
+
+  #log(r: MemRange, isWrite: boolean): void {
     if (this.#n === this.#alloc.length) this.#grow();
     const k = this.#n++;
     this.#alloc[k] = r[0];
     this.#start[k] = r[1];
     this.#end[k] = r[2];
-    this.#write[k] = isWrite;
+    this.#write[k] = isWrite ? 1 : 0;
   }
 
   #grow(): void {
@@ -123,5 +320,50 @@ export class ConflictTracker {
     const w = new Uint8Array(cap);
     w.set(this.#write);
     this.#write = w;
+  }
+}
+
+/**
+ * The concurrent group being built while walking a sequence of dispatches and barriers: the one
+ * "walk the group, reset at a barrier" loop of the barrier pass, the validator and the encoders.
+ * With `recompute` (the default) it tracks the group's ranges so that a conflicting dispatch can
+ * start a new group; without, groups end only at barriers (the groups as placed).
+ */
+export class GroupWalker {
+  readonly #tracker: ConflictTracker | null;
+  #size = 0;
+
+  /** A walker at the start of a sequence. */
+  constructor(options: { recompute?: boolean } = {}) {
+    this.#tracker = options.recompute === false ? null : new ConflictTracker();
+  }
+
+  /** Dispatches in the current group. */
+  get groupSize(): number {
+    return this.#size;
+  }
+
+  /** Ends the group. Returns whether it held a dispatch (so the barrier separates something). */
+  barrier(): boolean {
+    const had = this.#size > 0;
+    this.#tracker?.reset();
+    this.#size = 0;
+    return had;
+  }
+
+  /**
+   * Adds a dispatch to the group. When recomputing, a dispatch that conflicts with the group first
+   * ends it; returns whether it did (a barrier belongs before this dispatch).
+   */
+  dispatch(acc: Accesses): boolean {
+    const t = this.#tracker;
+    let split = false;
+    if (t !== null) {
+      split = this.#size > 0 && t.conflicts(acc.reads, acc.writes);
+      if (split) this.barrier();
+      t.add(acc.reads, acc.writes);
+    }
+    this.#size++;
+    return split;
   }
 }

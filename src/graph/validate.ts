@@ -3,13 +3,23 @@
  * of each pair of dispatches (from their bindings and the kernels' declared access modes, not from
  * annotations) and reports every missing barrier with both dispatches, the allocation and the
  * overlapping bytes. It can also count redundant barriers (ones whose removal creates no hazard).
+ * Every pass is O(n log n) in the dispatches, plus the size of what it reports.
  *
  * @module
  */
 
 import { contractOf, type KernelContract } from "../kernels.ts";
 import { type CapturedNode, type DispatchNode, isDispatch } from "./nodes.ts";
-import { type Accesses, accessesOf, formatRange, type MemRange, rangesOverlap } from "./ranges.ts";
+import {
+  type Accesses,
+  accessesOf,
+  checkRanges,
+  conflictKind,
+  formatRange,
+  type MemRange,
+  rangesOverlap,
+} from "./ranges.ts";
+import { ByteIntervals, ConflictTracker, GroupWalker } from "./tracker.ts";
 
 /** A dispatch, identified for a report. */
 export interface DispatchRef {
@@ -47,55 +57,117 @@ function intersect(a: MemRange, b: MemRange): MemRange {
   return [a[0], Math.max(a[1], b[1]), Math.min(a[2], b[2])];
 }
 
-/** Every conflict between `a` (earlier) and `b` (later). */
-function conflictsBetween(a: Accesses, b: Accesses): { kind: Hazard["kind"]; range: MemRange }[] {
-  const found: { kind: Hazard["kind"]; range: MemRange }[] = [];
-  for (const r of b.reads) {
-    for (const w of a.writes) if (rangesOverlap(r, w)) found.push({ kind: "RAW", range: intersect(r, w) });
-  }
-  for (const w of b.writes) {
-    for (const r of a.reads) if (rangesOverlap(w, r)) found.push({ kind: "WAR", range: intersect(w, r) });
-    for (const w2 of a.writes) if (rangesOverlap(w, w2)) found.push({ kind: "WAW", range: intersect(w, w2) });
-  }
-  return found;
+/** One range of one dispatch of a group, for the sweep. */
+interface Access {
+  readonly range: MemRange;
+  readonly dispatch: number; // index among the dispatches of the sequence
+  readonly writes: boolean;
+  readonly pos: number; // position in the dispatch's reads or writes
 }
 
-interface Member {
-  readonly ref: DispatchRef;
-  readonly acc: Accesses;
+/** The dispatches of a sequence with their true accesses (checked), and its concurrent groups. */
+interface Walked {
+  readonly refs: DispatchRef[];
+  readonly accesses: Accesses[];
+  /** Group g holds dispatches [bounds[g], bounds[g + 1]). */
+  readonly bounds: number[];
 }
 
-function groupsOf(nodes: readonly CapturedNode[]): Member[][] {
-  const groups: Member[][] = [[]];
-  let index = 0;
+/** Splits a sequence at its barrier nodes (the groups as placed) and checks every range once. */
+function walk(nodes: readonly CapturedNode[]): Walked {
+  const refs: DispatchRef[] = [], accesses: Accesses[] = [], bounds = [0];
+  const walker = new GroupWalker({ recompute: false });
   for (const n of nodes) {
     if (!isDispatch(n)) {
-      if (groups[groups.length - 1].length > 0) groups.push([]);
+      if (walker.barrier()) bounds.push(refs.length);
       continue;
     }
-    groups[groups.length - 1].push({ ref: { index: index++, kernel: n.pipeline.name }, acc: trueAccesses(n) });
+    const ref = { index: refs.length, kernel: n.pipeline.name }, acc = trueAccesses(n);
+    const where = `dispatch ${ref.index} (${ref.kernel})`;
+    checkRanges(acc.reads, `${where} reads`);
+    checkRanges(acc.writes, `${where} writes`);
+    walker.dispatch(acc);
+    refs.push(ref);
+    accesses.push(acc);
   }
-  return groups.filter((g) => g.length > 0);
+  if (walker.barrier()) bounds.push(refs.length);
+  return { refs, accesses, bounds };
 }
 
-/** Every hazard of a sequence of dispatches and barriers (empty when it is race-free). */
-export function findHazards(nodes: readonly CapturedNode[]): Hazard[] {
-  const hazards: Hazard[] = [];
-  for (const g of groupsOf(nodes)) {
-    for (let j = 1; j < g.length; j++) {
-      for (let i = 0; i < j; i++) {
-        for (const c of conflictsBetween(g[i].acc, g[j].acc)) {
-          hazards.push({ kind: c.kind, first: g[i].ref, second: g[j].ref, range: c.range });
-        }
-      }
+/** Sort key of a hazard: later dispatch, earlier dispatch, then the pairwise order of the ranges. */
+interface Found {
+  readonly hazard: Hazard;
+  readonly key: readonly number[];
+}
+
+function compareKeys(a: Found, b: Found): number {
+  for (let i = 0; i < a.key.length; i++) if (a.key[i] !== b.key[i]) return a.key[i] - b.key[i];
+  return 0;
+}
+
+/**
+ * Every conflicting pair of one allocation's accesses within one group, by a sweep in address
+ * order: an access meets only the earlier-starting ones still open at its start, all of which
+ * overlap it, and reads are matched against writes only — O(k log k + hazards) for k accesses.
+ */
+function sweep(list: Access[], refs: readonly DispatchRef[], out: Found[]): void {
+  list.sort((a, b) => a.range[1] - b.range[1]);
+  const openReads: Access[] = [], openWrites: Access[] = [];
+  const meet = (open: Access[], x: Access) => {
+    let kept = 0;
+    for (const y of open) {
+      if (y.range[2] <= x.range[1]) continue; // ended before x starts: closed for good
+      open[kept++] = y;
+      if (y.dispatch === x.dispatch) continue;
+      const [early, late] = y.dispatch < x.dispatch ? [y, x] : [x, y];
+      const kind = conflictKind(early.writes, late.writes)!;
+      out.push({
+        hazard: {
+          kind,
+          first: refs[early.dispatch],
+          second: refs[late.dispatch],
+          range: intersect(late.range, early.range),
+        },
+        key: [late.dispatch, early.dispatch, late.writes ? 1 : 0, late.pos, early.writes ? 1 : 0, early.pos],
+      });
     }
+    open.length = kept;
+  };
+  for (const x of list) {
+    meet(openWrites, x);
+    if (x.writes) meet(openReads, x);
+    (x.writes ? openWrites : openReads).push(x);
   }
-  return hazards;
+}
+
+/**
+ * Every hazard of a sequence of dispatches and barriers (empty when it is race-free), ordered by the
+ * later dispatch, then the earlier one. Throws InvalidArgument for a malformed range.
+ */
+export function findHazards(nodes: readonly CapturedNode[]): Hazard[] {
+  const { refs, accesses, bounds } = walk(nodes);
+  const found: Found[] = [];
+  for (let g = 0; g + 1 < bounds.length; g++) {
+    if (bounds[g + 1] - bounds[g] < 2) continue;
+    const byAlloc = new Map<number, Access[]>();
+    const note = (range: MemRange, dispatch: number, writes: boolean, pos: number) => {
+      if (range[1] === range[2]) return; // touches nothing
+      let list = byAlloc.get(range[0]);
+      if (!list) byAlloc.set(range[0], list = []);
+      list.push({ range, dispatch, writes, pos });
+    };
+    for (let d = bounds[g]; d < bounds[g + 1]; d++) {
+      accesses[d].reads.forEach((r, pos) => note(r, d, false, pos));
+      accesses[d].writes.forEach((r, pos) => note(r, d, true, pos));
+    }
+    for (const list of byAlloc.values()) if (list.length > 1) sweep(list, refs, found);
+  }
+  return found.sort(compareKeys).map((f) => f.hazard);
 }
 
 /** Barriers that separate two groups with no conflict between them (removable without a hazard). */
 export function countRedundantBarriers(nodes: readonly CapturedNode[]): number {
-  const groups = groupsOf(nodes);
+  const { accesses, bounds } = walk(nodes);
   let barriers = 0;
   let seenDispatch = false, pendingBarriers = 0;
   for (const n of nodes) {
@@ -106,8 +178,14 @@ export function countRedundantBarriers(nodes: readonly CapturedNode[]): number {
     } else if (seenDispatch) pendingBarriers++;
   }
   barriers += pendingBarriers; // trailing barriers separate nothing
-  for (let g = 1; g < groups.length; g++) {
-    const independent = groups[g].every((b) => groups[g - 1].every((a) => conflictsBetween(a.acc, b.acc).length === 0));
+  const earlier = new ConflictTracker();
+  for (let g = 1; g + 1 < bounds.length; g++) {
+    earlier.reset();
+    for (let d = bounds[g - 1]; d < bounds[g]; d++) earlier.add(accesses[d].reads, accesses[d].writes);
+    let independent = true;
+    for (let d = bounds[g]; d < bounds[g + 1] && independent; d++) {
+      independent = !earlier.conflicts(accesses[d].reads, accesses[d].writes);
+    }
     if (independent) barriers++;
   }
   return barriers;
@@ -140,7 +218,9 @@ function bytesWord(b: unknown, word: number): number {
  */
 export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): BrokenConstantPromise[] {
   const broken: BrokenConstantPromise[] = [];
-  const writesByAlloc = new Map<number, { ref: DispatchRef; range: MemRange }[]>(); // earlier writes
+  // Earlier writes per allocation: the bytes (a quick no for the common, clean case) and the list
+  // (scanned only to name the writers of a promise that is broken).
+  const writesByAlloc = new Map<number, { bytes: ByteIntervals; list: { ref: DispatchRef; range: MemRange }[] }>();
   let index = 0;
   for (const n of nodes) {
     if (!isDispatch(n)) continue;
@@ -149,16 +229,19 @@ export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): Brok
       const c = s.constantIf, b = n.bindings![i];
       if (!c || !(bytesWord(n.bindings![c.slot], c.word) & c.mask)) return;
       const r = (b as { range?: () => MemRange } | undefined)?.range?.();
-      for (const w of (r && writesByAlloc.get(r[0])) ?? []) {
-        if (rangesOverlap(r!, w.range)) {
-          broken.push({ promised: ref, slot: s.name, writer: w.ref, range: intersect(r!, w.range) });
+      const written = r && writesByAlloc.get(r[0]);
+      if (!r || !written || !written.bytes.intersects(r[1], r[2])) return;
+      for (const w of written.list) {
+        if (rangesOverlap(r, w.range)) {
+          broken.push({ promised: ref, slot: s.name, writer: w.ref, range: intersect(r, w.range) });
         }
       }
     });
     for (const range of trueAccesses(n).writes) {
-      const list = writesByAlloc.get(range[0]) ?? [];
-      list.push({ ref, range });
-      writesByAlloc.set(range[0], list);
+      let written = writesByAlloc.get(range[0]);
+      if (!written) writesByAlloc.set(range[0], written = { bytes: new ByteIntervals(), list: [] });
+      written.bytes.add(range[1], range[2]);
+      written.list.push({ ref, range });
     }
   }
   return broken;
