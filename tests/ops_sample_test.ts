@@ -364,19 +364,33 @@ Deno.test("the native side validates token kernels on its own (raw dispatches pa
   using ctx = testContext();
   const { device, registry } = ctx;
   using l = device.alloc(64, DType.F32), ids = device.alloc(8, DType.U32), out = device.alloc(128, DType.F32);
-  const raw = (name: string, bindings: (MlxBuffer | number[] | undefined)[], grid: number[], kind = "threadgroups") => {
+  const raw = (
+    name: string,
+    bindings: (MlxBuffer | number[] | undefined)[],
+    grid: number[],
+    kind = "threadgroups",
+    threads = 32,
+  ) => {
     using enc = device.commandEncoder();
     enc.dispatch({
       pipeline: registry.get(name),
       bindings,
       grid: grid as [number, number, number],
-      threadgroup: [32, 1, 1],
+      threadgroup: [threads, 1, 1],
       dispatchKind: kind as "threads" | "threadgroups",
     });
     enc.commitAndWait();
   };
   const fails = (f: () => void, re: RegExp) => throws(f, (e: unknown) => e instanceof MlxError && re.test(e.message));
   fails(() => raw("argmax_f32", [l, ids, [16, 1, 0, 0], undefined], [1, 1, 1]), /ring must be > 0/);
+  fails(
+    () => raw("argmax_f32", [l, ids, [2 ** 30 + 1, 1, 1, 0], undefined], [1, 1, 1]),
+    /vocab must be in \[1, 2\^30\]/,
+  );
+  fails(
+    () => raw("sample_f32", [l, ids, [16, 1, 1, 0, 0, 0, 2 ** 31, 0, 0, 0], undefined], [1, 1, 1], "threadgroups", 48),
+    /threadgroup must be/,
+  );
   fails(() => raw("argmax_f32", [l, ids, [16, 1, 1, 1], undefined], [1, 1, 1]), /cursor slot 3 is not bound/);
   fails(() => raw("argmax_f32", [l, ids, [17, 1, 1, 0], undefined], [1, 1, 1]), /kernel needs 68/);
   fails(() => raw("argmax_f32", [l, ids, [4, 2, 1, 0], undefined], [1, 1, 1]), /1 threadgroups do not cover 2 rows/);

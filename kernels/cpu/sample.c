@@ -157,7 +157,7 @@ static inline uint64_t ring_element(const mlxn_kargs *a, int cursor, uint32_t ro
 /* Checks logits [rows, vocab] of element type t in slot 0, one threadgroup per row. */
 static int logits_validate(const mlxn_kargs *a, uint32_t rows, uint32_t vocab, mlxn_ftype t, char *err,
                            size_t cap) {
-  if (vocab == 0) return mlxn_kfail(err, cap, "vocab must be > 0");
+  if (vocab == 0 || vocab > (1u << 30)) return mlxn_kfail(err, cap, "vocab must be in [1, 2^30], got %u", vocab);
   /* The GPU kernels reduce over whole warps / simdgroups of a one-dimensional threadgroup. */
   uint32_t tg = a->tg[0];
   if (tg < 32 || tg > 1024 || (tg & (tg - 1)) || a->tg[1] != 1 || a->tg[2] != 1)

@@ -46,6 +46,8 @@ __constant__ uint32_t exp2_neg_q31[257] = {
 #define NO_WEIGHT 0xffffffffu
 #define LEVELS 11
 #define NO_INDEX 0xffffffffu
+// Row elements each thread loads before using any (vocab <= 2^30, so indices never wrap).
+#define UNROLL 4
 
 __device__ __forceinline__ uint32_t order_key(float x) {
   uint32_t b = __float_as_uint(x);
@@ -123,13 +125,22 @@ template <int T> __device__ row_max block_argmax(const void *x, uint64_t base, u
   __shared__ uint32_t wk[32], wi[32];
   uint32_t bk = 0, bi = NO_INDEX;
   int nan = 0;
-  for (uint32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float v = load<T>(x, base + i);
-    uint32_t k = order_key(v);
-    nan |= v != v;
-    if (k > bk || bi == NO_INDEX) { // this thread's indices increase: the first of equal keys stays
-      bk = k;
-      bi = i;
+  for (uint32_t i0 = threadIdx.x; i0 < vocab; i0 += UNROLL * blockDim.x) {
+    float v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) { // all loads first: UNROLL memory round trips in flight
+      uint32_t i = i0 + u * blockDim.x;
+      v[u] = i < vocab ? load<T>(x, base + i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      uint32_t i = i0 + u * blockDim.x, k = order_key(v[u]);
+      if (i >= vocab) break;
+      nan |= v[u] != v[u];
+      if (k > bk || bi == NO_INDEX) { // this thread's indices increase: the first of equal keys stays
+        bk = k;
+        bi = i;
+      }
     }
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -224,16 +235,26 @@ __device__ selection block_select(const void *x, uint64_t base, uint32_t vocab, 
     __syncthreads();
     const uint32_t m0 = st.mask[0], m1 = st.mask[1], m2 = st.mask[2];
     const uint32_t v0 = st.val[0], v1 = st.val[1], v2 = st.val[2];
-    for (uint32_t i = tid; i < vocab; i += blockDim.x) {
-      float v = load<T>(x, base + i);
-      uint32_t dq = token_distance(v, mf, c);
-      if (dq == NO_WEIGHT) continue;
-      uint32_t f0 = 0x1fffffu - dq, key = order_key(v), nidx = ~i;
-      if ((f0 & m0) != v0 || (key & m1) != v1 || (nidx & m2) != v2) continue;
-      uint32_t d = level_digit(level, f0, key, nidx);
-      atomicAdd(&h_cnt[d], 1u);
-      atomicAdd(&h_w[d], (unsigned long long)distance_weight(dq));
-      atomicMin(&h_min[d], i);
+    for (uint32_t i0 = tid; i0 < vocab; i0 += UNROLL * blockDim.x) {
+      float vs[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++) {
+        uint32_t i = i0 + u * blockDim.x;
+        vs[u] = i < vocab ? load<T>(x, base + i) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++) {
+        uint32_t i = i0 + u * blockDim.x;
+        if (i >= vocab) break;
+        uint32_t dq = token_distance(vs[u], mf, c);
+        if (dq == NO_WEIGHT) continue;
+        uint32_t f0 = 0x1fffffu - dq, key = order_key(vs[u]), nidx = ~i;
+        if ((f0 & m0) != v0 || (key & m1) != v1 || (nidx & m2) != v2) continue;
+        uint32_t d = level_digit(level, f0, key, nidx);
+        atomicAdd(&h_cnt[d], 1u);
+        atomicAdd(&h_w[d], (unsigned long long)distance_weight(dq));
+        atomicMin(&h_min[d], i);
+      }
     }
     __syncthreads();
     if (tid < 32) {

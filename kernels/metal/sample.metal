@@ -44,6 +44,8 @@ constant uint exp2_neg_q31[257] = {
 #define TOKEN_NO_WEIGHT 0xffffffffu
 #define TOKEN_NO_INDEX 0xffffffffu
 #define TOKEN_LEVELS 11
+// Row elements each thread loads before using any (vocab <= 2^30, so indices never wrap).
+#define TOKEN_UNROLL 4
 #define TOKEN_TAIL MLXN_ARGS_TAIL, uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
 inline uint order_key(float x) {
@@ -121,13 +123,20 @@ row_max tg_argmax(device const T *x, ulong base, uint vocab, threadgroup argmax_
                   uint sg, uint lane) {
   uint bk = 0, bi = TOKEN_NO_INDEX;
   bool nan = false;
-  for (uint i = tid; i < vocab; i += n) {
-    float v = ld(x, base + i);
-    uint k = order_key(v);
-    nan = nan || isnan(v);
-    if (k > bk || bi == TOKEN_NO_INDEX) { // this thread's indices increase: the first of equal keys stays
-      bk = k;
-      bi = i;
+  for (uint i0 = tid; i0 < vocab; i0 += TOKEN_UNROLL * n) {
+    float v[TOKEN_UNROLL];
+    for (uint u = 0; u < TOKEN_UNROLL; u++) { // all loads first
+      uint i = i0 + u * n;
+      v[u] = i < vocab ? ld(x, base + i) : 0.0f;
+    }
+    for (uint u = 0; u < TOKEN_UNROLL; u++) {
+      uint i = i0 + u * n, k = order_key(v[u]);
+      if (i >= vocab) break;
+      nan = nan || isnan(v[u]);
+      if (k > bk || bi == TOKEN_NO_INDEX) { // this thread's indices increase: the first of equal keys stays
+        bk = k;
+        bi = i;
+      }
     }
   }
   simd_argmax(bk, bi);
@@ -189,8 +198,13 @@ inline uint level_digit(int level, uint f0, uint key, uint nidx) {
   return (nidx >> (24 - 8 * (level - 7))) & 0xffu;
 }
 
+// The descent's state; its histograms are a separate threadgroup array of 4 × 256 atomic words:
+// counts, lowest index, weight low and high words of each bucket.
+#define H_CNT 0
+#define H_MIN 256
+#define H_WLO 512
+#define H_WHI 768
 struct select_scratch {
-  atomic_uint cnt[256], min_index[256], w_lo[256], w_hi[256];
   uint mask[3], val[3];
   ulong need_c, need_w, above_c, above_w, count, weight;
   uint index;
@@ -209,16 +223,16 @@ inline ulong shuffle_xor64(ulong v, ushort o) {
   return ulong(hi) << 32 | lo;
 }
 
-inline ulong bucket_weight(threadgroup select_scratch &s, int b) {
-  return ulong(atomic_load_explicit(&s.w_hi[b], memory_order_relaxed)) << 32 |
-         atomic_load_explicit(&s.w_lo[b], memory_order_relaxed);
+inline uint hist_load(threadgroup atomic_uint *h, int at) { return atomic_load_explicit(&h[at], memory_order_relaxed); }
+inline ulong bucket_weight(threadgroup atomic_uint *h, int b) {
+  return ulong(hist_load(h, H_WHI + b)) << 32 | hist_load(h, H_WLO + b);
 }
 
 // See select_desc in kernels/cpu/sample.c: the first token in descending order at which the running
 // count reaches need_c and the running weight reaches need_w.
 template <typename T>
 selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c, ulong need_c, ulong need_w,
-                    threadgroup select_scratch &s, uint tid, uint n, uint sg, uint lane) {
+                    threadgroup select_scratch &s, threadgroup atomic_uint *h, uint tid, uint n, uint sg, uint lane) {
   if (tid == 0) {
     for (int f = 0; f < 3; f++) s.mask[f] = s.val[f] = 0;
     s.need_c = need_c;
@@ -228,32 +242,40 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
   }
   for (int level = 0; level < TOKEN_LEVELS; level++) {
     for (uint b = tid; b < 256; b += n) {
-      atomic_store_explicit(&s.cnt[b], 0u, memory_order_relaxed);
-      atomic_store_explicit(&s.w_lo[b], 0u, memory_order_relaxed);
-      atomic_store_explicit(&s.w_hi[b], 0u, memory_order_relaxed);
-      atomic_store_explicit(&s.min_index[b], TOKEN_NO_INDEX, memory_order_relaxed);
+      atomic_store_explicit(&h[H_CNT + b], 0u, memory_order_relaxed);
+      atomic_store_explicit(&h[H_WLO + b], 0u, memory_order_relaxed);
+      atomic_store_explicit(&h[H_WHI + b], 0u, memory_order_relaxed);
+      atomic_store_explicit(&h[H_MIN + b], TOKEN_NO_INDEX, memory_order_relaxed);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     uint m0 = s.mask[0], m1 = s.mask[1], m2 = s.mask[2], v0 = s.val[0], v1 = s.val[1], v2 = s.val[2];
-    for (uint i = tid; i < vocab; i += n) {
-      float v = ld(x, base + i);
-      uint dq = token_distance(v, mf, c);
-      if (dq == TOKEN_NO_WEIGHT) continue;
-      uint f0 = 0x1fffffu - dq, key = order_key(v), nidx = ~i;
-      if ((f0 & m0) != v0 || (key & m1) != v1 || (nidx & m2) != v2) continue;
-      uint d = level_digit(level, f0, key, nidx), w = distance_weight(dq);
-      atomic_fetch_add_explicit(&s.cnt[d], 1u, memory_order_relaxed);
-      uint old = atomic_fetch_add_explicit(&s.w_lo[d], w, memory_order_relaxed);
-      if (old + w < old) atomic_fetch_add_explicit(&s.w_hi[d], 1u, memory_order_relaxed); // the carry
-      atomic_fetch_min_explicit(&s.min_index[d], i, memory_order_relaxed);
+    for (uint i0 = tid; i0 < vocab; i0 += TOKEN_UNROLL * n) {
+      float vs[TOKEN_UNROLL];
+      for (uint u = 0; u < TOKEN_UNROLL; u++) {
+        uint i = i0 + u * n;
+        vs[u] = i < vocab ? ld(x, base + i) : 0.0f;
+      }
+      for (uint u = 0; u < TOKEN_UNROLL; u++) {
+        uint i = i0 + u * n;
+        if (i >= vocab) break;
+        uint dq = token_distance(vs[u], mf, c);
+        if (dq == TOKEN_NO_WEIGHT) continue;
+        uint f0 = 0x1fffffu - dq, key = order_key(vs[u]), nidx = ~i;
+        if ((f0 & m0) != v0 || (key & m1) != v1 || (nidx & m2) != v2) continue;
+        uint d = level_digit(level, f0, key, nidx), w = distance_weight(dq);
+        atomic_fetch_add_explicit(&h[H_CNT + d], 1u, memory_order_relaxed);
+        uint old = atomic_fetch_add_explicit(&h[H_WLO + d], w, memory_order_relaxed);
+        if (old + w < old) atomic_fetch_add_explicit(&h[H_WHI + d], 1u, memory_order_relaxed); // the carry
+        atomic_fetch_min_explicit(&h[H_MIN + d], i, memory_order_relaxed);
+      }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (sg == 0) {
       ulong nc = s.need_c, nw = s.need_w, lc = 0, lw = 0;
       for (int j = 0; j < 8; j++) {
         int b = 255 - 8 * int(lane) - j;
-        lc += atomic_load_explicit(&s.cnt[b], memory_order_relaxed);
-        lw += bucket_weight(s, b);
+        lc += hist_load(h, H_CNT + b);
+        lw += bucket_weight(h, b);
       }
       if (level == 0) { // count mode: at most every token of positive weight
         ulong total = lc;
@@ -274,7 +296,7 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
         int b = -1;
         for (int j = 0; j < 8; j++) {
           int k = 255 - 8 * int(lane) - j;
-          ulong kc = atomic_load_explicit(&s.cnt[k], memory_order_relaxed), kw = bucket_weight(s, k);
+          ulong kc = hist_load(h, H_CNT + k), kw = bucket_weight(h, k);
           if (cc + kc >= nc && cw + kw >= nw) {
             b = k;
             break;
@@ -283,7 +305,7 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
           cw += kw;
         }
         // b >= 0: the predicate turns true inside this lane's buckets.
-        ulong bc = atomic_load_explicit(&s.cnt[b], memory_order_relaxed), bw = bucket_weight(s, b);
+        ulong bc = hist_load(h, H_CNT + b), bw = bucket_weight(h, b);
         s.above_c += cc;
         s.above_w += cw;
         nc = nc > cc ? nc - cc : 0;
@@ -297,7 +319,7 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
         if (bc == (nc != 0 ? nc : 1ul) || level == TOKEN_LEVELS - 1) {
           s.count = s.above_c + bc;
           s.weight = s.above_w + bw;
-          s.index = atomic_load_explicit(&s.min_index[b], memory_order_relaxed);
+          s.index = hist_load(h, H_MIN + b);
           s.found = 1;
           s.done = 1;
         }
@@ -314,7 +336,8 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
 
 template <typename T>
 void sample_body(device const T *x, device uint *ids, constant uint *p, device const uint *cursor,
-                 threadgroup argmax_scratch &asc, threadgroup select_scratch &ssc, uint row, uint tid, uint n,
+                 threadgroup argmax_scratch &asc, threadgroup select_scratch &ssc, threadgroup atomic_uint *h, uint row,
+                 uint tid, uint n,
                  uint sg, uint lane, uint tag, device atomic_uint *fault_word) {
   uint vocab = p[0], rows = p[1], has_cursor = p[3];
   float c = as_type<float>(p[4]);
@@ -330,20 +353,20 @@ void sample_body(device const T *x, device uint *ids, constant uint *p, device c
   }
   if (c == 0.0f) return; // temperature 0: greedy
   float mf = flush_subnormal(ld(x, base + m.index));
-  selection k = tg_select(x, base, vocab, mf, c, top_k != 0 ? top_k : vocab, 0, ssc, tid, n, sg, lane);
+  selection k = tg_select(x, base, vocab, mf, c, top_k != 0 ? top_k : vocab, 0, ssc, h, tid, n, sg, lane);
   ulong total = k.weight;
   bool found = k.found;
   if (found && top_p < 0x80000000u) {
     ulong target = mulhi64(total, ulong(top_p) << 33);
-    selection q = target != 0 ? tg_select(x, base, vocab, mf, c, 0, target, ssc, tid, n, sg, lane)
-                              : tg_select(x, base, vocab, mf, c, 1, 0, ssc, tid, n, sg, lane);
+    selection q = target != 0 ? tg_select(x, base, vocab, mf, c, 0, target, ssc, h, tid, n, sg, lane)
+                              : tg_select(x, base, vocab, mf, c, 1, 0, ssc, h, tid, n, sg, lane);
     total = q.weight;
     found = q.found;
   }
   if (found) {
     uint4 r4 = philox4x32_10(uint4(p[9] + (has_cursor != 0 ? cursor[0] : 0u), row, 0, 0), p[7], p[8]);
     ulong r = mulhi64(total, ulong(r4.y) << 32 | r4.x);
-    selection s = tg_select(x, base, vocab, mf, c, 0, r + 1, ssc, tid, n, sg, lane);
+    selection s = tg_select(x, base, vocab, mf, c, 0, r + 1, ssc, h, tid, n, sg, lane);
     found = s.found;
     if (found && tid == 0) *out = s.index;
   }
@@ -354,7 +377,8 @@ kernel void sample_f32(device const float *x [[buffer(0)]], device uint *ids [[b
                        constant uint *p [[buffer(2)]], device const uint *cursor [[buffer(3)]], TOKEN_TAIL) {
   threadgroup argmax_scratch asc;
   threadgroup select_scratch ssc;
-  sample_body(x, ids, p, cursor, asc, ssc, (gid.z * ngroups.y + gid.y) * ngroups.x + gid.x, lid.x, tpg.x, sg, lane,
+  threadgroup atomic_uint hist[4 * 256];
+  sample_body(x, ids, p, cursor, asc, ssc, hist, (gid.z * ngroups.y + gid.y) * ngroups.x + gid.x, lid.x, tpg.x, sg, lane,
               tag, fault_word);
 }
 
@@ -362,7 +386,8 @@ kernel void sample_bf16(device const ushort *x [[buffer(0)]], device uint *ids [
                         constant uint *p [[buffer(2)]], device const uint *cursor [[buffer(3)]], TOKEN_TAIL) {
   threadgroup argmax_scratch asc;
   threadgroup select_scratch ssc;
-  sample_body(x, ids, p, cursor, asc, ssc, (gid.z * ngroups.y + gid.y) * ngroups.x + gid.x, lid.x, tpg.x, sg, lane,
+  threadgroup atomic_uint hist[4 * 256];
+  sample_body(x, ids, p, cursor, asc, ssc, hist, (gid.z * ngroups.y + gid.y) * ngroups.x + gid.x, lid.x, tpg.x, sg, lane,
               tag, fault_word);
 }
 
