@@ -11,6 +11,7 @@
  * integer weight ≈ 2³¹·2^(−(max − x)·log2(e)/T) computed from correctly rounded f32 operations, a
  * truncation and a shared table; sums are u64 (exact in any order); thresholds are found by a radix
  * descent over the tokens in descending (logit, then lower index) order. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernel.h"
@@ -254,27 +255,53 @@ typedef struct {
   int found;
 } selection;
 
+/* Index levels whose digit is the same for every index below vocab (~index digit 0xff) need no
+ * pass: the descent fixes them directly (never the last level). */
+static inline int level_is_constant(int level, uint32_t vocab) {
+  return level >= 7 && level < LEVELS - 1 && ((vocab - 1) >> (24 - 8 * (level - 7))) == 0;
+}
+
+/* A token's descent fields; 0 when its weight is zero (it takes no part in any selection). */
+static inline int token_fields(const uint8_t *row, uint32_t i, mlxn_ftype t, float mf, float c, uint32_t *dq,
+                               uint32_t *f0, uint32_t *key) {
+  float x = mlxn_load(row, i, t);
+  *dq = token_distance(x, mf, c);
+  if (*dq == NO_WEIGHT) return 0;
+  *f0 = 0x1fffffu - *dq;
+  *key = order_key(x);
+  return 1;
+}
+
+static inline int token_matches(uint32_t f0, uint32_t key, uint32_t i, const uint32_t mask[3], const uint32_t val[3]) {
+  return (f0 & mask[0]) == val[0] && (key & mask[1]) == val[1] && (~i & mask[2]) == val[2];
+}
+
 /* The first token in descending order at which the running count reaches need_c and the running
  * weight reaches need_w (count mode: need_c ≥ 1, need_w = 0, clamped to the tokens there are;
- * weight mode: need_c = 0, need_w ≥ 1). Count mode may stop at a bucket that ends exactly there. */
+ * weight mode: need_c = 0, need_w ≥ 1). Count mode may stop at a bucket that ends exactly there.
+ * After the first level, this backend keeps the list of tokens matching the chosen digits and
+ * visits only those (the GPU kernels rescan the row; the result is the same). */
 static selection select_desc(const uint8_t *row, uint32_t vocab, mlxn_ftype t, float mf, float c, uint64_t need_c,
                              uint64_t need_w) {
   uint32_t mask[3] = {0, 0, 0}, val[3] = {0, 0, 0};
   uint64_t above_c = 0, above_w = 0;
   selection s = {0, 0, 0, 0};
+  uint32_t *cand = NULL, ncand = 0;
   for (int level = 0; level < LEVELS; level++) {
+    if (level_is_constant(level, vocab)) {
+      level_fix(level, 0xffu, mask, val);
+      continue;
+    }
     uint32_t cnt[256], min_idx[256];
     uint64_t wsum[256];
     memset(cnt, 0, sizeof cnt);
     memset(wsum, 0, sizeof wsum);
     memset(min_idx, 0xff, sizeof min_idx);
-    for (uint32_t i = 0; i < vocab; i++) {
-      float x = mlxn_load(row, i, t);
-      uint32_t dq = token_distance(x, mf, c);
-      if (dq == NO_WEIGHT) continue;
-      uint32_t f0 = 0x1fffffu - dq, key = order_key(x), nidx = ~i;
-      if ((f0 & mask[0]) != val[0] || (key & mask[1]) != val[1] || (nidx & mask[2]) != val[2]) continue;
-      uint32_t d = level_digit(level, f0, key, nidx);
+    uint32_t n = cand ? ncand : vocab;
+    for (uint32_t j = 0; j < n; j++) {
+      uint32_t i = cand ? cand[j] : j, dq, f0, key;
+      if (!token_fields(row, i, t, mf, c, &dq, &f0, &key) || !token_matches(f0, key, i, mask, val)) continue;
+      uint32_t d = level_digit(level, f0, key, ~i);
       cnt[d]++;
       wsum[d] += distance_weight(dq);
       if (i < min_idx[d]) min_idx[d] = i;
@@ -291,7 +318,7 @@ static selection select_desc(const uint8_t *row, uint32_t vocab, mlxn_ftype t, f
       cc += cnt[b];
       cw += wsum[b];
     }
-    if (b < 0) return s; /* the totals fall short: inconsistent arguments */
+    if (b < 0) break; /* the totals fall short: inconsistent arguments */
     above_c += cc;
     above_w += cw;
     need_c = need_c > cc ? need_c - cc : 0;
@@ -302,9 +329,24 @@ static selection select_desc(const uint8_t *row, uint32_t vocab, mlxn_ftype t, f
       s.weight = above_w + wsum[b];
       s.index = min_idx[b];
       s.found = 1;
-      return s;
+      break;
+    }
+    /* Narrow the candidates to the chosen bucket (without memory, keep scanning the whole row). */
+    if (!cand && (cand = malloc((size_t)cnt[b] * sizeof *cand)) != NULL) {
+      for (uint32_t i = 0; i < vocab; i++) {
+        uint32_t dq, f0, key;
+        if (token_fields(row, i, t, mf, c, &dq, &f0, &key) && token_matches(f0, key, i, mask, val)) cand[ncand++] = i;
+      }
+    } else if (cand) {
+      uint32_t kept = 0;
+      for (uint32_t j = 0; j < ncand; j++) {
+        uint32_t i = cand[j], dq, f0, key;
+        if (token_fields(row, i, t, mf, c, &dq, &f0, &key) && token_matches(f0, key, i, mask, val)) cand[kept++] = i;
+      }
+      ncand = kept;
     }
   }
+  free(cand);
   return s;
 }
 

@@ -227,6 +227,14 @@ __device__ selection block_select(const void *x, uint64_t base, uint32_t vocab, 
     st.done = st.found = 0;
   }
   for (int level = 0; level < LEVELS; level++) {
+    // An index level whose digit is 0xff for every index below vocab needs no pass (never the last).
+    if (level >= 7 && level < LEVELS - 1 && ((vocab - 1) >> (24 - 8 * (level - 7))) == 0) {
+      if (tid == 0) {
+        st.mask[2] |= 0xffu << (24 - 8 * (level - 7));
+        st.val[2] |= 0xffu << (24 - 8 * (level - 7));
+      }
+      continue; // the next level's first barrier publishes the digit
+    }
     for (uint32_t b = tid; b < 256; b += blockDim.x) {
       h_cnt[b] = 0;
       h_w[b] = 0;

@@ -241,6 +241,14 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
     s.done = s.found = 0;
   }
   for (int level = 0; level < TOKEN_LEVELS; level++) {
+    // An index level whose digit is 0xff for every index below vocab needs no pass (never the last).
+    if (level >= 7 && level < TOKEN_LEVELS - 1 && ((vocab - 1) >> uint(24 - 8 * (level - 7))) == 0) {
+      if (tid == 0) {
+        s.mask[2] |= 0xffu << uint(24 - 8 * (level - 7));
+        s.val[2] |= 0xffu << uint(24 - 8 * (level - 7));
+      }
+      continue; // the next level's first barrier publishes the digit
+    }
     for (uint b = tid; b < 256; b += n) {
       atomic_store_explicit(&h[H_CNT + b], 0u, memory_order_relaxed);
       atomic_store_explicit(&h[H_WLO + b], 0u, memory_order_relaxed);
