@@ -4,7 +4,7 @@
  * The sampler's choice is exact integer arithmetic, so tokens must match exactly on every backend.
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
-import { dequantizeGgml, DType, type MlxBuffer, MlxError, ops, quantizeGgml } from "../mod.ts";
+import { dequantizeGgml, DType, GraphExecutor, type MlxBuffer, MlxError, ops, quantizeGgml } from "../mod.ts";
 import { roundThrough } from "../src/dtype.ts";
 import { randomValues, rng, testContext } from "./helpers.ts";
 import { refArgmax, refPhilox4x32, refSample, refSampleTable, refSampleWeight } from "./reference.ts";
@@ -406,4 +406,30 @@ Deno.test("the native side validates token kernels on its own (raw dispatches pa
     () => raw("embed_gather_f32", [l, ids, out, [1, 0xffffffe0, 0xffffffff, 1, 0], undefined], [16, 1, 1], "threads"),
     /overflows/,
   );
+});
+
+Deno.test("a token step on the device: sample writes the ring, embedGather reads it back (auto barrier on the ids)", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device, { autoBarriers: true });
+  const vocab = 300, dim = 64, ring = 4;
+  const values = randomValues(vocab * dim, 31);
+  using table = device.upload(values), ids = device.alloc(ring * 4, DType.U32), cursor = device.alloc(4, DType.U32);
+  using x = device.alloc(dim * 4, DType.F32);
+  const history: number[] = [];
+  for (let step = 0; step < 6; step++) {
+    const logits = trickyLogits(vocab, 100 + step, DType.F32);
+    using l = device.upload(logits);
+    cursor.write(new Uint32Array([step]));
+    using s = exec.begin();
+    const o = { vocab, temperature: 0.7, topK: 20, seed: 5n, ring, cursor };
+    ops.sample(s, exec.registry, l, ids, o);
+    ops.embedGather(s, exec.registry, table, ids, x, { dim, vocab, ring, cursor });
+    deepStrictEqual(s.finish().barriers, [1]);
+    const id = refSample(logits, { ...o, counter: step, row: 0 });
+    ok(id !== null);
+    history.push(id);
+    deepStrictEqual(x.read(), values.subarray(id * dim, (id + 1) * dim), `step ${step}`);
+  }
+  deepStrictEqual(readIds(ids), [4, 5, 2, 3].map((s) => history[s]), "the ring holds the last `ring` tokens");
 });
