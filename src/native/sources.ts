@@ -66,6 +66,7 @@ export const METAL_SHADERS: readonly string[] = [
   "kernels/metal/matmul.metal",
   "kernels/metal/norm.metal",
   "kernels/metal/rope.metal",
+  "kernels/metal/sample.metal",
 ];
 
 /**
