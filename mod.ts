@@ -111,12 +111,18 @@ export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/
 export {
   type AffineBits,
   type AffineGroupSize,
+  type AffineQuantBits,
   type AffineQuantized,
+  type AffineQuantizeOptions,
+  type AffineScaleDtype,
   dequantizeAffine,
   dequantizeGgml,
   GGML_BLOCK,
+  GGML_FORMATS,
+  type GgmlBlockLayout,
   ggmlBytes,
   type GgmlFormat,
+  type GgmlQuantFormat,
   quantizeAffine,
   quantizeGgml,
 } from "./src/quant.ts";
