@@ -127,3 +127,13 @@ export {
   quantizeGgml,
 } from "./src/quant.ts";
 export { f32Bits } from "./src/ops/common.ts";
+export {
+  GgufFile,
+  type GgufHeader,
+  type GgufMetadataEntry,
+  type GgufTensorInfo,
+  type GgufValue,
+  GgufValueType,
+} from "./src/io/gguf.ts";
+export { type GgmlType, ggmlTypeById, ggmlTypeByName } from "./src/io/ggml_types.ts";
+export type { ByteSource, UploadOptions } from "./src/io/source.ts";
