@@ -137,3 +137,16 @@ export {
 } from "./src/io/gguf.ts";
 export { type GgmlType, ggmlTypeById, ggmlTypeByName } from "./src/io/ggml_types.ts";
 export type { ByteSource, UploadOptions } from "./src/io/source.ts";
+export {
+  SafetensorsFile,
+  type SafetensorsHeader,
+  type SafetensorsTensorInfo,
+  type SafetensorsUploadOptions,
+} from "./src/io/safetensors.ts";
+export {
+  MlxCheckpoint,
+  type MlxQuantization,
+  type MlxQuantizedBuffers,
+  type MlxQuantizedLayer,
+} from "./src/io/mlx_checkpoint.ts";
+export { type LlamaConfig, llamaConfigFromGguf, llamaConfigFromMlx } from "./src/io/model_config.ts";

@@ -4,7 +4,7 @@
  * oversized file gives a clear MlxError.
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
-import { GgufFile, GgufValueType, MlxError, quantizeGgml } from "../mod.ts";
+import { GgufFile, GgufValueType, llamaConfigFromGguf, MlxError, quantizeGgml } from "../mod.ts";
 import { randomValues, testContext } from "./helpers.ts";
 import { writeGguf, type WriteKv, type WriteTensor } from "./helpers/gguf_writer.ts";
 
@@ -239,5 +239,66 @@ Deno.test("GGUF: types this library cannot run, missing tensors and missing file
   throws(
     () => GgufFile.open("/nonexistent/model.gguf"),
     (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument" && /no file at/.test(e.message),
+  );
+});
+
+Deno.test("GGUF llama config: hyperparameters with llama.cpp's defaults, unsupported architectures rejected", () => {
+  const kvs = (arch: string, extra: WriteKv[] = []): WriteKv[] => [
+    { key: "general.architecture", type: T.STRING, value: arch },
+    { key: `${arch}.embedding_length`, type: T.UINT32, value: 64 },
+    { key: `${arch}.feed_forward_length`, type: T.UINT32, value: 160 },
+    { key: `${arch}.block_count`, type: T.UINT32, value: 2 },
+    { key: `${arch}.attention.head_count`, type: T.UINT32, value: 8 },
+    { key: `${arch}.attention.layer_norm_rms_epsilon`, type: T.FLOAT32, value: 1e-6 },
+    { key: `${arch}.context_length`, type: T.UINT32, value: 2048 },
+    { key: "tokenizer.ggml.tokens", type: T.ARRAY, elementType: T.STRING, value: ["a", "b", "c"] },
+    ...extra,
+  ];
+  {
+    using f = GgufFile.open(writeGguf(kvs("llama"), []));
+    deepStrictEqual(llamaConfigFromGguf(f), {
+      vocabSize: 3,
+      hiddenSize: 64,
+      intermediateSize: 160,
+      layers: 2,
+      heads: 8,
+      kvHeads: 8,
+      headDim: 8,
+      ropeDim: 8,
+      ropeTheta: 10000,
+      rmsEps: Math.fround(1e-6),
+      contextLength: 2048,
+    });
+  }
+  {
+    using f = GgufFile.open(writeGguf(
+      kvs("llama", [
+        { key: "llama.attention.head_count_kv", type: T.UINT32, value: 2 },
+        { key: "llama.rope.freq_base", type: T.FLOAT32, value: 500000 },
+        { key: "llama.rope.dimension_count", type: T.UINT32, value: 4 },
+      ]),
+      [],
+    ));
+    const c = llamaConfigFromGguf(f);
+    deepStrictEqual([c.kvHeads, c.ropeTheta, c.ropeDim], [2, 500000, 4]);
+  }
+  const fails = (k: WriteKv[], code: string, re: RegExp) => {
+    using f = GgufFile.open(writeGguf(k, []));
+    throws(
+      () => llamaConfigFromGguf(f),
+      (e: unknown) => e instanceof MlxError && e.code === code && re.test(e.message),
+    );
+  };
+  fails(kvs("gpt2"), "Unsupported", /architecture "gpt2" is not supported \(supported: llama\)/);
+  fails(kvs("llama").filter((k) => k.key !== "llama.block_count"), "InvalidArgument", /llama.block_count is missing/);
+  fails(
+    kvs("llama", [{ key: "llama.attention.head_count_kv", type: T.UINT32, value: 3 }]),
+    "InvalidArgument",
+    /8 heads are not a multiple of 3/,
+  );
+  fails(
+    kvs("llama").map((k) => k.key === "llama.block_count" ? { ...k, value: 0 } : k),
+    "InvalidArgument",
+    /block_count must be a positive integer, got 0/,
   );
 });
