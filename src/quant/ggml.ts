@@ -5,9 +5,10 @@
  * Matched upstream: ggml-org/ggml commit d99724f2b141fed9e1a9f402213506c081433465 (2026-08-21),
  * src/ggml-quants.c, compiled as plain C on x86-64: every float operation rounded to binary32, no
  * FMA contraction, `nearest_int` = round half to even via the 1.5·2²³ trick, `roundf` = halves away
- * from zero, float→int casts truncating (see float32.ts for the x86-64 conversions of the NaN/∞ that a float32-subnormal
- * scale produces, which C leaves undefined). The f16 conversion is IEEE round to nearest
- * even, as `GGML_FP32_TO_FP16` is on every platform.
+ * from zero, float→int casts truncating (float32.ts says what x86-64 does with the NaN/∞ that a
+ * float32-subnormal scale produces, which C leaves undefined). The f16 conversion is IEEE round to
+ * nearest even, as `GGML_FP32_TO_FP16` is on every platform. Verified byte for byte against that
+ * C code on random and adversarial rows (ties, ±0, outliers, subnormal and f16-overflowing scales).
  *
  * Layouts (little-endian, row-major [N, K/values] blocks):
  * - q4_0: 32 values, 18 B: f16 d, qs[16] (byte j: value j low nibble, j+16 high); w = (q − 8)·d.
@@ -337,6 +338,11 @@ function scaleMinK4(j: number, q: Uint8Array, at: number): [number, number] {
   ];
 }
 
+// Per-block scratch of the k-quant quantizers (blocks are quantized one at a time).
+const kWeights = new Float32Array(32), kLaux = new Uint8Array(32);
+const kScales = new Float32Array(16), kMins = new Float32Array(8);
+const kL = new Uint8Array(256);
+
 /** The shared part of Q4_K and Q5_K: sub-block scales/mins, d, dmin and the codes L. */
 function quantKScaleMin(
   x: Float32Array,
@@ -348,8 +354,7 @@ function quantKScaleMin(
   nstep: number,
   L: Uint8Array,
 ): void {
-  const weights = new Float32Array(32), Laux = new Uint8Array(32);
-  const scales = new Float32Array(8), mins = new Float32Array(8);
+  const weights = kWeights, Laux = kLaux, scales = kScales, mins = kMins;
   let maxScale = 0, maxMin = 0;
   for (let j = 0; j < 8; j++) {
     const sa = xa + 32 * j;
@@ -393,7 +398,7 @@ function quantKScaleMin(
 }
 
 function quantQ4K(x: Float32Array, xa: number, out: Uint8Array, at: number): void {
-  const L = new Uint8Array(256);
+  const L = kL;
   quantKScaleMin(x, xa, out, at, 15, -1, 20, L);
   for (let j = 0, q = at + 16; j < 256; j += 64, q += 32) {
     for (let l = 0; l < 32; l++) out[q + l] = L[j + l] | (L[j + l + 32] << 4);
@@ -401,7 +406,7 @@ function quantQ4K(x: Float32Array, xa: number, out: Uint8Array, at: number): voi
 }
 
 function quantQ5K(x: Float32Array, xa: number, out: Uint8Array, at: number): void {
-  const L = new Uint8Array(256);
+  const L = kL;
   quantKScaleMin(x, xa, out, at, 31, -0.5, 15, L);
   const qh = at + 16;
   out.fill(0, qh, qh + 32);
@@ -425,7 +430,7 @@ function quantQ5K(x: Float32Array, xa: number, out: Uint8Array, at: number): voi
 }
 
 function quantQ6K(x: Float32Array, xa: number, out: Uint8Array, at: number): void {
-  const L = new Uint8Array(256), scales = new Float32Array(16);
+  const L = kL, scales = kScales;
   let maxScale = 0, maxAbsScale = 0;
   for (let ib = 0; ib < 16; ib++) {
     const scale = makeQxQuants(16, 32, x, xa + 16 * ib, L, 16 * ib);
