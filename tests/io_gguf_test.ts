@@ -4,7 +4,7 @@
  * oversized file gives a clear MlxError.
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
-import { GgufFile, GgufValueType, llamaConfigFromGguf, MlxError, quantizeGgml } from "../mod.ts";
+import { dequantizeGgml, GgufFile, GgufValueType, llamaConfigFromGguf, MlxError, quantizeGgml } from "../mod.ts";
 import { randomValues, testContext } from "./helpers.ts";
 import { writeGguf, type WriteKv, type WriteTensor } from "./helpers/gguf_writer.ts";
 
@@ -301,4 +301,23 @@ Deno.test("GGUF llama config: hyperparameters with llama.cpp's defaults, unsuppo
     "InvalidArgument",
     /block_count must be a positive integer, got 0/,
   );
+});
+
+Deno.test("GGUF: dequantize gives each tensor's exact values (f32, f16, bf16 and block formats)", () => {
+  const w = randomValues(2 * 256, 9);
+  const bf16 = new Uint16Array(4);
+  const bfValues = [1.5, -2, 0.0078125, -3.0625]; // exact in bf16
+  bfValues.forEach((v, i) => bf16[i] = new Uint32Array(Float32Array.of(v).buffer)[0] >>> 16);
+  using f = GgufFile.open(writeGguf([], [
+    { name: "f32", type: "f32", ne: [4], data: new Uint8Array(Float32Array.of(1, -2, 0.5, 3).buffer) },
+    { name: "f16", type: "f16", ne: [3], data: new Uint8Array(Uint16Array.of(0x3c00, 0xc000, 0x0001).buffer) },
+    { name: "bf16", type: "bf16", ne: [4], data: new Uint8Array(bf16.buffer) },
+    { name: "q5_k", type: "q5_k", ne: [256, 2], data: quantizeGgml(w, 2, 256, "q5_k") },
+    { name: "q4_1", type: "q4_1", ne: [32, 16], data: quantizeGgml(w, 16, 32, "q4_1") },
+  ]));
+  deepStrictEqual(Array.from(f.dequantize("f32")), [1, -2, 0.5, 3]);
+  deepStrictEqual(Array.from(f.dequantize("f16")), [1, -2, 2 ** -24]);
+  deepStrictEqual(Array.from(f.dequantize("bf16")), bfValues);
+  deepStrictEqual(f.dequantize("q5_k"), dequantizeGgml(quantizeGgml(w, 2, 256, "q5_k"), 2, 256, "q5_k"));
+  deepStrictEqual(f.dequantize("q4_1"), dequantizeGgml(quantizeGgml(w, 16, 32, "q4_1"), 16, 32, "q4_1"));
 });

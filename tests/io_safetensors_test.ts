@@ -195,6 +195,7 @@ Deno.test("MLX checkpoint: sharded files, per-layer quantization overrides, quan
         biases: new Uint16Array(up.biases.readBytes().buffer),
       });
       deepStrictEqual(back, dequantizeAffine(o.q));
+      deepStrictEqual(ck.dequantizeLayer("model.layers.0.self_attn.o_proj"), dequantizeAffine(o.q));
     } finally {
       up.weights.dispose();
       up.scales.dispose();
@@ -273,4 +274,22 @@ Deno.test("MLX checkpoint: inconsistent or unsupported quantization gets clear e
     () => llamaConfigFromMlx({ ...LLAMA, num_key_value_heads: 3 }),
     (e: unknown) => e instanceof MlxError && /4 heads are not a multiple of 3 kv heads/.test(e.message),
   );
+});
+
+Deno.test("MLX checkpoint: f16 and f32 scales (MLX stores them in the weights' dtype) dequantize exactly", () => {
+  for (const [dtype, st] of [["f16", "F16"], ["f32", "F32"]] as const) {
+    const q = quantizeAffine(randomValues(4 * 128, 11), 4, 128, 5, 32, { dtype });
+    const dir = writeCheckpoint({ ...LLAMA, quantization: { group_size: 32, bits: 5 } }, [[
+      { name: "e.weight", dtype: "U32", shape: [4, 20], data: q.weights.slice() },
+      { name: "e.scales", dtype: st, shape: [4, 4], data: bytesOf(q.scales) },
+      { name: "e.biases", dtype: st, shape: [4, 4], data: bytesOf(q.biases) },
+    ]]);
+    try {
+      using ck = MlxCheckpoint.open(dir);
+      equal(ck.quantizedLayer("e").scaleDtype, dtype);
+      deepStrictEqual(ck.dequantizeLayer("e"), dequantizeAffine(q));
+    } finally {
+      Deno.removeSync(dir, { recursive: true });
+    }
+  }
 });

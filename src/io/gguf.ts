@@ -15,6 +15,7 @@
 import type { MlxBuffer } from "../buffer.ts";
 import type { MlxDevice } from "../device.ts";
 import { MlxError } from "../errors.ts";
+import { dequantizeGgml } from "../quant/ggml.ts";
 import { type GgmlType, ggmlTypeById, LOADABLE_GGML_TYPES } from "./ggml_types.ts";
 import { type ByteSource, bytesSource, fileSource, type UploadOptions, uploadRange } from "./source.ts";
 
@@ -402,6 +403,15 @@ export function parseGgufHeader(source: ByteSource): GgufHeader {
   });
 }
 
+function unsupportedType(t: GgufTensorInfo): MlxError {
+  return new MlxError(
+    "Unsupported",
+    `tensor ${t.name} is ${t.type.name}, which mlx-native cannot load (it loads ${
+      Object.keys(LOADABLE_GGML_TYPES).join(", ")
+    }); re-quantize the model, e.g. llama-quantize … Q4_K_M`,
+  );
+}
+
 /**
  * An open GGUF file: its header, and tensor data read or uploaded on demand (never mapped, never
  * read whole). Dispose it (`using`) to close the file.
@@ -460,6 +470,26 @@ export class GgufFile {
   readTensorBytes(name: string): Uint8Array {
     const t = this.tensor(name);
     return this.#source.read(t.fileOffset, t.byteLength);
+  }
+
+  /**
+   * A tensor's values in float64, exactly as its format defines them (for references and checks;
+   * a model's weights belong on the device, see {@link GgufFile.upload}). Row-major with ne[0]
+   * contiguous.
+   */
+  dequantize(name: string): Float64Array {
+    const t = this.tensor(name);
+    const loadable = LOADABLE_GGML_TYPES[t.type.name];
+    if (!loadable) throw unsupportedType(t);
+    const bytes = this.readTensorBytes(name);
+    if (t.type.name === "f32") return Float64Array.from(new Float32Array(bytes.buffer, 0, t.elements));
+    if (t.type.name === "bf16") {
+      const u = new Uint32Array(t.elements);
+      for (let i = 0; i < t.elements; i++) u[i] = (bytes[2 * i] | (bytes[2 * i + 1] << 8)) << 16;
+      return Float64Array.from(new Float32Array(u.buffer));
+    }
+    const k = t.ne.length > 0 ? t.ne[0] : 1;
+    return dequantizeGgml(bytes, t.elements / k, k, loadable.format!);
   }
 
   /**

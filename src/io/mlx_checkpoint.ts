@@ -12,7 +12,12 @@
 import type { MlxBuffer } from "../buffer.ts";
 import type { MlxDevice } from "../device.ts";
 import { MlxError } from "../errors.ts";
-import type { AffineGroupSize, AffineQuantBits, AffineScaleDtype } from "../quant/affine.ts";
+import {
+  type AffineGroupSize,
+  type AffineQuantBits,
+  type AffineScaleDtype,
+  dequantizeAffine,
+} from "../quant/affine.ts";
 import { SafetensorsFile, type SafetensorsTensorInfo, type SafetensorsUploadOptions } from "./safetensors.ts";
 import type { UploadOptions } from "./source.ts";
 
@@ -245,6 +250,28 @@ export class MlxCheckpoint {
       }
     }
     return Object.freeze({ ...q, n, k, scaleDtype, weight, scales, biases });
+  }
+
+  /**
+   * A quantized layer's weights in float64 ([n, k] row-major, scale·q + bias exactly), for
+   * references and checks; a model's weights belong on the device ({@link uploadQuantizedLayer}).
+   */
+  dequantizeLayer(prefix: string): Float64Array {
+    const layer = this.quantizedLayer(prefix);
+    const read = (t: SafetensorsTensorInfo) => this.#file(t.name).readTensorBytes(t.name);
+    const half = (b: Uint8Array) => new Uint16Array(b.buffer, b.byteOffset, b.byteLength / 2);
+    const scales = read(layer.scales), biases = read(layer.biases);
+    const f32 = layer.scaleDtype === "f32";
+    return dequantizeAffine({
+      bits: layer.bits,
+      groupSize: layer.groupSize,
+      n: layer.n,
+      k: layer.k,
+      weights: read(layer.weight),
+      scaleDtype: layer.scaleDtype,
+      scales: f32 ? new Float32Array(scales.buffer, scales.byteOffset, scales.byteLength / 4) : half(scales),
+      biases: f32 ? new Float32Array(biases.buffer, biases.byteOffset, biases.byteLength / 4) : half(biases),
+    });
   }
 
   /** Streams a quantized layer's three tensors into device buffers (codes as bytes). */
