@@ -48,7 +48,8 @@ export function truncToInt32(v: number): number {
  * `(int8_t)v` for a float `v` as ggml's reference quantizers compile on x86-64 (clang -O2: the
  * conversion is vectorized as `cvttps2dq` followed by a saturating pack). In range it is plain
  * truncation; NaN or infinite inputs (C leaves them undefined; they arise only when a block's scale
- * is a float32 subnormal whose inverse overflows) give −128.
+ * is a float32 subnormal whose inverse overflows, i.e. all |w| below about 1e-37) give −128. A gcc
+ * -O2 build of the same C writes other bytes for exactly those blocks, and agrees everywhere else.
  */
 export function truncToInt8(v: number): number {
   return Math.max(-128, Math.min(127, truncToInt32(v)));
