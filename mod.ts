@@ -111,13 +111,42 @@ export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/
 export {
   type AffineBits,
   type AffineGroupSize,
+  type AffineQuantBits,
   type AffineQuantized,
+  type AffineQuantizeOptions,
+  type AffineScaleDtype,
   dequantizeAffine,
   dequantizeGgml,
   GGML_BLOCK,
+  GGML_FORMATS,
+  type GgmlBlockLayout,
   ggmlBytes,
   type GgmlFormat,
+  type GgmlQuantFormat,
   quantizeAffine,
   quantizeGgml,
 } from "./src/quant.ts";
 export { f32Bits } from "./src/ops/common.ts";
+export {
+  GgufFile,
+  type GgufHeader,
+  type GgufMetadataEntry,
+  type GgufTensorInfo,
+  type GgufValue,
+  GgufValueType,
+} from "./src/io/gguf.ts";
+export { type GgmlType, ggmlTypeById, ggmlTypeByName } from "./src/io/ggml_types.ts";
+export type { ByteSource, UploadOptions } from "./src/io/source.ts";
+export {
+  SafetensorsFile,
+  type SafetensorsHeader,
+  type SafetensorsTensorInfo,
+  type SafetensorsUploadOptions,
+} from "./src/io/safetensors.ts";
+export {
+  MlxCheckpoint,
+  type MlxQuantization,
+  type MlxQuantizedBuffers,
+  type MlxQuantizedLayer,
+} from "./src/io/mlx_checkpoint.ts";
+export { type LlamaConfig, llamaConfigFromGguf, llamaConfigFromMlx } from "./src/io/model_config.ts";
