@@ -203,7 +203,7 @@ MLXN_API uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t c
  * without running, releasing every buffer it bound. */
 MLXN_API void mlxn_cmdbuf_free(mlxn_cmdbuf *cb);
 
-/* Process-wide live-object counts: out[MLXN_LIVE_*]; returns the number written. */
+/* Process-wide live-object counts: out[MLXN_LIVE_*]; returns the number written (0 when out is NULL). */
 MLXN_API uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap);
 
 #ifdef __cplusplus

@@ -26,3 +26,13 @@ int mlxn_kfail(char *err, size_t cap, const char *fmt, ...) {
   va_end(ap);
   return 1;
 }
+
+int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, size_t cap) {
+  if (need == MLXN_SIZE_OVERFLOW)
+    return mlxn_kfail(err, cap,
+                      "slot %d: the size these constants and this grid describe overflows 64 bits; "
+                      "pass the real shape (each extent as allocated) and a grid that matches it",
+                      slot);
+  return mlxn_kfail(err, cap, "slot %d: bound slice has %llu bytes, kernel needs %llu; bind a larger buffer or "
+                    "fix the shape constants", slot, (unsigned long long)a->len[slot], (unsigned long long)need);
+}

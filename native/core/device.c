@@ -44,6 +44,7 @@ static _Atomic int64_t live[MLXN_LIVE_COUNT];
 void mlxn_live_add(int what, int64_t delta) { atomic_fetch_add(&live[what], delta); }
 
 uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap) {
+  if (!out) return 0;
   uint32_t n = cap < MLXN_LIVE_COUNT ? cap : MLXN_LIVE_COUNT;
   for (uint32_t i = 0; i < n; i++) out[i] = (uint64_t)atomic_load(&live[i]);
   return n;

@@ -191,6 +191,10 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     d->entry[s] = is_bound && !((m->bytes >> s) & 1u) ? cb->slot_entry[s] : 0;
   }
   a->tg_memory = cb->tg_memory;
+  uint64_t tg_total;
+  if (__builtin_mul_overflow((uint64_t)a->groups[0] * a->groups[1], (uint64_t)a->groups[2], &tg_total))
+    FAIL(MLXN_E_STREAM, "kernel %s: %ux%ux%u threadgroups overflow 64 bits; dispatch a grid the size of the data",
+         k->name, a->groups[0], a->groups[1], a->groups[2]);
   char why[512];
   why[0] = 0;
   if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
@@ -204,7 +208,7 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   cb->n_dispatches++;
   d->kernel = k;
   d->tag = tag;
-  d->tg_total = (uint64_t)a->groups[0] * a->groups[1] * a->groups[2];
+  d->tg_total = tg_total;
   atomic_store_explicit(&d->t_start, UINT64_MAX, memory_order_relaxed);
   atomic_store_explicit(&d->t_end, 0, memory_order_relaxed);
   cb->barrier_pending = 0;
