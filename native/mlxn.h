@@ -11,8 +11,10 @@
  *    MLXN_OK (0) or a negative MLXN_E_* code; the human-readable reason is then available from
  *    mlxn_last_error() on the same thread.
  *  - Handles: devices and command buffers are opaque pointers; buffers and pipelines are uint32_t
- *    handles (0 is never valid). Buffer handles carry a generation, so a stale handle is detected
- *    instead of aliasing a newer buffer.
+ *    handles (0 is never valid). Buffer handles are unique in the process across devices (one used
+ *    on the wrong device is refused as such) and carry a generation; a handle slot is retired before
+ *    its generation would wrap, so a stale handle is detected instead of aliasing a newer buffer.
+ *    (About 4 billion allocations per process exhaust the handles; alloc then fails.)
  *  - Nothing reads the process environment: switches arrive through mlxn_device_open flags, so the
  *    host's permission model (Deno --allow-env) stays in charge.
  *
@@ -138,8 +140,11 @@ MLXN_API uint32_t mlxn_last_error(uint8_t *buf, uint32_t cap);
  * Returns NULL on failure (see mlxn_last_error). */
 MLXN_API mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads);
 
-/* Waits for every committed command buffer, then frees the device. Buffers and command buffers
- * still alive are freed with it. */
+/* Waits for every committed command buffer, then frees the device and every buffer still alive on
+ * it. Command buffers still alive are detached, not freed: their status, error and timings stay
+ * readable and mlxn_cmdbuf_wait returns at once (a committed one has completed; one never committed
+ * is in the error state, MLXN_E_STATE), encode and commit fail with MLXN_E_STATE, and the host still
+ * releases each with mlxn_cmdbuf_free. Detached ones no longer count in MLXN_LIVE_CMDBUFS. */
 MLXN_API void mlxn_device_close(mlxn_device *dev);
 
 /* Writes a JSON object describing the device ({"backend","name","threads","maxThreadsPerGroup",

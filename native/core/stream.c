@@ -237,7 +237,9 @@ static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb
   if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
   uint32_t index;
   buffer_entry *e = mlxn_buffer_in_table(buffers, n_buffers, handle, &index);
-  if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
+  if (!e)
+    FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer: it %s", slot, handle,
+         mlxn_handle_problem(cb->dev, handle));
   if (whole) blen = e->size;
   if (boff > e->size || blen > e->size - boff)
     FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
