@@ -271,3 +271,75 @@ Deno.test("native getters accept NULL output pointers", () => {
   equal(sym.mlxn_pipeline_get(dev, null), 0);
   equal(sym.mlxn_buffer_write(dev, 1, 0n, null, 4n), Status.E_INVALID_ARGUMENT);
 });
+
+Deno.test("buffer bindings at offsets that are not a multiple of the element size are refused", async (t) => {
+  using ctx = testContext();
+  const { device } = ctx;
+  using raw = device.alloc(4096); // u8: slices may start anywhere
+  const at = (off: number, len: number) => raw.slice(off, len);
+  const cases: { name: string; d: RawDispatch; align: number }[] = [
+    {
+      name: "matmul_f32 output at byte 2",
+      d: {
+        kernel: "matmul_f32",
+        buffers: { 0: at(0, 128), 1: at(256, 512), 2: at(1026, 64) },
+        bytes: { 3: [2, 8, 16, 0] },
+        kind: "groups",
+        grid: [2, 2, 1],
+        tg: [1, 1, 1],
+      },
+      align: 4,
+    },
+    {
+      name: "strided_copy_f32 source at byte 1",
+      d: {
+        kernel: "strided_copy_f32",
+        buffers: { 0: at(1, 64), 1: at(256, 64) },
+        bytes: { 2: [1, 4, 4, 4] },
+        kind: "threads",
+        grid: [4, 1, 1],
+        tg: [4, 1, 1],
+      },
+      align: 4,
+    },
+    {
+      name: "rms_norm_f16 input at byte 1",
+      d: {
+        kernel: "rms_norm_f16",
+        buffers: { 0: at(1, 64), 1: at(256, 64), 2: at(512, 64) },
+        bytes: { 3: [f32(1e-5), 8] },
+        kind: "groups",
+        grid: [1, 1, 1],
+        tg: [8, 1, 1],
+      },
+      align: 2,
+    },
+    {
+      name: "qmatmul_id_q8_0 expert ids at byte 2",
+      d: {
+        kernel: "qmatmul_id_q8_0",
+        buffers: { 0: at(0, 256), 1: at(256, 544), 2: at(1026, 8), 3: at(2048, 64) },
+        bytes: { 4: [2, 8, 32, 1, 2] },
+        kind: "groups",
+        grid: [2, 2, 1],
+        tg: [1, 1, 1],
+      },
+      align: 4,
+    },
+  ];
+  for (const { name, d, align } of cases) {
+    await t.step(name, () => {
+      const { rc, message } = encodeOnly(device, d);
+      equal(rc, Status.E_STREAM, `${name} was accepted`);
+      match(message, new RegExp(`not a multiple of ${align} bytes .* bind it at an aligned offset`));
+    });
+  }
+  await t.step("the same dispatches at aligned offsets are accepted", () => {
+    const fixed = (b: MlxBuffer) => raw.slice(b.byteOffset & ~3, b.byteLength);
+    for (const { name, d } of cases) {
+      const buffers = Object.fromEntries(Object.entries(d.buffers).map(([s, b]) => [s, fixed(b)]));
+      const { rc, message } = encodeOnly(device, { ...d, buffers });
+      equal(rc, Status.OK, `${name}: ${message}`);
+    }
+  });
+});

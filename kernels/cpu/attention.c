@@ -53,6 +53,7 @@ static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t ca
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 2, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 2, 3), (uint32_t)es, err, cap);
   return 0;
 }
 
@@ -136,6 +137,8 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 2, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(p.heads, p.nwg, (uint64_t)p.hd + 2, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 3), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(1, 2), (uint32_t)es, err, cap);
   return 0;
 }
 
@@ -192,6 +195,7 @@ static int fav_reduce_validate(const mlxn_kargs *a, char *err, size_t cap) {
   if (a->groups[0] < heads) return mlxn_kfail(err, cap, "grid must cover n_heads");
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(heads, nwg, (uint64_t)hd + 2, 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(heads, hd, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 

@@ -106,6 +106,17 @@ int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, 
       return mlxn_need_buf_fail(a, slot, need_, err, cap);                                         \
   } while (0)
 
+/* Fails unless every bound buffer among the slots of `mask` starts on a multiple of `align` bytes
+ * (its element size): kernels, on the GPU and here, access elements of their own type. */
+int mlxn_need_align(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap);
+#define MLXN_NEED_ALIGN(a, mask, align, err, cap)                                                  \
+  do {                                                                                             \
+    if (mlxn_need_align(a, mask, align, err, cap)) return 1;                                       \
+  } while (0)
+#define MLXN_SLOTS2(s0, s1) ((1u << (s0)) | (1u << (s1)))
+#define MLXN_SLOTS3(s0, s1, s2) (MLXN_SLOTS2(s0, s1) | (1u << (s2)))
+#define MLXN_SLOTS4(s0, s1, s2, s3) (MLXN_SLOTS3(s0, s1, s2) | (1u << (s3)))
+
 /* Whether the byte ranges [p, p + n) and [q, q + m) share a byte. */
 static inline int mlxn_ranges_overlap(const uint8_t *p, uint64_t n, const uint8_t *q, uint64_t m) {
   uintptr_t x = (uintptr_t)p, y = (uintptr_t)q;

@@ -23,6 +23,7 @@ static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t 
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 2), mlxn_ftype_size(t), err, cap);
   return 0;
 }
 
@@ -87,6 +88,7 @@ static float gelu_tanh(float x) {
     uint64_t bytes = MLXN_SIZE(a->grid[0], mlxn_ftype_size(T));                                      \
     MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
     MLXN_NEED_BUF(a, 1, bytes, err, cap);                                                          \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), mlxn_ftype_size(T), err, cap);                           \
     return 0;                                                                                      \
   }                                                                                                \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
@@ -119,6 +121,7 @@ static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap)
     return mlxn_kfail(err, cap, "need rows, cols > 0 and strides >= cols");
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ss), cols), 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ds), cols), 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 
@@ -147,6 +150,7 @@ static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, u
 static int debug_fault_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, 4, err, cap);
   MLXN_NEED_BYTES(a, 1, 4, err, cap);
+  MLXN_NEED_ALIGN(a, 1u, 4, err, cap);
   return 0;
 }
 
@@ -167,6 +171,7 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 2, 4), 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 
@@ -187,6 +192,7 @@ static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 2), 4, err, cap);
   return 0;
 }
 

@@ -83,6 +83,8 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
     MLXN_NEED_BUF(a, 2, y_bytes, err, cap);                                                        \
     MLXN_NO_OVERLAP(a, 2, y_bytes, 0, x_bytes, err, cap);                                          \
     MLXN_NO_OVERLAP(a, 2, y_bytes, 1, w_bytes, err, cap);                                          \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 2, 4), 4, err, cap);                                         \
+    MLXN_NEED_ALIGN(a, 1u << 1, mlxn_ftype_size(T), err, cap);                                     \
     return check_epilogue(a, p, mode, err, cap);                                                   \
   }                                                                                                \
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
@@ -139,6 +141,8 @@ static int affine_validate_common(const mlxn_kargs *a, uint32_t outs, char *err,
   MLXN_NO_OVERLAP(a, 4, y_bytes, 1, w_bytes, err, cap);
   MLXN_NO_OVERLAP(a, 4, y_bytes, 2, s_bytes, err, cap);
   MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), 2, err, cap);
   return 0;
 }
 
@@ -290,6 +294,8 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
     MLXN_NEED_BUF(a, 2, y_bytes, err, cap);                                                        \
     MLXN_NO_OVERLAP(a, 2, y_bytes, 0, x_bytes, err, cap);                                          \
     MLXN_NO_OVERLAP(a, 2, y_bytes, 1, w_bytes, err, cap);                                          \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 2), 4, err, cap);                                            \
+    MLXN_NEED_ALIGN(a, 1u << 1, 2, err, cap);                                                      \
     return 0;                                                                                      \
   }                                                                                                \
   static int NAME##_mv_validate(const mlxn_kargs *a, char *err, size_t cap) {                    \
@@ -349,6 +355,8 @@ GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
     MLXN_NO_OVERLAP(a, 3, y_bytes, 0, x_bytes, err, cap);                                          \
     MLXN_NO_OVERLAP(a, 3, y_bytes, 1, w_bytes, err, cap);                                          \
     MLXN_NO_OVERLAP(a, 3, y_bytes, 2, id_bytes, err, cap);                                         \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 2, 3), 4, err, cap);                                         \
+    MLXN_NEED_ALIGN(a, 1u << 1, 2, err, cap);                                                      \
     return 0;                                                                                      \
   }                                                                                                \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \

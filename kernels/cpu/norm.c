@@ -28,6 +28,9 @@ static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, i
   uint64_t es = mlxn_ftype_size(t);
   for (int i = 0; i < nrow; i++) MLXN_NEED_BUF(a, row_slots[i], MLXN_SIZE(rows, dim, es), err, cap);
   if (weight_slot >= 0) MLXN_NEED_BUF(a, weight_slot, MLXN_SIZE(dim, es), err, cap);
+  uint32_t mask = weight_slot >= 0 ? 1u << weight_slot : 0;
+  for (int i = 0; i < nrow; i++) mask |= 1u << row_slots[i];
+  MLXN_NEED_ALIGN(a, mask, (uint32_t)es, err, cap);
   return 0;
 }
 
@@ -130,6 +133,7 @@ static int softmax_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   uint64_t bytes = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2], cols, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 

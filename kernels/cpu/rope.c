@@ -16,6 +16,7 @@ static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(seq, hd, 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(seq, hd, 4), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(seq, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 3), 4, err, cap);
   return 0;
 }
 
@@ -77,6 +78,7 @@ static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(end, hd), 4), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(tokens, 4), err, cap);
   if (has_ff) MLXN_NEED_BUF(a, 5, MLXN_SIZE(rd / 2, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 3, 5), 4, err, cap);
   return 0;
 }
 
