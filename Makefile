@@ -138,8 +138,13 @@ $(SAN_LIB): $(CPU_SRC) $(CPU_HDR)
 	@mkdir -p build/san
 	clang $(CFLAGS_COMMON) $(SAN_FLAGS) $(SHARED) -o $@ $(CPU_SRC) -ldl -lm
 
-# Deno itself is not instrumented: the ASan runtime is preloaded and the library picked via MLXN_LIB.
-sanitize-test: $(SAN_LIB) $(DENO_DEP)
+# First every seed of the fuzz corpus executes once in the instrumented fuzz target (each CPU kernel
+# runs at least once, with the new hostile cases refused); then the suite, whose kernel, safety and
+# lifecycle tests execute too. Deno itself is not instrumented: the ASan runtime is preloaded and the
+# library picked via MLXN_LIB.
+sanitize-test: $(SAN_LIB) $(FUZZ_BIN) $(DENO_DEP)
+	$(FUZZ_BIN) tests/fuzz/corpus/*.bin > build/sanitize-corpus.log 2>&1 || { cat build/sanitize-corpus.log; exit 1; }
+	@echo "sanitize-test: $$(grep -c '^Executed' build/sanitize-corpus.log) fuzz corpus seeds executed under ASan+UBSan"
 	LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	MLXN_LIB=$(CURDIR)/$(SAN_LIB) DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" bash scripts/test.sh
