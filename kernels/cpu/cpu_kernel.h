@@ -108,10 +108,15 @@ int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, 
 
 /* Fails unless every bound buffer among the slots of `mask` starts on a multiple of `align` bytes
  * (its element size): kernels, on the GPU and here, access elements of their own type. */
-int mlxn_need_align(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap);
+int mlxn_need_align_fail(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap);
+static inline int mlxn_misaligned(const mlxn_kargs *a, uint32_t mask, uint32_t align) {
+  uintptr_t bits = 0; /* unbound optional slots are NULL: aligned */
+  for (uint32_t m = mask; m; m &= m - 1) bits |= (uintptr_t)a->ptr[__builtin_ctz(m)];
+  return (bits & (align - 1)) != 0;
+}
 #define MLXN_NEED_ALIGN(a, mask, align, err, cap)                                                  \
   do {                                                                                             \
-    if (mlxn_need_align(a, mask, align, err, cap)) return 1;                                       \
+    if (mlxn_misaligned(a, mask, align)) return mlxn_need_align_fail(a, mask, align, err, cap);    \
   } while (0)
 #define MLXN_SLOTS2(s0, s1) ((1u << (s0)) | (1u << (s1)))
 #define MLXN_SLOTS3(s0, s1, s2) (MLXN_SLOTS2(s0, s1) | (1u << (s2)))

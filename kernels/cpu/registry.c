@@ -37,7 +37,7 @@ int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, 
                     "fix the shape constants", slot, (unsigned long long)a->len[slot], (unsigned long long)need);
 }
 
-int mlxn_need_align(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap) {
+int mlxn_need_align_fail(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap) {
   for (int slot = 0; slot < MLXN_CPU_KERNEL_SLOTS; slot++)
     if ((mask >> slot) & 1u && a->ptr[slot] && (uintptr_t)a->ptr[slot] % align)
       return mlxn_kfail(err, cap,
