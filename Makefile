@@ -126,7 +126,7 @@ $(CUDA_LIB): $(CUDA_C_SRC) $(CUDA_CU_SRC) $(CUDA_HDR)
 
 cuda: $(CUDA_LIB)
 
-# --- hardening: the suite against an ASan+UBSan build, and the stream-decoder fuzzer (clang) -------
+# --- hardening: the suite against an ASan+UBSan build, and the command-stream fuzzer (clang) --------
 SAN_LIB := build/san/libmlxn_cpu.$(SO)
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 FUZZ_BIN := build/fuzz_stream
@@ -155,7 +155,8 @@ $(FUZZ_BIN): tests/fuzz/fuzz_stream.c $(CPU_SRC) $(CPU_HDR)
 	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -ldl -lm
 
-# Bounded by FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
+# The target decodes each input and executes what it accepts (tests/fuzz/fuzz_stream.c). Bounded by
+# FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
 fuzz: $(FUZZ_BIN)
 	@mkdir -p build/fuzz-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \

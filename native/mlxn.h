@@ -48,7 +48,10 @@
  *
  *  Between two barriers, dispatches form a concurrent group and may run in any order or overlap.
  *  The decoder validates every record against the device and the kernel's signature (slot kinds,
- *  inline sizes, the bytes each bound buffer must hold for the given geometry and constants). On the
+ *  inline sizes, the bytes each bound buffer must hold for the given geometry and constants, with
+ *  every size computed in checked 64-bit arithmetic; each binding aligned to its element size; a
+ *  matrix product's output not overlapping its inputs; a total threadgroup count that fits 64 bits;
+ *  buffers of this device only). On the
  *  first bad record it returns a negative code, stores the record's byte offset (see
  *  mlxn_cmdbuf_error_offset) and leaves the command buffer in the error state; it never crashes.
  */

@@ -10,7 +10,10 @@
 static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
   if (need <= *cap) return 1;
   uint32_t ncap = *cap ? *cap : 16;
-  while (ncap < need) ncap *= 2;
+  while (ncap < need) {
+    if (ncap > UINT32_MAX / 2) return 0; /* reported as out of memory */
+    ncap *= 2;
+  }
   void *p = realloc(*arr, (size_t)ncap * elem);
   if (!p) return 0;
   *arr = p;
