@@ -67,3 +67,25 @@ Deno.test("a buffer handle never repeats: a slot whose generation is used up is 
   match(lastErrorText(sym), /freed|stale/);
   ok(!seen.has(live.handle));
 });
+
+Deno.test("a bad handle's error names the cause: freed, freed while in use, never allocated", () => {
+  using ctx = testContext();
+  const sym = ctx.device.sym, dev = ctx.device.devicePtr();
+  const host = new Uint8Array(4);
+  const readError = (h: number) => {
+    equal(sym.mlxn_buffer_read(dev, h, 0n, host, 4n), Status.E_BAD_HANDLE);
+    return lastErrorText(sym);
+  };
+  const freed = sym.mlxn_buffer_alloc(dev, 16n);
+  equal(sym.mlxn_buffer_free(dev, freed), Status.OK);
+  match(readError(freed), /was freed \(a stale handle\)/);
+  // Freed by the host while a command buffer still holds it: its memory waits, the handle is dead.
+  const held = sym.mlxn_buffer_alloc(dev, 16n);
+  const cb = sym.mlxn_cmdbuf_new(dev)!;
+  const bind = new Uint8Array(Uint32Array.from([(2 << 16) | 9, held]).buffer);
+  equal(sym.mlxn_cmdbuf_encode(cb, bind, bind.byteLength), Status.OK);
+  equal(sym.mlxn_buffer_free(dev, held), Status.OK);
+  match(readError(held), /was freed \(a stale handle\)/);
+  sym.mlxn_cmdbuf_free(cb);
+  match(readError(0x000f_fffe), /was never allocated/);
+});

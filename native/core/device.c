@@ -58,13 +58,13 @@ uint64_t mlxn_now_ns(void) {
 
 /* ---- device ----------------------------------------------------------------------------------- */
 
+static void slot_release(uint32_t index);
+static uint64_t new_device_id(void);
+
 /* A device owns threads (queue, workers) that run this library's code. Deno unloads an FFI library
  * when its runtime is torn down, which happens at a normal script end while a device is still open;
  * unmapping the code under a running thread crashes the process. Once a device exists, the library
  * pins itself: dlclose then leaves it mapped, and the threads end with the process. */
-static void slot_release(uint32_t index);
-static uint64_t new_device_id(void);
-
 static pthread_once_t pin_once = PTHREAD_ONCE_INIT;
 
 static void pin_library(void) {
@@ -138,7 +138,6 @@ static void detach_locked(mlxn_device *dev, mlxn_cmdbuf *cb) {
   mlxn_live_add(MLXN_LIVE_CMDBUFS, -1); /* no longer a command buffer of any device */
 }
 
-
 void mlxn_device_close(mlxn_device *dev) {
   if (!dev) return;
   mlxn_queue_stop(dev); /* drains the queue first: every committed command buffer has completed */
@@ -180,7 +179,6 @@ uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap) {
 }
 
 /* ---- buffers ---------------------------------------------------------------------------------- */
-
 
 /* Handle slots are process-wide: a slot belongs to one device at a time (its owner id), so no two
  * devices hand out the same handle and a handle bound on the wrong device is recognised. A slot's
@@ -257,11 +255,12 @@ const char *mlxn_handle_problem(const mlxn_device *dev, uint32_t handle) {
   pthread_mutex_lock(&slots_mu);
   if (idx1 != 0 && idx1 <= n_slots) {
     const handle_slot *sl = &slots[idx1 - 1];
-    if (sl->gen == gen && sl->owner != 0 && sl->owner != dev->id)
+    /* Same generation, still owned by dev: freed by the host, memory waiting for in-flight work. */
+    if (gen < sl->gen || (gen == sl->gen && sl->owner == dev->id))
+      why = "was freed (a stale handle): keep a buffer alive while it is still used";
+    else if (gen == sl->gen && sl->owner != 0)
       why = "belongs to another device: bind a buffer only on the device that allocated it "
             "(copy the data through the host to use it here)";
-    else if (gen < sl->gen || (sl->gen == gen && sl->owner == 0))
-      why = "was freed (a stale handle): keep a buffer alive while it is still used";
   }
   pthread_mutex_unlock(&slots_mu);
   return why;
