@@ -126,7 +126,7 @@ $(CUDA_LIB): $(CUDA_C_SRC) $(CUDA_CU_SRC) $(CUDA_HDR)
 
 cuda: $(CUDA_LIB)
 
-# --- hardening: the suite against an ASan+UBSan build, and the stream-decoder fuzzer (clang) -------
+# --- hardening: the suite against an ASan+UBSan build, and the command-stream fuzzer (clang) --------
 SAN_LIB := build/san/libmlxn_cpu.$(SO)
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 FUZZ_BIN := build/fuzz_stream
@@ -138,8 +138,13 @@ $(SAN_LIB): $(CPU_SRC) $(CPU_HDR)
 	@mkdir -p build/san
 	clang $(CFLAGS_COMMON) $(SAN_FLAGS) $(SHARED) -o $@ $(CPU_SRC) -ldl -lm
 
-# Deno itself is not instrumented: the ASan runtime is preloaded and the library picked via MLXN_LIB.
-sanitize-test: $(SAN_LIB) $(DENO_DEP)
+# First every seed of the fuzz corpus executes once in the instrumented fuzz target (each CPU kernel
+# runs at least once, with the new hostile cases refused); then the suite, whose kernel, safety and
+# lifecycle tests execute too. Deno itself is not instrumented: the ASan runtime is preloaded and the
+# library picked via MLXN_LIB.
+sanitize-test: $(SAN_LIB) $(FUZZ_BIN) $(DENO_DEP)
+	$(FUZZ_BIN) tests/fuzz/corpus/*.bin > build/sanitize-corpus.log 2>&1 || { cat build/sanitize-corpus.log; exit 1; }
+	@echo "sanitize-test: $$(grep -c '^Executed' build/sanitize-corpus.log) fuzz corpus seeds executed under ASan+UBSan"
 	LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	MLXN_LIB=$(CURDIR)/$(SAN_LIB) DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" bash scripts/test.sh
@@ -150,7 +155,8 @@ $(FUZZ_BIN): tests/fuzz/fuzz_stream.c $(CPU_SRC) $(CPU_HDR)
 	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -ldl -lm
 
-# Bounded by FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
+# The target decodes each input and executes what it accepts (tests/fuzz/fuzz_stream.c). Bounded by
+# FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
 fuzz: $(FUZZ_BIN)
 	@mkdir -p build/fuzz-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \

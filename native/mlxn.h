@@ -11,8 +11,10 @@
  *    MLXN_OK (0) or a negative MLXN_E_* code; the human-readable reason is then available from
  *    mlxn_last_error() on the same thread.
  *  - Handles: devices and command buffers are opaque pointers; buffers and pipelines are uint32_t
- *    handles (0 is never valid). Buffer handles carry a generation, so a stale handle is detected
- *    instead of aliasing a newer buffer.
+ *    handles (0 is never valid). Buffer handles are unique in the process across devices (one used
+ *    on the wrong device is refused as such) and carry a generation; a handle slot is retired before
+ *    its generation would wrap, so a stale handle is detected instead of aliasing a newer buffer.
+ *    (About 4 billion allocations per process exhaust the handles; alloc then fails.)
  *  - Nothing reads the process environment: switches arrive through mlxn_device_open flags, so the
  *    host's permission model (Deno --allow-env) stays in charge.
  *
@@ -46,7 +48,10 @@
  *
  *  Between two barriers, dispatches form a concurrent group and may run in any order or overlap.
  *  The decoder validates every record against the device and the kernel's signature (slot kinds,
- *  inline sizes, the bytes each bound buffer must hold for the given geometry and constants). On the
+ *  inline sizes, the bytes each bound buffer must hold for the given geometry and constants, with
+ *  every size computed in checked 64-bit arithmetic; each binding aligned to its element size; a
+ *  matrix product's output not overlapping its inputs; a total threadgroup count that fits 64 bits;
+ *  buffers of this device only). On the
  *  first bad record it returns a negative code, stores the record's byte offset (see
  *  mlxn_cmdbuf_error_offset) and leaves the command buffer in the error state; it never crashes.
  */
@@ -138,8 +143,11 @@ MLXN_API uint32_t mlxn_last_error(uint8_t *buf, uint32_t cap);
  * Returns NULL on failure (see mlxn_last_error). */
 MLXN_API mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads);
 
-/* Waits for every committed command buffer, then frees the device. Buffers and command buffers
- * still alive are freed with it. */
+/* Waits for every committed command buffer, then frees the device and every buffer still alive on
+ * it. Command buffers still alive are detached, not freed: their status, error and timings stay
+ * readable and mlxn_cmdbuf_wait returns at once (a committed one has completed; one never committed
+ * is in the error state, MLXN_E_STATE), encode and commit fail with MLXN_E_STATE, and the host still
+ * releases each with mlxn_cmdbuf_free. Detached ones no longer count in MLXN_LIVE_CMDBUFS. */
 MLXN_API void mlxn_device_close(mlxn_device *dev);
 
 /* Writes a JSON object describing the device ({"backend","name","threads","maxThreadsPerGroup",
@@ -203,7 +211,7 @@ MLXN_API uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t c
  * without running, releasing every buffer it bound. */
 MLXN_API void mlxn_cmdbuf_free(mlxn_cmdbuf *cb);
 
-/* Process-wide live-object counts: out[MLXN_LIVE_*]; returns the number written. */
+/* Process-wide live-object counts: out[MLXN_LIVE_*]; returns the number written (0 when out is NULL). */
 MLXN_API uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap);
 
 #ifdef __cplusplus

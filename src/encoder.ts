@@ -142,8 +142,9 @@ function toRanges(list: readonly RangeLike[]): MemRange[] {
 /** Lifecycle state of a CommandEncoder. */
 export type EncoderState = "encoding" | "committed" | "completed" | "failed" | "disposed";
 
+// A closed device detaches its command buffers instead of freeing them, so they are always freed here.
 const cleanup = new FinalizationRegistry<{ host: EncoderHost; ptr: Deno.PointerObject }>(({ host, ptr }) => {
-  if (!host.closed) host.sym.mlxn_cmdbuf_free(ptr);
+  host.sym.mlxn_cmdbuf_free(ptr);
 });
 
 const timingScratch = new BigUint64Array(2);
@@ -880,7 +881,7 @@ export class CommandEncoder {
     const ptr = this.#ptr;
     this.#ptr = null;
     cleanup.unregister(this);
-    if (!this.#host.closed) this.#sym.mlxn_cmdbuf_free(ptr);
+    this.#sym.mlxn_cmdbuf_free(ptr); // also after device close: the native side only detached it
   }
 
   #checkInlineSize(kernel: string, i: number, s: SlotSpec, n: number): void {

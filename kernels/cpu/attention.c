@@ -49,10 +49,11 @@ static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t ca
   if (a->groups[1] < p.heads || (uint64_t)a->groups[2] * SDPA_ROWS < p.seq)
     return mlxn_kfail(err, cap, "grid does not cover %u heads × %u query rows", p.heads, p.seq);
   uint64_t batch = a->groups[0], es = mlxn_ftype_size(t);
-  MLXN_NEED_BUF(a, 0, batch * p.heads * p.seq * p.hd * es, err, cap);
-  MLXN_NEED_BUF(a, 1, batch * p.kv_heads * p.kv_cap * p.hd * es, err, cap);
-  MLXN_NEED_BUF(a, 2, batch * p.kv_heads * p.kv_cap * p.hd * es, err, cap);
-  MLXN_NEED_BUF(a, 3, batch * p.heads * p.seq * p.hd * es, err, cap);
+  MLXN_NEED_BUF(a, 0, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
+  MLXN_NEED_BUF(a, 2, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
+  MLXN_NEED_BUF(a, 3, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 2, 3), (uint32_t)es, err, cap);
   return 0;
 }
 
@@ -132,10 +133,12 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   if (!p.nwg || p.nwg > 256) return mlxn_kfail(err, cap, "nwg must be 1..256, got %u", p.nwg);
   if (a->groups[0] < p.heads || a->groups[1] < p.nwg) return mlxn_kfail(err, cap, "grid must be (n_heads, nwg)");
   uint64_t es = mlxn_ftype_size(t);
-  MLXN_NEED_BUF(a, 0, (uint64_t)p.heads * p.hd * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, (uint64_t)p.kv_heads * p.kv_cap * p.hd * es, err, cap);
-  MLXN_NEED_BUF(a, 2, (uint64_t)p.kv_heads * p.kv_cap * p.hd * es, err, cap);
-  MLXN_NEED_BUF(a, 3, (uint64_t)p.heads * p.nwg * (p.hd + 2) * 4, err, cap);
+  MLXN_NEED_BUF(a, 0, MLXN_SIZE(p.heads, p.hd, 4), err, cap);
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
+  MLXN_NEED_BUF(a, 2, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
+  MLXN_NEED_BUF(a, 3, MLXN_SIZE(p.heads, p.nwg, (uint64_t)p.hd + 2, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 3), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(1, 2), (uint32_t)es, err, cap);
   return 0;
 }
 
@@ -190,8 +193,9 @@ static int fav_reduce_validate(const mlxn_kargs *a, char *err, size_t cap) {
   if (!heads || !hd || hd > MAX_HEAD_DIM || !nwg || nwg > 256)
     return mlxn_kfail(err, cap, "need n_heads > 0, head_dim 1..%d and nwg 1..256", MAX_HEAD_DIM);
   if (a->groups[0] < heads) return mlxn_kfail(err, cap, "grid must cover n_heads");
-  MLXN_NEED_BUF(a, 0, (uint64_t)heads * nwg * (hd + 2) * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, (uint64_t)heads * hd * 4, err, cap);
+  MLXN_NEED_BUF(a, 0, MLXN_SIZE(heads, nwg, (uint64_t)hd + 2, 4), err, cap);
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(heads, hd, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 

@@ -68,12 +68,76 @@ static inline float mlxn_arg_f32(const mlxn_kargs *a, int slot, uint32_t off) {
                         (unsigned)(need), (unsigned long long)(a)->len[slot]);                     \
   } while (0)
 
-/* Checks that buffer slot `slot` holds at least `need` bytes (need computed in 64 bits). */
+/* ---- checked size arithmetic ---------------------------------------------------------------
+ * Every size a validate() derives from dispatch parameters goes through these. A product or sum that
+ * does not fit in 64 bits saturates to MLXN_SIZE_OVERFLOW and stays there, so a wrapped size can
+ * never pass a bounds check: MLXN_NEED_BUF reports it as an overflow (no slice is that large). */
+
+#define MLXN_SIZE_OVERFLOW UINT64_MAX
+
+static inline uint64_t mlxn_size_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? MLXN_SIZE_OVERFLOW : r;
+}
+static inline uint64_t mlxn_size_add(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) || a == MLXN_SIZE_OVERFLOW || b == MLXN_SIZE_OVERFLOW ? MLXN_SIZE_OVERFLOW : r;
+}
+static inline uint64_t mlxn_size_prod(const uint64_t *f, size_t n) {
+  uint64_t r = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (f[i] == 0) return 0; /* an empty extent: nothing is touched, whatever the other factors */
+    r = mlxn_size_mul(r, f[i]);
+  }
+  return r;
+}
+/* MLXN_SIZE(a, b, ...): the checked product of its arguments, each widened to 64 bits. */
+#define MLXN_SIZE(...)                                                                             \
+  mlxn_size_prod((const uint64_t[]){__VA_ARGS__}, sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))
+
+/* The reason for a too-small slice (or an overflowing size); returns 1. */
+int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, size_t cap);
+
+/* Checks that buffer slot `slot` holds at least `need` bytes (need: a checked size). */
 #define MLXN_NEED_BUF(a, slot, need, err, cap)                                                     \
   do {                                                                                             \
-    if ((a)->len[slot] < (uint64_t)(need))                                                         \
-      return mlxn_kfail(err, cap, "slot %d: bound slice has %llu bytes, kernel needs %llu", slot, \
-                        (unsigned long long)(a)->len[slot], (unsigned long long)(need));           \
+    uint64_t need_ = (need);                                                                       \
+    if ((a)->len[slot] < need_ || need_ == MLXN_SIZE_OVERFLOW)                                      \
+      return mlxn_need_buf_fail(a, slot, need_, err, cap);                                         \
+  } while (0)
+
+/* Fails unless every bound buffer among the slots of `mask` starts on a multiple of `align` bytes
+ * (its element size): kernels, on the GPU and here, access elements of their own type. */
+int mlxn_need_align_fail(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap);
+static inline int mlxn_misaligned(const mlxn_kargs *a, uint32_t mask, uint32_t align) {
+  uintptr_t bits = 0; /* unbound optional slots are NULL: aligned */
+  for (uint32_t m = mask; m; m &= m - 1) bits |= (uintptr_t)a->ptr[__builtin_ctz(m)];
+  return (bits & (align - 1)) != 0;
+}
+#define MLXN_NEED_ALIGN(a, mask, align, err, cap)                                                  \
+  do {                                                                                             \
+    if (mlxn_misaligned(a, mask, align)) return mlxn_need_align_fail(a, mask, align, err, cap);    \
+  } while (0)
+#define MLXN_SLOTS2(s0, s1) ((1u << (s0)) | (1u << (s1)))
+#define MLXN_SLOTS3(s0, s1, s2) (MLXN_SLOTS2(s0, s1) | (1u << (s2)))
+#define MLXN_SLOTS4(s0, s1, s2, s3) (MLXN_SLOTS3(s0, s1, s2) | (1u << (s3)))
+
+/* Whether the byte ranges [p, p + n) and [q, q + m) share a byte. */
+static inline int mlxn_ranges_overlap(const uint8_t *p, uint64_t n, const uint8_t *q, uint64_t m) {
+  uintptr_t x = (uintptr_t)p, y = (uintptr_t)q;
+  return n && m && x < y + m && y < x + n;
+}
+
+/* Fails when the output slot's first out_bytes overlap the input slot's first in_bytes (both
+ * already checked against the slices): such a kernel reads inputs after writing outputs. */
+#define MLXN_NO_OVERLAP(a, out, out_bytes, in, in_bytes, err, cap)                                 \
+  do {                                                                                             \
+    if (mlxn_ranges_overlap((a)->ptr[out], (out_bytes), (a)->ptr[in], (in_bytes)))                 \
+      return mlxn_kfail(err, cap,                                                                  \
+                        "slot %d (output) overlaps slot %d (input); the kernel would read values "  \
+                        "it already overwrote: write the result to a separate buffer or a "        \
+                        "non-overlapping slice",                                                   \
+                        out, in);                                                                  \
   } while (0)
 
 /* ---- 16-bit float conversions (round to nearest even, NaN preserved) ----------------------- */

@@ -19,10 +19,11 @@ static inline void tg_span(const mlxn_kargs *a, uint32_t gx, uint64_t n, uint64_
 
 static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 3, 4, err, cap);
-  uint64_t bytes = (uint64_t)mlxn_arg_u32(a, 3, 0) * mlxn_ftype_size(t);
+  uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 3, 0), mlxn_ftype_size(t));
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 2), mlxn_ftype_size(t), err, cap);
   return 0;
 }
 
@@ -84,9 +85,10 @@ static float gelu_tanh(float x) {
 /* One thread per element over grid[0] elements: 0 in, 1 out. */
 #define UNARY_KERNEL(NAME, T, FN)                                                                  \
   static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
-    uint64_t bytes = (uint64_t)a->grid[0] * mlxn_ftype_size(T);                                    \
+    uint64_t bytes = MLXN_SIZE(a->grid[0], mlxn_ftype_size(T));                                      \
     MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
     MLXN_NEED_BUF(a, 1, bytes, err, cap);                                                          \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), mlxn_ftype_size(T), err, cap);                           \
     return 0;                                                                                      \
   }                                                                                                \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
@@ -117,8 +119,9 @@ static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap)
   uint32_t ss = mlxn_arg_u32(a, 2, 8), ds = mlxn_arg_u32(a, 2, 12);
   if (!rows || !cols || ss < cols || ds < cols)
     return mlxn_kfail(err, cap, "need rows, cols > 0 and strides >= cols");
-  MLXN_NEED_BUF(a, 0, ((uint64_t)(rows - 1) * ss + cols) * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, ((uint64_t)(rows - 1) * ds + cols) * 4, err, cap);
+  MLXN_NEED_BUF(a, 0, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ss), cols), 4), err, cap);
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ds), cols), 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 
@@ -147,6 +150,7 @@ static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, u
 static int debug_fault_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, 4, err, cap);
   MLXN_NEED_BYTES(a, 1, 4, err, cap);
+  MLXN_NEED_ALIGN(a, 1u, 4, err, cap);
   return 0;
 }
 
@@ -164,9 +168,10 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 2, 8, err, cap);
   float c = mlxn_arg_f32(a, 2, 0);
   if (!(c > 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "softcap: cap must be finite and > 0");
-  uint64_t bytes = (uint64_t)mlxn_arg_u32(a, 2, 4) * 4;
+  uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 2, 4), 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 
@@ -183,10 +188,11 @@ static int softcap_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32
 
 static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 3, 16, err, cap);
-  uint64_t bytes = (uint64_t)mlxn_arg_u32(a, 3, 8) * 4;
+  uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 3, 8), 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 2), 4, err, cap);
   return 0;
 }
 

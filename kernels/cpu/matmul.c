@@ -56,9 +56,9 @@ static int check_epilogue(const mlxn_kargs *a, mm_params p, uint32_t mode, char 
     return mlxn_kfail(err, cap, epi == EPI_RESIDUAL ? "residual epilogue but slot 4 is not bound"
                                                     : "slot 4 (residual) bound without the residual epilogue");
   if (epi != EPI_RESIDUAL) return 0;
-  MLXN_NEED_BUF(a, 4, (uint64_t)p.m * p.n * 4, err, cap);
+  uint64_t bytes = MLXN_SIZE(p.m, p.n, 4);
+  MLXN_NEED_BUF(a, 4, bytes, err, cap);
   const uint8_t *y = a->ptr[2], *r = a->ptr[4];
-  uint64_t bytes = (uint64_t)p.m * p.n * 4;
   if (y != r && y < r + bytes && r < y + bytes)
     return mlxn_kfail(err, cap, "the residual must be y itself or not overlap it");
   return 0;
@@ -76,9 +76,15 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
     mm_params p = read_mm(a, 3);                                                                   \
     uint32_t mode = mlxn_arg_u32(a, 3, 12), rows = (mode & 0xffu) == EPI_SWIGLU ? 2 : 1;           \
     if (check_mm(a, p, rows == 2 ? OUTS_SWIGLU : OUTS, err, cap)) return 1;                        \
-    MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
-    MLXN_NEED_BUF(a, 1, (uint64_t)rows * p.n * p.k * mlxn_ftype_size(T), err, cap);                \
-    MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
+    uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), y_bytes = MLXN_SIZE(p.m, p.n, 4);                   \
+    uint64_t w_bytes = MLXN_SIZE(rows, p.n, p.k, mlxn_ftype_size(T));                              \
+    MLXN_NEED_BUF(a, 0, x_bytes, err, cap);                                                        \
+    MLXN_NEED_BUF(a, 1, w_bytes, err, cap);                                                        \
+    MLXN_NEED_BUF(a, 2, y_bytes, err, cap);                                                        \
+    MLXN_NO_OVERLAP(a, 2, y_bytes, 0, x_bytes, err, cap);                                          \
+    MLXN_NO_OVERLAP(a, 2, y_bytes, 1, w_bytes, err, cap);                                          \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 2, 4), 4, err, cap);                                         \
+    MLXN_NEED_ALIGN(a, 1u << 1, mlxn_ftype_size(T), err, cap);                                     \
     return check_epilogue(a, p, mode, err, cap);                                                   \
   }                                                                                                \
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
@@ -124,11 +130,19 @@ static int affine_validate_common(const mlxn_kargs *a, uint32_t outs, char *err,
   if (bits != 4 && bits != 6 && bits != 8) return mlxn_kfail(err, cap, "bits must be 4, 6 or 8, got %u", bits);
   if (gs != 32 && gs != 64 && gs != 128) return mlxn_kfail(err, cap, "group size must be 32, 64 or 128, got %u", gs);
   if (p.k % gs) return mlxn_kfail(err, cap, "K=%u must be a multiple of the group size %u", p.k, gs);
-  MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, (uint64_t)p.n * p.k * bits / 8, err, cap);
-  MLXN_NEED_BUF(a, 2, (uint64_t)p.n * (p.k / gs) * 2, err, cap);
-  MLXN_NEED_BUF(a, 3, (uint64_t)p.n * (p.k / gs) * 2, err, cap);
-  MLXN_NEED_BUF(a, 4, (uint64_t)p.m * p.n * 4, err, cap);
+  uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), w_bytes = MLXN_SIZE(p.n, (uint64_t)p.k * bits / 8);
+  uint64_t s_bytes = MLXN_SIZE(p.n, p.k / gs, 2), y_bytes = MLXN_SIZE(p.m, p.n, 4);
+  MLXN_NEED_BUF(a, 0, x_bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, w_bytes, err, cap);
+  MLXN_NEED_BUF(a, 2, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 3, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 4, y_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 0, x_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 1, w_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 2, s_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), 2, err, cap);
   return 0;
 }
 
@@ -273,9 +287,15 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
     if (ggml_check_k(F, p.k, err, cap)) return 1;                                                  \
     if ((uint64_t)a->groups[0] * OUTS < p.n || a->groups[1] < rows_needed)                         \
       return mlxn_kfail(err, cap, "grid does not cover N=%u, M=%u", p.n, p.m);                     \
-    MLXN_NEED_BUF(a, 0, (uint64_t)p.m * p.k * 4, err, cap);                                        \
-    MLXN_NEED_BUF(a, 1, (uint64_t)p.n * (p.k / ggml_block_values[F]) * ggml_block_bytes[F], err, cap); \
-    MLXN_NEED_BUF(a, 2, (uint64_t)p.m * p.n * 4, err, cap);                                        \
+    uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), y_bytes = MLXN_SIZE(p.m, p.n, 4);                   \
+    uint64_t w_bytes = MLXN_SIZE(p.n, p.k / ggml_block_values[F], ggml_block_bytes[F]);            \
+    MLXN_NEED_BUF(a, 0, x_bytes, err, cap);                                                        \
+    MLXN_NEED_BUF(a, 1, w_bytes, err, cap);                                                        \
+    MLXN_NEED_BUF(a, 2, y_bytes, err, cap);                                                        \
+    MLXN_NO_OVERLAP(a, 2, y_bytes, 0, x_bytes, err, cap);                                          \
+    MLXN_NO_OVERLAP(a, 2, y_bytes, 1, w_bytes, err, cap);                                          \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 2), 4, err, cap);                                            \
+    MLXN_NEED_ALIGN(a, 1u << 1, 2, err, cap);                                                      \
     return 0;                                                                                      \
   }                                                                                                \
   static int NAME##_mv_validate(const mlxn_kargs *a, char *err, size_t cap) {                    \
@@ -326,10 +346,17 @@ GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
     if ((uint64_t)a->groups[0] * OUTS < n || a->groups[1] < rows)                                  \
       return mlxn_kfail(err, cap, "grid does not cover N=%u, rows=%u", n, rows);                   \
     uint64_t row_bytes = (uint64_t)(k / ggml_block_values[F]) * ggml_block_bytes[F];              \
-    MLXN_NEED_BUF(a, 0, (uint64_t)(rows / top_k) * k * 4, err, cap);                               \
-    MLXN_NEED_BUF(a, 1, (uint64_t)experts * n * row_bytes, err, cap);                              \
-    MLXN_NEED_BUF(a, 2, (uint64_t)rows * 4, err, cap);                                             \
-    MLXN_NEED_BUF(a, 3, (uint64_t)rows * n * 4, err, cap);                                         \
+    uint64_t x_bytes = MLXN_SIZE(rows / top_k, k, 4), w_bytes = MLXN_SIZE(experts, n, row_bytes);  \
+    uint64_t id_bytes = MLXN_SIZE(rows, 4), y_bytes = MLXN_SIZE(rows, n, 4);                       \
+    MLXN_NEED_BUF(a, 0, x_bytes, err, cap);                                                        \
+    MLXN_NEED_BUF(a, 1, w_bytes, err, cap);                                                        \
+    MLXN_NEED_BUF(a, 2, id_bytes, err, cap);                                                       \
+    MLXN_NEED_BUF(a, 3, y_bytes, err, cap);                                                        \
+    MLXN_NO_OVERLAP(a, 3, y_bytes, 0, x_bytes, err, cap);                                          \
+    MLXN_NO_OVERLAP(a, 3, y_bytes, 1, w_bytes, err, cap);                                          \
+    MLXN_NO_OVERLAP(a, 3, y_bytes, 2, id_bytes, err, cap);                                         \
+    MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 2, 3), 4, err, cap);                                         \
+    MLXN_NEED_ALIGN(a, 1u << 1, 2, err, cap);                                                      \
     return 0;                                                                                      \
   }                                                                                                \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \

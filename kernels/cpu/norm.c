@@ -24,10 +24,13 @@ static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, i
   uint32_t dim = mlxn_arg_u32(a, pslot, 4);
   if (dim == 0) return mlxn_kfail(err, cap, "rms_norm: dim must be > 0");
   if (!(eps >= 0.0f) || isinf(eps)) return mlxn_kfail(err, cap, "rms_norm: eps must be finite and >= 0");
-  uint64_t rows = (uint64_t)a->groups[0] * a->groups[1] * a->groups[2];
+  uint64_t rows = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2]);
   uint64_t es = mlxn_ftype_size(t);
-  for (int i = 0; i < nrow; i++) MLXN_NEED_BUF(a, row_slots[i], rows * dim * es, err, cap);
-  if (weight_slot >= 0) MLXN_NEED_BUF(a, weight_slot, (uint64_t)dim * es, err, cap);
+  for (int i = 0; i < nrow; i++) MLXN_NEED_BUF(a, row_slots[i], MLXN_SIZE(rows, dim, es), err, cap);
+  if (weight_slot >= 0) MLXN_NEED_BUF(a, weight_slot, MLXN_SIZE(dim, es), err, cap);
+  uint32_t mask = weight_slot >= 0 ? 1u << weight_slot : 0;
+  for (int i = 0; i < nrow; i++) mask |= 1u << row_slots[i];
+  MLXN_NEED_ALIGN(a, mask, (uint32_t)es, err, cap);
   return 0;
 }
 
@@ -127,9 +130,10 @@ static int softmax_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 2, 4, err, cap);
   uint32_t cols = mlxn_arg_u32(a, 2, 0);
   if (cols == 0) return mlxn_kfail(err, cap, "softmax: cols must be > 0");
-  uint64_t rows = (uint64_t)a->groups[0] * a->groups[1] * a->groups[2];
-  MLXN_NEED_BUF(a, 0, rows * cols * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, rows * cols * 4, err, cap);
+  uint64_t bytes = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2], cols, 4);
+  MLXN_NEED_BUF(a, 0, bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
   return 0;
 }
 

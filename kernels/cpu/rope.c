@@ -13,9 +13,10 @@ static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   uint32_t hd = mlxn_arg_u32(a, 2, 4), seq = mlxn_arg_u32(a, 2, 8);
   if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "rope: theta must be finite and > 0");
   if (hd == 0 || hd % 2) return mlxn_kfail(err, cap, "rope: head_dim must be even and > 0, got %u", hd);
-  MLXN_NEED_BUF(a, 0, (uint64_t)seq * hd * 4, err, cap);
-  MLXN_NEED_BUF(a, 1, (uint64_t)seq * hd * 4, err, cap);
-  MLXN_NEED_BUF(a, 3, (uint64_t)seq * 4, err, cap);
+  MLXN_NEED_BUF(a, 0, MLXN_SIZE(seq, hd, 4), err, cap);
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(seq, hd, 4), err, cap);
+  MLXN_NEED_BUF(a, 3, MLXN_SIZE(seq, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 3), 4, err, cap);
   return 0;
 }
 
@@ -64,16 +65,20 @@ static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   if (heads == 0) return mlxn_kfail(err, cap, "rope_neox: n_heads must be > 0");
   uint64_t rows = a->grid[1];
   uint64_t tokens = (rows + heads - 1) / heads;
-  MLXN_NEED_BUF(a, 0, rows * hd * 4, err, cap);
+  MLXN_NEED_BUF(a, 0, MLXN_SIZE(rows, hd, 4), err, cap);
   /* The furthest output row: the last token's last head, or (when the rows end inside a token) the
    * token before's last head. */
   uint64_t hs = mlxn_arg_u32(a, 4, 8), ts = mlxn_arg_u32(a, 4, 12);
   uint64_t t_last = (rows - 1) / heads, h_last = (rows - 1) % heads;
-  uint64_t end = t_last * ts + h_last * hs;
-  if (t_last > 0 && (t_last - 1) * ts + (uint64_t)(heads - 1) * hs > end) end = (t_last - 1) * ts + (uint64_t)(heads - 1) * hs;
-  MLXN_NEED_BUF(a, 1, (end + hd) * 4, err, cap);
-  MLXN_NEED_BUF(a, 3, tokens * 4, err, cap);
-  if (has_ff) MLXN_NEED_BUF(a, 5, (uint64_t)(rd / 2) * 4, err, cap);
+  uint64_t end = mlxn_size_add(MLXN_SIZE(t_last, ts), MLXN_SIZE(h_last, hs));
+  if (t_last > 0) {
+    uint64_t prev = mlxn_size_add(MLXN_SIZE(t_last - 1, ts), MLXN_SIZE(heads - 1, hs));
+    if (prev > end) end = prev;
+  }
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(end, hd), 4), err, cap);
+  MLXN_NEED_BUF(a, 3, MLXN_SIZE(tokens, 4), err, cap);
+  if (has_ff) MLXN_NEED_BUF(a, 5, MLXN_SIZE(rd / 2, 4), err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 3, 5), 4, err, cap);
   return 0;
 }
 

@@ -44,6 +44,7 @@ static _Atomic int64_t live[MLXN_LIVE_COUNT];
 void mlxn_live_add(int what, int64_t delta) { atomic_fetch_add(&live[what], delta); }
 
 uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap) {
+  if (!out) return 0;
   uint32_t n = cap < MLXN_LIVE_COUNT ? cap : MLXN_LIVE_COUNT;
   for (uint32_t i = 0; i < n; i++) out[i] = (uint64_t)atomic_load(&live[i]);
   return n;
@@ -56,6 +57,9 @@ uint64_t mlxn_now_ns(void) {
 }
 
 /* ---- device ----------------------------------------------------------------------------------- */
+
+static void slot_release(uint32_t index);
+static uint64_t new_device_id(void);
 
 /* A device owns threads (queue, workers) that run this library's code. Deno unloads an FFI library
  * when its runtime is torn down, which happens at a normal script end while a device is still open;
@@ -90,6 +94,7 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
     return NULL;
   }
   dev->flags = flags;
+  dev->id = new_device_id();
   dev->next_serial = 1;
   pthread_mutex_init(&dev->mu, NULL);
   pthread_cond_init(&dev->queue_cv, NULL);
@@ -113,20 +118,46 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   return dev;
 }
 
+/* Detaches a live command buffer from its closing device: it keeps its status, error and timings
+ * (the queue ran everything committed), drops its buffer references, and from now on never touches
+ * the device; the host still frees it with mlxn_cmdbuf_free. One still encoding can never run. */
+static void detach_locked(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  pthread_mutex_lock(&cb->mu);
+  if (cb->status == MLXN_CB_ENCODING) mlxn_cmdbuf_release_content(cb); /* never runs: nothing to time */
+  for (uint32_t i = 0; i < cb->n_refs; i++) mlxn_buffer_release_locked(dev, cb->refs[i]);
+  cb->n_refs = 0;
+  if (cb->status == MLXN_CB_ENCODING) {
+    cb->status = MLXN_CB_ERROR;
+    cb->error_code = MLXN_E_STATE;
+    snprintf(cb->error, sizeof cb->error,
+             "the device was closed before this command buffer was committed; open a new device and encode again");
+  }
+  cb->dev = NULL;
+  cb->live_prev = cb->live_next = NULL;
+  pthread_mutex_unlock(&cb->mu);
+  mlxn_live_add(MLXN_LIVE_CMDBUFS, -1); /* no longer a command buffer of any device */
+}
+
 void mlxn_device_close(mlxn_device *dev) {
   if (!dev) return;
-  mlxn_queue_stop(dev); /* drains the queue first */
-  while (dev->live) mlxn_cmdbuf_free(dev->live);
+  mlxn_queue_stop(dev); /* drains the queue first: every committed command buffer has completed */
+  pthread_mutex_lock(&dev->mu);
+  for (mlxn_cmdbuf *cb = dev->live, *next; cb; cb = next) {
+    next = cb->live_next;
+    detach_locked(dev, cb);
+  }
+  dev->live = NULL;
   for (uint32_t i = 0; i < dev->n_buffers; i++) {
     buffer_entry *e = &dev->buffers[i];
     if (e->data) {
       mlxn_backend_free(dev, e->data, e->handle);
       mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
       mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
+      slot_release(i);
     }
   }
+  pthread_mutex_unlock(&dev->mu);
   free(dev->buffers);
-  free(dev->free_slots);
   for (uint32_t i = 0; i < dev->n_spare; i++) {
     mlxn_cmdbuf tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -149,9 +180,90 @@ uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap) {
 
 /* ---- buffers ---------------------------------------------------------------------------------- */
 
+/* Handle slots are process-wide: a slot belongs to one device at a time (its owner id), so no two
+ * devices hand out the same handle and a handle bound on the wrong device is recognised. A slot's
+ * generation is bumped at every release; one whose 12-bit generation is used up is retired for
+ * good instead of wrapping, so a stale handle can never name a newer buffer. Only alloc, free and
+ * error paths take slots_mu (never the decoder's hot path); lock order: dev->mu, then slots_mu. */
+#define GEN_LIMIT 0x1000u
 
-static uint32_t make_handle(uint32_t index, uint32_t gen) {
-  return ((gen & 0xfffu) << HANDLE_INDEX_BITS) | (index + 1u);
+typedef struct handle_slot {
+  uint64_t owner; /* device id, 0 when free or retired */
+  uint32_t gen;   /* GEN_LIMIT: retired */
+} handle_slot;
+
+static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
+static handle_slot *slots;
+static uint32_t n_slots, cap_slots;
+static uint32_t *free_slots; /* LIFO of released, unretired slots */
+static uint32_t n_free;
+static uint64_t last_device_id;
+
+static uint64_t new_device_id(void) {
+  pthread_mutex_lock(&slots_mu);
+  uint64_t id = ++last_device_id;
+  pthread_mutex_unlock(&slots_mu);
+  return id;
+}
+
+/* Takes a free slot for `owner`; returns 0, or sets the error and returns -1. */
+static int slot_take(uint64_t owner, uint32_t *index, uint32_t *gen) {
+  pthread_mutex_lock(&slots_mu);
+  if (n_free > 0) {
+    *index = free_slots[--n_free];
+  } else {
+    if (n_slots == HANDLE_INDEX_MASK) {
+      pthread_mutex_unlock(&slots_mu);
+      return mlxn_set_error(MLXN_E_OUT_OF_MEMORY,
+                            "buffer handles are used up (%u live buffers, or about 4 billion allocations in this "
+                            "process); free buffers you no longer need, or reuse buffers instead of reallocating",
+                            HANDLE_INDEX_MASK), -1;
+    }
+    if (n_slots == cap_slots) {
+      uint32_t cap = cap_slots ? cap_slots * 2 : 1024;
+      if (cap > HANDLE_INDEX_MASK) cap = HANDLE_INDEX_MASK;
+      handle_slot *ns = realloc(slots, cap * sizeof *ns);
+      if (ns) slots = ns;
+      uint32_t *nf = ns ? realloc(free_slots, cap * sizeof *nf) : NULL;
+      if (nf) free_slots = nf;
+      if (!ns || !nf) {
+        pthread_mutex_unlock(&slots_mu);
+        return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer handle table"), -1;
+      }
+      cap_slots = cap;
+    }
+    *index = n_slots;
+    slots[n_slots++] = (handle_slot){0, 0};
+  }
+  slots[*index].owner = owner;
+  *gen = slots[*index].gen;
+  pthread_mutex_unlock(&slots_mu);
+  return 0;
+}
+
+static void slot_release(uint32_t index) {
+  pthread_mutex_lock(&slots_mu);
+  handle_slot *sl = &slots[index];
+  sl->owner = 0;
+  if (++sl->gen < GEN_LIMIT) free_slots[n_free++] = index; /* else retired: never handed out again */
+  pthread_mutex_unlock(&slots_mu);
+}
+
+const char *mlxn_handle_problem(const mlxn_device *dev, uint32_t handle) {
+  uint32_t idx1 = handle & HANDLE_INDEX_MASK, gen = handle >> HANDLE_INDEX_BITS;
+  const char *why = "was never allocated: pass the handle of a live buffer";
+  pthread_mutex_lock(&slots_mu);
+  if (idx1 != 0 && idx1 <= n_slots) {
+    const handle_slot *sl = &slots[idx1 - 1];
+    /* Same generation, still owned by dev: freed by the host, memory waiting for in-flight work. */
+    if (gen < sl->gen || (gen == sl->gen && sl->owner == dev->id))
+      why = "was freed (a stale handle): keep a buffer alive while it is still used";
+    else if (gen == sl->gen && sl->owner != 0)
+      why = "belongs to another device: bind a buffer only on the device that allocated it "
+            "(copy the data through the host to use it here)";
+  }
+  pthread_mutex_unlock(&slots_mu);
+  return why;
 }
 
 static void recycle_locked(mlxn_device *dev, uint32_t index) {
@@ -162,9 +274,8 @@ static void recycle_locked(mlxn_device *dev, uint32_t index) {
   mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
   e->data = NULL;
   e->size = 0;
-  e->gen++;
   e->last_cb = 0;
-  dev->free_slots[dev->n_free++] = index;
+  slot_release(index);
 }
 
 /* Drops one command-buffer reference; frees memory whose handle was already released. */
@@ -183,39 +294,35 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   uint8_t *data = mlxn_backend_alloc(dev, nbytes, &handle); /* zero-filled: no cold-run garbage */
   if (!data)
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "could not allocate %llu bytes", (unsigned long long)nbytes), 0;
-  pthread_mutex_lock(&dev->mu);
-  uint32_t index;
-  if (dev->n_free > 0) {
-    index = dev->free_slots[--dev->n_free];
-  } else {
-    if (dev->n_buffers == HANDLE_INDEX_MASK) {
-      pthread_mutex_unlock(&dev->mu);
-      mlxn_backend_free(dev, data, handle);
-      return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "too many live buffers (%u)", HANDLE_INDEX_MASK), 0;
-    }
-    if (dev->n_buffers == dev->cap_buffers) {
-      uint32_t cap = dev->cap_buffers ? dev->cap_buffers * 2 : 256;
-      buffer_entry *nb = realloc(dev->buffers, cap * sizeof *nb);
-      uint32_t *nf = realloc(dev->free_slots, cap * sizeof *nf);
-      if (nb) dev->buffers = nb;
-      if (nf) dev->free_slots = nf;
-      if (!nb || !nf) {
-        pthread_mutex_unlock(&dev->mu);
-        mlxn_backend_free(dev, data, handle);
-        return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer table"), 0;
-      }
-      dev->cap_buffers = dev->cap_free = cap;
-    }
-    index = dev->n_buffers++;
-    memset(&dev->buffers[index], 0, sizeof(buffer_entry));
+  uint32_t index, gen;
+  if (slot_take(dev->id, &index, &gen) != 0) {
+    mlxn_backend_free(dev, data, handle);
+    return 0;
   }
+  pthread_mutex_lock(&dev->mu);
+  if (index >= dev->cap_buffers) {
+    uint32_t cap = dev->cap_buffers ? dev->cap_buffers : 256;
+    while (cap <= index) cap *= 2;
+    buffer_entry *nb = realloc(dev->buffers, (size_t)cap * sizeof *nb);
+    if (!nb) {
+      pthread_mutex_unlock(&dev->mu);
+      slot_release(index);
+      mlxn_backend_free(dev, data, handle);
+      return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer table"), 0;
+    }
+    memset(nb + dev->cap_buffers, 0, (size_t)(cap - dev->cap_buffers) * sizeof *nb);
+    dev->buffers = nb;
+    dev->cap_buffers = cap;
+  }
+  if (index >= dev->n_buffers) dev->n_buffers = index + 1;
   buffer_entry *e = &dev->buffers[index];
+  memset(e, 0, sizeof *e);
   e->data = data;
   e->handle = handle;
   e->size = nbytes;
+  e->gen = gen;
   e->alive = 1;
-  e->refs = 0;
-  uint32_t h = make_handle(index, e->gen);
+  uint32_t h = (gen << HANDLE_INDEX_BITS) | (index + 1u);
   pthread_mutex_unlock(&dev->mu);
   mlxn_live_add(MLXN_LIVE_BUFFERS, 1);
   mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, (int64_t)nbytes);
@@ -229,7 +336,8 @@ int32_t mlxn_buffer_free(mlxn_device *dev, uint32_t handle) {
   buffer_entry *e = mlxn_buffer_lookup(dev, handle, &index);
   if (!e) {
     pthread_mutex_unlock(&dev->mu);
-    return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer", handle);
+    return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer: it %s", handle,
+                          mlxn_handle_problem(dev, handle));
   }
   e->alive = 0;
   if (e->refs == 0) recycle_locked(dev, index); /* else: the last command buffer frees it */
@@ -254,7 +362,8 @@ static int32_t buffer_copy(mlxn_device *dev, uint32_t handle, uint64_t offset, u
   buffer_entry *e = mlxn_buffer_lookup(dev, handle, NULL);
   if (!e) {
     pthread_mutex_unlock(&dev->mu);
-    return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer", handle);
+    return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer: it %s", handle,
+                          mlxn_handle_problem(dev, handle));
   }
   if (offset > e->size || len > e->size - offset) {
     uint64_t size = e->size;
@@ -326,11 +435,14 @@ uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *b
 
 /* ---- command buffers -------------------------------------------------------------------------- */
 
+#define DEVICE_CLOSED "the device of this command buffer was closed; open a new device and encode again"
+
 mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
   if (!dev) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device"), NULL;
   mlxn_cmdbuf *cb = calloc(1, sizeof *cb);
   if (!cb) return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory creating a command buffer"), NULL;
   cb->dev = dev;
+  cb->wait_spin_ns = dev->wait_spin_ns;
   pthread_mutex_init(&cb->mu, NULL);
   pthread_cond_init(&cb->cv, NULL);
   cb->status = MLXN_CB_ENCODING;
@@ -347,6 +459,7 @@ mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
 
 int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->error[0] ? cb->error : DEVICE_CLOSED);
   if (cb->status != MLXN_CB_ENCODING)
     return mlxn_set_error(cb->status == MLXN_CB_ERROR ? MLXN_E_STREAM : MLXN_E_STATE,
                           cb->status == MLXN_CB_ERROR
@@ -375,6 +488,7 @@ uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) { return cb ? cb->error_offse
 
 int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
+  if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->error[0] ? cb->error : DEVICE_CLOSED);
   if (cb->status == MLXN_CB_ERROR)
     return mlxn_set_error(cb->error_code, "cannot commit a command buffer that failed to encode: %s", cb->error);
   if (cb->status != MLXN_CB_ENCODING)
@@ -393,7 +507,7 @@ static int cmdbuf_not_running(void *arg) {
 
 int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
-  mlxn_spin_until(cmdbuf_not_running, cb, cb->dev->wait_spin_ns);
+  mlxn_spin_until(cmdbuf_not_running, cb, cb->wait_spin_ns);
   pthread_mutex_lock(&cb->mu);
   if (cb->status == MLXN_CB_ENCODING) {
     pthread_mutex_unlock(&cb->mu);
@@ -450,16 +564,18 @@ void mlxn_cmdbuf_free(mlxn_cmdbuf *cb) {
   pthread_mutex_lock(&cb->mu);
   while (cb->status == MLXN_CB_COMMITTED) pthread_cond_wait(&cb->cv, &cb->mu);
   pthread_mutex_unlock(&cb->mu);
-  pthread_mutex_lock(&dev->mu);
-  mlxn_cmdbuf_release_content(cb); /* drops buffer references (uncommitted or failed ones too) */
-  if (dev->n_spare < MLXN_SPARE_STORAGE) mlxn_storage_give(cb, &dev->spare[dev->n_spare++]);
-  mlxn_storage_free(cb);
-  if (cb->live_prev) cb->live_prev->live_next = cb->live_next;
-  else dev->live = cb->live_next;
-  if (cb->live_next) cb->live_next->live_prev = cb->live_prev;
-  pthread_mutex_unlock(&dev->mu);
+  if (dev) {
+    pthread_mutex_lock(&dev->mu);
+    mlxn_cmdbuf_release_content(cb); /* drops buffer references (uncommitted or failed ones too) */
+    if (dev->n_spare < MLXN_SPARE_STORAGE) mlxn_storage_give(cb, &dev->spare[dev->n_spare++]);
+    if (cb->live_prev) cb->live_prev->live_next = cb->live_next;
+    else dev->live = cb->live_next;
+    if (cb->live_next) cb->live_next->live_prev = cb->live_prev;
+    pthread_mutex_unlock(&dev->mu);
+    mlxn_live_add(MLXN_LIVE_CMDBUFS, -1);
+  }
+  mlxn_storage_free(cb); /* whatever was not handed back (all of it once detached) */
   pthread_mutex_destroy(&cb->mu);
   pthread_cond_destroy(&cb->cv);
   free(cb);
-  mlxn_live_add(MLXN_LIVE_CMDBUFS, -1);
 }

@@ -58,7 +58,8 @@ typedef struct arena_block {
 } arena_block;
 
 struct mlxn_cmdbuf {
-  mlxn_device *dev;
+  mlxn_device *dev; /* NULL once detached by mlxn_device_close: only status, timings, free remain */
+  uint64_t wait_spin_ns; /* the device's, copied: a waiter never touches the device */
   uint64_t serial;
   struct mlxn_cmdbuf *live_prev, *live_next; /* device's list of live command buffers */
   struct mlxn_cmdbuf *queue_next;            /* device's FIFO of committed ones */
@@ -115,10 +116,9 @@ struct mlxn_device {
 
   pthread_mutex_t mu; /* buffer table, live list, queue */
   pthread_cond_t queue_cv;
-  buffer_entry *buffers;
+  uint64_t id;        /* process-wide, never reused: owner tag of this device's handle slots */
+  buffer_entry *buffers; /* indexed by process-wide handle slot (see mlxn_buffer_alloc) */
   uint32_t n_buffers, cap_buffers;
-  uint32_t *free_slots;
-  uint32_t n_free, cap_free;
   uint64_t next_serial;
   struct mlxn_cmdbuf *live; /* live command buffers */
   struct mlxn_cmdbuf *queue_head, *queue_tail;
@@ -135,7 +135,8 @@ struct mlxn_device {
   uint32_t n_spare;
 };
 
-/* Buffer handles: generation (12 bits) << 20 | table index + 1 (20 bits). */
+/* Buffer handles: generation (12 bits) << 20 | slot index + 1 (20 bits). Slots are process-wide
+ * (device.c), so a handle is unique across devices; each device's table is indexed by slot. */
 #define HANDLE_INDEX_BITS 20u
 #define HANDLE_INDEX_MASK ((1u << HANDLE_INDEX_BITS) - 1u)
 
@@ -156,6 +157,9 @@ static inline buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle
 
 /* device.c */
 void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
+/* Why `handle` is not a live buffer of dev (freed, another device's, never allocated): a sentence
+ * that says what to do, for error messages. Caller may hold dev->mu. */
+const char *mlxn_handle_problem(const mlxn_device *dev, uint32_t handle);
 void mlxn_live_add(int what, int64_t delta);
 uint64_t mlxn_now_ns(void);
 /* A polite busy-wait step. */

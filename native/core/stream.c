@@ -10,7 +10,10 @@
 static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
   if (need <= *cap) return 1;
   uint32_t ncap = *cap ? *cap : 16;
-  while (ncap < need) ncap *= 2;
+  while (ncap < need) {
+    if (ncap > UINT32_MAX / 2) return 0; /* reported as out of memory */
+    ncap *= 2;
+  }
   void *p = realloc(*arr, (size_t)ncap * elem);
   if (!p) return 0;
   *arr = p;
@@ -191,6 +194,10 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     d->entry[s] = is_bound && !((m->bytes >> s) & 1u) ? cb->slot_entry[s] : 0;
   }
   a->tg_memory = cb->tg_memory;
+  uint64_t tg_total;
+  if (__builtin_mul_overflow((uint64_t)a->groups[0] * a->groups[1], (uint64_t)a->groups[2], &tg_total))
+    FAIL(MLXN_E_STREAM, "kernel %s: %ux%ux%u threadgroups overflow 64 bits; dispatch a grid the size of the data",
+         k->name, a->groups[0], a->groups[1], a->groups[2]);
   char why[512];
   why[0] = 0;
   if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
@@ -204,7 +211,7 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   cb->n_dispatches++;
   d->kernel = k;
   d->tag = tag;
-  d->tg_total = (uint64_t)a->groups[0] * a->groups[1] * a->groups[2];
+  d->tg_total = tg_total;
   atomic_store_explicit(&d->t_start, UINT64_MAX, memory_order_relaxed);
   atomic_store_explicit(&d->t_end, 0, memory_order_relaxed);
   cb->barrier_pending = 0;
@@ -233,7 +240,9 @@ static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb
   if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
   uint32_t index;
   buffer_entry *e = mlxn_buffer_in_table(buffers, n_buffers, handle, &index);
-  if (!e) FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer", slot, handle);
+  if (!e)
+    FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer: it %s", slot, handle,
+         mlxn_handle_problem(cb->dev, handle));
   if (whole) blen = e->size;
   if (boff > e->size || blen > e->size - boff)
     FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,

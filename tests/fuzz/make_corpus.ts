@@ -1,77 +1,204 @@
 /**
- * Writes the fuzzer's seed corpus (tests/fuzz/corpus/*.bin): valid streams for several kernels,
- * using the handles the fuzz target's device creates (buffers 1..4) and this build's pipeline
- * handles. Each file starts with the 2-byte chunk split the target reads.
+ * Writes the fuzzer's seed corpus (tests/fuzz/corpus/*.bin): for EVERY kernel of the CPU backend,
+ * one valid stream that the fuzz target executes, plus a few multi-dispatch and record-format
+ * seeds. Streams use the handles of the target's device (buffers 1..4 of 64 B, 256 B, 4 KiB and
+ * 64 KiB) and this build's pipeline handles. Each file starts with the 2-byte chunk split the
+ * target reads. Fails when a kernel has no seed.
  *
  *   deno run --allow-ffi --allow-read --allow-write --allow-env tests/fuzz/make_corpus.ts
  */
 import { KernelRegistry, MlxDevice } from "../../mod.ts";
+import { allContracts } from "../../src/kernels.ts";
 import { Op, recordHeader } from "../../src/native/abi.ts";
 import { f32Bits } from "../../src/ops/common.ts";
 
 using device = MlxDevice.open({ backend: "cpu" });
 const reg = new KernelRegistry(device);
-const h = (name: string) => reg.get(name).handle;
-const rec = (op: number, slot: number, ...p: number[]) => [recordHeader(op, 1 + p.length, slot), ...p];
-const buf = (slot: number, handle: number, off: number, len: number) => rec(Op.SET_BUFFER, slot, handle, off, len);
-const seeds: Record<string, number[]> = {
-  add: [
-    ...rec(Op.SET_PIPELINE, 0, h("elementwise_add_f32")),
-    ...buf(0, 3, 0, 4096),
-    ...buf(1, 3, 0, 4096),
-    ...buf(2, 4, 0, 4096),
-    ...rec(Op.SET_BYTES, 3, 4, 1024),
-    ...rec(Op.DISPATCH_THREADS, 0, 1024, 1, 1, 256, 1, 1, 0),
-    ...rec(Op.BARRIER, 0),
-  ],
-  norm: [
-    ...rec(Op.SET_PIPELINE, 0, h("rms_norm_f32")),
-    ...buf(0, 3, 0, 4096),
-    ...buf(1, 2, 0, 256),
-    ...buf(2, 4, 4096, 4096),
-    ...rec(Op.SET_BYTES, 3, 8, f32Bits(1e-5), 64),
-    ...rec(Op.SET_TG_MEMORY, 0, 256),
-    ...rec(Op.DISPATCH_GROUPS, 0, 16, 1, 1, 64, 1, 1, 0),
-  ],
-  rope_neox: [
-    ...rec(Op.SET_PIPELINE, 0, h("rope_neox_f32")),
-    ...buf(0, 3, 0, 4096),
-    ...buf(1, 4, 0, 4096),
-    ...rec(Op.SET_BYTES, 2, 12, f32Bits(1e4), 64, 32),
-    ...buf(3, 1, 0, 64),
-    ...rec(Op.SET_BYTES, 4, 8, 4, 0),
-    ...rec(Op.DISPATCH_THREADS, 0, 16, 16, 1, 16, 1, 1, 0),
-  ],
-  q8_0: [
-    ...rec(Op.SET_PIPELINE, 0, h("qmatmul_q8_0_mv")),
-    ...buf(0, 2, 0, 256),
-    ...buf(1, 3, 0, 4096),
-    ...buf(2, 1, 0, 64),
-    ...rec(Op.SET_BYTES, 3, 12, 1, 16, 64),
-    ...rec(Op.DISPATCH_GROUPS, 0, 4, 1, 1, 128, 1, 1, 0),
-  ],
-  flash: [
-    ...rec(Op.SET_PIPELINE, 0, h("flash_attn_vec_f32")),
-    ...buf(0, 2, 0, 256),
-    ...buf(1, 4, 0, 65536),
-    ...buf(2, 4, 0, 65536),
-    ...buf(3, 4, 0, 65536),
-    ...rec(Op.SET_BYTES, 4, 40, 1, 1, 64, 8, 64, f32Bits(0.125), 2, 4, 0, 4),
-    ...rec(Op.DISPATCH_GROUPS, 0, 1, 4, 1, 32, 1, 1, 0),
-  ],
-  buffer64: [
-    ...rec(Op.SET_PIPELINE, 0, h("gelu_f32")),
-    ...rec(Op.SET_BUFFER64, 0, 3, 0, 0, 4096, 0),
-    ...buf(1, 4, 0, 4096),
-    ...rec(Op.DISPATCH_THREADS, 0, 1024, 1, 1, 256, 1, 1, 0),
-  ],
-};
+const SMALL = 3, BIG = 4; // the 4 KiB and 64 KiB buffers of the fuzz target
+
+type Words = number[];
+const rec = (op: number, slot: number, ...p: number[]): Words => [recordHeader(op, 1 + p.length, slot), ...p];
+
+/** One dispatch: buffer slots get disjoint ranges of the 64 KiB buffer, in slot order. */
+function dispatch(
+  kernel: string,
+  slots: (number | number[])[], // a byte count (a buffer slot) or the words of an inline slot
+  groups: [number, number, number],
+  tg: [number, number, number],
+  kind: "groups" | "threads" = "groups",
+): Words {
+  const w = rec(Op.SET_PIPELINE, 0, reg.get(kernel).handle);
+  let off = 0;
+  slots.forEach((s, i) => {
+    if (typeof s === "number") {
+      if (s === 0) return; // an optional slot left unbound
+      w.push(...rec(Op.SET_BUFFER, i, BIG, off, s));
+      off += Math.ceil(s / 256) * 256;
+    } else {
+      w.push(...rec(Op.SET_BYTES, i, s.length * 4, ...s));
+    }
+  });
+  if (off > 65536) throw new Error(`${kernel}: the seed needs ${off} bytes, more than 64 KiB`);
+  w.push(...rec(kind === "groups" ? Op.DISPATCH_GROUPS : Op.DISPATCH_THREADS, 0, ...groups, ...tg, 0));
+  return w;
+}
+
+const seeds: Record<string, Words> = {};
+const es = { f32: 4, f16: 2, bf16: 2 } as const;
+const eps = f32Bits(1e-5);
+
+for (const [t, size] of Object.entries(es)) {
+  const n = 256, bytes = n * size;
+  for (const op of ["elementwise_add", "elementwise_mul", "silu_mul"]) {
+    seeds[`${op}_${t}`] = dispatch(`${op}_${t}`, [bytes, bytes, bytes, [n]], [n, 1, 1], [64, 1, 1], "threads");
+  }
+  for (const op of ["gelu", "silu"]) {
+    seeds[`${op}_${t}`] = dispatch(`${op}_${t}`, [bytes, bytes], [n, 1, 1], [64, 1, 1], "threads");
+  }
+  const rows = 4, dim = 64, rb = rows * dim * size, wb = dim * size;
+  seeds[`rms_norm_${t}`] = dispatch(`rms_norm_${t}`, [rb, wb, rb, [eps, dim]], [rows, 1, 1], [64, 1, 1]);
+  seeds[`rms_norm_mul_${t}`] = dispatch(`rms_norm_mul_${t}`, [rb, wb, rb, rb, [eps, dim]], [rows, 1, 1], [64, 1, 1]);
+  seeds[`rms_norm_mul_add_${t}`] = dispatch(
+    `rms_norm_mul_add_${t}`,
+    [rb, wb, rb, rb, rb, [eps, dim]],
+    [2, 2, 1],
+    [64, 1, 1],
+  );
+}
+seeds.softcap_f32 = dispatch("softcap_f32", [1024, 1024, [f32Bits(30), 256]], [256, 1, 1], [64, 1, 1], "threads");
+seeds.axpby_f32 = dispatch(
+  "axpby_f32",
+  [1024, 1024, 1024, [f32Bits(2), f32Bits(-1), 256, 0]],
+  [256, 1, 1],
+  [64, 1, 1],
+  "threads",
+);
+seeds.strided_copy_f32 = dispatch("strided_copy_f32", [224, 128, [4, 8, 16, 8]], [8, 4, 1], [8, 1, 1], "threads");
+seeds.debug_fault = dispatch("debug_fault", [4, [0]], [1, 1, 1], [1, 1, 1]);
+seeds.debug_fault_failing = dispatch("debug_fault", [4, [1]], [1, 1, 1], [1, 1, 1]);
+seeds.rms_norm_no_scale_f32 = dispatch("rms_norm_no_scale_f32", [1024, 1024, [eps, 64]], [4, 1, 1], [64, 1, 1]);
+seeds.softmax_f32 = dispatch("softmax_f32", [1024, 1024, [64]], [2, 2, 1], [64, 1, 1]);
+seeds.rope_f32 = dispatch("rope_f32", [1024, 1024, [f32Bits(1e4), 64, 4], 16], [32, 4, 1], [32, 1, 1], "threads");
+seeds.rope_neox_f32 = dispatch(
+  "rope_neox_f32",
+  [2048, 2048, [f32Bits(1e4), 64, 32], 16, [2, 1, 64, 128], 64],
+  [16, 8, 1],
+  [16, 1, 1],
+  "threads",
+);
+
+// Matrix products: M = 2, N = 8.
+for (const [t, size] of [["f32", 4], ["bf16", 2]] as const) {
+  const K = 32, x = 2 * K * 4, w = 8 * K * size, y = 2 * 8 * 4;
+  seeds[`matmul_${t}`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 0]], [2, 2, 1], [32, 1, 1]);
+  seeds[`matmul_${t}_residual`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 1], y], [2, 2, 1], [32, 1, 1]);
+  seeds[`matmul_${t}_swiglu`] = dispatch(`matmul_${t}`, [x, 2 * w, y, [2, 8, K, 2 | 0x100]], [4, 2, 1], [32, 1, 1]);
+}
+for (const bits of [4, 6, 8]) {
+  const K = 64, gs = 32;
+  seeds[`qmatmul_affine_${bits}`] = dispatch(
+    "qmatmul_affine",
+    [2 * K * 4, 8 * K * bits / 8, 8 * (K / gs) * 2, 8 * (K / gs) * 2, 64, [2, 8, K, bits, gs]],
+    [2, 2, 1],
+    [32, 1, 1],
+  );
+}
+seeds.qmatmul_affine_fast = dispatch(
+  "qmatmul_affine_fast",
+  [2 * 256 * 4, 8 * 256 / 2, 8 * 8 * 2, 8 * 8 * 2, 64, [2, 8, 256, 4, 32]],
+  [1, 2, 1],
+  [32, 1, 1],
+);
+for (const [f, bv, bb] of [["q4_0", 32, 18], ["q8_0", 32, 34], ["q6_k", 256, 210]] as const) {
+  const K = bv, x = 2 * K * 4, w = 8 * bb, y = 64;
+  seeds[`qmatmul_${f}_mv`] = dispatch(`qmatmul_${f}_mv`, [x, w, y, [2, 8, K]], [2, 1, 1], [32, 1, 1]);
+  seeds[`qmatmul_${f}_mm`] = dispatch(`qmatmul_${f}_mm`, [x, w, y, [2, 8, K]], [2, 2, 1], [32, 1, 1]);
+  // MoE: 2 tokens, top_k 2, 2 experts; the zero-filled ids pick expert 0.
+  seeds[`qmatmul_id_${f}`] = dispatch(`qmatmul_id_${f}`, [x, 2 * w, 16, 4 * 8 * 4, [4, 8, K, 2, 2]], [2, 4, 1], [
+    32,
+    1,
+    1,
+  ]);
+}
+for (const [t, size] of [["f32", 4], ["bf16", 2]] as const) {
+  // batch 1, 2 heads over 1 kv head, head_dim 16, seq 2 of kv 4, capacity 8
+  const q = 2 * 2 * 16 * size, kv = 8 * 16 * size;
+  seeds[`sdpa_${t}`] = dispatch(`sdpa_${t}`, [q, kv, kv, q, [2, 1, 16, 2, 4, f32Bits(0.25), 8]], [1, 2, 1], [32, 1, 1]);
+}
+for (const [t, size] of [["f32", 4], ["f16", 2]] as const) {
+  // 2 heads, 1 kv head, head_dim 64, kv 8 of capacity 16, sliding window 4, softcap 30, 2 workgroups
+  const kv = 16 * 64 * size, tmp = 2 * 2 * 66 * 4;
+  seeds[`flash_attn_vec_${t}`] = dispatch(
+    `flash_attn_vec_${t}`,
+    [512, kv, kv, tmp, [2, 1, 64, 8, 16, f32Bits(0.125), 2, 4, f32Bits(30), 2]],
+    [2, 2, 1],
+    [32, 1, 1],
+  );
+}
+seeds.flash_attn_vec_reduce = dispatch("flash_attn_vec_reduce", [2 * 2 * 66 * 4, 512, [2, 64, 2]], [2, 1, 1], [
+  32,
+  1,
+  1,
+]);
+
+// Record formats and multi-dispatch command buffers: barriers, whole-buffer and 64-bit bindings,
+// threadgroup memory, a pipeline carried over between dispatches.
+seeds.chain_with_barriers = [
+  ...rec(Op.SET_PIPELINE, 0, reg.get("elementwise_add_f32").handle),
+  ...rec(Op.SET_BUFFER, 0, SMALL, 0, 1024),
+  ...rec(Op.SET_BUFFER, 1, SMALL, 1024, 1024),
+  ...rec(Op.SET_BUFFER, 2, BIG, 0, 1024),
+  ...rec(Op.SET_BYTES, 3, 4, 256),
+  ...rec(Op.DISPATCH_THREADS, 0, 256, 1, 1, 64, 1, 1, 0),
+  ...rec(Op.BARRIER, 0),
+  ...rec(Op.SET_PIPELINE, 0, reg.get("rms_norm_f32").handle),
+  ...rec(Op.SET_BUFFER, 0, BIG, 0, 1024),
+  ...rec(Op.SET_BUFFER, 1, 2, 0, 256),
+  ...rec(Op.SET_BUFFER, 2, BIG, 4096, 1024),
+  ...rec(Op.SET_BYTES, 3, 8, eps, 64),
+  ...rec(Op.SET_TG_MEMORY, 0, 256),
+  ...rec(Op.DISPATCH_GROUPS, 0, 4, 1, 1, 64, 1, 1, 1),
+  ...rec(Op.BARRIER, 0),
+  ...rec(Op.SET_PIPELINE, 0, reg.get("gelu_f32").handle),
+  ...rec(Op.SET_BUFFER64, 0, BIG, 4096, 0, 1024, 0),
+  ...rec(Op.SET_BUFFER_WHOLE, 1, SMALL),
+  ...rec(Op.DISPATCH_THREADS, 0, 256, 1, 1, 64, 1, 1, 2),
+  ...rec(Op.SET_BUFFER_WHOLE, 0, 1),
+  ...rec(Op.SET_BUFFER_WHOLE, 1, 1),
+  ...rec(Op.DISPATCH_THREADS, 0, 16, 1, 1, 16, 1, 1, 3),
+];
+
+const missing = allContracts().map((c) => c.name).filter((name) => {
+  try {
+    reg.get(name);
+  } catch {
+    return false; // not a kernel of the CPU backend
+  }
+  return !Object.values(seeds).some((words) => dispatchesKernel(words, name));
+});
+if (missing.length > 0) throw new Error(`no seed for: ${missing.join(", ")}`);
+
+function dispatchesKernel(words: Words, name: string): boolean {
+  const h = reg.get(name).handle;
+  for (let i = 0; i < words.length; i += words[i] >>> 16) {
+    if ((words[i] & 0xff) === Op.SET_PIPELINE && words[i + 1] === h) return true;
+  }
+  return false;
+}
+
 const dir = new URL("./corpus/", import.meta.url);
 Deno.mkdirSync(dir, { recursive: true });
+for (const entry of Deno.readDirSync(dir)) {
+  if (entry.name.endsWith(".bin")) Deno.removeSync(new URL(entry.name, dir));
+}
 for (const [name, words] of Object.entries(seeds)) {
   const body = new Uint8Array(Uint32Array.from(words).buffer);
   const file = new Uint8Array(2 + body.length);
-  const split = Math.floor(body.length / 8) * 4; // split mid-stream, on a word boundary
+  // Split at the record boundary nearest the middle: a record never spans two chunks.
+  let split = 0;
+  for (let i = 0; i < words.length; i += words[i] >>> 16) {
+    if (Math.abs(i * 4 - body.length / 2) < Math.abs(split - body.length / 2)) split = i * 4;
+  }
   file.set([split & 0xff, split >> 8], 0);
   file.set(body, 2);
   Deno.writeFileSync(new URL(`${name}.bin`, dir), file);
