@@ -103,6 +103,15 @@ export function assemble(files: readonly { name: string; text: string }[]): stri
   return files.map((f) => `#line 1 "${f.name}"\n${f.text.endsWith("\n") ? f.text : f.text + "\n"}`).join("");
 }
 
+/**
+ * The order the Makefile concatenates kernels/metal/*.metal in (build/mlxn_metal_source.h): the
+ * prelude common.metal first, then the others sorted by name.
+ */
+export function runtimeOrder(paths: readonly string[]): string[] {
+  const isPrelude = (p: string) => /(^|\/)common\.metal$/.test(p);
+  return [...paths.filter(isPrelude), ...paths.filter((p) => !isPrelude(p) && p.endsWith(".metal")).sort()];
+}
+
 /** Runs clang's preprocessor (first pass) over assembled MSL. */
 export async function preprocess(source: string): Promise<{ ok: boolean; text: string; stderr: string }> {
   const cmd = new Deno.Command(cxx(), {
