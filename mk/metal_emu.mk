@@ -3,8 +3,10 @@
 # `make metal-check-msl` type-checks the MSL exactly as the Objective-C backend assembles it; it needs
 # clang++ and Deno, no Apple SDK.
 CXX_EMU ?= $(shell command -v clang++ 2>/dev/null || echo clang++)
+METAL_EMU_DIR := build/metal_emu
 METAL_EMU_LIB := build/libmlxn_metal_emu.$(SO)
-METAL_EMU_CPP := build/metal_emu/kernels.cpp
+METAL_EMU_CPP := $(METAL_EMU_DIR)/kernels.cpp
+METAL_EMU_OBJ := $(METAL_EMU_DIR)/kernels.o
 METAL_EMU_SRC := metal_emu/backend.c metal_emu/runtime.c
 METAL_EMU_HDR := metal_emu/runtime.h metal_emu/emu_abi.h metal_emu/include/metal_stdlib metal_emu/include/metal_emu_bind.h
 METAL_FRONT := metal_emu/msl_front.ts
@@ -13,20 +15,27 @@ METAL_EMU_CXXFLAGS := -x c++ -std=c++14 -nostdinc -nostdinc++ -Imetal_emu/includ
   -Xclang -fnative-half-arguments-and-returns -ffp-contract=off -fno-exceptions -fno-rtti -O2 -fPIC \
   -fvisibility=hidden -w
 
-.PHONY: metal-emu metal-check-msl
+.PHONY: metal-emu metal-check-msl metal-emu-mutants
 
 $(METAL_EMU_CPP): $(METAL_SRC) $(METAL_FRONT) metal_emu/pass1/metal_stdlib $(DENO_DEP)
-	@mkdir -p build/metal_emu
+	@mkdir -p $(METAL_EMU_DIR)
 	$(METAL_FRONT_RUN) --out $@ $(METAL_SRC)
 
-build/metal_emu/kernels.o: $(METAL_EMU_CPP) $(METAL_EMU_HDR)
+$(METAL_EMU_OBJ): $(METAL_EMU_CPP) $(METAL_EMU_HDR)
 	$(CXX_EMU) $(METAL_EMU_CXXFLAGS) -c -o $@ $<
 
-$(METAL_EMU_LIB): $(CORE_SRC) $(CPU_HDR) $(METAL_EMU_SRC) $(METAL_EMU_HDR) build/metal_emu/kernels.o
-	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(CORE_SRC) $(METAL_EMU_SRC) build/metal_emu/kernels.o -ldl -lm
+$(METAL_EMU_LIB): $(CORE_SRC) $(CPU_HDR) $(METAL_EMU_SRC) $(METAL_EMU_HDR) $(METAL_EMU_OBJ)
+	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(CORE_SRC) $(METAL_EMU_SRC) $(METAL_EMU_OBJ) -ldl -lm
 
 metal-emu: $(METAL_EMU_LIB)
 
 # The MSL part of metal-check: signatures and attributes (front end), then clang++ -fsyntax-only.
 metal-check-msl: $(DENO_DEP)
 	$(METAL_FRONT_RUN) --check $(METAL_SRC)
+
+# Deliberately broken copies of the MSL (scripts/metal_emu_mutants.ts): each must fail the suite on
+# the emulator, after the unbroken copy passed it. MUTANT_TESTS narrows the suite (default tests/).
+MUTANT_TESTS ?= tests/
+metal-emu-mutants: $(DENO_DEP)
+	DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" $(DENO) run --allow-read --allow-write --allow-run \
+	  --allow-env scripts/metal_emu_mutants.ts $(MUTANT_TESTS)
