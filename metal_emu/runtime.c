@@ -31,6 +31,7 @@ typedef struct emu_thread {
 #endif
   uint8_t *stack;
   uint32_t state, op, parity;
+  const void *site; /* the call site of the exchange the thread waits at */
   uint32_t flat, sg, lane;
   uint32_t pos[MLXN_EMU_POSITION_COUNT][3];
 } emu_thread;
@@ -55,6 +56,7 @@ struct mlxn_emu_worker {
   void *tg_slots[MLXN_EMU_SLOTS];
   emu_thread *current;
   uint32_t live, at_barrier;
+  const char *undefined; /* the first undefined behaviour a kernel performed in this group */
 #if defined(__x86_64__)
   void *sched_sp;
 #else
@@ -142,6 +144,7 @@ __attribute__((visibility("hidden"))) const unsigned char *mlxn_emu_simd_exchang
   memcpy(g->slots[parity][t->lane], value, size < SLOT_BYTES ? size : SLOT_BYTES);
   t->state = AT_SIMD;
   t->op = op;
+  t->site = __builtin_return_address(0);
   g->waiting++;
   to_scheduler(w, t);
   t->parity = parity ^ 1u;
@@ -166,6 +169,10 @@ __attribute__((visibility("hidden"))) void mlxn_emu_simdgroup_barrier(unsigned f
 }
 
 __attribute__((visibility("hidden"))) unsigned mlxn_emu_lane(void) { return tls_worker->current->lane; }
+
+__attribute__((visibility("hidden"))) void mlxn_emu_undefined(const char *what) {
+  if (!tls_worker->undefined) tls_worker->undefined = what;
+}
 
 /* The conversions clang emits for `half` (__fp16) on targets without them in hardware: IEEE
  * binary16, round to nearest even, as the GPU converts. */
@@ -223,10 +230,12 @@ static int release_simdgroups(mlxn_emu_worker *w, uint32_t n, char *err, size_t 
       emu_thread *t = &w->threads[i];
       if (t->state != AT_SIMD) continue;
       if (!first) first = t;
-      if (t->op != first->op || t->parity != first->parity) {
+      /* Lanes at different calls (or at the same call a different number of times) would be
+       * grouped by the GPU's reconvergence, which this emulator does not model: report it. */
+      if (t->op != first->op || t->site != first->site || t->parity != first->parity) {
         snprintf(err, cap,
-                 "SIMD-group %u: lanes %u and %u reached different simd_* operations (divergent control flow; "
-                 "the result is undefined on a GPU)",
+                 "SIMD-group %u: lanes %u and %u wait at different SIMD-group function calls (divergent "
+                 "control flow around simd_*: make the call uniform across the SIMD-group)",
                  s, first->lane, t->lane);
         return -1;
       }
@@ -258,6 +267,7 @@ int mlxn_emu_run_group(mlxn_emu_worker *w, const mlxn_emu_launch *l, uint32_t gx
   }
   w->live = n;
   w->at_barrier = 0;
+  w->undefined = NULL;
   for (uint32_t s = 0; s < nsg; s++) {
     w->sgs[s].live = s + 1 < nsg ? MLXN_EMU_SIMD_WIDTH : n - s * MLXN_EMU_SIMD_WIDTH;
     w->sgs[s].waiting = 0;
@@ -298,10 +308,21 @@ int mlxn_emu_run_group(mlxn_emu_worker *w, const mlxn_emu_launch *l, uint32_t gx
       to_fiber(w, t);
     }
     w->current = NULL;
+    if (w->undefined) {
+      snprintf(err, cap, "threadgroup (%u,%u,%u): %s", gx, gy, gz, w->undefined);
+      return -1;
+    }
     if (w->live == 0) return 0;
     int released = release_simdgroups(w, n, err, cap);
     if (released < 0) return -1;
     if (released > 0) continue;
+    if (w->at_barrier == w->live && w->live < n) {
+      snprintf(err, cap,
+               "threadgroup (%u,%u,%u): threadgroup_barrier reached by %u of its %u threads, the others returned "
+               "(every thread of a threadgroup must reach each barrier)",
+               gx, gy, gz, w->live, n);
+      return -1;
+    }
     if (w->at_barrier == w->live) {
       for (uint32_t i = 0; i < n; i++)
         if (w->threads[i].state == AT_BARRIER) w->threads[i].state = READY;

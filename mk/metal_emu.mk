@@ -24,8 +24,18 @@ $(METAL_EMU_CPP): $(METAL_SRC) $(METAL_FRONT) metal_emu/pass1/metal_stdlib $(DEN
 $(METAL_EMU_OBJ): $(METAL_EMU_CPP) $(METAL_EMU_HDR)
 	$(CXX_EMU) $(METAL_EMU_CXXFLAGS) -c -o $@ $<
 
-$(METAL_EMU_LIB): $(CORE_SRC) $(CPU_HDR) $(METAL_EMU_SRC) $(METAL_EMU_HDR) $(METAL_EMU_OBJ)
-	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(CORE_SRC) $(METAL_EMU_SRC) $(METAL_EMU_OBJ) -ldl -lm
+# The C side (core, contracts, backend, runtime) is compiled once into build/metal_emu_c/, so that a
+# build from another copy of the MSL (METAL_EMU_DIR, as the mutation check does) compiles only that.
+METAL_EMU_C_OBJ := $(patsubst %.c,build/metal_emu_c/%.o,$(subst /,_,$(CORE_SRC) $(METAL_EMU_SRC)))
+define METAL_EMU_C_RULE
+build/metal_emu_c/$(subst /,_,$(1:.c=.o)): $(1) $(CPU_HDR) $(METAL_EMU_HDR)
+	@mkdir -p build/metal_emu_c
+	$$(CC) $$(CFLAGS_COMMON) -c -o $$@ $(1)
+endef
+$(foreach f,$(CORE_SRC) $(METAL_EMU_SRC),$(eval $(call METAL_EMU_C_RULE,$(f))))
+
+$(METAL_EMU_LIB): $(METAL_EMU_C_OBJ) $(METAL_EMU_OBJ)
+	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(METAL_EMU_C_OBJ) $(METAL_EMU_OBJ) -ldl -lm
 
 metal-emu: $(METAL_EMU_LIB)
 

@@ -1,0 +1,88 @@
+// Kernels that probe the emulator's Metal semantics (run by metal_emu/tests/semantics.c, checked by
+// tests/metal_emu_test.ts against expectations written from Metal's specification).
+#include <metal_stdlib>
+using namespace metal;
+
+// Eight results per thread: SIMD-group reductions, shuffles, broadcast and scan over the live lanes.
+kernel void simd_ops(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                     uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
+                     uint nsg [[simdgroups_per_threadgroup]]) {
+  device float *o = out + tid * 8;
+  o[0] = simd_sum(float(lane + 1));
+  o[1] = float(simd_shuffle_down(lane, ushort(3)));
+  o[2] = float(simd_shuffle_up(lane, ushort(5)));
+  o[3] = float(simd_shuffle_xor(lane, ushort(7)));
+  o[4] = float(simd_broadcast(lane * 10u, ushort(9)));
+  o[5] = float(simd_prefix_exclusive_sum(1u));
+  o[6] = float(simd_max(lane * (sg + 1)));
+  o[7] = float(nsg);
+}
+
+// Reductions and scans over a partial SIMD-group (a threadgroup of 40: lanes 0-7 of the second).
+kernel void simd_partial(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                         uint lane [[thread_index_in_simdgroup]], uint nsg [[simdgroups_per_threadgroup]]) {
+  device float *o = out + tid * 4;
+  o[0] = simd_sum(float(lane + 1));
+  o[1] = float(simd_prefix_inclusive_sum(lane));
+  o[2] = float(simd_min(31u - lane));
+  o[3] = float(nsg);
+}
+
+// Odd lanes leave before the reduction: the sum covers the even lanes only.
+kernel void simd_inactive(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  out[tid] = -1.0f;
+  if (lane % 2 == 1) return;
+  out[tid] = simd_sum(float(lane));
+}
+
+// Every thread reads its neighbour's value after a barrier.
+kernel void barrier_neighbour(device uint *out [[buffer(0)]], threadgroup uint *sh [[threadgroup(0)]],
+                              uint tid [[thread_index_in_threadgroup]], uint n [[threads_per_threadgroup]]) {
+  sh[tid] = tid * 3u;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[tid] = sh[(tid + 1) % n];
+}
+
+// Only some threads reach the barrier: a GPU hangs or misbehaves; the emulator reports it.
+kernel void barrier_divergent(device uint *out [[buffer(0)]], threadgroup uint *sh [[threadgroup(0)]],
+                              uint tid [[thread_index_in_threadgroup]]) {
+  sh[tid] = tid;
+  if (tid < 5) threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[tid] = sh[0];
+}
+
+// Lanes of one SIMD-group at different SIMD-group functions.
+kernel void simd_divergent(device float *out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  out[lane] = lane < 16 ? simd_sum(1.0f) : simd_max(2.0f);
+}
+
+// Every thread writes the same threadgroup word: the winner depends on the schedule.
+kernel void tg_race(device uint *out [[buffer(0)]], threadgroup uint *sh [[threadgroup(0)]],
+                    uint tid [[thread_index_in_threadgroup]]) {
+  sh[0] = tid;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[tid] = sh[0];
+}
+
+// Reads threadgroup memory nobody wrote.
+kernel void tg_uninit(device uint *out [[buffer(0)]], threadgroup uint *sh [[threadgroup(0)]],
+                      uint tid [[thread_index_in_threadgroup]]) {
+  out[tid] = sh[tid];
+}
+
+// half arithmetic rounds to half after each operation; vector constructors convert element-wise.
+kernel void numerics(device float *out [[buffer(0)]], device const half *hin [[buffer(1)]],
+                     uint tid [[thread_index_in_threadgroup]]) {
+  if (tid != 0) return;
+  half a = hin[0], b = hin[1];
+  out[0] = float(a + b);
+  int4 iv = int4(1, -2, 3, 40000);
+  float4 fv = float4(iv);
+  out[1] = fv.x;
+  out[2] = fv.y;
+  out[3] = fv.w;
+  float2 sw = float4(1.0f, 2.0f, 3.0f, 4.0f).wy;
+  out[4] = sw.x;
+  out[5] = float(as_type<uint>(1.0f) >> 23);
+}

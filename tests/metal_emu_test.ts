@@ -1,0 +1,206 @@
+/**
+ * The emulated Metal backend's execution model, probed with small MSL kernels
+ * (metal_emu/tests/semantics.metal run by metal_emu/tests/semantics.c) against what Metal's
+ * specification says: 32-lane SIMD-groups whose reductions, shuffles, broadcasts and scans see
+ * exactly the active lanes, real threadgroup barriers, undefined behaviour reported instead of a
+ * silent result; and its checker (MLXN_EMU_CHECK=1) on the library kernels.
+ */
+import { deepStrictEqual, equal, match, notDeepStrictEqual, ok, throws } from "node:assert/strict";
+import { DType, MlxDevice, MlxError, ops } from "../mod.ts";
+import { KernelRegistry } from "../src/kernels.ts";
+import { cxx, CXX_FLAGS, front } from "../metal_emu/msl_front.ts";
+import { MUTANTS } from "../scripts/metal_emu_mutants.ts";
+import { randomValues } from "./helpers.ts";
+
+const root = new URL("../", import.meta.url);
+const rootPath = decodeURIComponent(root.pathname);
+const hasClang = (() => {
+  try {
+    return new Deno.Command("clang++", { args: ["--version"], stdout: "null", stderr: "null" }).outputSync().success;
+  } catch {
+    return false;
+  }
+})();
+const decoder = new TextDecoder();
+
+function run(cmd: string, args: string[]): string {
+  const out = new Deno.Command(cmd, { args, cwd: rootPath, stdout: "piped", stderr: "piped" }).outputSync();
+  if (!out.success) throw new Error(`${cmd} ${args.join(" ")} failed:\n${decoder.decode(out.stderr)}`);
+  return decoder.decode(out.stdout);
+}
+
+/** Builds and runs the probe harness; returns its lines by case name. */
+async function probe(): Promise<Map<string, string[]>> {
+  const dir = await Deno.makeTempDir({ prefix: "mlxn-emu-probe-" });
+  try {
+    const r = await front(["metal_emu/tests/semantics.metal"], root);
+    equal(r.stderr, "");
+    deepStrictEqual(r.diagnostics, []);
+    Deno.writeTextFileSync(`${dir}/k.cpp`, r.cpp);
+    run(cxx(), [...CXX_FLAGS, "-O2", "-c", "-o", `${dir}/k.o`, `${dir}/k.cpp`]);
+    run("clang", [
+      "-std=c11",
+      "-O1",
+      "-pthread",
+      "-o",
+      `${dir}/probe`,
+      "metal_emu/tests/semantics.c",
+      "metal_emu/runtime.c",
+      `${dir}/k.o`,
+    ]);
+    const lines = run(`${dir}/probe`, []).trim().split("\n");
+    return new Map(lines.map((l) => {
+      const [name, ...rest] = l.split(" ");
+      return [name, rest];
+    }));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+const numbers = (r: string[] | undefined, what: string) => {
+  ok(r, `${what}: no result`);
+  equal(r[0], "ok", `${what}: ${r.join(" ")}`);
+  return r.slice(1).map(Number);
+};
+const failure = (r: string[] | undefined, what: string) => {
+  ok(r, `${what}: no result`);
+  equal(r[0], "error", `${what} ran without an error: ${r.slice(0, 8).join(" ")}`);
+  return r.slice(1).join(" ");
+};
+
+Deno.test(
+  { name: "metal-emu runtime: SIMD-group functions, barriers and undefined behaviour", ignore: !hasClang },
+  async () => {
+    const res = await probe();
+
+    // Two full SIMD-groups: every function over 32 active lanes, the same in either schedule.
+    const want: number[] = [];
+    for (let tid = 0; tid < 64; tid++) {
+      const lane = tid % 32, sg = Math.floor(tid / 32);
+      want.push(
+        528,
+        lane + 3 < 32 ? lane + 3 : lane,
+        lane >= 5 ? lane - 5 : lane,
+        lane ^ 7,
+        90,
+        lane,
+        31 * (sg + 1),
+        2,
+      );
+    }
+    deepStrictEqual(numbers(res.get("simd_ops"), "simd_ops"), want);
+    deepStrictEqual(numbers(res.get("simd_ops_reverse"), "simd_ops in reverse order"), want);
+
+    // A partial SIMD-group (lanes 0-7 of the second): reductions and scans over its live lanes only.
+    const partial: number[] = [];
+    for (let tid = 0; tid < 40; tid++) {
+      const lane = tid % 32, last = tid < 32 ? 31 : 7;
+      partial.push(((last + 1) * (last + 2)) / 2, (lane * (lane + 1)) / 2, 31 - last, 2);
+    }
+    deepStrictEqual(numbers(res.get("simd_partial"), "simd_partial"), partial);
+    // …where a shuffle from a lane past its end (undefined in MSL) is an error, not a value.
+    match(failure(res.get("simd_ops_partial"), "shuffle from an inactive lane"), /read an inactive lane/);
+
+    // Lanes that returned are inactive: the sum covers the 16 even lanes.
+    deepStrictEqual(
+      numbers(res.get("simd_inactive"), "simd_inactive"),
+      Array.from({ length: 32 }, (_, l) => l % 2 ? -1 : 240),
+    );
+    // A real barrier: every thread sees its neighbour's write.
+    deepStrictEqual(
+      numbers(res.get("barrier_neighbour"), "barrier_neighbour"),
+      Array.from({ length: 100 }, (_, i) => ((i + 1) % 100) * 3),
+    );
+    match(failure(res.get("barrier_divergent"), "barrier in divergent flow"), /reached by 5 of its 64 threads/);
+    match(failure(res.get("simd_divergent"), "simd_* in divergent flow"), /different SIMD-group function calls/);
+
+    // The checker's criterion: a race or an uninitialised read gives different bytes in the two
+    // schedules (threads forward with memory 0x00, backward with 0xff).
+    notDeepStrictEqual(res.get("tg_race_forward"), res.get("tg_race_reverse"));
+    notDeepStrictEqual(res.get("tg_uninit_forward"), res.get("tg_uninit_reverse"));
+
+    // half + half rounds to half (1 + 2^-11 is a tie, to even: 1); vector constructors convert values.
+    deepStrictEqual(numbers(res.get("numerics"), "numerics"), [1, 1, -2, 40000, 4, 127]);
+  },
+);
+
+const libName = `libmlxn_metal_emu.${Deno.build.os === "darwin" ? "dylib" : "so"}`;
+const builtLib = `${rootPath}build/${libName}`;
+const haveBuiltLib = (() => {
+  try {
+    return Deno.statSync(builtLib).isFile;
+  } catch {
+    return false;
+  }
+})();
+
+/** rms_norm of `rows` × `dim` on a device; returns the output. */
+function rmsNorm(device: MlxDevice, rows: number, dim: number): { got: Float32Array; want: Float32Array } {
+  const registry = new KernelRegistry(device);
+  const xv = randomValues(rows * dim, 7), wv = randomValues(dim, 8);
+  using x = device.upload(xv), w = device.upload(wv), y = device.alloc(rows * dim * 4, DType.F32);
+  using enc = device.commandEncoder();
+  ops.rmsNorm(enc, registry, x, w, y, { rows, dim, eps: 1e-6 });
+  enc.commitAndWait();
+  const want = new Float32Array(rows * dim);
+  for (let r = 0; r < rows; r++) {
+    let ss = 0;
+    for (let k = 0; k < dim; k++) ss += xv[r * dim + k] ** 2;
+    const inv = 1 / Math.sqrt(ss / dim + 1e-6);
+    for (let k = 0; k < dim; k++) want[r * dim + k] = xv[r * dim + k] * inv * wv[k];
+  }
+  return { got: y.read() as Float32Array, want };
+}
+
+/** Opens a metal-emu library with the checker on (read by the library at device open). */
+function openChecked(libPath: string): MlxDevice {
+  Deno.env.set("MLXN_EMU_CHECK", "1");
+  try {
+    return MlxDevice.open({ backend: "metal-emu", libPath });
+  } finally {
+    Deno.env.delete("MLXN_EMU_CHECK");
+  }
+}
+
+Deno.test({
+  name: "metal-emu checker (MLXN_EMU_CHECK=1): the library's reductions are race-free",
+  ignore: !haveBuiltLib,
+}, () => {
+  using device = openChecked(builtLib);
+  equal(device.info.name.includes("checker"), true, device.info.name);
+  const { got, want } = rmsNorm(device, 3, 1000);
+  for (let i = 0; i < want.length; i++) ok(Math.abs(got[i] - want[i]) <= 1e-5 * (1 + Math.abs(want[i])), `at ${i}`);
+});
+
+Deno.test({
+  name: "metal-emu checker: a reduction missing a threadgroup barrier is reported as a race",
+  ignore: !hasClang,
+}, async () => {
+  const mutant = MUTANTS.find((m) => m.name.startsWith("missing threadgroup barrier inside the tree reduction"))!;
+  const dir = await Deno.makeTempDir({ prefix: "mlxn-emu-race-" });
+  try {
+    const files = [...Deno.readDirSync(new URL("kernels/metal/", root))].map((e) => e.name).sort();
+    for (const f of files) {
+      let text = Deno.readTextFileSync(new URL(`kernels/metal/${f}`, root));
+      if (f === mutant.file) text = text.replace(mutant.from, mutant.to);
+      Deno.writeTextFileSync(`${dir}/${f}`, text);
+    }
+    const ordered = ["common.metal", ...files.filter((f) => f !== "common.metal")].map((f) => `${dir}/${f}`);
+    run("make", [
+      "-s",
+      "metal-emu",
+      `METAL_SRC=${ordered.join(" ")}`,
+      `METAL_EMU_DIR=${dir}`,
+      `METAL_EMU_LIB=${dir}/${libName}`,
+    ]);
+    using device = openChecked(`${dir}/${libName}`);
+    throws(() => rmsNorm(device, 2, 256), (e: unknown) => {
+      ok(e instanceof MlxError, String(e));
+      match(e.message, /rms_norm_f32.*checker: slot 2 differs .*races on threadgroup memory/s);
+      return true;
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
