@@ -80,6 +80,7 @@ export const CXX_FLAGS: readonly string[] = [
   "-ffp-contract=off",
   "-fno-exceptions",
   "-fno-rtti",
+  "-fsigned-char",
   "-Wall",
   "-Wno-unused-function",
   "-Wno-unused-variable",

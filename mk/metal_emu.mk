@@ -12,7 +12,7 @@ METAL_EMU_HDR := metal_emu/runtime.h metal_emu/emu_abi.h metal_emu/include/metal
 METAL_FRONT := metal_emu/msl_front.ts
 METAL_FRONT_RUN = CXX="$(CXX_EMU)" $(DENO) run --allow-read --allow-write --allow-run --allow-env $(METAL_FRONT)
 METAL_EMU_CXXFLAGS := -x c++ -std=c++14 -nostdinc -nostdinc++ -Imetal_emu/include -Xclang -fnative-half-type \
-  -Xclang -fnative-half-arguments-and-returns -ffp-contract=off -fno-exceptions -fno-rtti -O2 -fPIC \
+  -Xclang -fnative-half-arguments-and-returns -ffp-contract=off -fno-exceptions -fno-rtti -fsigned-char -O2 -fPIC \
   -fvisibility=hidden -w
 
 .PHONY: metal-emu metal-check-msl metal-emu-mutants
