@@ -204,3 +204,38 @@ Deno.test({
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+/** Flash attention (split over workgroups, then combined) and a norm, as bytes. */
+function attentionBytes(device: MlxDevice): Uint8Array {
+  const registry = new KernelRegistry(device);
+  const nHeads = 4, nKvHeads = 2, headDim = 64, kvSeqLen = 100, nwg = 8;
+  using q = device.upload(randomValues(nHeads * headDim, 1));
+  using k = device.upload(randomValues(nKvHeads * kvSeqLen * headDim, 2));
+  using v = device.upload(randomValues(nKvHeads * kvSeqLen * headDim, 3));
+  using tmp = device.alloc(nHeads * nwg * (headDim + 2) * 4, DType.F32);
+  using out = device.alloc(nHeads * headDim * 4, DType.F32);
+  using enc = device.commandEncoder();
+  ops.flashAttnVec(enc, registry, q, k, v, tmp, out, {
+    nHeads,
+    nKvHeads,
+    headDim,
+    kvSeqLen,
+    kvCapacity: kvSeqLen,
+    nwg,
+  });
+  enc.commitAndWait();
+  const { got } = rmsNorm(device, 5, 300);
+  const a = out.read() as Float32Array;
+  return new Uint8Array([...new Uint8Array(a.buffer.slice(0)), ...new Uint8Array(got.buffer.slice(0))]);
+}
+
+Deno.test({
+  name: "metal-emu results are deterministic: the same bits on every run and with any number of workers",
+  ignore: !haveBuiltLib,
+}, () => {
+  using one = MlxDevice.open({ backend: "metal-emu", libPath: builtLib, threads: 1 });
+  using three = MlxDevice.open({ backend: "metal-emu", libPath: builtLib, threads: 3 });
+  const first = attentionBytes(one);
+  deepStrictEqual(attentionBytes(one), first);
+  deepStrictEqual(attentionBytes(three), first);
+});
