@@ -253,6 +253,9 @@ function checkParam(p: Param, kernel: string, seen: Map<string, string>): string
 
 /** Decimal floating literals without a suffix: MSL has no double, so they are float. */
 const UNSUFFIXED_FLOAT = /(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?![\w.])/g;
+/** A threadgroup variable declared in a kernel body: `threadgroup T name[N]...;` (no initialiser). */
+const THREADGROUP_VARIABLE =
+  /(?<=[;{}]\s*)threadgroup\s+((?:const\s+)?[\w:]+(?:\s*<[^;>]*>)?)\s+(\w+)\s*((?:\[[^\]]+\]\s*)*);/g;
 /** Vector constructors, which must convert element-wise (a C cast between clang vectors would not). */
 const VECTOR_CONSTRUCTOR = /(?<![\w.:])((?:float|half|int|uint|short|ushort|char|uchar|long|ulong)[234])\s*\(/g;
 
@@ -340,7 +343,22 @@ export function transform(pre: string): MslFrontResult {
     );
   }
   // Literals and vector constructors in the kernels' own text (not in header lines).
-  for (const m of pre.matchAll(UNSUFFIXED_FLOAT)) edits.push([m.index! + m[0].length, m.index! + m[0].length, "f"]);
+  const inMarker = (at: number) => pre[pre.lastIndexOf("\n", at - 1) + 1] === "#";
+  for (const m of pre.matchAll(UNSUFFIXED_FLOAT)) {
+    if (!inMarker(m.index!)) edits.push([m.index! + m[0].length, m.index! + m[0].length, "f"]);
+  }
+  // `threadgroup T name[N];` in a kernel: one allocation per threadgroup from the runtime (C++ has
+  // no automatic variables in another address space).
+  for (const m of pre.matchAll(THREADGROUP_VARIABLE)) {
+    const [all, type, name, dims] = m;
+    const whole = `${type}${dims}`;
+    edits.push([
+      m.index!,
+      m.index! + all.length,
+      `threadgroup ${type} (&${name})${dims} = *(threadgroup ${type} (*)${dims})mlxn_emu_threadgroup_variable(` +
+      `sizeof(${whole.replace(/\s+/g, " ")}), alignof(${type}));`,
+    ]);
+  }
   for (const m of pre.matchAll(VECTOR_CONSTRUCTOR)) {
     edits.push([m.index!, m.index! + m[1].length, `metal::__make<metal::${m[1]}>`]);
   }

@@ -1,6 +1,6 @@
 /* Threadgroup execution with Metal semantics (see runtime.h): fibers, threadgroup barriers and
  * SIMD-group exchanges. On x86-64 a fiber switch is a few instructions (callee-saved registers and
- * the FP control words); elsewhere ucontext is used. */
+ * the FP control words); elsewhere (or with -DMLXN_EMU_UCONTEXT) ucontext is used. */
 #define _GNU_SOURCE
 #include "runtime.h"
 
@@ -14,23 +14,27 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if !defined(__x86_64__)
+#if defined(__x86_64__) && !defined(MLXN_EMU_UCONTEXT)
+#define MLXN_EMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
 #define STACK_BYTES (128u * 1024u) /* per thread of a group; kernels keep arrays on the stack */
 #define SLOT_BYTES 32u             /* one lane's value in an exchange (up to a 32-byte vector) */
+#define MLXN_EMU_MAX_TG_VARIABLES 64u
 
 enum { READY = 0, AT_SIMD = 1, AT_BARRIER = 2, DONE = 3 };
 
 typedef struct emu_thread {
-#if defined(__x86_64__)
+#if MLXN_EMU_ASM_SWITCH
   void *sp;
 #else
   ucontext_t ctx;
 #endif
   uint8_t *stack;
   uint32_t state, op, parity;
+  uint32_t tg_var_next; /* index of the next threadgroup variable this thread declares */
   const void *site; /* the call site of the exchange the thread waits at */
   uint32_t flat, sg, lane;
   uint32_t pos[MLXN_EMU_POSITION_COUNT][3];
@@ -57,7 +61,12 @@ struct mlxn_emu_worker {
   emu_thread *current;
   uint32_t live, at_barrier;
   const char *undefined; /* the first undefined behaviour a kernel performed in this group */
-#if defined(__x86_64__)
+  /* threadgroup variables declared in the kernel: allocations in order of declaration */
+  uint8_t *tg_vars;
+  uint32_t tg_var_offsets[MLXN_EMU_MAX_TG_VARIABLES];
+  uint32_t n_tg_vars, tg_vars_used, tg_param_bytes;
+  uint8_t tg_fill;
+#if MLXN_EMU_ASM_SWITCH
   void *sched_sp;
 #else
   ucontext_t sched;
@@ -70,7 +79,7 @@ static __thread mlxn_emu_worker *tls_worker;
 
 static void fiber_main(emu_thread *t);
 
-#if defined(__x86_64__)
+#if MLXN_EMU_ASM_SWITCH
 void mlxn_emu_switch(void **save_sp, void *to_sp);
 void mlxn_emu_fiber_start(void);
 __asm__(".text\n"
@@ -174,6 +183,27 @@ __attribute__((visibility("hidden"))) void mlxn_emu_undefined(const char *what) 
   if (!tls_worker->undefined) tls_worker->undefined = what;
 }
 
+__attribute__((visibility("hidden"))) void *mlxn_emu_threadgroup_variable(unsigned long size, unsigned long align) {
+  mlxn_emu_worker *w = tls_worker;
+  emu_thread *t = w->current;
+  uint32_t k = t->tg_var_next++;
+  if (k < w->n_tg_vars) return w->tg_vars + w->tg_var_offsets[k];
+  /* The first thread to reach the k-th declaration allocates it; the others reuse it. */
+  uint64_t at = ((uint64_t)w->tg_vars_used + align - 1) / align * align;
+  if (k != w->n_tg_vars || k >= MLXN_EMU_MAX_TG_VARIABLES ||
+      at + size + w->tg_param_bytes > MLXN_MAX_TG_MEMORY) {
+    mlxn_emu_undefined(k != w->n_tg_vars ? "threads of one threadgroup declared threadgroup variables in different orders"
+                                         : "the kernel's threadgroup variables and threadgroup memory exceed 32 KiB");
+    return w->tg_vars; /* the dispatch fails when the fiber yields */
+  }
+  w->tg_var_offsets[k] = (uint32_t)at;
+  w->tg_vars_used = (uint32_t)(at + size);
+  w->n_tg_vars++;
+  memset(w->tg_vars + at, w->tg_fill, size);
+  return w->tg_vars + at;
+}
+
+
 /* The conversions clang emits for `half` (__fp16) on targets without them in hardware: IEEE
  * binary16, round to nearest even, as the GPU converts. */
 __attribute__((visibility("hidden"))) float __gnu_h2f_ieee(uint16_t h) { return mlxn_f16_to_f32(h); }
@@ -189,11 +219,12 @@ mlxn_emu_worker *mlxn_emu_worker_new(uint32_t max_threads) {
   w->threads = calloc(max_threads, sizeof *w->threads);
   w->sgs = calloc(nsg, sizeof *w->sgs);
   w->tg_memory = aligned_alloc(64, MLXN_MAX_TG_MEMORY);
+  w->tg_vars = aligned_alloc(64, MLXN_MAX_TG_MEMORY);
   /* Stacks with a guard page below each; only the pages a kernel touches are ever committed. */
   size_t page = (size_t)sysconf(_SC_PAGESIZE), per = STACK_BYTES + page;
   w->stacks_len = per * max_threads;
   void *m = mmap(NULL, w->stacks_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED || !w->threads || !w->sgs || !w->tg_memory) {
+  if (m == MAP_FAILED || !w->threads || !w->sgs || !w->tg_memory || !w->tg_vars) {
     if (m != MAP_FAILED) munmap(m, w->stacks_len);
     w->stacks = NULL;
     mlxn_emu_worker_free(w);
@@ -213,6 +244,7 @@ void mlxn_emu_worker_free(mlxn_emu_worker *w) {
   free(w->threads);
   free(w->sgs);
   free(w->tg_memory);
+  free(w->tg_vars);
   free(w);
 }
 
@@ -268,6 +300,9 @@ int mlxn_emu_run_group(mlxn_emu_worker *w, const mlxn_emu_launch *l, uint32_t gx
   w->live = n;
   w->at_barrier = 0;
   w->undefined = NULL;
+  w->n_tg_vars = w->tg_vars_used = 0;
+  w->tg_param_bytes = l->tg_memory;
+  w->tg_fill = tg_fill;
   for (uint32_t s = 0; s < nsg; s++) {
     w->sgs[s].live = s + 1 < nsg ? MLXN_EMU_SIMD_WIDTH : n - s * MLXN_EMU_SIMD_WIDTH;
     w->sgs[s].waiting = 0;
@@ -278,6 +313,7 @@ int mlxn_emu_run_group(mlxn_emu_worker *w, const mlxn_emu_launch *l, uint32_t gx
     uint32_t lid[3] = {i % tx, (i / tx) % ty, i / (tx * ty)};
     t->state = READY;
     t->parity = 0;
+    t->tg_var_next = 0;
     t->flat = i;
     t->sg = i / MLXN_EMU_SIMD_WIDTH;
     t->lane = i % MLXN_EMU_SIMD_WIDTH;

@@ -29,8 +29,8 @@ function run(cmd: string, args: string[]): string {
   return decoder.decode(out.stdout);
 }
 
-/** Builds and runs the probe harness; returns its lines by case name. */
-async function probe(): Promise<Map<string, string[]>> {
+/** Builds and runs the probe harness (fibers by `defines`); returns its lines by case name. */
+async function probe(defines: string[] = []): Promise<Map<string, string[]>> {
   const dir = await Deno.makeTempDir({ prefix: "mlxn-emu-probe-" });
   try {
     const r = await front(["metal_emu/tests/semantics.metal"], root);
@@ -42,6 +42,7 @@ async function probe(): Promise<Map<string, string[]>> {
       "-std=c11",
       "-O1",
       "-pthread",
+      ...defines,
       "-o",
       `${dir}/probe`,
       "metal_emu/tests/semantics.c",
@@ -122,6 +123,16 @@ Deno.test(
 
     // half + half rounds to half (1 + 2^-11 is a tie, to even: 1); vector constructors convert values.
     deepStrictEqual(numbers(res.get("numerics"), "numerics"), [1, 1, -2, 40000, 4, 127]);
+
+    // threadgroup variables declared in the kernel are shared by the group; program-scope constants.
+    const weights = [0.5, 1, 2, 4];
+    const tg = [Array.from({ length: 64 }, (_, t) => t * weights[t % 4]).reduce((a, b) => a + b) + 7];
+    for (let t = 0; t < 64; t++) tg.push(((t + 1) % 64) * weights[((t + 1) % 64) % 4]);
+    deepStrictEqual(numbers(res.get("tg_variables"), "tg_variables"), tg);
+    deepStrictEqual(numbers(res.get("tg_variables_reverse"), "tg_variables in reverse order"), tg);
+
+    // The portable fibers (ucontext, used off x86-64) behave exactly as the x86-64 switch.
+    deepStrictEqual(await probe(["-DMLXN_EMU_UCONTEXT"]), res);
   },
 );
 

@@ -86,3 +86,21 @@ kernel void numerics(device float *out [[buffer(0)]], device const half *hin [[b
   out[4] = sw.x;
   out[5] = float(as_type<uint>(1.0f) >> 23);
 }
+
+// A threadgroup array and scalar declared in the kernel body (one per threadgroup), read after a
+// barrier, and a program-scope constant table.
+constant float weights[4] = {0.5f, 1.0f, 2.0f, 4.0f};
+kernel void tg_variables(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                         uint n [[threads_per_threadgroup]]) {
+  threadgroup float partial[64];
+  threadgroup uint count;
+  if (tid == 0) count = 7;
+  partial[tid] = float(tid) * weights[tid % 4];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tid == 0) {
+    float s = 0.0f;
+    for (uint i = 0; i < n; i++) s += partial[i];
+    out[0] = s + float(count);
+  }
+  out[tid + 1] = partial[(tid + 1) % n];
+}
