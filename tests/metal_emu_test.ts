@@ -131,6 +131,13 @@ Deno.test(
     deepStrictEqual(numbers(res.get("tg_variables"), "tg_variables"), tg);
     deepStrictEqual(numbers(res.get("tg_variables_reverse"), "tg_variables in reverse order"), tg);
 
+    const builtins: number[] = [];
+    for (let l = 0; l < 32; l++) {
+      const pop = l.toString(2).split("").filter((c) => c === "1").length;
+      builtins.push((l + 3) % 32, 10 * l, pop + Math.clz32(l + 1), Math.max(l, 3) + 1 + 100);
+    }
+    deepStrictEqual(numbers(res.get("builtins"), "builtins"), builtins);
+
     // The portable fibers (ucontext, used off x86-64) behave exactly as the x86-64 switch.
     deepStrictEqual(await probe(["-DMLXN_EMU_UCONTEXT"]), res);
   },

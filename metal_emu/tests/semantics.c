@@ -63,6 +63,7 @@ int main(void) {
   run(w, "tg_uninit_forward", "tg_uninit", 8, 8, 0, MLXN_EMU_ORDER_FORWARD, 0, NULL);
   run(w, "tg_uninit_reverse", "tg_uninit", 8, 8, 0, MLXN_EMU_ORDER_REVERSE, 0xff, NULL);
   run(w, "numerics", "numerics", 1, 6, 1, MLXN_EMU_ORDER_FORWARD, 0, halves);
+  run(w, "builtins", "builtins", 32, 32 * 4, 1, MLXN_EMU_ORDER_FORWARD, 0, NULL);
   run(w, "tg_variables", "tg_variables", 64, 65, 1, MLXN_EMU_ORDER_FORWARD, 0, NULL);
   run(w, "tg_variables_reverse", "tg_variables", 64, 65, 1, MLXN_EMU_ORDER_REVERSE, 0xff, NULL);
   mlxn_emu_worker_free(w);

@@ -104,3 +104,14 @@ kernel void tg_variables(device float *out [[buffer(0)]], uint tid [[thread_inde
   }
   out[tid + 1] = partial[(tid + 1) % n];
 }
+
+// A sample of the other builtins: rotation, geometric, integer, vector max, numeric_limits.
+kernel void builtins(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+  device float *o = out + tid * 4;
+  o[0] = float(simd_shuffle_rotate_down(lane, ushort(3)));
+  o[1] = dot(float4(1.0f, 2.0f, 3.0f, 4.0f), float4(float(lane)));
+  o[2] = float(popcount(lane) + clz(lane + 1u));
+  o[3] = max(float2(float(lane), 5.0f), float2(3.0f, float(lane))).x + float(numeric_limits<uint>::max() == 0xffffffffu) +
+         (numeric_limits<float>::infinity() > 1e38f ? 100.0f : 0.0f);
+}
