@@ -6,8 +6,9 @@
  * and threadgroup memory index 0 gets the dispatch's length (raised to one float per thread for the
  * kernels that reduce through it), rounded up to 16 bytes. The threadgroups of one concurrent group
  * run on a worker pool; a barrier waits for all of them. MLXN_EMU_CHECK=1 runs every dispatch twice
- * (threads in opposite orders, threadgroup memory starting as different bytes) and fails a dispatch
- * whose output differs: a race on threadgroup memory or a read of uninitialised threadgroup memory. */
+ * (threadgroups and their threads in opposite orders, threadgroup memory starting as different
+ * bytes) and fails a dispatch whose output differs: a race on threadgroup memory or between
+ * threadgroups, or a read of uninitialised threadgroup memory. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,11 @@ static void work_on(emu_job *job, mlxn_emu_worker *w) {
     if (atomic_load_explicit(&job->failed, memory_order_relaxed)) return;
     uint64_t idx = atomic_fetch_add(&job->next, 1);
     if (idx >= job->total) return;
+    /* The reverse schedule also takes the threadgroups last to first. */
+    if (job->order == MLXN_EMU_ORDER_REVERSE) {
+      idx = job->total - 1 - idx;
+      di = 0;
+    }
     while (job->prefix[di + 1] <= idx) di++;
     const mlxn_emu_launch *l = &job->launches[di];
     uint64_t local = idx - job->prefix[di];
@@ -316,7 +322,8 @@ static int run_checked(emu_state *s, decoded_dispatch *d, mlxn_emu_launch *l, ch
     while (first.bytes[slot][at] == d->args.ptr[slot][at]) at++;
     snprintf(err, cap,
              "checker: slot %d differs at byte %llu between two schedules of the same dispatch: the kernel races "
-             "on threadgroup memory (a missing threadgroup_barrier) or reads threadgroup memory it never wrote",
+             "on threadgroup memory (a missing threadgroup_barrier), races between threads or threadgroups on "
+             "device memory, or reads threadgroup memory it never wrote",
              slot, (unsigned long long)at);
     rc = -1;
   }

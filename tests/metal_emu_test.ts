@@ -191,17 +191,29 @@ Deno.test({
   for (let i = 0; i < want.length; i++) ok(Math.abs(got[i] - want[i]) <= 1e-5 * (1 + Math.abs(want[i])), `at ${i}`);
 });
 
+/** An axpby whose threadgroups all write the first elements of `out` (a race between threadgroups). */
+const crossGroupRace = {
+  file: "elementwise.metal",
+  from: "  out[i] = p.alpha * a[i] + p.beta * b[i];",
+  to: "  out[lid.x] = p.alpha * a[i] + p.beta * b[i];",
+};
+
 Deno.test({
-  name: "metal-emu checker: a reduction missing a threadgroup barrier is reported as a race",
+  name: "metal-emu checker: a missing threadgroup barrier and a race between threadgroups are reported",
   ignore: !hasClang,
 }, async () => {
-  const mutant = MUTANTS.find((m) => m.name.startsWith("missing threadgroup barrier inside the tree reduction"))!;
+  const barrier = MUTANTS.find((m) => m.name.startsWith("missing threadgroup barrier inside the tree reduction"))!;
   const dir = await Deno.makeTempDir({ prefix: "mlxn-emu-race-" });
   try {
     const files = [...Deno.readDirSync(new URL("kernels/metal/", root))].map((e) => e.name).sort();
     for (const f of files) {
       let text = Deno.readTextFileSync(new URL(`kernels/metal/${f}`, root));
-      if (f === mutant.file) text = text.replace(mutant.from, mutant.to);
+      for (const m of [barrier, crossGroupRace]) {
+        if (f === m.file) {
+          ok(text.includes(m.from), m.from);
+          text = text.replace(m.from, m.to);
+        }
+      }
       Deno.writeTextFileSync(`${dir}/${f}`, text);
     }
     const ordered = ["common.metal", ...files.filter((f) => f !== "common.metal")].map((f) => `${dir}/${f}`);
@@ -213,9 +225,23 @@ Deno.test({
       `METAL_EMU_LIB=${dir}/${libName}`,
     ]);
     using device = openChecked(`${dir}/${libName}`);
+    const race = /checker: slot 2 differs .*races on threadgroup memory/s;
     throws(() => rmsNorm(device, 2, 256), (e: unknown) => {
       ok(e instanceof MlxError, String(e));
-      match(e.message, /rms_norm_f32.*checker: slot 2 differs .*races on threadgroup memory/s);
+      match(e.message, /rms_norm_f32/);
+      match(e.message, race);
+      return true;
+    });
+    const registry = new KernelRegistry(device);
+    const n = 1024;
+    using a = device.upload(randomValues(n, 4)), b = device.upload(randomValues(n, 5));
+    using out = device.alloc(n * 4, DType.F32);
+    using enc = device.commandEncoder();
+    ops.axpby(enc, registry, a, b, out, { alpha: 2, beta: 3, n });
+    throws(() => enc.commitAndWait(), (e: unknown) => {
+      ok(e instanceof MlxError, String(e));
+      match(e.message, /axpby_f32/);
+      match(e.message, race);
       return true;
     });
   } finally {
