@@ -401,9 +401,9 @@ void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
 }
 
 int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
-  if (threads == 0) {
+  if (threads == 0) { /* one worker per core, at most 16 (each holds 1024 fiber stacks) */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = n > 0 ? (uint32_t)n : 1;
+    threads = n > 16 ? 16 : n > 0 ? (uint32_t)n : 1;
   }
   emu_state *s = calloc(1, sizeof *s);
   if (!s) return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory opening the emulated Metal device"), -1;

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #if defined(__x86_64__) && !defined(MLXN_EMU_UCONTEXT)
 #define MLXN_EMU_ASM_SWITCH 1
@@ -22,6 +21,7 @@
 
 #define STACK_BYTES (128u * 1024u) /* per thread of a group; kernels keep arrays on the stack */
 #define SLOT_BYTES 32u             /* one lane's value in an exchange (up to a 32-byte vector) */
+#define STACK_CANARY 0x6d6c786e5f656d75ull /* at the lowest address of each stack */
 #define MLXN_EMU_MAX_TG_VARIABLES 64u
 
 enum { READY = 0, AT_SIMD = 1, AT_BARRIER = 2, DONE = 3 };
@@ -220,9 +220,9 @@ mlxn_emu_worker *mlxn_emu_worker_new(uint32_t max_threads) {
   w->sgs = calloc(nsg, sizeof *w->sgs);
   w->tg_memory = aligned_alloc(64, MLXN_MAX_TG_MEMORY);
   w->tg_vars = aligned_alloc(64, MLXN_MAX_TG_MEMORY);
-  /* Stacks with a guard page below each; only the pages a kernel touches are ever committed. */
-  size_t page = (size_t)sysconf(_SC_PAGESIZE), per = STACK_BYTES + page;
-  w->stacks_len = per * max_threads;
+  /* One mapping for every stack (no guard pages: a mapping each would exhaust the process's map
+   * count); only the pages a kernel touches are committed. Overflow is caught by a canary. */
+  w->stacks_len = (size_t)STACK_BYTES * max_threads;
   void *m = mmap(NULL, w->stacks_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED || !w->threads || !w->sgs || !w->tg_memory || !w->tg_vars) {
     if (m != MAP_FAILED) munmap(m, w->stacks_len);
@@ -231,10 +231,7 @@ mlxn_emu_worker *mlxn_emu_worker_new(uint32_t max_threads) {
     return NULL;
   }
   w->stacks = m;
-  for (uint32_t i = 0; i < max_threads; i++) {
-    mprotect(w->stacks + per * i, page, PROT_NONE);
-    w->threads[i].stack = w->stacks + per * i + page;
-  }
+  for (uint32_t i = 0; i < max_threads; i++) w->threads[i].stack = w->stacks + (size_t)STACK_BYTES * i;
   return w;
 }
 
@@ -334,6 +331,7 @@ int mlxn_emu_run_group(mlxn_emu_worker *w, const mlxn_emu_launch *l, uint32_t gx
       t->pos[scalars[k][0]][0] = scalars[k][1];
       t->pos[scalars[k][0]][1] = t->pos[scalars[k][0]][2] = 0;
     }
+    memcpy(t->stack, &(uint64_t){STACK_CANARY}, sizeof(uint64_t));
     fiber_init(t);
   }
   for (;;) {
@@ -347,6 +345,16 @@ int mlxn_emu_run_group(mlxn_emu_worker *w, const mlxn_emu_launch *l, uint32_t gx
     if (w->undefined) {
       snprintf(err, cap, "threadgroup (%u,%u,%u): %s", gx, gy, gz, w->undefined);
       return -1;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t canary;
+      memcpy(&canary, w->threads[i].stack, sizeof canary);
+      if (canary != STACK_CANARY) {
+        /* The neighbouring stacks may be damaged too: nothing of this group can be trusted. */
+        snprintf(err, cap, "thread %u of threadgroup (%u,%u,%u) overflowed its %u KiB stack (large arrays in the "
+                 "kernel's thread memory)", i, gx, gy, gz, STACK_BYTES / 1024);
+        return -1;
+      }
     }
     if (w->live == 0) return 0;
     int released = release_simdgroups(w, n, err, cap);
