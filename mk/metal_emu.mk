@@ -15,7 +15,7 @@ METAL_EMU_CXXFLAGS := -x c++ -std=c++14 -nostdinc -nostdinc++ -Imetal_emu/includ
   -Xclang -fnative-half-arguments-and-returns -ffp-contract=off -fno-exceptions -fno-rtti -fsigned-char -O2 -fPIC \
   -fvisibility=hidden -w
 
-.PHONY: metal-emu metal-check-msl metal-emu-mutants
+.PHONY: metal-emu metal-check-msl metal-emu-mutants test-metal-emu
 
 $(METAL_EMU_CPP): $(METAL_SRC) $(METAL_FRONT) metal_emu/pass1/metal_stdlib $(DENO_DEP)
 	@mkdir -p $(METAL_EMU_DIR)
@@ -38,6 +38,10 @@ $(METAL_EMU_LIB): $(METAL_EMU_C_OBJ) $(METAL_EMU_OBJ)
 	$(CC) $(CFLAGS_COMMON) $(SHARED) -o $@ $(METAL_EMU_C_OBJ) $(METAL_EMU_OBJ) -ldl -lm
 
 metal-emu: $(METAL_EMU_LIB)
+
+# The whole suite on the emulated Metal backend.
+test-metal-emu: metal-emu native $(DENO_DEP)
+	MLXN_BACKEND=metal-emu DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" bash scripts/test.sh
 
 # The MSL part of metal-check: signatures and attributes (front end), then clang++ -fsyntax-only.
 metal-check-msl: $(DENO_DEP)
