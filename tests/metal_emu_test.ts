@@ -138,6 +138,17 @@ Deno.test(
     }
     deepStrictEqual(numbers(res.get("builtins"), "builtins"), builtins);
 
+    // SIMD-group matrices: C = A · B + 0.5 from 8×8 tiles (small integers: exact in float).
+    const mat: number[] = [];
+    for (let i = 0; i < 16; i++) {
+      for (let j = 0; j < 16; j++) {
+        let sum = 0;
+        for (let k = 0; k < 16; k++) sum += ((i * 16 + k) % 7 - 3) * ((j * 16 + k) % 5 - 2);
+        mat.push(sum + 0.5);
+      }
+    }
+    deepStrictEqual(numbers(res.get("simd_matrix"), "simd_matrix"), mat);
+
     // The portable fibers (ucontext, used off x86-64) behave exactly as the x86-64 switch.
     deepStrictEqual(await probe(["-DMLXN_EMU_UCONTEXT"]), res);
   },

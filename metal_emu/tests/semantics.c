@@ -64,6 +64,9 @@ int main(void) {
   run(w, "tg_uninit_reverse", "tg_uninit", 8, 8, 0, MLXN_EMU_ORDER_REVERSE, 0xff, NULL);
   run(w, "numerics", "numerics", 1, 6, 1, MLXN_EMU_ORDER_FORWARD, 0, halves);
   run(w, "builtins", "builtins", 32, 32 * 4, 1, MLXN_EMU_ORDER_FORWARD, 0, NULL);
+  float bt[256];
+  for (int i = 0; i < 256; i++) bt[i] = (float)(i % 5) - 2.0f; /* B transposed: bt[j * 16 + k] = B[k][j] */
+  run(w, "simd_matrix", "simd_matrix", 32, 256, 1, MLXN_EMU_ORDER_FORWARD, 0, bt);
   run(w, "tg_variables", "tg_variables", 64, 65, 1, MLXN_EMU_ORDER_FORWARD, 0, NULL);
   run(w, "tg_variables_reverse", "tg_variables", 64, 65, 1, MLXN_EMU_ORDER_REVERSE, 0xff, NULL);
   mlxn_emu_worker_free(w);

@@ -115,3 +115,22 @@ kernel void builtins(device float *out [[buffer(0)]], uint tid [[thread_index_in
   o[3] = max(float2(float(lane), 5.0f), float2(3.0f, float(lane))).x + float(numeric_limits<uint>::max() == 0xffffffffu) +
          (numeric_limits<float>::infinity() > 1e38f ? 100.0f : 0.0f);
 }
+
+// C = A · B for 16×16 matrices with one SIMD-group: A staged through threadgroup memory, B read from
+// device memory transposed, 8×8 tiles accumulated with simdgroup_multiply_accumulate.
+kernel void simd_matrix(device float *c [[buffer(0)]], device const float *bt [[buffer(1)]],
+                        threadgroup float *a [[threadgroup(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  for (uint i = lane; i < 256; i += 32) a[i] = float(i % 7) - 3.0f;
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint ti = 0; ti < 2; ti++)
+    for (uint tj = 0; tj < 2; tj++) {
+      simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.5f);
+      for (uint tk = 0; tk < 2; tk++) {
+        simdgroup_float8x8 ma, mb;
+        simdgroup_load(ma, a, 16, ulong2(tk * 8, ti * 8));
+        simdgroup_load(mb, bt, 16, ulong2(tk * 8, tj * 8), true);
+        simdgroup_multiply_accumulate(acc, ma, mb, acc);
+      }
+      simdgroup_store(acc, c, 16, ulong2(tj * 8, ti * 8));
+    }
+}
