@@ -8,7 +8,7 @@ METAL_EMU_LIB := build/libmlxn_metal_emu.$(SO)
 METAL_EMU_CPP := $(METAL_EMU_DIR)/kernels.cpp
 METAL_EMU_OBJ := $(METAL_EMU_DIR)/kernels.o
 METAL_EMU_SRC := metal_emu/backend.c metal_emu/runtime.c
-METAL_EMU_HDR := metal_emu/runtime.h metal_emu/emu_abi.h metal_emu/include/metal_stdlib metal_emu/include/metal_emu_bind.h
+METAL_EMU_HDR := metal_emu/runtime.h metal_emu/emu_abi.h $(wildcard metal_emu/include/*)
 METAL_FRONT := metal_emu/msl_front.ts
 METAL_FRONT_RUN = CXX="$(CXX_EMU)" $(DENO) run --allow-read --allow-write --allow-run --allow-env $(METAL_FRONT)
 METAL_EMU_CXXFLAGS := -x c++ -std=c++14 -nostdinc -nostdinc++ -Imetal_emu/include -Xclang -fnative-half-type \
@@ -17,7 +17,7 @@ METAL_EMU_CXXFLAGS := -x c++ -std=c++14 -nostdinc -nostdinc++ -Imetal_emu/includ
 
 .PHONY: metal-emu metal-check-msl metal-emu-mutants test-metal-emu
 
-$(METAL_EMU_CPP): $(METAL_SRC) $(METAL_FRONT) metal_emu/pass1/metal_stdlib $(DENO_DEP)
+$(METAL_EMU_CPP): $(METAL_SRC) $(METAL_FRONT) $(wildcard metal_emu/pass1/*) $(DENO_DEP)
 	@mkdir -p $(METAL_EMU_DIR)
 	$(METAL_FRONT_RUN) --out $@ $(METAL_SRC)
 

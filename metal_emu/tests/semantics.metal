@@ -1,6 +1,7 @@
 // Kernels that probe the emulator's Metal semantics (run by metal_emu/tests/semantics.c, checked by
 // tests/metal_emu_test.ts against expectations written from Metal's specification).
 #include <metal_stdlib>
+#include <metal_simdgroup_matrix>
 using namespace metal;
 
 // Eight results per thread: SIMD-group reductions, shuffles, broadcast and scan over the live lanes.
