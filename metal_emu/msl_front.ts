@@ -256,6 +256,9 @@ const UNSUFFIXED_FLOAT = /(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE]
 /** A threadgroup variable declared in a kernel body: `threadgroup T name[N]...;` (no initialiser). */
 const THREADGROUP_VARIABLE =
   /(?<=[;{}]\s*)threadgroup\s+((?:const\s+)?[\w:]+(?:\s*<[^;>]*>)?)\s+(\w+)\s*((?:\[[^\]]+\]\s*)*);/g;
+/** Casts to a vector type: `(float4)x`, `static_cast<float4>(x)`. */
+const VECTOR_CAST =
+  /\(\s*(?:metal::)?((?:float|half|int|uint|short|ushort|char|uchar|long|ulong)[234])\s*\)\s*[\w(.-]|static_cast\s*<\s*(?:metal::)?((?:float|half|int|uint|short|ushort|char|uchar|long|ulong)[234])\s*>/g;
 /** Vector constructors, which must convert element-wise (a C cast between clang vectors would not). */
 const VECTOR_CONSTRUCTOR = /(?<![\w.:])((?:float|half|int|uint|short|ushort|char|uchar|long|ulong)[234])\s*\(/g;
 
@@ -361,6 +364,12 @@ export function transform(pre: string): MslFrontResult {
   }
   for (const m of pre.matchAll(VECTOR_CONSTRUCTOR)) {
     edits.push([m.index!, m.index! + m[1].length, `metal::__make<metal::${m[1]}>`]);
+  }
+  // A C-style or static_cast to a vector type converts element-wise in MSL but is a bit cast
+  // between clang's vectors: refuse it rather than compute something else.
+  for (const m of pre.matchAll(VECTOR_CAST)) {
+    if (inMarker(m.index!)) continue;
+    report(m.index!, `write ${m[1] ?? m[2]}(x) to convert to a vector type: the emulator cannot reproduce a cast`);
   }
   if (diagnostics.length > 0) return { cpp: "", kernels, diagnostics };
 

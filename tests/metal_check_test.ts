@@ -83,6 +83,13 @@ const plants: { what: string; file: string; from: string; to: string; expect: Re
       /rope\.metal:11:\d+: error: cannot initialize a variable of type 'metal::float2'.*vector of 2 'unsigned int'/,
   },
   {
+    what: "a C-style cast to a vector type (element-wise in MSL, a bit cast in C++)",
+    file: "kernels/metal/rope.metal",
+    from: "float x0 = in[j], x1 = in[j + 1];",
+    to: "float2 at = (float2)uint2(i, t); float x0 = in[j] + at.x, x1 = in[j + 1];",
+    expect: /rope\.metal:11: error: write float2\(x\) to convert to a vector type/,
+  },
+  {
     what: "missing cast: a uchar row read as ushort",
     file: "kernels/metal/matmul.metal",
     from: "device const uchar *wr = w + n * row_bytes;",
