@@ -1,7 +1,10 @@
 /* Threadgroup execution with Metal semantics (see runtime.h): fibers, threadgroup barriers and
  * SIMD-group exchanges. On x86-64 a fiber switch is a few instructions (callee-saved registers and
- * the FP control words); elsewhere (or with -DMLXN_EMU_UCONTEXT) ucontext is used. */
+ * the FP control words); elsewhere (other CPUs, Mach-O, or -DMLXN_EMU_UCONTEXT) ucontext is used. */
 #define _GNU_SOURCE
+#if defined(__APPLE__)
+#define _XOPEN_SOURCE 700 /* macOS declares the ucontext functions only with it */
+#endif
 #include "runtime.h"
 
 #include "../kernels/cpu/cpu_kernel.h"
@@ -13,7 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#if defined(__x86_64__) && !defined(MLXN_EMU_UCONTEXT)
+#if defined(__x86_64__) && defined(__ELF__) && !defined(MLXN_EMU_UCONTEXT)
 #define MLXN_EMU_ASM_SWITCH 1
 #else
 #include <ucontext.h>
