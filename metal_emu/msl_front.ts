@@ -121,7 +121,17 @@ export async function preprocess(source: string): Promise<{ ok: boolean; text: s
     stdout: "piped",
     stderr: "piped",
   });
-  const child = cmd.spawn();
+  let child: Deno.ChildProcess;
+  try {
+    child = cmd.spawn();
+  } catch (e) {
+    const why = e instanceof Deno.errors.NotFound ? "not found" : String(e);
+    return {
+      ok: false,
+      text: "",
+      stderr: `the MSL front end needs clang++ (${cxx()}: ${why}); install clang or set CXX`,
+    };
+  }
   const writer = child.stdin.getWriter();
   await writer.write(new TextEncoder().encode(source));
   await writer.close();
