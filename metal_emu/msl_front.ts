@@ -287,10 +287,12 @@ export function transform(pre: string): MslFrontResult {
   }
   // Edits as [start, end, replacement], applied back to front.
   const edits: [number, number, string][] = [];
-  const kernelRe = /\bkernel\b/g;
+  // `kernel void f(` or `[[kernel]] void f(`.
+  const kernelRe = /\[\[\s*kernel\s*\]\]|\bkernel\b/g;
   for (const m of pre.matchAll(kernelRe)) {
     const at = m.index!;
-    const head = /^kernel\s+(\w+)\s+(\w+)\s*\(/.exec(pre.slice(at));
+    const head = /^(?:\[\[\s*kernel\s*\]\]|kernel)\s+(\w+)\s+(\w+)\s*\(/.exec(pre.slice(at));
+    if (m[0] === "kernel" && pre.slice(Math.max(0, at - 2), at) === "[[") continue; // inside [[kernel]]
     if (!head) {
       report(at, "'kernel' must introduce a function: `kernel void name(...)`");
       continue;
@@ -303,7 +305,7 @@ export function transform(pre: string): MslFrontResult {
       report(at, `kernel ${name}: unbalanced parameter list`);
       continue;
     }
-    edits.push([at, at + "kernel".length, "static"]);
+    edits.push([at, at + m[0].length, "static"]);
     const params: Param[] = [];
     const seen = new Map<string, string>();
     let buffers = 0, threadgroup = 0;

@@ -29,8 +29,9 @@ kernel void simd_partial(device float *out [[buffer(0)]], uint tid [[thread_inde
   o[3] = float(nsg);
 }
 
-// Odd lanes leave before the reduction: the sum covers the even lanes only.
-kernel void simd_inactive(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+// Odd lanes leave before the reduction: the sum covers the even lanes only. (The attribute form of
+// the kernel qualifier.)
+[[kernel]] void simd_inactive(device float *out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
                           uint lane [[thread_index_in_simdgroup]]) {
   out[tid] = -1.0f;
   if (lane % 2 == 1) return;
