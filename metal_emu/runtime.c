@@ -22,7 +22,7 @@
 #include <ucontext.h>
 #endif
 
-#define STACK_BYTES (128u * 1024u) /* per thread of a group; kernels keep arrays on the stack */
+#define STACK_BYTES (64u * 1024u) /* per thread of a group; kernels keep arrays on the stack */
 #define SLOT_BYTES 32u             /* one lane's value in an exchange (up to a 32-byte vector) */
 #define STACK_CANARY 0x6d6c786e5f656d75ull /* at the lowest address of each stack */
 #define MLXN_EMU_MAX_TG_VARIABLES 64u
