@@ -98,9 +98,11 @@ metal: $(METAL_LIB)
 
 # Type-checks the Objective-C on Linux against Apple's macOS 11.3 SDK headers (see objc/README.md).
 METAL_SDK ?= .metal-sdk/sdk-full/root
-metal-check: build/mlxn_metal_source.h
+metal-check: build/mlxn_metal_source.h metal-check-msl
 	bash $(METAL_CHECK) --apple-sdk $(METAL_SDK) objc/mlxn_metal.m -Ibuild
 	bash $(METAL_CHECK) --apple-sdk $(METAL_SDK) $(CORE_SRC) -D_DARWIN_C_SOURCE
+
+include mk/metal_emu.mk
 
 # --- CUDA backend (make cuda): the core and the kernel contracts in C, kernels and graphs in CUDA -----
 NVCC ?= nvcc

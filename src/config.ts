@@ -8,7 +8,7 @@
  */
 
 /** A backend name. */
-export type BackendName = "metal" | "cuda" | "cpu";
+export type BackendName = "metal" | "cuda" | "cpu" | "metal-emu";
 
 /** Every switch of the module, resolved. */
 export interface MlxConfig {
@@ -99,7 +99,9 @@ export function envConfig(): Readonly<MlxConfig> {
   const backend = env.MLXN_BACKEND?.toLowerCase();
   const profile = env.MLXN_PROFILE?.toLowerCase();
   cached = Object.freeze({
-    backend: backend === "metal" || backend === "cuda" || backend === "cpu" ? backend : undefined,
+    backend: backend === "metal" || backend === "cuda" || backend === "cpu" || backend === "metal-emu"
+      ? backend
+      : undefined,
     lib: env.MLXN_LIB || undefined,
     concurrency: env.MLXN_CONCURRENCY !== "0",
     fusion: env.MLXN_FUSION !== "0",

@@ -148,7 +148,7 @@ export class MlxDevice {
   static open(options: DeviceOptions = {}): MlxDevice {
     const env = envConfig();
     const explicit = options.backend ?? env.backend;
-    if (explicit !== undefined && !CANDIDATES.includes(explicit) && explicit !== "cpu") {
+    if (explicit !== undefined && !CANDIDATES.includes(explicit) && explicit !== "cpu" && explicit !== "metal-emu") {
       throw new MlxError("Unsupported", `backend '${explicit}' is not available on ${Deno.build.os}`);
     }
     const libPath = options.libPath ?? env.lib;

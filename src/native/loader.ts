@@ -28,6 +28,7 @@ export interface NativeLibrary {
 /** File name of a backend's library on this OS. */
 export function libraryFileName(backend: BackendName): string {
   if (backend === "metal") return "libmlxn_metal.dylib";
+  if (backend === "metal-emu") return `libmlxn_metal_emu.${Deno.build.os === "darwin" ? "dylib" : "so"}`;
   return `libmlxn_${backend}.${Deno.build.os === "darwin" ? "dylib" : "so"}`;
 }
 
