@@ -195,7 +195,7 @@ Deno.test("matrix products refuse an output that overlaps an input", async (t) =
       pipeline: device.kernels.get(name),
       bindings,
       grid: [Math.ceil(N / 4), M, 1],
-      threadgroup: 1,
+      threadgroup: 128, // the products' geometry: a GPU kernel gives each output a 32-lane simdgroup
       dispatchKind: "threadgroups",
     });
     enc.commitAndWait();

@@ -441,7 +441,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
     {
       name: "unknown kernel",
       code: "KernelNotFound",
-      message: /kernel 'nope_f32' is not available on the \w+ backend.*Known kernels/,
+      message: /kernel 'nope_f32' is not available on the [\w-]+ backend.*Known kernels/,
       run: (c) => void c.registry.get("nope_f32"),
     },
     {
