@@ -153,6 +153,13 @@ function dim(d: Dims, i: number): number {
   return i < d.length ? d[i] : 1;
 }
 
+/** A binding as it stands now: inline constants are copied so later edits of the caller's array do not leak in. */
+function snapshotBinding(b: Binding): Binding {
+  if (Array.isArray(b)) return b.slice();
+  if (b instanceof Uint32Array || b instanceof Uint8Array) return b.slice();
+  return b;
+}
+
 function validDim(v: number): boolean {
   return (v >>> 0) === v && v > 0;
 }
@@ -485,9 +492,9 @@ export class CommandEncoder {
     const node: DispatchNode = {
       kind: "dispatch",
       pipeline: d.pipeline,
-      bindings: [...d.bindings],
-      grid: d.grid,
-      threadgroup: d.threadgroup,
+      bindings: d.bindings.map(snapshotBinding),
+      grid: typeof d.grid === "number" ? d.grid : d.grid.slice(),
+      threadgroup: typeof d.threadgroup === "number" ? d.threadgroup : d.threadgroup.slice(),
       threadgroupMemory: d.threadgroupMemory,
       dispatchKind: d.dispatchKind ?? "threadgroups",
       opKind: this.#pendingOpKind ?? d.opKind ?? d.pipeline.contract.opKind,

@@ -1,0 +1,28 @@
+/** Issue 15, the runtime half: recorded sessions, dropped sessions, barrier ranges, dual-buffer atomicity. */
+import { deepStrictEqual } from "node:assert/strict";
+import { DType, GraphExecutor } from "../mod.ts";
+import { testContext } from "./helpers.ts";
+
+Deno.test("recorded sessions copy inline constants at record time (mutating them before finish changes nothing)", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const exec = new GraphExecutor(device);
+  const n = 8;
+  using a = device.upload(new Float32Array(n).fill(1)), b = device.upload(new Float32Array(n).fill(2));
+  using out = device.alloc(n * 4, DType.F32);
+  const add = registry.get("elementwise_add_f32");
+  for (const form of ["words", "u32", "bytes"] as const) {
+    out.write(new Float32Array(n));
+    const words = [4];
+    const u32 = new Uint32Array([4]);
+    const bytes = new Uint8Array(u32.buffer.slice(0));
+    const constants = form === "words" ? words : form === "u32" ? u32 : bytes;
+    using s = exec.beginRecorded();
+    s.dispatch({ pipeline: add, bindings: [a, b, out, constants], grid: n, threadgroup: 1, dispatchKind: "threads" });
+    words[0] = 8; // after the dispatch, before finish: must not change what runs
+    u32[0] = 8;
+    bytes[0] = 8;
+    s.finish({ reorder: true });
+    deepStrictEqual(Array.from(out.read() as Float32Array), [3, 3, 3, 3, 0, 0, 0, 0], form);
+  }
+});
