@@ -85,6 +85,41 @@ interface ProfileSettings {
   tracePath: string | undefined;
 }
 
+/**
+ * The encoders whose streams may hold unflushed records, held weakly: a session dropped without
+ * finish or dispose must stay collectable so its finalizer can release the native command buffer.
+ */
+class OpenEncoders {
+  readonly #refs = new Set<WeakRef<CommandEncoder>>();
+  readonly #refOf = new WeakMap<CommandEncoder, WeakRef<CommandEncoder>>();
+  #pruneAt = 64;
+
+  add(e: CommandEncoder): void {
+    const ref = new WeakRef(e);
+    this.#refOf.set(e, ref);
+    this.#refs.add(ref);
+    if (this.#refs.size >= this.#pruneAt) { // amortised: dead refs never outnumber live ones for long
+      for (const r of this.#refs) if (r.deref() === undefined) this.#refs.delete(r);
+      this.#pruneAt = Math.max(64, 2 * this.#refs.size);
+    }
+  }
+
+  delete(e: CommandEncoder): void {
+    const ref = this.#refOf.get(e);
+    if (ref === undefined) return;
+    this.#refOf.delete(e);
+    this.#refs.delete(ref);
+  }
+
+  *[Symbol.iterator](): IterableIterator<CommandEncoder> {
+    for (const ref of this.#refs) {
+      const e = ref.deref();
+      if (e === undefined) this.#refs.delete(ref); // collected; its finalizer frees the command buffer
+      else yield e;
+    }
+  }
+}
+
 const CANDIDATES: readonly BackendName[] = Deno.build.os === "darwin" ? ["metal", "cpu"] : ["cuda", "cpu"];
 
 const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.PointerObject }>(
@@ -118,7 +153,7 @@ export class MlxDevice {
   #ptr: Deno.PointerObject | null;
   #kernels: KernelRegistry | undefined;
   readonly #writers: StreamWriter[] = [];
-  readonly #open = new Set<CommandEncoder>();
+  readonly #open = new OpenEncoders();
   #deferred: number[] = [];
 
   private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, prof: ProfileSettings, validate: boolean) {

@@ -1,7 +1,7 @@
 /** Issue 15, the runtime half: recorded sessions, dropped sessions, barrier ranges, dual-buffer atomicity. */
-import { deepStrictEqual } from "node:assert/strict";
+import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import { DType, GraphExecutor } from "../mod.ts";
-import { testContext } from "./helpers.ts";
+import { runDeno, testContext } from "./helpers.ts";
 
 Deno.test("recorded sessions copy inline constants at record time (mutating them before finish changes nothing)", () => {
   using ctx = testContext();
@@ -25,4 +25,21 @@ Deno.test("recorded sessions copy inline constants at record time (mutating them
     s.finish({ reorder: true });
     deepStrictEqual(Array.from(out.read() as Float32Array), [3, 3, 3, 3, 0, 0, 0, 0], form);
   }
+});
+
+Deno.test("sessions dropped without finish or dispose are collected and release their command buffers", async () => {
+  const out = await runDeno([
+    "run",
+    "--allow-ffi",
+    "--allow-read",
+    "--allow-env",
+    "--v8-flags=--expose-gc",
+    new URL("./fixtures/session_gc_probe.ts", import.meta.url).pathname,
+    "2000",
+  ]);
+  ok(out.success, out.stderr);
+  const r = JSON.parse(out.stdout.trim().split("\n").pop()!);
+  equal(r.liveBefore, 2000, "every dropped session held a command buffer before collection");
+  ok(r.liveAfter < 100, `after collection ${r.liveAfter} of 2000 dropped sessions still hold a command buffer`);
+  ok(r.untouched, "dropped work never ran");
 });
