@@ -11,7 +11,7 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BARRIER, type CapturedNode, type DispatchNode, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
-import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
+import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
 import { ConflictTracker } from "./graph/tracker.ts";
 import {
   findBrokenConstantPromises,
@@ -158,6 +158,18 @@ function snapshotBinding(b: Binding): Binding {
   if (Array.isArray(b)) return b.slice();
   if (b instanceof Uint32Array || b instanceof Uint8Array) return b.slice();
   return b;
+}
+
+/**
+ * The contract-derived accesses plus any user range they do not already cover: user annotations can
+ * widen what a dispatch is known to touch, never hide what its bindings touch.
+ */
+function mergeAccesses(derived: Accesses, extra: Accesses): Accesses {
+  const add = (base: readonly MemRange[], more: readonly MemRange[]): readonly MemRange[] => {
+    const missing = more.filter((r) => !base.some((b) => rangeCovers(b, r)));
+    return missing.length === 0 ? base : [...base, ...missing];
+  };
+  return { reads: add(derived.reads, extra.reads), writes: add(derived.writes, extra.writes) };
 }
 
 function validDim(v: number): boolean {
@@ -488,7 +500,8 @@ export class CommandEncoder {
 
   /** A graph node for a dispatch: its accesses derived from bindings, unless annotated. */
   #node(d: DispatchDescriptor): DispatchNode {
-    const acc = this.#pendingRanges ?? accessesOf(d.pipeline.contract, d.bindings);
+    const derived = accessesOf(d.pipeline.contract, d.bindings);
+    const acc = this.#pendingRanges ? mergeAccesses(derived, this.#pendingRanges) : derived;
     const node: DispatchNode = {
       kind: "dispatch",
       pipeline: d.pipeline,
@@ -553,17 +566,20 @@ export class CommandEncoder {
    */
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     const r = toRanges(reads), w = toRanges(writes);
-    if (this.#capture !== null) this.#pendingRanges = { reads: r, writes: w };
+    if (this.#capture !== null) {
+      const p = this.#pendingRanges;
+      this.#pendingRanges = p ? mergeAccesses(p, { reads: r, writes: w }) : { reads: r, writes: w };
+    }
     this.#track(r, w, true, "barrierBetween");
   }
 
   /**
    * Adds a dispatch's accesses to the current group without a check (the seed's track_dispatch);
-   * in capture mode they annotate the last captured dispatch if it has none.
+   * in capture mode they are merged into the last captured dispatch's accesses.
    */
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     const r = toRanges(reads), w = toRanges(writes);
-    if (this.#capture !== null) this.annotateLastDispatchIfMissing(r, w);
+    if (this.#capture !== null) this.#mergeIntoLastDispatch({ reads: r, writes: w });
     this.#track(r, w, false, "trackDispatch");
   }
 
@@ -640,7 +656,10 @@ export class CommandEncoder {
     this.#pendingOpKind = kind;
   }
 
-  /** Sets the read/write ranges of the next captured dispatch (instead of the derived ones). */
+  /**
+   * Adds read/write ranges to the next captured dispatch. They are merged with the ranges derived
+   * from its bindings, never replace them.
+   */
   setPendingRanges(reads: readonly MemRange[], writes: readonly MemRange[]): void {
     this.#pendingRanges = { reads: [...reads], writes: [...writes] };
   }
@@ -653,6 +672,16 @@ export class CommandEncoder {
       const n = nodes[i];
       if (n.kind !== "dispatch") continue;
       if (n.reads.length === 0 && n.writes.length === 0) nodes[i] = { ...n, reads: [...reads], writes: [...writes] };
+      return;
+    }
+  }
+
+  #mergeIntoLastDispatch(extra: Accesses): void {
+    const nodes = this.#capture!;
+    for (let i = nodes.length - 1; i >= 0; i--) {
+      const n = nodes[i];
+      if (n.kind !== "dispatch") continue;
+      nodes[i] = { ...n, ...mergeAccesses(n, extra) };
       return;
     }
   }

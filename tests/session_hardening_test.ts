@@ -43,3 +43,39 @@ Deno.test("sessions dropped without finish or dispose are collected and release 
   ok(r.liveAfter < 100, `after collection ${r.liveAfter} of 2000 dropped sessions still hold a command buffer`);
   ok(r.untouched, "dropped work never ran");
 });
+
+Deno.test("user ranges in recorded sessions are merged with the contract's accesses, never replace them", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  const n = 64;
+  using x = device.upload(new Float32Array(n).fill(1)), t = device.alloc(n * 4, DType.F32);
+  using y = device.alloc(n * 4, DType.F32), unrelated = device.alloc(16, DType.F32);
+  for (const how of ["barrierBetween", "trackDispatch"] as const) {
+    t.write(new Float32Array(n));
+    using s = exec.beginRecorded({ autoBarriers: false });
+    s.elementwiseAdd(x, x, t); // t = 2
+    s.barrier();
+    // A wrong list (only an unrelated buffer) next to the dispatch that reads t.
+    if (how === "barrierBetween") s.barrierBetween([unrelated], []);
+    s.elementwiseAdd(t, x, y); // y = t + 1 = 3: needs the barrier after the first add
+    if (how === "trackDispatch") s.trackDispatch([unrelated], []);
+    const report = s.finish({ reorder: true });
+    deepStrictEqual(report.barriers, [1], `${how}: the RAW on t keeps its barrier after reorder`);
+    deepStrictEqual(Array.from(y.read() as Float32Array).slice(0, 4), [3, 3, 3, 3], how);
+  }
+  using enc = device.commandEncoder();
+  enc.startCapture();
+  enc.barrierBetween([unrelated], []);
+  enc.dispatch({
+    pipeline: device.kernels.get("elementwise_add_f32"),
+    bindings: [t, x, y, [n]],
+    grid: n,
+    threadgroup: 1,
+    dispatchKind: "threads",
+  });
+  const [node] = enc.takeCapture()!;
+  ok(node.kind === "dispatch");
+  deepStrictEqual(node.reads, [t.range(), x.range(), unrelated.range()]);
+  deepStrictEqual(node.writes, [y.range()]);
+});
