@@ -388,6 +388,15 @@ export class CommandEncoder {
     return true;
   }
 
+  /**
+   * Throws exactly what {@link CommandEncoder.dispatch} would throw for this descriptor, and encodes
+   * nothing: lets a caller check work before committing anything it depends on.
+   */
+  checkDispatch(d: DispatchDescriptor): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("checkDispatch");
+    this.#check(d);
+  }
+
   /** Validates a descriptor; returns the stream words its records take. */
   #check(d: DispatchDescriptor): number {
     const p = d.pipeline;
@@ -710,29 +719,7 @@ export class CommandEncoder {
         "commit while capturing: takeCapture() first and encode the graph (or dispose the encoder)",
       );
     }
-    if (this.#log !== null) {
-      this.#hazards = findHazards(this.#log);
-      if (this.#hazards.length > 0) {
-        const err = new MlxError(
-          "HazardError",
-          `${this.#hazards.length} missing barrier(s) in command buffer${label ? ` '${label}'` : ""} ` +
-            `(nothing was committed):\n${formatHazards(this.#hazards)}`,
-        );
-        this.dispose();
-        throw err;
-      }
-      const broken = findBrokenConstantPromises(this.#log);
-      if (broken.length > 0) {
-        const err = new MlxError(
-          "HazardError",
-          `${broken.length} broken constant promise(s) in command buffer${label ? ` '${label}'` : ""} ` +
-            `(nothing was committed; drop the promise, e.g. constantWeights, or write the buffer in an ` +
-            `earlier command buffer):\n${formatBrokenPromises(broken)}`,
-        );
-        this.dispose();
-        throw err;
-      }
-    }
+    this.#verify(label);
     this.#endGroup();
     this.#label = label;
     const w = this.#writer!;
@@ -749,6 +736,41 @@ export class CommandEncoder {
     }
     this.#state = "committed";
     counterState.commandBuffers++;
+  }
+
+  /**
+   * Runs the hazard validator over what was encoded (validation on) and throws HazardError, with the
+   * encoder disposed, if a barrier is missing; nothing is committed. A no-op without validation.
+   */
+  checkHazards(label = ""): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("checkHazards");
+    this.#verify(label);
+  }
+
+  #verify(label: string): void {
+    if (this.#log === null) return;
+    const where = `command buffer${label ? ` '${label}'` : ""}`;
+    this.#hazards = findHazards(this.#log);
+    if (this.#hazards.length > 0) {
+      const err = new MlxError(
+        "HazardError",
+        `${this.#hazards.length} missing barrier(s) in ${where} (nothing was committed):\n${
+          formatHazards(this.#hazards)
+        }`,
+      );
+      this.dispose();
+      throw err;
+    }
+    const broken = findBrokenConstantPromises(this.#log);
+    if (broken.length > 0) {
+      const err = new MlxError(
+        "HazardError",
+        `${broken.length} broken constant promise(s) in ${where} (nothing was committed; drop the promise, ` +
+          `e.g. constantWeights, or write the buffer in an earlier command buffer):\n${formatBrokenPromises(broken)}`,
+      );
+      this.dispose();
+      throw err;
+    }
   }
 
   /** {@link CommandEncoder.commit} with a label (kept for per-label profiling). */

@@ -362,13 +362,19 @@ export class GraphSession implements DispatchTarget {
         if (reorder) reordered = graph.reorder();
         if (options.dualBuffer) {
           const second = exec.device.commandEncoder({ validate: this.#validate });
+          // With validation on, both command buffers are validated before either is committed.
+          const deferFirst = this.#validate;
           try {
             barriers = graph.encodeDualBuffer({
               dispatch: (d) => enc.dispatch(d),
               memoryBarrier: () => enc.memoryBarrier(),
-              commit: () => enc.commit(label),
+              commit: () => deferFirst ? enc.checkHazards(label) : enc.commit(label),
               resolvePipeline: (p) => enc.resolvePipeline(p),
             }, second);
+            if (deferFirst) {
+              second.checkHazards(label);
+              enc.commit(label);
+            }
             second.commit(label);
           } catch (e) {
             second.dispose();

@@ -1,6 +1,8 @@
 /** Issue 15, the runtime half: recorded sessions, dropped sessions, barrier ranges, dual-buffer atomicity. */
-import { deepStrictEqual, equal, ok } from "node:assert/strict";
-import { DType, GraphExecutor } from "../mod.ts";
+import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
+import { DType, GraphExecutor, MlxDevice, MlxError } from "../mod.ts";
+
+const isCode = (code: string) => (e: unknown) => e instanceof MlxError && e.code === code;
 import { runDeno, testContext } from "./helpers.ts";
 
 Deno.test("recorded sessions copy inline constants at record time (mutating them before finish changes nothing)", () => {
@@ -78,4 +80,25 @@ Deno.test("user ranges in recorded sessions are merged with the contract's acces
   ok(node.kind === "dispatch");
   deepStrictEqual(node.reads, [t.range(), x.range(), unrelated.range()]);
   deepStrictEqual(node.writes, [y.range()]);
+});
+
+Deno.test("a dual-buffer finish that fails in its second chunk runs nothing (all or nothing)", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  for (const validate of [false, true]) {
+    const exec = new GraphExecutor(device, { validate });
+    const count = 200, n = 4;
+    using x = device.upload(new Float32Array(n).fill(1));
+    using out = device.alloc(count * n * 4, DType.F32);
+    const victim = device.upload(new Float32Array(n).fill(5));
+    const s = exec.beginRecorded();
+    for (let i = 0; i < count; i++) {
+      // Dispatch 150 lands in the second command buffer (the first holds 64).
+      s.elementwiseAdd(i === 150 ? victim : x, x, out.slice(i * n * 4, n * 4));
+    }
+    victim.dispose(); // the injected failure: the second chunk binds a disposed buffer
+    throws(() => s.finish({ dualBuffer: true }), isCode("Disposed"));
+    ok((out.read() as Float32Array).every((v) => v === 0), `validate=${validate}: nothing ran`);
+    equal(MlxDevice.liveObjects(device).commandBuffers, 0, "both command buffers were released");
+  }
 });
