@@ -16,7 +16,7 @@ import type { NativeSymbols } from "./native/ffi.ts";
 import { defaultLibraryPath, ffiGranted, loadLibrary, type NativeLibrary } from "./native/loader.ts";
 import { check, lastErrorText, readText } from "./native/status.ts";
 import { StreamWriter } from "./native/stream.ts";
-import { assertWritable, Profiler } from "./profile.ts";
+import { prepareTraceFile, Profiler } from "./profile.ts";
 
 /** Options of {@link MlxDevice.open}; each overrides the matching environment switch. */
 export interface DeviceOptions {
@@ -83,6 +83,7 @@ interface ProfileSettings {
   enabled: boolean;
   dispatches: boolean;
   tracePath: string | undefined;
+  traceUndo: string;
 }
 
 /**
@@ -155,6 +156,7 @@ export class MlxDevice {
   readonly #writers: StreamWriter[] = [];
   readonly #open = new OpenEncoders();
   #deferred: number[] = [];
+  #closingTraced = false;
 
   private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, prof: ProfileSettings, validate: boolean) {
     this.sym = lib.symbols;
@@ -163,7 +165,12 @@ export class MlxDevice {
     this.#ptr = ptr;
     this.info = JSON.parse(readText((b, cap) => lib.symbols.mlxn_device_info(ptr, b, cap))) as DeviceInfo;
     this.profiler = prof.enabled
-      ? new Profiler({ dispatches: prof.dispatches, tracePath: prof.tracePath, backend: this.info.backend })
+      ? new Profiler({
+        dispatches: prof.dispatches,
+        tracePath: prof.tracePath,
+        traceUndo: prof.traceUndo,
+        backend: this.info.backend,
+      })
       : null;
     this.profileDispatches = this.profiler?.dispatches ?? false;
     if (this.profileDispatches && !this.info.perDispatchTiming && !noticeShown.has(this.info.backend)) {
@@ -195,11 +202,13 @@ export class MlxDevice {
     const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS) |
       ((options.cudaPdl ?? env.cudaPdl) ? 0 : Flag.NO_PDL) |
       (level === "dispatch" || tracePath !== undefined ? Flag.DISPATCH_TIMING : 0);
-    if (tracePath !== undefined) assertWritable(tracePath); // fail now, not after the run
+    const traceUndo = options.trace !== undefined ? "drop the trace option" : "unset MLXN_TRACE";
+    if (tracePath !== undefined) prepareTraceFile(tracePath, traceUndo); // fail now, not after the run
     const profile: ProfileSettings = {
       enabled: level !== undefined || tracePath !== undefined,
       dispatches: level === "dispatch",
       tracePath,
+      traceUndo,
     };
     const validate = options.validate ?? env.validate;
 
@@ -325,12 +334,21 @@ export class MlxDevice {
     return new CommandEncoder(this, { validate: this.validate, ...options });
   }
 
-  /** Waits for all committed work, then frees the device and everything allocated on it. */
+  /**
+   * Waits for all committed work, then frees the device and everything allocated on it; then writes
+   * the trace file, if one was asked for (a write failure is an MlxError, after the device is freed).
+   */
   close(): void {
+    // The native device is freed first; a trace that cannot be written is reported afterwards.
+    if (this.#ptr !== null && this.profiler?.tracePath !== undefined && !this.#closingTraced) {
+      this.#closingTraced = true;
+      this.close();
+      this.profiler.writeTrace();
+      return;
+    }
     const ptr = this.#ptr;
     if (ptr === null) return;
     for (const e of [...this.#open]) e.dispose();
-    if (this.profiler?.tracePath !== undefined) this.profiler.writeTrace();
     this.#ptr = null;
     deviceCleanup.unregister(this);
     this.sym.mlxn_device_close(ptr);

@@ -1,6 +1,6 @@
 /** Profiling: per-label command-buffer stats and the Chrome trace file (spans, lanes, barriers). */
-import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
-import { DType, GraphExecutor, MlxDevice, type TraceEvent } from "../mod.ts";
+import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
+import { DType, GraphExecutor, MlxDevice, MlxError, type TraceEvent } from "../mod.ts";
 import { runDeno } from "./helpers.ts";
 
 const timed = (() => {
@@ -119,4 +119,54 @@ Deno.test({ name: "per-kernel device time from dispatch profiling", ignore: !tim
   const shares = Object.values(table).map((r) => r["share %"]);
   ok(shares.every((p) => p > 0 && p <= 100));
   deepStrictEqual(Object.keys(table).length, 2);
+});
+
+Deno.test("a trace path in a missing folder fails at open, with a hint that fits the option", () => {
+  const dir = Deno.makeTempDirSync();
+  try {
+    const path = `${dir}/missing/trace.json`;
+    throws(() => MlxDevice.open({ trace: path }), (e: unknown) => {
+      ok(e instanceof MlxError && e.code === "InvalidArgument", String(e));
+      match(e.message, /could not write the trace file .*missing\/trace\.json/);
+      ok(!e.message.includes("MLXN_TRACE"), "the trace came from the option, not the environment");
+      return true;
+    });
+  } finally {
+    Deno.removeSync(dir, { recursive: true });
+  }
+});
+
+Deno.test("a trace that cannot be written at close frees the device first, then throws an MlxError", () => {
+  const dir = Deno.makeTempDirSync();
+  const device = MlxDevice.open({ trace: `${dir}/trace.json` });
+  const devicesOpen = MlxDevice.liveObjects(device).devices;
+  {
+    using a = device.upload(new Float32Array([1, 2]));
+    using s = new GraphExecutor(device).begin();
+    s.elementwiseAdd(a, a, a);
+    s.finish();
+  }
+  Deno.removeSync(dir, { recursive: true }); // the folder vanishes while the device runs
+  throws(() => device.close(), (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument");
+  ok(device.closed);
+  equal(MlxDevice.liveObjects(device).devices, devicesOpen - 1, "the native device was freed");
+  device.close(); // closing again is a no-op
+});
+
+Deno.test("the trace option without write permission: PermissionDenied without the MLXN_TRACE hint", async () => {
+  const probe = new URL("./fixtures/trace_probe.ts", import.meta.url).pathname;
+  const out = await runDeno([
+    "run",
+    "--no-prompt",
+    "--quiet",
+    "--allow-ffi",
+    "--allow-env",
+    "--allow-read",
+    probe,
+    "/tmp/mlxn-opt.json",
+  ]);
+  const r = JSON.parse(out.stdout.trim());
+  equal(r.code, "PermissionDenied");
+  match(r.message, /--allow-write=\/tmp\/mlxn-opt\.json/);
+  ok(!r.message.includes("MLXN_TRACE"), r.message);
 });
