@@ -1,14 +1,14 @@
 /**
- * Process-wide counters of the work the module issued, mirroring the seed's: commit-and-wait syncs,
- * dispatches, command buffers, barriers actually issued, barrier time (when profiling), and the
- * auto-barrier decisions.
+ * Process-wide counters of the work the module issued, mirroring the seed's: blocking syncs,
+ * dispatches, command buffers, barriers actually issued, barrier device time (when profiling
+ * dispatches), and the auto-barrier decisions.
  *
  * @module
  */
 
 /** A snapshot of every counter. */
 export interface CounterSnapshot {
-  /** Commit-and-wait calls. */
+  /** Blocking waits for a commit: commitAndWait calls and session finish() calls. */
   syncs: number;
   /** Dispatches encoded (not captured). */
   dispatches: number;
@@ -16,7 +16,11 @@ export interface CounterSnapshot {
   commandBuffers: number;
   /** Barriers actually issued into a command buffer. */
   barriers: number;
-  /** Nanoseconds spent issuing barriers (only while profiling). */
+  /**
+   * Device nanoseconds spent at barriers: per barrier, from the last dispatch end before it to the
+   * first dispatch start after it. Measured only while profiling dispatches (MLXN_PROFILE=dispatch
+   * or a trace) on a backend with per-dispatch timings; 0 otherwise.
+   */
   barrierNs: number;
   /** Tracked dispatches that needed a barrier. */
   autoBarriers: number;

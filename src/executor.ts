@@ -8,6 +8,7 @@
 
 import type { MlxBuffer } from "./buffer.ts";
 import { envConfig } from "./config.ts";
+import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
@@ -409,6 +410,7 @@ export class GraphSession implements DispatchTarget {
     return {
       encoders,
       wait: () => {
+        counterState.syncs++;
         try {
           for (const e of encoders) e.waitUntilCompleted();
           return report();

@@ -6,6 +6,7 @@
  * @module
  */
 
+import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 
 /** Per-dispatch timing as a command buffer reports it. */
@@ -54,6 +55,32 @@ export interface KernelStats {
   count: number;
   /** Sum of their durations, ns. Concurrent dispatches overlap, so shares can sum past 100 %. */
   totalNs: number;
+}
+
+/**
+ * Device time the barriers of a command buffer cost: for each barrier, from the last end among the
+ * dispatches before it (since the previous barrier) to the first start among those after it (up to
+ * the next), clamped at 0. Needs per-dispatch timings; 0 without them.
+ */
+export function barrierGapNs(cb: ProfiledCommandBuffer): number {
+  const cuts = cb.barriersBefore;
+  if (cuts.length === 0 || cb.dispatches.length === 0) return 0;
+  // Per group: latest end and earliest start of its timed dispatches.
+  const groups = cuts.length + 1;
+  const end = new Array<number>(groups).fill(-Infinity), start = new Array<number>(groups).fill(Infinity);
+  for (const d of cb.dispatches) {
+    if (d.endNs <= d.startNs) continue; // not timed
+    let g = 0;
+    while (g < cuts.length && d.index >= cuts[g]) g++;
+    if (d.endNs > end[g]) end[g] = d.endNs;
+    if (d.startNs < start[g]) start[g] = d.startNs;
+  }
+  let total = 0;
+  for (let g = 0; g + 1 < groups; g++) {
+    if (end[g] === -Infinity || start[g + 1] === Infinity) continue;
+    total += Math.max(0, start[g + 1] - end[g]);
+  }
+  return total;
 }
 
 /** A Chrome trace event. */
@@ -123,8 +150,9 @@ export class Profiler {
     );
   }
 
-  /** Records a completed command buffer. */
+  /** Records a completed command buffer (and adds its barriers' device time to `counters.barrierNs`). */
   record(cb: ProfiledCommandBuffer): void {
+    counterState.barrierNs += barrierGapNs(cb);
     for (const d of cb.dispatches) {
       if (d.endNs <= d.startNs) continue; // not timed
       const k = this.#kernels.get(d.kernel) ?? { count: 0, totalNs: 0 };

@@ -1,6 +1,6 @@
 /** Profiling: per-label command-buffer stats and the Chrome trace file (spans, lanes, barriers). */
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
-import { DType, GraphExecutor, MlxDevice, MlxError, type TraceEvent } from "../mod.ts";
+import { counters, DType, GraphExecutor, MlxDevice, MlxError, type TraceEvent } from "../mod.ts";
 import { runDeno } from "./helpers.ts";
 
 const timed = (() => {
@@ -169,4 +169,33 @@ Deno.test("the trace option without write permission: PermissionDenied without t
   equal(r.code, "PermissionDenied");
   match(r.message, /--allow-write=\/tmp\/mlxn-opt\.json/);
   ok(!r.message.includes("MLXN_TRACE"), r.message);
+});
+
+Deno.test("counters: a session's finish() is a sync; barrierNs is the device gap at each barrier", () => {
+  using device = MlxDevice.open({ profile: "dispatch", threads: 2 });
+  const exec = new GraphExecutor(device, { autoBarriers: false });
+  const n = 1 << 14;
+  using a = device.upload(new Float32Array(n).fill(1)), t = device.alloc(n * 4, DType.F32);
+  using out = device.alloc(n * 4, DType.F32);
+  counters.reset();
+  const s = exec.begin();
+  s.elementwiseAdd(a, a, t);
+  s.elementwiseAdd(a, a, out);
+  s.barrier();
+  s.elementwiseMul(t, a, out);
+  s.barrier();
+  s.elementwiseAdd(out, a, t);
+  const pass = s.commit();
+  pass.wait();
+  const c = counters.snapshot();
+  equal(c.syncs, 1, "finish waited once");
+  equal(c.barriers, 2);
+  const timings = pass.encoders[0].dispatchTimings;
+  if (!timed || timings === null) return; // no per-dispatch clock on this backend: barrierNs stays 0
+  // Independent reference: groups are dispatches {0, 1}, {2}, {3}.
+  const at = (i: number) => timings.find((x) => x.index === i)!;
+  const gap1 = Math.max(0, at(2).startNs - Math.max(at(0).endNs, at(1).endNs));
+  const gap2 = Math.max(0, at(3).startNs - at(2).endNs);
+  equal(c.barrierNs, gap1 + gap2);
+  ok(c.barrierNs > 0, "a barrier costs some device time");
 });
