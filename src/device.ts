@@ -285,10 +285,11 @@ export class MlxDevice {
   }
 
   /**
-   * A zero-filled buffer of `byteLength` bytes holding `dtype` elements (default u8), with an
-   * optional logical shape.
+   * A zero-filled buffer of `byteLength` **bytes** (not elements: 1024 f32 values take 4096 bytes)
+   * holding `dtype` elements (default f32, like {@link MlxDevice.upload} of float data), with an
+   * optional logical shape in elements. `byteLength` must be a whole number of elements.
    */
-  alloc(byteLength: number, dtype: DType = DType.U8, shape?: readonly number[]): MlxBuffer {
+  alloc(byteLength: number, dtype: DType = DType.F32, shape?: readonly number[]): MlxBuffer {
     if (!isDType(dtype)) throw new MlxError("InvalidArgument", `alloc: unknown dtype ${String(dtype)}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0) {
       throw new MlxError("InvalidArgument", `alloc: byteLength must be a positive integer, got ${byteLength}`);
@@ -313,7 +314,10 @@ export class MlxDevice {
     return new MlxBuffer(this, handle, 0, byteLength, dtype, shape);
   }
 
-  /** A new buffer holding `data`, converted to `dtype` (default: f32 for float data). */
+  /**
+   * A new buffer holding `data` (its length counts **elements**), converted to `dtype` (default: f32
+   * for float data and plain numbers, the integer type of an integer typed array).
+   */
   upload(data: HostData, dtype?: DType, shape?: readonly number[]): MlxBuffer {
     const dt = dtype ?? inferDType(data);
     const bytes = toDeviceBytes(dt, data);
