@@ -62,7 +62,7 @@ export type HostData = ArrayLike<number> | ArrayBufferView;
  *
  * @example
  * ```ts
- * import { DType, MlxDevice } from "./mod.ts";
+ * import { DType, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ backend: "cpu" });
  * using buf = device.upload(new Float32Array([1, 2, 3, 4]));
  * const tail = buf.slice(8, 8); // elements 2..3

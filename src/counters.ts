@@ -44,7 +44,7 @@ export const counterState: CounterSnapshot = {
  *
  * @example
  * ```ts
- * import { counters } from "./mod.ts";
+ * import { counters } from "@mlxn/mlx-native";
  * counters.reset();
  * // … run a forward pass …
  * console.log(counters.snapshot().barriers);

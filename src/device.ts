@@ -132,7 +132,7 @@ const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.P
  *
  * @example
  * ```ts
- * import { DType, MlxDevice } from "./mod.ts";
+ * import { DType, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open(); // best available backend
  * console.log(device.backend, device.info.name);
  * using x = device.alloc(4 * 1024, DType.F32, [1024]); // zero-filled

@@ -182,7 +182,7 @@ function validDim(v: number): boolean {
  *
  * @example
  * ```ts
- * import { KernelRegistry, MlxDevice } from "./mod.ts";
+ * import { KernelRegistry, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ backend: "cpu" });
  * const add = new KernelRegistry(device).get("elementwise_add_f32");
  * using a = device.upload(new Float32Array([1, 2])), b = device.upload(new Float32Array([3, 4]));

@@ -89,7 +89,7 @@ const nowNs = () => performance.now() * 1e6;
  *
  * @example
  * ```ts
- * import { DType, GraphExecutor, MlxDevice } from "./mod.ts";
+ * import { DType, GraphExecutor, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open();
  * const exec = new GraphExecutor(device);
  * using a = device.upload(new Float32Array([1, 2])), b = device.upload(new Float32Array([3, 4]));

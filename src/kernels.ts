@@ -124,7 +124,7 @@ const encoder = new TextEncoder();
  *
  * @example
  * ```ts
- * import { KernelRegistry, MlxDevice } from "./mod.ts";
+ * import { KernelRegistry, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ backend: "cpu" });
  * const registry = new KernelRegistry(device);
  * const add = registry.get("elementwise_add_f32");

@@ -110,10 +110,11 @@ export interface TraceEvent {
  *
  * @example
  * ```ts
- * import { MlxDevice } from "./mod.ts";
+ * import { MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ profile: "dispatch" });
  * // … run passes …
- * console.table(device.profiler.table());
+ * // The profiler exists only when profiling is on (profile option, MLXN_PROFILE or a trace).
+ * if (device.profiler) console.table(device.profiler.table());
  * ```
  */
 export class Profiler {

@@ -132,7 +132,7 @@ function encodeChunkWithBarriers(nodes: readonly CapturedNode[], target: GraphEn
  *
  * @example
  * ```ts
- * import { ComputeGraph } from "./mod.ts";
+ * import { ComputeGraph } from "@mlxn/mlx-native";
  * const g = new ComputeGraph([
  *   { kind: "dispatch", pipeline: { name: "a" }, opKind: "Other", reads: [], writes: [[1, 0, 64]] },
  *   { kind: "barrier" },
