@@ -93,8 +93,10 @@ export {
   GraphExecutor,
   GraphSession,
   type PendingPass,
+  type PlanCacheOutcome,
   type SessionOptions,
 } from "./src/executor.ts";
+export { PlanCache, type PlanCacheStats } from "./src/graph/plan_cache.ts";
 export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
 export type { NormOptions } from "./src/ops/norm.ts";

@@ -1,7 +1,7 @@
 /**
  * Process-wide counters of the work the module issued, mirroring the seed's: blocking syncs,
  * dispatches, command buffers, barriers actually issued, barrier device time (when profiling
- * dispatches), and the auto-barrier decisions.
+ * dispatches), the auto-barrier decisions and plan-cache hits and misses.
  *
  * @module
  */
@@ -26,6 +26,10 @@ export interface CounterSnapshot {
   autoBarriers: number;
   /** Tracked dispatches that joined the current concurrent group. */
   autoConcurrent: number;
+  /** Recorded passes that replayed a cached plan. */
+  planCacheHits: number;
+  /** Recorded passes optimised because no plan of their topology was cached. */
+  planCacheMisses: number;
 }
 
 /** Mutable counter storage; the encoder increments these fields directly. */
@@ -37,6 +41,8 @@ export const counterState: CounterSnapshot = {
   barrierNs: 0,
   autoBarriers: 0,
   autoConcurrent: 0,
+  planCacheHits: 0,
+  planCacheMisses: 0,
 };
 
 /**

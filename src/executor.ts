@@ -12,7 +12,15 @@ import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
-import { ComputeGraph } from "./graph/compute_graph.ts";
+import { ComputeGraph, type GraphEncodeTarget } from "./graph/compute_graph.ts";
+import {
+  type CachedPlan,
+  Fingerprint,
+  PlanCache,
+  planDescriptor,
+  PlanRecorder,
+  replaySteps,
+} from "./graph/plan_cache.ts";
 import type { KernelRegistry } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
 import * as ops from "./ops/mod.ts";
@@ -27,6 +35,13 @@ export interface ExecutorOptions {
   validate?: boolean;
   /** Sessions insert barriers automatically, exactly where accesses conflict. */
   autoBarriers?: boolean;
+  /**
+   * Cache optimised recorded passes by topology and replay them (default on; MLXN_PLAN_CACHE=0
+   * forbids it). See src/graph/plan_cache.ts for the key.
+   */
+  planCache?: boolean;
+  /** Most cached plans, least recently used evicted first (default 16). */
+  planCacheSize?: number;
 }
 
 /** Options of one session. */
@@ -53,6 +68,12 @@ export interface FinishOptions {
 export interface FinishReport {
   /** "direct" or "recorded". */
   readonly mode: "direct" | "recorded";
+  /**
+   * Recorded passes: "hit" when the pass replayed the cached plan of its topology (no fusion,
+   * reorder or barrier placement ran), "miss" when it was optimised and its plan cached; "off" for
+   * direct passes and when the plan cache is switched off.
+   */
+  readonly planCache: PlanCacheOutcome;
   /** Fusions applied. */
   readonly fusions: number;
   /** Nodes moved by the reorder pass. */
@@ -71,6 +92,17 @@ export interface FinishReport {
   readonly gpuNs: number;
 }
 
+/** Whether a recorded pass replayed a cached plan ("hit"), optimised and cached one ("miss"), or neither ("off"). */
+export type PlanCacheOutcome = "hit" | "miss" | "off";
+
+interface RecordedCommit {
+  encoders: CommandEncoder[];
+  barriers: number[];
+  fusions: number;
+  reordered: number;
+  planCache: PlanCacheOutcome;
+}
+
 /** A committed pass that has not been waited for. */
 export interface PendingPass {
   /** The committed encoders, in commit order. */
@@ -82,6 +114,8 @@ export interface PendingPass {
 }
 
 const nowNs = () => performance.now() * 1e6;
+
+const DEFAULT_PLAN_CACHE_SIZE = 16;
 
 /**
  * Runs forward passes on one device: every op of a pass goes through one session into one
@@ -107,18 +141,31 @@ export class GraphExecutor {
   readonly registry: KernelRegistry;
   /** Resolved defaults. */
   readonly options: Readonly<Required<ExecutorOptions>>;
+  /** Optimised recorded passes by topology (null when the plan cache is off). */
+  readonly planCache: PlanCache | null;
+  /** @internal Scratch for topology keys. */
+  readonly fingerprint: Fingerprint = new Fingerprint();
 
   /** An executor on `device`. */
   constructor(device: MlxDevice, options: ExecutorOptions = {}) {
     const env = envConfig();
     this.device = device;
     this.registry = device.kernels;
+    const size = options.planCacheSize ?? DEFAULT_PLAN_CACHE_SIZE;
+    if (!Number.isSafeInteger(size) || size < 0) {
+      throw new MlxError("InvalidArgument", `planCacheSize must be a non-negative integer, got ${size}`);
+    }
+    // MLXN_PLAN_CACHE=0 (read by config.ts as `planCache`) forbids the cache whatever the option says.
+    const envAllows = (env as Readonly<{ planCache?: boolean }>).planCache ?? true;
     this.options = Object.freeze({
       fusion: env.fusion && (options.fusion ?? true),
       reorder: env.reorder && (options.reorder ?? true),
       validate: options.validate ?? device.validate,
       autoBarriers: options.autoBarriers ?? false,
+      planCache: envAllows && (options.planCache ?? true) && size > 0,
+      planCacheSize: size,
     });
+    this.planCache = this.options.planCache ? new PlanCache(size) : null;
   }
 
   /** A session that encodes every op directly into its command buffer. */
@@ -345,48 +392,18 @@ export class GraphSession implements DispatchTarget {
     this.#done = true;
     const enc = this.#encoder;
     const label = options.label ?? "";
-    const exec = this.#exec;
     let fusions = 0, reordered = 0;
     let encoders: CommandEncoder[];
     let barriers: number[];
+    let planCache: PlanCacheOutcome = "off";
     try {
       if (!this.#recorded) {
         enc.commit(label);
         encoders = [enc];
         barriers = [enc.barrierCount];
       } else {
-        const graph = new ComputeGraph(enc.takeCapture() ?? []);
-        enc.autoBarriers = false; // the graph carries its barriers (or they are recomputed)
-        const fuse = (options.fuse ?? false) && exec.options.fusion;
-        const reorder = (options.reorder ?? false) && exec.options.reorder;
-        if (fuse) fusions = graph.fuse(this.#registry);
-        if (reorder) reordered = graph.reorder();
-        if (options.dualBuffer) {
-          const second = exec.device.commandEncoder({ validate: this.#validate });
-          // With validation on, both command buffers are validated before either is committed.
-          const deferFirst = this.#validate;
-          try {
-            barriers = graph.encodeDualBuffer({
-              dispatch: (d) => enc.dispatch(d),
-              memoryBarrier: () => enc.memoryBarrier(),
-              commit: () => deferFirst ? enc.checkHazards(label) : enc.commit(label),
-              resolvePipeline: (p) => enc.resolvePipeline(p),
-            }, second);
-            if (deferFirst) {
-              second.checkHazards(label);
-              enc.commit(label);
-            }
-            second.commit(label);
-          } catch (e) {
-            second.dispose();
-            throw e;
-          }
-          encoders = [enc, second];
-        } else {
-          barriers = [reorder ? graph.encodeWithBarriers(enc) : graph.encodeSequential(enc)];
-          enc.commit(label);
-          encoders = [enc];
-        }
+        const r = this.#commitRecorded(enc, options, label);
+        ({ encoders, barriers, fusions, reordered, planCache } = r);
       }
     } catch (e) {
       enc.dispose();
@@ -395,6 +412,7 @@ export class GraphSession implements DispatchTarget {
     const committedAt = nowNs();
     const base = {
       mode: this.#recorded ? "recorded" as const : "direct" as const,
+      planCache,
       fusions,
       reordered,
       barriers,
@@ -427,6 +445,101 @@ export class GraphSession implements DispatchTarget {
         }
       },
     };
+  }
+
+  /**
+   * Optimises and encodes a recorded pass, or replays the cached plan of its topology, then commits.
+   * All or nothing: a failure commits nothing (the caller disposes `enc`).
+   */
+  #commitRecorded(enc: CommandEncoder, options: FinishOptions, label: string): RecordedCommit {
+    const exec = this.#exec;
+    const nodes = enc.takeCapture() ?? [];
+    enc.autoBarriers = false; // the graph carries its barriers (or they are recomputed)
+    const fuse = (options.fuse ?? false) && exec.options.fusion;
+    const reorder = (options.reorder ?? false) && exec.options.reorder;
+    const dual = options.dualBuffer ?? false;
+    const cache = exec.planCache;
+    let plan: CachedPlan | undefined;
+    const fp = exec.fingerprint;
+    if (cache !== null) {
+      fp.compute(nodes, (fuse ? 1 : 0) | (reorder ? 2 : 0) | (dual ? 4 : 0));
+      plan = cache.lookup(fp);
+      if (plan) counterState.planCacheHits++;
+      else counterState.planCacheMisses++;
+    }
+    const recorder = cache !== null && plan === undefined ? new PlanRecorder(nodes) : null;
+    const first: GraphEncodeTarget = recorder ? recorder.wrap(enc) : enc;
+    // With validation on, both command buffers are validated before either is committed.
+    const deferFirst = this.#validate;
+    let barriers: number[];
+    let encoders: CommandEncoder[];
+    let fusions = 0, reordered = 0;
+    if (!dual) {
+      if (plan) {
+        replaySteps(plan, nodes, enc, 0, plan.steps.length);
+        barriers = [...plan.barriers];
+      } else {
+        const graph = new ComputeGraph(nodes);
+        if (fuse) fusions = graph.fuse(this.#registry);
+        if (reorder) reordered = graph.reorder();
+        barriers = [reorder ? graph.encodeWithBarriers(first) : graph.encodeSequential(first)];
+      }
+      enc.commit(label);
+      encoders = [enc];
+    } else {
+      const second = exec.device.commandEncoder({ validate: this.#validate });
+      try {
+        const firstCommit = () => deferFirst ? enc.checkHazards(label) : enc.commit(label);
+        if (plan) {
+          const steps = plan.steps, split = plan.firstSteps;
+          replaySteps(plan, nodes, enc, 0, split);
+          for (let i = split; i < steps.length; i++) {
+            const st = steps[i];
+            if (st !== null) second.checkDispatch(planDescriptor(st, nodes));
+          }
+          firstCommit();
+          replaySteps(plan, nodes, second, split, steps.length);
+          barriers = [...plan.barriers];
+        } else {
+          const graph = new ComputeGraph(nodes);
+          if (fuse) fusions = graph.fuse(this.#registry);
+          if (reorder) reordered = graph.reorder();
+          const firstTarget: GraphEncodeTarget = {
+            dispatch: (d) => enc.dispatch(d),
+            memoryBarrier: () => enc.memoryBarrier(),
+            commit: firstCommit,
+            resolvePipeline: (p) => enc.resolvePipeline(p),
+          };
+          barriers = graph.encodeDualBuffer(
+            recorder ? recorder.wrap(firstTarget) : firstTarget,
+            recorder ? recorder.wrap(second) : second,
+          );
+        }
+        if (deferFirst) {
+          second.checkHazards(label);
+          enc.commit(label);
+        }
+        second.commit(label);
+      } catch (e) {
+        second.dispose();
+        throw e;
+      }
+      encoders = [enc, second];
+    }
+    if (plan) {
+      fusions = plan.fusions;
+      reordered = plan.reordered;
+    } else if (recorder !== null && recorder.traceable) {
+      cache!.store(fp, {
+        steps: recorder.steps,
+        firstSteps: dual ? recorder.firstSteps : recorder.steps.length,
+        dualBuffer: dual,
+        barriers,
+        fusions,
+        reordered,
+      });
+    }
+    return { encoders, barriers, fusions, reordered, planCache: cache === null ? "off" : plan ? "hit" : "miss" };
   }
 
   /** Releases the command buffer if the session was never finished (nothing runs). */

@@ -9,6 +9,7 @@ const FILES = [
   "src/encoder.ts",
   "src/executor.ts",
   "src/graph/compute_graph.ts",
+  "src/graph/plan_cache.ts",
   "src/kernels.ts",
   "src/profile.ts",
 ];
