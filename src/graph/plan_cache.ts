@@ -14,6 +14,7 @@
  * @module
  */
 
+import type { MlxBuffer } from "../buffer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "../encoder.ts";
 import type { Pipeline } from "../kernels.ts";
 import type { GraphEncodeTarget } from "./compute_graph.ts";
@@ -95,7 +96,6 @@ export class Fingerprint {
   /** Fingerprints `nodes` under `flags` (the finish options that shape the optimisation). */
   compute(nodes: readonly CapturedNode[], flags: number): void {
     this.#len = 0;
-    this.#hash = 0x811c9dc5;
     this.#push(flags);
     for (let i = 0; i < nodes.length; i++) {
       const n = nodes[i];
@@ -118,6 +118,7 @@ export class Fingerprint {
       this.#ranges(n.reads);
       this.#ranges(n.writes);
     }
+    this.#rehash();
   }
 
   /** Whether `other` holds exactly the numbers of the last computation. */
@@ -138,11 +139,18 @@ export class Fingerprint {
       this.#push(2);
       this.#push(b.byteLength);
     } else {
-      const r = (b as RangedBinding).range();
       this.#push(1);
-      this.#push(r[0]);
-      this.#push(r[1]);
-      this.#push(r[2]);
+      const m = b as MlxBuffer;
+      if (typeof m.allocId === "number") { // read the fields: range() would allocate
+        this.#push(m.allocId);
+        this.#push(m.byteOffset);
+        this.#push(m.byteOffset + m.byteLength);
+      } else {
+        const r = (b as RangedBinding).range();
+        this.#push(r[0]);
+        this.#push(r[1]);
+        this.#push(r[2]);
+      }
     }
   }
 
@@ -188,9 +196,14 @@ export class Fingerprint {
       this.#words = w;
     }
     this.#words[this.#len++] = v;
-    // Mix the low and high 32 bits (offsets can pass 2^32); NaN-free: every value is a number we wrote.
-    const lo = v | 0, hi = (v / 4294967296) | 0;
-    this.#hash = Math.imul(this.#hash ^ lo, 0x01000193) ^ hi;
+  }
+
+  /** FNV-1a over the numbers' bytes, read as 32-bit words (one tight loop after the writes). */
+  #rehash(): void {
+    const ints = new Int32Array(this.#words.buffer, 0, this.#len * 2);
+    let h = 0x811c9dc5;
+    for (let i = 0; i < ints.length; i++) h = Math.imul(h ^ ints[i], 0x01000193);
+    this.#hash = h;
   }
 }
 
