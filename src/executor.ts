@@ -33,7 +33,11 @@ export interface ExecutorOptions {
   reorder?: boolean;
   /** Validate every command buffer for missing barriers (MLXN_VALIDATE=1). */
   validate?: boolean;
-  /** Sessions insert barriers automatically, exactly where accesses conflict. */
+  /**
+   * Sessions insert barriers automatically, exactly where accesses conflict (default on). With
+   * `false`, barriers are placed by hand (`s.barrier()`), and the validator (MLXN_VALIDATE=1)
+   * still reports any that are missing.
+   */
   autoBarriers?: boolean;
   /**
    * Cache optimised recorded passes by topology and replay them (default on; MLXN_PLAN_CACHE=0
@@ -46,7 +50,7 @@ export interface ExecutorOptions {
 
 /** Options of one session. */
 export interface SessionOptions {
-  /** Insert barriers automatically (default: the executor's setting). */
+  /** Insert barriers automatically (default: the executor's setting, itself on by default). */
   autoBarriers?: boolean;
   /** Validate hazards at commit (default: the executor's setting). */
   validate?: boolean;
@@ -161,7 +165,7 @@ export class GraphExecutor {
       fusion: env.fusion && (options.fusion ?? true),
       reorder: env.reorder && (options.reorder ?? true),
       validate: options.validate ?? device.validate,
-      autoBarriers: options.autoBarriers ?? false,
+      autoBarriers: options.autoBarriers ?? true,
       planCache: envAllows && (options.planCache ?? true) && size > 0,
       planCacheSize: size,
     });

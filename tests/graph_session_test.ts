@@ -181,7 +181,7 @@ Deno.test("validation: a missing barrier is a HazardError naming both dispatches
   const exec = new GraphExecutor(device, { validate: true });
   using x = device.upload(new Float32Array(64).fill(2));
   using t = device.alloc(256, DType.F32), o = device.alloc(256, DType.F32);
-  const s = exec.begin();
+  const s = exec.begin({ autoBarriers: false }); // barriers by hand, still validated
   s.elementwiseAdd(x, x, t);
   s.elementwiseMul(t, x, o); // reads t in the same group: RAW race
   throws(() => s.finish(), (e: unknown) => {
@@ -193,12 +193,32 @@ Deno.test("validation: a missing barrier is a HazardError naming both dispatches
   ok(t.read().every((v) => v === 0), "the racy command buffer was not committed");
   equal(MlxDevice.liveObjects(device).commandBuffers, 0);
   // the same pass with the barrier validates and runs
-  using s2 = exec.begin();
+  using s2 = exec.begin({ autoBarriers: false });
   s2.elementwiseAdd(x, x, t);
   s2.barrier();
   s2.elementwiseMul(t, x, o);
   s2.finish();
   equal(o.read()[0], 8);
+});
+
+Deno.test("automatic barriers are the default: a forgotten barrier is placed, direct and recorded", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device, { validate: true });
+  equal(exec.options.autoBarriers, true);
+  using x = device.upload(new Float32Array(64).fill(2));
+  using t = device.alloc(256, DType.F32), o = device.alloc(256, DType.F32), u = device.alloc(256, DType.F32);
+  for (const recorded of [false, true]) {
+    o.write(new Float32Array(64));
+    using s = recorded ? exec.beginRecorded() : exec.begin();
+    s.elementwiseAdd(x, x, t);
+    s.elementwiseAdd(x, x, u); // independent: same group
+    s.elementwiseMul(t, x, o); // RAW on t: the barrier nobody wrote
+    const report = s.finish(recorded ? { reorder: true } : {});
+    deepStrictEqual(report.barriers, [1], recorded ? "recorded" : "direct");
+    equal(report.groups, 2);
+    equal(o.read()[0], 8);
+  }
 });
 
 Deno.test("finish reports fusions, reorders, barriers per command buffer and times", async () => {
