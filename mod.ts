@@ -39,6 +39,7 @@ export {
 export {
   type Binding,
   CommandEncoder,
+  type CommitOptions,
   type Dims,
   type DispatchDescriptor,
   type DispatchKind,

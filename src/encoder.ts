@@ -112,6 +112,14 @@ export interface EncoderHost {
   encoderClosed(e: CommandEncoder): void;
 }
 
+/** How to commit a command buffer. */
+export interface CommitOptions {
+  /** Label, for profiling and error messages. */
+  label?: string;
+  /** Block until the command buffer completed (throws CommandBufferError on failure). */
+  wait?: boolean;
+}
+
 /** Options of a command encoder. */
 export interface EncoderOptions {
   /** Track every dispatch and insert a barrier exactly where its accesses conflict. */
@@ -592,12 +600,6 @@ export class CommandEncoder {
     this.#track(r, w, false, "trackDispatch");
   }
 
-  /** Issues a barrier now and forgets the tracked group. */
-  forceBarrierAndResetTracker(): void {
-    this.memoryBarrier();
-    this.#tracker.reset();
-  }
-
   #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean, _what: string): void {
     if (check) {
       const capturing = this.#capture !== null;
@@ -710,8 +712,21 @@ export class CommandEncoder {
     if (this.#state === "encoding") this.#writer!.flush();
   }
 
-  /** Commits without waiting; the command buffer runs after every earlier commit of the device. */
-  commit(label = ""): void {
+  /**
+   * Commits the command buffer; it runs after every earlier commit of the device. With
+   * `{ wait: true }` this blocks until it completed (same as {@link CommandEncoder.commitAndWait});
+   * a string is taken as the label.
+   */
+  commit(options: CommitOptions | string = {}): void {
+    const opts = typeof options === "string" ? { label: options } : options;
+    if (opts.wait) {
+      counterState.syncs++;
+      this.#commit(opts.label ?? "");
+      this.waitUntilCompleted();
+    } else this.#commit(opts.label ?? "");
+  }
+
+  #commit(label: string): void {
     if (this.#state !== "encoding") throw this.#notEncoding("commit");
     if (this.#capture !== null) {
       throw new MlxError(
@@ -773,27 +788,9 @@ export class CommandEncoder {
     }
   }
 
-  /** {@link CommandEncoder.commit} with a label (kept for per-label profiling). */
-  commitLabeled(label: string): void {
-    this.commit(label);
-  }
-
   /** Commits and blocks until the command buffer completed; throws CommandBufferError on failure. */
-  commitAndWait(label = ""): void {
-    counterState.syncs++;
-    this.commit(label);
-    this.waitUntilCompleted();
-  }
-
-  /** {@link CommandEncoder.commitAndWait} with a label. */
-  commitAndWaitLabeled(label: string): void {
-    this.commitAndWait(label);
-  }
-
-  /** Commits, waits, and returns the GPU start/end times in ns. */
-  commitWaitWithGpuTime(label = ""): { gpuStartNs: number; gpuEndNs: number } {
-    this.commitAndWait(label);
-    return { gpuStartNs: this.#gpuStartNs, gpuEndNs: this.#gpuEndNs };
+  commitAndWait(options: Omit<CommitOptions, "wait"> | string = {}): void {
+    this.commit({ ...(typeof options === "string" ? { label: options } : options), wait: true });
   }
 
   /** Blocks until the committed command buffer completed; throws its error if it failed. */

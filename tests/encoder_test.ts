@@ -52,7 +52,7 @@ Deno.test("async commit: completed() resolves with GPU times, labels are kept", 
   using out = device.alloc(4000, DType.F32);
   using enc = device.commandEncoder();
   ops.elementwiseMul(enc, registry, a, a, out);
-  enc.commitLabeled("layer.0.ffn");
+  enc.commit({ label: "layer.0.ffn" });
   equal(enc.label, "layer.0.ffn");
   await enc.completed();
   equal(enc.state, "completed");
@@ -60,10 +60,13 @@ Deno.test("async commit: completed() resolves with GPU times, labels are kept", 
   deepStrictEqual(Array.from(out.read().slice(0, 3)), [1.5625, 1.5625, 1.5625]);
   using enc2 = device.commandEncoder();
   ops.elementwiseMul(enc2, registry, a, a, out);
-  const t = enc2.commitWaitWithGpuTime("sync-label");
+  counters.reset();
+  enc2.commit({ label: "sync-label", wait: true });
   equal(enc2.label, "sync-label");
-  ok(t.gpuEndNs >= t.gpuStartNs);
-  equal(enc2.gpuNs, t.gpuEndNs - t.gpuStartNs);
+  equal(enc2.state, "completed", "wait: true blocked until completion");
+  equal(counters.snapshot().syncs, 1);
+  ok(enc2.gpuEndNs >= enc2.gpuStartNs);
+  equal(enc2.gpuNs, enc2.gpuEndNs - enc2.gpuStartNs);
 });
 
 Deno.test("command buffers run in commit order: a later one sees an earlier one's writes", async () => {
