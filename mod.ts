@@ -95,11 +95,13 @@ export {
   GraphSession,
   type PendingPass,
   type PlanCacheOutcome,
+  SessionOpSurface,
   type SessionOptions,
 } from "./src/executor.ts";
 export { PlanCache, type PlanCacheStats } from "./src/graph/plan_cache.ts";
 export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
+export { type OpArguments, SESSION_OPS, type SessionOps } from "./src/session_ops.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
 export type { StridedCopyOptions } from "./src/ops/elementwise.ts";
 export type { RopeNeoxOptions } from "./src/ops/rope.ts";

@@ -6,7 +6,6 @@
  * @module
  */
 
-import type { MlxBuffer } from "./buffer.ts";
 import { envConfig } from "./config.ts";
 import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
@@ -23,7 +22,7 @@ import {
 } from "./graph/plan_cache.ts";
 import type { KernelRegistry } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
-import * as ops from "./ops/mod.ts";
+import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
 
 /** Optimisations and checks, as executor defaults (the environment's kill switches always win). */
 export interface ExecutorOptions {
@@ -121,6 +120,15 @@ const nowNs = () => performance.now() * 1e6;
 
 const DEFAULT_PLAN_CACHE_SIZE = 16;
 
+function closedSessionError(what: string): MlxError {
+  return new MlxError("InvalidState", `${what}: this session was already finished or disposed; begin a new one`);
+}
+
+type AnyOp = (target: DispatchTarget, registry: KernelRegistry, ...args: unknown[]) => void;
+
+/** The base of GraphSession: its op methods are installed from SESSION_OPS (typed as SessionOps). */
+export const SessionOpSurface: new () => SessionOps = class {} as new () => SessionOps;
+
 /**
  * Runs forward passes on one device: every op of a pass goes through one session into one
  * command buffer.
@@ -186,9 +194,34 @@ export class GraphExecutor {
 /**
  * One forward pass. Every op method encodes (or records) into the session's single encoder; call
  * `finish()` once. A session disposed or dropped without finishing releases its command buffer
- * without running it.
+ * without running it. The op methods (`s.elementwiseAdd`, `s.rmsNorm`, …) are the dispatchers of
+ * `SESSION_OPS` (src/session_ops.ts) bound to this session: the same arguments as `ops.*` without
+ * target and registry.
  */
-export class GraphSession implements DispatchTarget {
+export class GraphSession extends SessionOpSurface implements DispatchTarget {
+  // Each op of SESSION_OPS becomes a method that checks the session is open and calls the op with
+  // the session's encoder and registry: fixed parameters (no rest array), one call deep.
+  static {
+    for (const [name, op] of Object.entries(SESSION_OPS)) {
+      const dispatcher = op as AnyOp;
+      if (dispatcher.length - 2 > MAX_OP_ARGUMENTS) throw new Error(`${name}: too many arguments to bind`);
+      const method = function (
+        this: GraphSession,
+        a: unknown,
+        b: unknown,
+        c: unknown,
+        d: unknown,
+        e: unknown,
+        f: unknown,
+      ) {
+        if (this.#done) throw closedSessionError(name);
+        dispatcher(this.#encoder, this.#registry, a, b, c, d, e, f);
+      };
+      Object.defineProperty(method, "name", { value: name });
+      Object.defineProperty(GraphSession.prototype, name, { value: method, writable: true, configurable: true });
+    }
+  }
+
   readonly #exec: GraphExecutor;
   readonly #registry: KernelRegistry;
   readonly #recorded: boolean;
@@ -199,6 +232,7 @@ export class GraphSession implements DispatchTarget {
 
   /** @internal Use GraphExecutor.begin / beginRecorded. */
   constructor(exec: GraphExecutor, recorded: boolean, options: SessionOptions) {
+    super();
     this.#exec = exec;
     this.#registry = exec.registry;
     this.#recorded = recorded;
@@ -248,139 +282,6 @@ export class GraphSession implements DispatchTarget {
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     this.#assertOpen("trackDispatch");
     this.#encoder.trackDispatch(reads, writes);
-  }
-
-  // ---- ops --------------------------------------------------------------------------------------
-
-  /** out = a + b. */
-  elementwiseAdd(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, n?: number): void {
-    ops.elementwiseAdd(this, this.#registry, a, b, out, n);
-  }
-
-  /** out = a · b. */
-  elementwiseMul(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, n?: number): void {
-    ops.elementwiseMul(this, this.#registry, a, b, out, n);
-  }
-
-  /** out = α·a + β·b. */
-  axpby(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, o: { alpha: number; beta: number; n?: number }): void {
-    ops.axpby(this, this.#registry, a, b, out, o);
-  }
-
-  /** GELU (tanh form). */
-  gelu(input: MlxBuffer, output: MlxBuffer, n?: number): void {
-    ops.gelu(this, this.#registry, input, output, n);
-  }
-
-  /** SiLU. */
-  silu(input: MlxBuffer, output: MlxBuffer, n?: number): void {
-    ops.silu(this, this.#registry, input, output, n);
-  }
-
-  /** {@link ops.siluMul}: SwiGLU, silu(gate) · up in one kernel. */
-  siluMul(gate: MlxBuffer, up: MlxBuffer, out: MlxBuffer, n?: number): void {
-    ops.siluMul(this, this.#registry, gate, up, out, n);
-  }
-
-  /** Strided row copy (e.g. a K/V cache append). */
-  stridedCopy(src: MlxBuffer, dst: MlxBuffer, o: ops.StridedCopyOptions): void {
-    ops.stridedCopy(this, this.#registry, src, dst, o);
-  }
-
-  /** tanh(x / cap) · cap. */
-  softcap(input: MlxBuffer, output: MlxBuffer, o: { cap: number; n?: number }): void {
-    ops.softcap(this, this.#registry, input, output, o);
-  }
-
-  /** Row softmax. */
-  softmax(input: MlxBuffer, output: MlxBuffer, o: { rows: number; cols: number }): void {
-    ops.softmax(this, this.#registry, input, output, o);
-  }
-
-  /** RMS norm with a learned weight. */
-  rmsNorm(input: MlxBuffer, weight: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
-    ops.rmsNorm(this, this.#registry, input, weight, output, o);
-  }
-
-  /** Fused RMS norm × scale. */
-  rmsNormMul(input: MlxBuffer, weight: MlxBuffer, scale: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
-    ops.rmsNormMul(this, this.#registry, input, weight, scale, output, o);
-  }
-
-  /** Fused RMS norm × scale + residual. */
-  rmsNormMulAdd(
-    input: MlxBuffer,
-    weight: MlxBuffer,
-    scale: MlxBuffer,
-    residual: MlxBuffer,
-    output: MlxBuffer,
-    o: ops.NormOptions,
-  ): void {
-    ops.rmsNormMulAdd(this, this.#registry, input, weight, scale, residual, output, o);
-  }
-
-  /** RMS norm without a weight. */
-  rmsNormNoScale(input: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
-    ops.rmsNormNoScale(this, this.#registry, input, output, o);
-  }
-
-  /** Rope over adjacent pairs. */
-  rope(
-    input: MlxBuffer,
-    output: MlxBuffer,
-    positions: MlxBuffer,
-    o: { theta: number; headDim: number; seqLen: number },
-  ): void {
-    ops.rope(this, this.#registry, input, output, positions, o);
-  }
-
-  /** NeoX rope. */
-  ropeNeox(input: MlxBuffer, output: MlxBuffer, positions: MlxBuffer, o: ops.RopeNeoxOptions): void {
-    ops.ropeNeox(this, this.#registry, input, output, positions, o);
-  }
-
-  /** y = x · Wᵀ (+ residual), dense f32/bf16 weights. */
-  matmul(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.DenseMatmulOptions): void {
-    ops.matmul(this, this.#registry, x, w, y, o);
-  }
-
-  /** y = x · Wᵀ, MLX affine-quantized weights. */
-  quantizedMatmul(
-    x: MlxBuffer,
-    w: MlxBuffer,
-    scales: MlxBuffer,
-    biases: MlxBuffer,
-    y: MlxBuffer,
-    o: ops.AffineMatmulOptions,
-  ): void {
-    ops.quantizedMatmul(this, this.#registry, x, w, scales, biases, y, o);
-  }
-
-  /** y = x · Wᵀ, ggml block weights. */
-  quantizedMatmulGgml(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.GgmlMatmulOptions): void {
-    ops.quantizedMatmulGgml(this, this.#registry, x, w, y, o);
-  }
-
-  /** MoE expert-routed product, ggml block weights. */
-  quantizedMatmulIdGgml(x: MlxBuffer, w: MlxBuffer, ids: MlxBuffer, y: MlxBuffer, o: ops.GgmlMoeOptions): void {
-    ops.quantizedMatmulIdGgml(this, this.#registry, x, w, ids, y, o);
-  }
-
-  /** Causal scaled dot-product attention. */
-  sdpa(q: MlxBuffer, k: MlxBuffer, v: MlxBuffer, out: MlxBuffer, o: ops.SdpaOptions): void {
-    ops.sdpa(this, this.#registry, q, k, v, out, o);
-  }
-
-  /** Decode attention, split over workgroups then reduced (places its own barrier). */
-  flashAttnVec(
-    q: MlxBuffer,
-    k: MlxBuffer,
-    v: MlxBuffer,
-    tmp: MlxBuffer,
-    out: MlxBuffer,
-    o: ops.FlashAttnVecOptions,
-  ): void {
-    ops.flashAttnVec(this, this.#registry, q, k, v, tmp, out, o);
   }
 
   // ---- completion -------------------------------------------------------------------------------
@@ -559,8 +460,6 @@ export class GraphSession implements DispatchTarget {
   }
 
   #assertOpen(what: string): void {
-    if (this.#done) {
-      throw new MlxError("InvalidState", `${what}: this session was already finished or disposed; begin a new one`);
-    }
+    if (this.#done) throw closedSessionError(what);
   }
 }

@@ -1,6 +1,6 @@
 /** GraphExecutor / GraphSession / capture mode on a real device (the seed's graph tests and more). */
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
-import { CapturedOpKind, counters, DType, GraphExecutor, MlxDevice, MlxError, ops } from "../mod.ts";
+import { CapturedOpKind, counters, DType, GraphExecutor, MlxDevice, MlxError, ops, SESSION_OPS } from "../mod.ts";
 import { randomValues, runDeno, testContext } from "./helpers.ts";
 
 const isCode = (code: string) => (e: unknown) => e instanceof MlxError && e.code === code;
@@ -283,4 +283,23 @@ Deno.test("kill switches from the environment (MLXN_FUSION=0, MLXN_REORDER=0) wi
     fusionAllowed: false,
     reorderAllowed: false,
   });
+});
+
+Deno.test("every op of SESSION_OPS is a session method; it refuses a finished session by name", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(8).fill(1)), out = device.alloc(32, DType.F32);
+  const s = exec.begin();
+  for (const name of ["elementwiseAdd", "rmsNorm", "axpby", "sdpa", "flashAttnVec", ...Object.keys(SESSION_OPS)]) {
+    equal(typeof (s as unknown as Record<string, unknown>)[name], "function", name);
+  }
+  s.axpby(a, a, out, { alpha: 2, beta: 1 }); // optional trailing arguments stay optional
+  s.elementwiseAdd(out, a, out);
+  s.finish();
+  deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(4));
+  throws(
+    () => s.elementwiseAdd(a, a, out),
+    (e: unknown) => isCode("InvalidState")(e) && /elementwiseAdd/.test(String(e)),
+  );
 });

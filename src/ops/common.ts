@@ -74,6 +74,20 @@ export function checkFloatDType(op: string, dtype: DType, allowed: readonly DTyp
   }
 }
 
+const joined = new Map<string, Map<string, string>>();
+
+/**
+ * The kernel name `${prefix}_${suffix}`, built once per pair: a fresh template string would be
+ * flattened and hashed again by every registry lookup, which cost more than the rest of an op.
+ */
+export function kernelName(prefix: string, suffix: string): string {
+  let bySuffix = joined.get(prefix);
+  if (bySuffix === undefined) joined.set(prefix, bySuffix = new Map());
+  let name = bySuffix.get(suffix);
+  if (name === undefined) bySuffix.set(suffix, name = `${prefix}_${suffix}`);
+  return name;
+}
+
 /** Smallest power of two ≥ n. */
 export function nextPow2(n: number): number {
   let p = 1;

@@ -10,7 +10,15 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkFloatDType, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
+import {
+  checkBuffer,
+  checkFinite,
+  checkFloatDType,
+  checkU32,
+  type DispatchTarget,
+  f32Bits,
+  kernelName,
+} from "./common.ts";
 
 const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
 
@@ -105,7 +113,7 @@ function binary(
   checkBuffer(name, "b", b, a.dtype, n);
   checkBuffer(name, "out", out, a.dtype, n);
   target.dispatch({
-    pipeline: registry.get(`${name}_${a.dtype}`),
+    pipeline: registry.get(kernelName(name, a.dtype)),
     bindings: [a, b, out, [n]],
     grid: n,
     threadgroup: Math.min(256, n),
@@ -166,7 +174,7 @@ function unary(
   checkBuffer(op, "input", input, input.dtype, n);
   checkBuffer(op, "output", output, input.dtype, n);
   target.dispatch({
-    pipeline: registry.get(`${op}_${input.dtype}`),
+    pipeline: registry.get(kernelName(op, input.dtype)),
     bindings: [input, output],
     grid: n,
     threadgroup: Math.min(256, n),

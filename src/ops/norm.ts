@@ -18,6 +18,7 @@ import {
   checkU32,
   type DispatchTarget,
   f32Bits,
+  kernelName,
   nextPow2,
 } from "./common.ts";
 
@@ -120,7 +121,7 @@ export function rmsNorm(
   checkBuffer("rms_norm", "weight", weight, input.dtype, o.dim);
   checkBuffer("rms_norm", "output", output, input.dtype, o.rows * o.dim);
   target.dispatch({
-    pipeline: registry.get(`rms_norm_${input.dtype}`),
+    pipeline: registry.get(kernelName("rms_norm", input.dtype)),
     bindings: [input, weight, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
@@ -143,7 +144,7 @@ export function rmsNormMul(
   checkBuffer("rms_norm_mul", "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm_mul", "output", output, input.dtype, o.rows * o.dim);
   target.dispatch({
-    pipeline: registry.get(`rms_norm_mul_${input.dtype}`),
+    pipeline: registry.get(kernelName("rms_norm_mul", input.dtype)),
     bindings: [input, weight, scale, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
@@ -169,7 +170,7 @@ export function rmsNormMulAdd(
   checkBuffer(op, "residual", residual, input.dtype, o.rows * o.dim);
   checkBuffer(op, "output", output, input.dtype, o.rows * o.dim);
   target.dispatch({
-    pipeline: registry.get(`${op}_${input.dtype}`),
+    pipeline: registry.get(kernelName(op, input.dtype)),
     bindings: [input, weight, scale, residual, output, [f32Bits(o.eps), o.dim]],
     ...rowGeometry(o.rows, o.dim),
   });
