@@ -9,10 +9,11 @@
 import { MlxBuffer } from "./buffer.ts";
 import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
-import { BARRIER, type CapturedNode, type DispatchNode, type PipelineRef } from "./graph/nodes.ts";
+import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
+import { CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
+import { BARRIER, type CapturedNode, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
-import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
-import { ConflictTracker } from "./graph/tracker.ts";
+import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import {
   findBrokenConstantPromises,
   findHazards,
@@ -128,17 +129,7 @@ export interface EncoderOptions {
   validate?: boolean;
 }
 
-/** Concurrent-group statistics of an encoder. */
-export interface GroupStats {
-  /** Dispatches encoded. */
-  readonly dispatches: number;
-  /** Concurrent groups (runs of dispatches between barriers). */
-  readonly groups: number;
-  /** Mean dispatches per group. */
-  readonly meanGroupSize: number;
-  /** histogram[k] = number of groups of exactly k dispatches. */
-  readonly histogram: readonly number[];
-}
+export type { GroupStats } from "./barrier_policy.ts";
 
 /** A buffer view or an explicit range, for barrierBetween / trackDispatch. */
 export type RangeLike = MlxBuffer | MemRange;
@@ -159,25 +150,6 @@ const timingScratch = new BigUint64Array(2);
 function dim(d: Dims, i: number): number {
   if (typeof d === "number") return i === 0 ? d : 1;
   return i < d.length ? d[i] : 1;
-}
-
-/** A binding as it stands now: inline constants are copied so later edits of the caller's array do not leak in. */
-function snapshotBinding(b: Binding): Binding {
-  if (Array.isArray(b)) return b.slice();
-  if (b instanceof Uint32Array || b instanceof Uint8Array) return b.slice();
-  return b;
-}
-
-/**
- * The contract-derived accesses plus any user range they do not already cover: user annotations can
- * widen what a dispatch is known to touch, never hide what its bindings touch.
- */
-function mergeAccesses(derived: Accesses, extra: Accesses): Accesses {
-  const add = (base: readonly MemRange[], more: readonly MemRange[]): readonly MemRange[] => {
-    const missing = more.filter((r) => !base.some((b) => rangeCovers(b, r)));
-    return missing.length === 0 ? base : [...base, ...missing];
-  };
-  return { reads: add(derived.reads, extra.reads), writes: add(derived.writes, extra.writes) };
 }
 
 function validDim(v: number): boolean {
@@ -221,22 +193,15 @@ export class CommandEncoder {
   #gpuStartNs = 0;
   #gpuEndNs = 0;
   #timings: DispatchTiming[] | null = null;
-  // capture mode
-  #capture: CapturedNode[] | null = null;
-  #pendingOpKind: CapturedOpKind | undefined;
-  #pendingRanges: Accesses | undefined;
-  // auto barriers and group statistics
-  #autoBarriers: boolean;
-  readonly #tracker = new ConflictTracker();
-  #groupSize = 0;
-  readonly #groupHistogram: number[] = [];
+  #capture: CaptureRecorder | null = null; // capture mode
+  readonly #policy: BarrierPolicy; // auto barriers and group statistics
   // validation: what was encoded, to check at commit
   #log: CapturedNode[] | null;
   #hazards: Hazard[] = [];
 
   /** @internal Use `device.commandEncoder()`. */
   constructor(host: EncoderHost, options: EncoderOptions = {}) {
-    this.#autoBarriers = options.autoBarriers ?? false;
+    this.#policy = new BarrierPolicy(options.autoBarriers ?? false);
     this.#log = options.validate ? [] : null;
     this.#host = host;
     this.#sym = host.sym;
@@ -280,14 +245,16 @@ export class CommandEncoder {
    */
   dispatch(d: DispatchDescriptor): void {
     if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
-    if (!this.#autoBarriers && this.#capture === null && this.#log === null && this.#fastWrite(d)) return;
+    const policy = this.#policy;
+    if (!policy.auto && this.#capture === null && this.#log === null && this.#fastWrite(d)) return;
     const words = this.#check(d);
-    if (this.#autoBarriers) {
-      const acc = accessesOf(d.pipeline.contract, d.bindings);
-      this.#track(acc.reads, acc.writes, true, d.pipeline.name);
+    let acc: Accesses | undefined;
+    if (policy.auto) {
+      acc = accessesOf(d.pipeline.contract, d.bindings);
+      this.#track(acc.reads, acc.writes, true);
     }
     if (this.#capture !== null) {
-      this.#record(d);
+      this.#capture.dispatch(d, acc);
       return;
     }
     this.#write(d, words);
@@ -391,7 +358,7 @@ export class CommandEncoder {
     this.#pipeline = p.handle;
     if (this.#kernels !== null) this.#kernels.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
     this.#dispatches++;
-    this.#groupSize++;
+    this.#policy.dispatched();
     counterState.dispatches++;
     return true;
   }
@@ -509,35 +476,10 @@ export class CommandEncoder {
       this.#dispatches,
     );
     this.#kernels?.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
-    this.#log?.push(this.#node(d));
+    this.#log?.push(dispatchNode(d, undefined, undefined, undefined));
     this.#dispatches++;
-    this.#groupSize++;
+    this.#policy.dispatched();
     counterState.dispatches++;
-  }
-
-  /** A graph node for a dispatch: its accesses derived from bindings, unless annotated. */
-  #node(d: DispatchDescriptor): DispatchNode {
-    const derived = accessesOf(d.pipeline.contract, d.bindings);
-    const acc = this.#pendingRanges ? mergeAccesses(derived, this.#pendingRanges) : derived;
-    const node: DispatchNode = {
-      kind: "dispatch",
-      pipeline: d.pipeline,
-      bindings: d.bindings.map(snapshotBinding),
-      grid: typeof d.grid === "number" ? d.grid : d.grid.slice(),
-      threadgroup: typeof d.threadgroup === "number" ? d.threadgroup : d.threadgroup.slice(),
-      threadgroupMemory: d.threadgroupMemory,
-      dispatchKind: d.dispatchKind ?? "threadgroups",
-      opKind: this.#pendingOpKind ?? d.opKind ?? d.pipeline.contract.opKind,
-      reads: acc.reads,
-      writes: acc.writes,
-    };
-    this.#pendingOpKind = undefined;
-    this.#pendingRanges = undefined;
-    return node;
-  }
-
-  #record(d: DispatchDescriptor): void {
-    this.#capture!.push(this.#node(d));
   }
 
   /**
@@ -546,10 +488,9 @@ export class CommandEncoder {
    */
   memoryBarrier(): void {
     if (this.#state !== "encoding") throw this.#notEncoding("memoryBarrier");
-    this.#tracker.reset(); // every earlier write is now visible
+    this.#policy.forget(); // every earlier write is now visible
     if (this.#capture !== null) {
-      // In capture mode a barrier is a node; nothing is issued or counted.
-      if (this.#capture.length > 0) this.#capture.push(BARRIER);
+      this.#capture.barrier(); // in capture mode a barrier is a node; nothing is issued or counted
       return;
     }
     if (this.#dispatches === 0) return;
@@ -559,7 +500,7 @@ export class CommandEncoder {
     this.#log?.push(BARRIER);
     this.#barriersBefore?.push(this.#dispatches);
     this.#barriers++;
-    this.#endGroup();
+    this.#policy.endGroup();
     counterState.barriers++;
   }
 
@@ -567,13 +508,13 @@ export class CommandEncoder {
 
   /** Whether every dispatch is tracked and gets a barrier exactly on conflict. */
   get autoBarriers(): boolean {
-    return this.#autoBarriers;
+    return this.#policy.auto;
   }
 
   /** Turns automatic barriers on or off (the tracker is reset). */
   set autoBarriers(on: boolean) {
-    this.#autoBarriers = on;
-    this.#tracker.reset();
+    this.#policy.auto = on;
+    this.#policy.forget();
   }
 
   /**
@@ -583,11 +524,8 @@ export class CommandEncoder {
    */
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     const r = toRanges(reads), w = toRanges(writes);
-    if (this.#capture !== null) {
-      const p = this.#pendingRanges;
-      this.#pendingRanges = p ? mergeAccesses(p, { reads: r, writes: w }) : { reads: r, writes: w };
-    }
-    this.#track(r, w, true, "barrierBetween");
+    this.#capture?.addPendingRanges({ reads: r, writes: w });
+    this.#track(r, w, true);
   }
 
   /**
@@ -596,46 +534,28 @@ export class CommandEncoder {
    */
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     const r = toRanges(reads), w = toRanges(writes);
-    if (this.#capture !== null) this.#mergeIntoLastDispatch({ reads: r, writes: w });
-    this.#track(r, w, false, "trackDispatch");
+    this.#capture?.mergeIntoLastDispatch({ reads: r, writes: w });
+    this.#track(r, w, false);
   }
 
-  #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean, _what: string): void {
+  #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean): void {
+    const policy = this.#policy;
     if (check) {
       const capturing = this.#capture !== null;
       const hasWork = capturing ? this.#capture!.length > 0 : this.#dispatches > 0;
-      if (hasWork && this.#tracker.conflicts(reads, writes)) {
+      if (hasWork && policy.conflicts(reads, writes)) {
         this.memoryBarrier();
         if (!capturing) counterState.autoBarriers++;
       } else if (!capturing) {
         counterState.autoConcurrent++;
       }
     }
-    this.#tracker.add(reads, writes);
-  }
-
-  #endGroup(): void {
-    if (this.#groupSize === 0) return;
-    const h = this.#groupHistogram;
-    while (h.length <= this.#groupSize) h.push(0);
-    h[this.#groupSize]++;
-    this.#groupSize = 0;
+    policy.track(reads, writes);
   }
 
   /** The concurrent-group size histogram of what was encoded so far. */
   groupStats(): GroupStats {
-    const h = [...this.#groupHistogram];
-    if (this.#groupSize > 0) {
-      while (h.length <= this.#groupSize) h.push(0);
-      h[this.#groupSize]++;
-    }
-    const groups = h.reduce((a, b) => a + b, 0);
-    return {
-      dispatches: this.#dispatches,
-      groups,
-      meanGroupSize: groups > 0 ? this.#dispatches / groups : 0,
-      histogram: h,
-    };
+    return this.#policy.stats(this.#dispatches);
   }
 
   // ---- capture mode ---------------------------------------------------------------------------
@@ -643,7 +563,7 @@ export class CommandEncoder {
   /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
   startCapture(): void {
     if (this.#state !== "encoding") throw this.#notEncoding("startCapture");
-    if (this.#capture === null) this.#capture = [];
+    this.#capture ??= new CaptureRecorder();
   }
 
   /** Whether the encoder is recording. */
@@ -653,18 +573,15 @@ export class CommandEncoder {
 
   /** Ends capture mode and returns the recorded nodes (null when not capturing). */
   takeCapture(): CapturedNode[] | null {
-    const nodes = this.#capture;
+    const capture = this.#capture;
     this.#capture = null;
-    this.#pendingOpKind = undefined;
-    this.#pendingRanges = undefined;
-    this.#tracker.reset();
-    if (nodes && nodes.length > 0 && nodes[nodes.length - 1].kind === "barrier") nodes.pop();
-    return nodes;
+    this.#policy.forget();
+    return capture ? capture.take() : null;
   }
 
   /** Sets the op kind of the next captured dispatch. */
   setOpKind(kind: CapturedOpKind): void {
-    this.#pendingOpKind = kind;
+    this.#capture?.setOpKind(kind);
   }
 
   /**
@@ -672,29 +589,12 @@ export class CommandEncoder {
    * from its bindings, never replace them.
    */
   setPendingRanges(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    this.#pendingRanges = { reads: [...reads], writes: [...writes] };
+    this.#capture?.addPendingRanges({ reads, writes });
   }
 
   /** Annotates the last captured dispatch with these ranges if it has none. */
   annotateLastDispatchIfMissing(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    const nodes = this.#capture;
-    if (!nodes) return;
-    for (let i = nodes.length - 1; i >= 0; i--) {
-      const n = nodes[i];
-      if (n.kind !== "dispatch") continue;
-      if (n.reads.length === 0 && n.writes.length === 0) nodes[i] = { ...n, reads: [...reads], writes: [...writes] };
-      return;
-    }
-  }
-
-  #mergeIntoLastDispatch(extra: Accesses): void {
-    const nodes = this.#capture!;
-    for (let i = nodes.length - 1; i >= 0; i--) {
-      const n = nodes[i];
-      if (n.kind !== "dispatch") continue;
-      nodes[i] = { ...n, ...mergeAccesses(n, extra) };
-      return;
-    }
+    this.#capture?.annotateLastDispatchIfMissing(reads, writes);
   }
 
   /** Resolves a pipeline reference (a Pipeline, or just `{ name }`) on this encoder's device. */
@@ -735,7 +635,7 @@ export class CommandEncoder {
       );
     }
     this.#verify(label);
-    this.#endGroup();
+    this.#policy.endGroup();
     this.#label = label;
     const w = this.#writer!;
     w.flush();
