@@ -55,6 +55,8 @@ export {
   allContracts,
   contractOf,
   type KernelContract,
+  type KernelRef,
+  kernelRef,
   KernelRegistry,
   Pipeline,
   type SlotSpec,

@@ -246,30 +246,35 @@ export class CommandEncoder {
   dispatch(d: DispatchDescriptor): void {
     if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
     const policy = this.#policy;
-    if (!policy.auto && this.#capture === null && this.#log === null && this.#fastWrite(d)) return;
-    const words = this.#check(d);
-    let acc: Accesses | undefined;
-    if (policy.auto) {
-      acc = accessesOf(d.pipeline.contract, d.bindings);
-      this.#track(acc.reads, acc.writes, true);
+    if (policy.auto || this.#capture !== null || this.#log !== null) {
+      this.#check(d); // before any barrier or node: a bad descriptor changes nothing
+      let acc: Accesses | undefined;
+      if (policy.auto) {
+        acc = accessesOf(d.pipeline.contract, d.bindings);
+        this.#track(acc.reads, acc.writes, true);
+      }
+      if (this.#capture !== null) {
+        this.#capture.dispatch(d, acc);
+        return;
+      }
     }
-    if (this.#capture !== null) {
-      this.#capture.dispatch(d, acc);
+    if (this.#writeDispatch(d)) {
+      this.#log?.push(dispatchNode(d, undefined, undefined, undefined));
       return;
     }
-    this.#write(d, words);
+    this.#check(d); // says what is wrong
+    throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
   }
 
   /**
-   * The common case in one pass: checks the descriptor while writing its records straight into the
-   * stream words, and publishes them (moves the write position) only at the end. On anything off it
-   * returns false with nothing written, and the two-pass path reports the error with its message.
-   * Returns true when the dispatch was encoded. The records are stored inline rather than through
-   * StreamWriter's record methods (calling those cost ~4.4 ns of the ~50 ns here), and a view that
-   * covers its whole allocation is bound with the 2-word SET_BUFFER_WHOLE record (the two-pass path
-   * writes SET_BUFFER for every view; both are valid streams).
+   * The one write path: checks the descriptor while writing its records straight into the stream
+   * words, and publishes them (moves the write position) only at the end. On anything off it
+   * returns false with nothing written, and {@link CommandEncoder.checkDispatch}'s checks report the
+   * error with its message. The records are stored inline rather than through StreamWriter's record
+   * methods (calling those cost ~4.4 ns of the ~50 ns here), and a view that covers its whole
+   * allocation is bound with the 2-word SET_BUFFER_WHOLE record.
    */
-  #fastWrite(d: DispatchDescriptor): boolean {
+  #writeDispatch(d: DispatchDescriptor): boolean {
     const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
     if (bindings.length > n) return false;
     const grid = d.grid, tg = d.threadgroup;
@@ -344,6 +349,21 @@ export class CommandEncoder {
           w[at + k] = v;
         }
         at += len;
+      } else if (b instanceof Uint32Array) {
+        const len = b.length;
+        if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (code !== 0 && len * 4 !== code)) return false;
+        w[at] = setBytesHeader(len) | (i << 8);
+        w[at + 1] = len * 4;
+        w.set(b, at + 2);
+        at += 2 + len;
+      } else if (b instanceof Uint8Array) {
+        const n = b.byteLength, dataWords = (n + 3) >>> 2;
+        if (n === 0 || n > Limits.MAX_INLINE_BYTES || (code !== 0 && n !== code)) return false;
+        w[at] = setBytesHeader(dataWords) | (i << 8);
+        w[at + 1] = n;
+        w[at + 1 + dataWords] = 0; // zero the padding of the last word
+        writer.bytes.set(b, (at + 2) * 4);
+        at += 2 + dataWords;
       } else return false;
     }
     w[at] = d.dispatchKind === "threads" ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
@@ -446,40 +466,6 @@ export class CommandEncoder {
       }
     }
     return words;
-  }
-
-  /** Writes a validated dispatch's records into room reserved once. */
-  #write(d: DispatchDescriptor, words: number): void {
-    const w = this.#writer!;
-    const p = d.pipeline, slots = p.contract.slots, bindings = d.bindings;
-    const tgMem = d.threadgroupMemory ?? 0;
-    w.reserve(words);
-    if (this.#pipeline !== p.handle) {
-      w.setPipeline(p.handle);
-      this.#pipeline = p.handle;
-    }
-    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
-    for (let i = 0; i < slots.length; i++) {
-      const b = bindings[i];
-      if (b instanceof MlxBuffer) w.setBuffer(i, b.rawHandle, b.byteOffset, b.byteLength);
-      else if (Array.isArray(b) || b instanceof Uint32Array) w.setWords(i, b as ArrayLike<number>);
-      else if (b !== undefined) w.setBytes(i, b as Uint8Array);
-    }
-    w.dispatch(
-      d.dispatchKind === "threads",
-      dim(d.grid, 0),
-      dim(d.grid, 1),
-      dim(d.grid, 2),
-      dim(d.threadgroup, 0),
-      dim(d.threadgroup, 1),
-      dim(d.threadgroup, 2),
-      this.#dispatches,
-    );
-    this.#kernels?.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
-    this.#log?.push(dispatchNode(d, undefined, undefined, undefined));
-    this.#dispatches++;
-    this.#policy.dispatched();
-    counterState.dispatches++;
   }
 
   /**

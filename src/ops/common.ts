@@ -7,15 +7,43 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { type DType, dtypeSize } from "../dtype.ts";
-import type { DispatchDescriptor } from "../encoder.ts";
+import type { Binding, Dims, DispatchDescriptor } from "../encoder.ts";
+import type { Pipeline } from "../kernels.ts";
 import { MlxError } from "../errors.ts";
 
 /** Anything dispatches can be encoded into: a CommandEncoder or a GraphSession. */
 export interface DispatchTarget {
-  /** Encodes (or records) one dispatch. */
+  /**
+   * Encodes (or records) one dispatch. The descriptor and its arrays belong to the caller and may be
+   * reused once this returns (the ops do): copy what must outlive the call.
+   */
   dispatch(d: DispatchDescriptor): void;
   /** A barrier (multi-dispatch ops place their own between dependent steps). */
   memoryBarrier(): void;
+}
+
+/** A descriptor an op fills in and reuses (threads dispatch; every field but the kind is overwritten). */
+export interface ReusedDescriptor {
+  /** The kernel (set before each use). */
+  pipeline: Pipeline | null;
+  /** One entry per slot. */
+  readonly bindings: Binding[];
+  /** Threads per dimension. */
+  grid: Dims;
+  /** Threads per threadgroup. */
+  threadgroup: Dims;
+  /** Always "threads". */
+  readonly dispatchKind: "threads";
+}
+
+/** A reusable threads-kind descriptor over `bindings`. */
+export function threadsDescriptor(bindings: Binding[]): ReusedDescriptor {
+  return { pipeline: null, bindings, grid: 1, threadgroup: 1, dispatchKind: "threads" };
+}
+
+/** Dispatches a filled-in reused descriptor. */
+export function dispatchReused(target: DispatchTarget, d: ReusedDescriptor): void {
+  target.dispatch(d as DispatchDescriptor);
 }
 
 const f32Scratch = new Float32Array(1);
