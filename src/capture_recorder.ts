@@ -12,6 +12,16 @@ import { BARRIER, type CapturedNode, type DispatchNode } from "./graph/nodes.ts"
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
 
+/**
+ * Marks a captured node whose accesses include ranges the user gave (barrierBetween, trackDispatch,
+ * setPendingRanges, annotateLastDispatchIfMissing). Any other captured node's accesses are exactly
+ * those its pipeline's contract derives from its bindings, so a topology key need not repeat them.
+ */
+export const USER_RANGES: unique symbol = Symbol("mlxn.userRanges");
+
+/** A captured dispatch node, possibly marked {@link USER_RANGES}. */
+export type MarkedNode = DispatchNode & { readonly [USER_RANGES]?: true };
+
 /** A binding as it stands now: inline constants are copied, buffers kept. */
 function snapshotBinding(b: Binding): Binding {
   if (Array.isArray(b)) return b.slice();
@@ -40,10 +50,10 @@ export function dispatchNode(
   derived: Accesses | undefined,
   extra: Accesses | undefined,
   opKind: CapturedOpKind | undefined,
-): DispatchNode {
+): MarkedNode {
   const base = derived ?? accessesOf(d.pipeline.contract, d.bindings);
   const acc = extra ? mergeAccesses(base, extra) : base;
-  return {
+  const node: MarkedNode = {
     kind: "dispatch",
     pipeline: d.pipeline,
     bindings: d.bindings.map(snapshotBinding),
@@ -55,6 +65,7 @@ export function dispatchNode(
     reads: acc.reads,
     writes: acc.writes,
   };
+  return extra ? { ...node, [USER_RANGES]: true } as MarkedNode : node;
 }
 
 /** Records dispatches and barriers as graph nodes, with annotations for the next dispatch. */
@@ -107,7 +118,7 @@ export class CaptureRecorder {
     for (let i = nodes.length - 1; i >= 0; i--) {
       const n = nodes[i];
       if (n.kind !== "dispatch") continue;
-      nodes[i] = { ...n, ...mergeAccesses(n, extra) };
+      nodes[i] = { ...n, ...mergeAccesses(n, extra), [USER_RANGES]: true } as MarkedNode;
       return;
     }
   }
@@ -118,7 +129,9 @@ export class CaptureRecorder {
     for (let i = nodes.length - 1; i >= 0; i--) {
       const n = nodes[i];
       if (n.kind !== "dispatch") continue;
-      if (n.reads.length === 0 && n.writes.length === 0) nodes[i] = { ...n, reads: [...reads], writes: [...writes] };
+      if (n.reads.length === 0 && n.writes.length === 0) {
+        nodes[i] = { ...n, reads: [...reads], writes: [...writes], [USER_RANGES]: true } as MarkedNode;
+      }
       return;
     }
   }

@@ -5,7 +5,8 @@
  *
  * The key (a pass's topology) is, per node in order: barrier, or dispatch with its pipeline, op
  * kind, dispatch kind, grid, threadgroup, threadgroup memory, per slot the bound buffer's allocation
- * and byte range (or the inline constants' byte length, or nothing), and its read and write ranges;
+ * and byte range (or the inline constants' byte length, or nothing), and its read and write ranges
+ * when the user added any (otherwise they follow from the pipeline's contract and the bindings);
  * plus the finish options that shape the optimisation (fuse, reorder, dual buffer). Every decision
  * of the passes depends only on these, never on constant values, so a replay with new constants is
  * what a fresh optimisation would produce. What may differ between hits: the values of inline
@@ -17,6 +18,7 @@
 import type { MlxBuffer } from "../buffer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "../encoder.ts";
 import type { Pipeline } from "../kernels.ts";
+import { type MarkedNode, USER_RANGES } from "../capture_recorder.ts";
 import type { GraphEncodeTarget } from "./compute_graph.ts";
 import type { CapturedNode } from "./nodes.ts";
 import type { MemRange, RangedBinding } from "./ranges.ts";
@@ -93,7 +95,11 @@ export class Fingerprint {
     return this.#words.subarray(0, this.#len);
   }
 
-  /** Fingerprints `nodes` under `flags` (the finish options that shape the optimisation). */
+  /**
+   * Fingerprints `nodes` (as captured by a session: accesses are listed only for nodes marked
+   * USER_RANGES, the others' follow from pipeline and bindings) under `flags` (the finish options
+   * that shape the optimisation).
+   */
   compute(nodes: readonly CapturedNode[], flags: number): void {
     this.#len = 0;
     this.#push(flags);
@@ -115,8 +121,11 @@ export class Fingerprint {
         this.#push(b.length);
         for (let s = 0; s < b.length; s++) this.#binding(b[s]);
       }
-      this.#ranges(n.reads);
-      this.#ranges(n.writes);
+      if ((n as MarkedNode)[USER_RANGES] === true) {
+        this.#push(1);
+        this.#ranges(n.reads);
+        this.#ranges(n.writes);
+      } else this.#push(0); // derived from the pipeline and binding ranges above
     }
     this.#rehash();
   }
