@@ -102,3 +102,16 @@ Deno.test("a dual-buffer finish that fails in its second chunk runs nothing (all
     equal(MlxDevice.liveObjects(device).commandBuffers, 0, "both command buffers were released");
   }
 });
+
+Deno.test("ops that reuse their descriptors keep no buffer alive after the pass", async () => {
+  const out = await runDeno([
+    "run",
+    "--allow-ffi",
+    "--allow-read",
+    "--allow-env",
+    "--v8-flags=--expose-gc",
+    new URL("./fixtures/op_retention_probe.ts", import.meta.url).pathname,
+  ]);
+  ok(out.success, out.stderr);
+  deepStrictEqual(JSON.parse(out.stdout.trim().split("\n").pop()!), []);
+});

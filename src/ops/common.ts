@@ -7,8 +7,8 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { type DType, dtypeSize } from "../dtype.ts";
-import type { Binding, Dims, DispatchDescriptor } from "../encoder.ts";
-import type { Pipeline } from "../kernels.ts";
+import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "../encoder.ts";
+import { type KernelRef, kernelRef, type Pipeline } from "../kernels.ts";
 import { MlxError } from "../errors.ts";
 
 /** Anything dispatches can be encoded into: a CommandEncoder or a GraphSession. */
@@ -22,28 +22,48 @@ export interface DispatchTarget {
   memoryBarrier(): void;
 }
 
-/** A descriptor an op fills in and reuses (threads dispatch; every field but the kind is overwritten). */
+/** A descriptor an op fills in and reuses (every field but the dispatch kind is overwritten). */
 export interface ReusedDescriptor {
   /** The kernel (set before each use). */
   pipeline: Pipeline | null;
   /** One entry per slot. */
   readonly bindings: Binding[];
-  /** Threads per dimension. */
+  /** Threads or threadgroups per dimension, per the kind. */
   grid: Dims;
   /** Threads per threadgroup. */
   threadgroup: Dims;
-  /** Always "threads". */
-  readonly dispatchKind: "threads";
+  /** Threadgroup memory bytes. */
+  threadgroupMemory: number;
+  /** Fixed per descriptor. */
+  readonly dispatchKind: DispatchKind;
 }
 
 /** A reusable threads-kind descriptor over `bindings`. */
 export function threadsDescriptor(bindings: Binding[]): ReusedDescriptor {
-  return { pipeline: null, bindings, grid: 1, threadgroup: 1, dispatchKind: "threads" };
+  return { pipeline: null, bindings, grid: 1, threadgroup: 1, threadgroupMemory: 0, dispatchKind: "threads" };
 }
 
-/** Dispatches a filled-in reused descriptor. */
-export function dispatchReused(target: DispatchTarget, d: ReusedDescriptor): void {
-  target.dispatch(d as DispatchDescriptor);
+/** A reusable threadgroups-kind descriptor over `bindings`. */
+export function groupsDescriptor(bindings: Binding[]): ReusedDescriptor {
+  return { pipeline: null, bindings, grid: 1, threadgroup: 1, threadgroupMemory: 0, dispatchKind: "threadgroups" };
+}
+
+/** Kernel references `${prefix}_${dtype}` for each dtype, made once. */
+export function refsByDType(prefix: string, dtypes: readonly string[]): Record<string, KernelRef> {
+  return Object.fromEntries(dtypes.map((t) => [t, kernelRef(`${prefix}_${t}`)]));
+}
+
+/**
+ * Dispatches a filled-in reused descriptor, then empties its first `buffers` binding slots (the
+ * buffers), so the descriptor never keeps a buffer alive after the call.
+ */
+export function dispatchReused(target: DispatchTarget, d: ReusedDescriptor, buffers: number): void {
+  const b = d.bindings;
+  try {
+    target.dispatch(d as DispatchDescriptor);
+  } finally {
+    for (let i = 0; i < buffers; i++) b[i] = undefined;
+  }
 }
 
 const f32Scratch = new Float32Array(1);

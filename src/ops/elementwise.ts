@@ -18,6 +18,7 @@ import {
   dispatchReused,
   type DispatchTarget,
   f32Bits,
+  refsByDType,
   threadsDescriptor,
 } from "./common.ts";
 
@@ -100,19 +101,15 @@ registerContracts(elementwiseContracts);
 
 /** Kernel references by op and dtype, made once. */
 const BINARY_REFS: Record<BinaryOp, Record<string, KernelRef>> = {
-  add: refsByDType("elementwise_add"),
-  mul: refsByDType("elementwise_mul"),
-  silu_mul: refsByDType("silu_mul"),
+  add: refsByDType("elementwise_add", FLOATS),
+  mul: refsByDType("elementwise_mul", FLOATS),
+  silu_mul: refsByDType("silu_mul", FLOATS),
 };
 const UNARY_REFS: Record<"gelu" | "silu", Record<string, KernelRef>> = {
-  gelu: refsByDType("gelu"),
-  silu: refsByDType("silu"),
+  gelu: refsByDType("gelu", FLOATS),
+  silu: refsByDType("silu", FLOATS),
 };
 const AXPBY = kernelRef("axpby_f32");
-
-function refsByDType(prefix: string): Record<string, KernelRef> {
-  return Object.fromEntries(FLOATS.map((t) => [t, kernelRef(`${prefix}_${t}`)]));
-}
 
 // Reused descriptors: a target consumes a descriptor before dispatch returns (see DispatchTarget),
 // so the hot ops allocate nothing per call.
@@ -145,7 +142,7 @@ function binary(
   binaryWords[0] = n;
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
-  dispatchReused(target, d);
+  dispatchReused(target, d, 3);
 }
 
 /** out[i] = a[i] + b[i] for i < n (default: out's length). */
@@ -206,7 +203,7 @@ function unary(
   d.bindings[1] = output;
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
-  dispatchReused(target, d);
+  dispatchReused(target, d, 2);
 }
 
 /** out = gelu(in) with the tanh approximation (tanh argument clamped to ±15). */
@@ -319,7 +316,7 @@ export function axpby(
   axpbyWords[2] = n;
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
-  dispatchReused(target, d);
+  dispatchReused(target, d, 3);
 }
 
 /**
