@@ -8,8 +8,9 @@
 import { MlxBuffer } from "./buffer.ts";
 import type { DispatchDescriptor } from "./encoder.ts";
 import { SLOT_BUFFER } from "./kernels.ts";
-import { Limits } from "./native/abi.ts";
+import { Limits, RecordWords } from "./native/abi.ts";
 import {
+  H_BARRIER,
   H_DISPATCH_GROUPS,
   H_DISPATCH_THREADS,
   H_SET_BUFFER,
@@ -31,7 +32,8 @@ function validDim(v: number): boolean {
  * stream words, and publishes them (moves the write position) only at the end. On anything off it
  * returns false with nothing written (the encoder's checks then report the error with its message).
  * `currentPipeline` is the pipeline handle already set in the stream (SET_PIPELINE is skipped when it
- * matches); `tag` is the dispatch's index. The records are stored inline rather than through
+ * matches); `tag` is the dispatch's index; with `barrierFirst` a BARRIER record goes before the
+ * dispatch, in the same all-or-nothing write. The records are stored inline rather than through
  * StreamWriter's record methods (calling those cost ~4.4 ns of the ~50 ns here), and a view that
  * covers its whole allocation is bound with the 2-word SET_BUFFER_WHOLE record.
  */
@@ -40,6 +42,7 @@ export function writeDispatch(
   d: DispatchDescriptor,
   currentPipeline: number,
   tag: number,
+  barrierFirst = false,
 ): boolean {
   const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
   if (bindings.length > n) return false;
@@ -63,9 +66,10 @@ export function writeDispatch(
   ) return false;
   const tgMem = d.threadgroupMemory ?? 0;
   if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) return false;
-  writer.reserve(p.maxDispatchWords);
+  writer.reserve(p.maxDispatchWords + RecordWords.BARRIER);
   const w = writer.words;
   let at = writer.pos;
+  if (barrierFirst) w[at++] = H_BARRIER;
   if (currentPipeline !== p.handle) {
     w[at] = H_SET_PIPELINE;
     w[at + 1] = p.handle;

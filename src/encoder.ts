@@ -236,6 +236,23 @@ export class CommandEncoder {
   dispatch(d: DispatchDescriptor): void {
     if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
     const policy = this.#policy;
+    if (policy.auto && this.#capture === null && this.#log === null) {
+      // The barrier (if the accesses conflict) and the dispatch are written in one all-or-nothing
+      // step, so a bad descriptor leaves no barrier behind and needs no separate check.
+      const acc = accessesOf(d.pipeline.contract, d.bindings);
+      const barrier = this.#dispatches > 0 && policy.conflicts(acc.reads, acc.writes);
+      if (writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches, barrier)) {
+        if (barrier) {
+          this.#barrierIssued();
+          counterState.autoBarriers++;
+        } else counterState.autoConcurrent++;
+        policy.track(acc.reads, acc.writes);
+        this.#dispatched(d);
+        return;
+      }
+      this.#check(d); // says what is wrong
+      throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
+    }
     if (policy.auto || this.#capture !== null || this.#log !== null) {
       this.#check(d); // before any barrier or node: a bad descriptor changes nothing
       let acc: Accesses | undefined;
@@ -259,13 +276,18 @@ export class CommandEncoder {
   /** Writes a dispatch's records (see writeDispatch); false with nothing written when it is not valid. */
   #writeDispatch(d: DispatchDescriptor): boolean {
     if (!writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches)) return false;
+    this.#dispatched(d);
+    return true;
+  }
+
+  /** Bookkeeping of a dispatch just written. */
+  #dispatched(d: DispatchDescriptor): void {
     const p = d.pipeline;
     this.#pipeline = p.handle;
     if (this.#kernels !== null) this.#kernels.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
     this.#dispatches++;
     this.#policy.dispatched();
     counterState.dispatches++;
-    return true;
   }
 
   /**
@@ -368,6 +390,12 @@ export class CommandEncoder {
     const w = this.#writer!;
     w.reserve(RecordWords.BARRIER);
     w.barrier();
+    this.#barrierIssued();
+  }
+
+  /** Bookkeeping of a barrier record just written (the tracker is reset by the caller or here). */
+  #barrierIssued(): void {
+    this.#policy.forget();
     this.#log?.push(BARRIER);
     this.#barriersBefore?.push(this.#dispatches);
     this.#barriers++;

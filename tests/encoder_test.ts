@@ -165,3 +165,24 @@ Deno.test("closing the device frees everything; later use is Disposed", () => {
   throws(() => a.read(), isCode("Disposed"));
   throws(() => ops.elementwiseAdd(pending, registry, a, a, a), isCode("Disposed"));
 });
+
+Deno.test("auto barriers: a rejected dispatch leaves no barrier and no record behind", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  using x = device.upload(new Float32Array(16).fill(1)), y = device.alloc(64, DType.F32);
+  using enc = device.commandEncoder({ autoBarriers: true });
+  ops.elementwiseAdd(enc, registry, x, x, y); // writes y
+  const add = registry.get("elementwise_add_f32");
+  // Reads y (a RAW conflict) but its constants are the wrong size: rejected before anything is written.
+  throws(
+    () =>
+      enc.dispatch({ pipeline: add, bindings: [y, x, x, [16, 0]], grid: 16, threadgroup: 16, dispatchKind: "threads" }),
+    isCode("InvalidArgument"),
+  );
+  equal(enc.barrierCount, 0);
+  equal(enc.dispatchCount, 1);
+  ops.elementwiseAdd(enc, registry, y, x, x); // the real RAW: one barrier
+  equal(enc.barrierCount, 1);
+  enc.commitAndWait();
+  deepStrictEqual(Array.from(x.read() as Float32Array).slice(0, 2), [3, 3]);
+});
