@@ -39,6 +39,7 @@ export {
 export {
   type Binding,
   CommandEncoder,
+  type CommitOptions,
   type Dims,
   type DispatchDescriptor,
   type DispatchKind,
@@ -54,6 +55,8 @@ export {
   allContracts,
   contractOf,
   type KernelContract,
+  type KernelRef,
+  kernelRef,
   KernelRegistry,
   Pipeline,
   type SlotSpec,
@@ -93,10 +96,14 @@ export {
   GraphExecutor,
   GraphSession,
   type PendingPass,
+  type PlanCacheOutcome,
+  SessionOpSurface,
   type SessionOptions,
 } from "./src/executor.ts";
+export { PlanCache, type PlanCacheStats } from "./src/graph/plan_cache.ts";
 export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
+export { type OpArguments, SESSION_OPS, type SessionOps } from "./src/session_ops.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
 export type { StridedCopyOptions } from "./src/ops/elementwise.ts";
 export type { RopeNeoxOptions } from "./src/ops/rope.ts";

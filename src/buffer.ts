@@ -56,9 +56,13 @@ export type HostData = ArrayLike<number> | ArrayBufferView;
  * A zero-filled device allocation, or a slice view `[byteOffset, byteOffset + byteLength)` of one.
  * Slices share their parent's allocation; binding a slice binds exactly its bytes.
  *
+ * Units: sizes and offsets of memory (`device.alloc`, {@link MlxBuffer.slice}, `byteOffset`,
+ * `byteLength`, {@link MlxBuffer.writeBytes}) count **bytes**; data operations ({@link MlxBuffer.write}'s
+ * offset, {@link MlxBuffer.length}, `shape`) count **elements** of the buffer's dtype.
+ *
  * @example
  * ```ts
- * import { DType, MlxDevice } from "./mod.ts";
+ * import { DType, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ backend: "cpu" });
  * using buf = device.upload(new Float32Array([1, 2, 3, 4]));
  * const tail = buf.slice(8, 8); // elements 2..3
@@ -142,8 +146,9 @@ export class MlxBuffer {
   }
 
   /**
-   * A view of `byteLength` bytes starting `byteOffset` bytes into this view. The offset must be a
-   * multiple of the element size of the view's dtype.
+   * A view of `byteLength` **bytes** starting `byteOffset` **bytes** into this view (both in bytes,
+   * unlike {@link MlxBuffer.write}). The offset must be a multiple of the element size of the view's
+   * dtype.
    */
   slice(byteOffset: number, byteLength: number, options: { dtype?: DType; shape?: readonly number[] } = {}): MlxBuffer {
     const dtype = options.dtype ?? this.dtype;
@@ -179,7 +184,7 @@ export class MlxBuffer {
   }
 
   /**
-   * Writes host data at `elementOffset` elements into this view. Float32Array or plain numbers are
+   * Writes host data at `elementOffset` **elements** (not bytes) into this view. Float32Array or plain numbers are
    * converted to the buffer's dtype (f16/bf16 round to nearest even); a Uint16Array written to an
    * f16/bf16 buffer is taken as raw bits.
    */

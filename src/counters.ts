@@ -1,14 +1,14 @@
 /**
- * Process-wide counters of the work the module issued, mirroring the seed's: commit-and-wait syncs,
- * dispatches, command buffers, barriers actually issued, barrier time (when profiling), and the
- * auto-barrier decisions.
+ * Process-wide counters of the work the module issued, mirroring the seed's: blocking syncs,
+ * dispatches, command buffers, barriers actually issued, barrier device time (when profiling
+ * dispatches), the auto-barrier decisions and plan-cache hits and misses.
  *
  * @module
  */
 
 /** A snapshot of every counter. */
 export interface CounterSnapshot {
-  /** Commit-and-wait calls. */
+  /** Blocking waits for a commit: commitAndWait calls and session finish() calls. */
   syncs: number;
   /** Dispatches encoded (not captured). */
   dispatches: number;
@@ -16,12 +16,20 @@ export interface CounterSnapshot {
   commandBuffers: number;
   /** Barriers actually issued into a command buffer. */
   barriers: number;
-  /** Nanoseconds spent issuing barriers (only while profiling). */
+  /**
+   * Device nanoseconds spent at barriers: per barrier, from the last dispatch end before it to the
+   * first dispatch start after it. Measured only while profiling dispatches (MLXN_PROFILE=dispatch
+   * or a trace) on a backend with per-dispatch timings; 0 otherwise.
+   */
   barrierNs: number;
   /** Tracked dispatches that needed a barrier. */
   autoBarriers: number;
   /** Tracked dispatches that joined the current concurrent group. */
   autoConcurrent: number;
+  /** Recorded passes that replayed a cached plan. */
+  planCacheHits: number;
+  /** Recorded passes optimised because no plan of their topology was cached. */
+  planCacheMisses: number;
 }
 
 /** Mutable counter storage; the encoder increments these fields directly. */
@@ -33,6 +41,8 @@ export const counterState: CounterSnapshot = {
   barrierNs: 0,
   autoBarriers: 0,
   autoConcurrent: 0,
+  planCacheHits: 0,
+  planCacheMisses: 0,
 };
 
 /**
@@ -40,7 +50,7 @@ export const counterState: CounterSnapshot = {
  *
  * @example
  * ```ts
- * import { counters } from "./mod.ts";
+ * import { counters } from "@mlxn/mlx-native";
  * counters.reset();
  * // … run a forward pass …
  * console.log(counters.snapshot().barriers);

@@ -16,7 +16,7 @@ import type { NativeSymbols } from "./native/ffi.ts";
 import { defaultLibraryPath, ffiGranted, loadLibrary, type NativeLibrary } from "./native/loader.ts";
 import { check, lastErrorText, readText } from "./native/status.ts";
 import { StreamWriter } from "./native/stream.ts";
-import { assertWritable, Profiler } from "./profile.ts";
+import { prepareTraceFile, Profiler } from "./profile.ts";
 
 /** Options of {@link MlxDevice.open}; each overrides the matching environment switch. */
 export interface DeviceOptions {
@@ -83,6 +83,42 @@ interface ProfileSettings {
   enabled: boolean;
   dispatches: boolean;
   tracePath: string | undefined;
+  traceUndo: string;
+}
+
+/**
+ * The encoders whose streams may hold unflushed records, held weakly: a session dropped without
+ * finish or dispose must stay collectable so its finalizer can release the native command buffer.
+ */
+class OpenEncoders {
+  readonly #refs = new Set<WeakRef<CommandEncoder>>();
+  readonly #refOf = new WeakMap<CommandEncoder, WeakRef<CommandEncoder>>();
+  #pruneAt = 64;
+
+  add(e: CommandEncoder): void {
+    const ref = new WeakRef(e);
+    this.#refOf.set(e, ref);
+    this.#refs.add(ref);
+    if (this.#refs.size >= this.#pruneAt) { // amortised: dead refs never outnumber live ones for long
+      for (const r of this.#refs) if (r.deref() === undefined) this.#refs.delete(r);
+      this.#pruneAt = Math.max(64, 2 * this.#refs.size);
+    }
+  }
+
+  delete(e: CommandEncoder): void {
+    const ref = this.#refOf.get(e);
+    if (ref === undefined) return;
+    this.#refOf.delete(e);
+    this.#refs.delete(ref);
+  }
+
+  *[Symbol.iterator](): IterableIterator<CommandEncoder> {
+    for (const ref of this.#refs) {
+      const e = ref.deref();
+      if (e === undefined) this.#refs.delete(ref); // collected; its finalizer frees the command buffer
+      else yield e;
+    }
+  }
 }
 
 const CANDIDATES: readonly BackendName[] = Deno.build.os === "darwin" ? ["metal", "cpu"] : ["cuda", "cpu"];
@@ -96,7 +132,7 @@ const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.P
  *
  * @example
  * ```ts
- * import { DType, MlxDevice } from "./mod.ts";
+ * import { DType, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open(); // best available backend
  * console.log(device.backend, device.info.name);
  * using x = device.alloc(4 * 1024, DType.F32, [1024]); // zero-filled
@@ -118,8 +154,9 @@ export class MlxDevice {
   #ptr: Deno.PointerObject | null;
   #kernels: KernelRegistry | undefined;
   readonly #writers: StreamWriter[] = [];
-  readonly #open = new Set<CommandEncoder>();
+  readonly #open = new OpenEncoders();
   #deferred: number[] = [];
+  #closingTraced = false;
 
   private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, prof: ProfileSettings, validate: boolean) {
     this.sym = lib.symbols;
@@ -128,7 +165,12 @@ export class MlxDevice {
     this.#ptr = ptr;
     this.info = JSON.parse(readText((b, cap) => lib.symbols.mlxn_device_info(ptr, b, cap))) as DeviceInfo;
     this.profiler = prof.enabled
-      ? new Profiler({ dispatches: prof.dispatches, tracePath: prof.tracePath, backend: this.info.backend })
+      ? new Profiler({
+        dispatches: prof.dispatches,
+        tracePath: prof.tracePath,
+        traceUndo: prof.traceUndo,
+        backend: this.info.backend,
+      })
       : null;
     this.profileDispatches = this.profiler?.dispatches ?? false;
     if (this.profileDispatches && !this.info.perDispatchTiming && !noticeShown.has(this.info.backend)) {
@@ -160,11 +202,13 @@ export class MlxDevice {
     const flags = (concurrency ? 0 : Flag.SERIAL) | ((options.cudaGraphs ?? env.cudaGraphs) ? 0 : Flag.NO_GRAPHS) |
       ((options.cudaPdl ?? env.cudaPdl) ? 0 : Flag.NO_PDL) |
       (level === "dispatch" || tracePath !== undefined ? Flag.DISPATCH_TIMING : 0);
-    if (tracePath !== undefined) assertWritable(tracePath); // fail now, not after the run
+    const traceUndo = options.trace !== undefined ? "drop the trace option" : "unset MLXN_TRACE";
+    if (tracePath !== undefined) prepareTraceFile(tracePath, traceUndo); // fail now, not after the run
     const profile: ProfileSettings = {
       enabled: level !== undefined || tracePath !== undefined,
       dispatches: level === "dispatch",
       tracePath,
+      traceUndo,
     };
     const validate = options.validate ?? env.validate;
 
@@ -241,10 +285,11 @@ export class MlxDevice {
   }
 
   /**
-   * A zero-filled buffer of `byteLength` bytes holding `dtype` elements (default u8), with an
-   * optional logical shape.
+   * A zero-filled buffer of `byteLength` **bytes** (not elements: 1024 f32 values take 4096 bytes)
+   * holding `dtype` elements (default f32, like {@link MlxDevice.upload} of float data), with an
+   * optional logical shape in elements. `byteLength` must be a whole number of elements.
    */
-  alloc(byteLength: number, dtype: DType = DType.U8, shape?: readonly number[]): MlxBuffer {
+  alloc(byteLength: number, dtype: DType = DType.F32, shape?: readonly number[]): MlxBuffer {
     if (!isDType(dtype)) throw new MlxError("InvalidArgument", `alloc: unknown dtype ${String(dtype)}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0) {
       throw new MlxError("InvalidArgument", `alloc: byteLength must be a positive integer, got ${byteLength}`);
@@ -269,7 +314,10 @@ export class MlxDevice {
     return new MlxBuffer(this, handle, 0, byteLength, dtype, shape);
   }
 
-  /** A new buffer holding `data`, converted to `dtype` (default: f32 for float data). */
+  /**
+   * A new buffer holding `data` (its length counts **elements**), converted to `dtype` (default: f32
+   * for float data and plain numbers, the integer type of an integer typed array).
+   */
   upload(data: HostData, dtype?: DType, shape?: readonly number[]): MlxBuffer {
     const dt = dtype ?? inferDType(data);
     const bytes = toDeviceBytes(dt, data);
@@ -290,12 +338,21 @@ export class MlxDevice {
     return new CommandEncoder(this, { validate: this.validate, ...options });
   }
 
-  /** Waits for all committed work, then frees the device and everything allocated on it. */
+  /**
+   * Waits for all committed work, then frees the device and everything allocated on it; then writes
+   * the trace file, if one was asked for (a write failure is an MlxError, after the device is freed).
+   */
   close(): void {
+    // The native device is freed first; a trace that cannot be written is reported afterwards.
+    if (this.#ptr !== null && this.profiler?.tracePath !== undefined && !this.#closingTraced) {
+      this.#closingTraced = true;
+      this.close();
+      this.profiler.writeTrace();
+      return;
+    }
     const ptr = this.#ptr;
     if (ptr === null) return;
     for (const e of [...this.#open]) e.dispose();
-    if (this.profiler?.tracePath !== undefined) this.profiler.writeTrace();
     this.#ptr = null;
     deviceCleanup.unregister(this);
     this.sym.mlxn_device_close(ptr);

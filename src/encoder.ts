@@ -9,10 +9,11 @@
 import { MlxBuffer } from "./buffer.ts";
 import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
-import { BARRIER, type CapturedNode, type DispatchNode, type PipelineRef } from "./graph/nodes.ts";
+import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
+import { CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
+import { BARRIER, type CapturedNode, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
-import { ConflictTracker } from "./graph/tracker.ts";
 import {
   findBrokenConstantPromises,
   findHazards,
@@ -20,23 +21,13 @@ import {
   formatHazards,
   type Hazard,
 } from "./graph/validate.ts";
-import { type KernelRegistry, Pipeline, SLOT_BUFFER, type SlotSpec } from "./kernels.ts";
+import { type KernelRegistry, Pipeline, type SlotSpec } from "./kernels.ts";
 import type { Profiler } from "./profile.ts";
 import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
-import {
-  H_DISPATCH_GROUPS,
-  H_DISPATCH_THREADS,
-  H_SET_BUFFER,
-  H_SET_BUFFER64,
-  H_SET_BUFFER_WHOLE,
-  H_SET_PIPELINE,
-  H_SET_TG_MEMORY,
-  setBytesHeader,
-  StreamWriter,
-  TWO_32,
-} from "./native/stream.ts";
+import { writeDispatch } from "./dispatch_writer.ts";
+import { StreamWriter } from "./native/stream.ts";
 
 /**
  * A slot's argument: a buffer (view); inline constants; or nothing (optional slots).
@@ -112,6 +103,14 @@ export interface EncoderHost {
   encoderClosed(e: CommandEncoder): void;
 }
 
+/** How to commit a command buffer. */
+export interface CommitOptions {
+  /** Label, for profiling and error messages. */
+  label?: string;
+  /** Block until the command buffer completed (throws CommandBufferError on failure). */
+  wait?: boolean;
+}
+
 /** Options of a command encoder. */
 export interface EncoderOptions {
   /** Track every dispatch and insert a barrier exactly where its accesses conflict. */
@@ -120,17 +119,7 @@ export interface EncoderOptions {
   validate?: boolean;
 }
 
-/** Concurrent-group statistics of an encoder. */
-export interface GroupStats {
-  /** Dispatches encoded. */
-  readonly dispatches: number;
-  /** Concurrent groups (runs of dispatches between barriers). */
-  readonly groups: number;
-  /** Mean dispatches per group. */
-  readonly meanGroupSize: number;
-  /** histogram[k] = number of groups of exactly k dispatches. */
-  readonly histogram: readonly number[];
-}
+export type { GroupStats } from "./barrier_policy.ts";
 
 /** A buffer view or an explicit range, for barrierBetween / trackDispatch. */
 export type RangeLike = MlxBuffer | MemRange;
@@ -164,7 +153,7 @@ function validDim(v: number): boolean {
  *
  * @example
  * ```ts
- * import { KernelRegistry, MlxDevice } from "./mod.ts";
+ * import { KernelRegistry, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ backend: "cpu" });
  * const add = new KernelRegistry(device).get("elementwise_add_f32");
  * using a = device.upload(new Float32Array([1, 2])), b = device.upload(new Float32Array([3, 4]));
@@ -195,22 +184,15 @@ export class CommandEncoder {
   #gpuStartNs = 0;
   #gpuEndNs = 0;
   #timings: DispatchTiming[] | null = null;
-  // capture mode
-  #capture: CapturedNode[] | null = null;
-  #pendingOpKind: CapturedOpKind | undefined;
-  #pendingRanges: Accesses | undefined;
-  // auto barriers and group statistics
-  #autoBarriers: boolean;
-  readonly #tracker = new ConflictTracker();
-  #groupSize = 0;
-  readonly #groupHistogram: number[] = [];
+  #capture: CaptureRecorder | null = null; // capture mode
+  readonly #policy: BarrierPolicy; // auto barriers and group statistics
   // validation: what was encoded, to check at commit
   #log: CapturedNode[] | null;
   #hazards: Hazard[] = [];
 
   /** @internal Use `device.commandEncoder()`. */
   constructor(host: EncoderHost, options: EncoderOptions = {}) {
-    this.#autoBarriers = options.autoBarriers ?? false;
+    this.#policy = new BarrierPolicy(options.autoBarriers ?? false);
     this.#log = options.validate ? [] : null;
     this.#host = host;
     this.#sym = host.sym;
@@ -254,120 +236,68 @@ export class CommandEncoder {
    */
   dispatch(d: DispatchDescriptor): void {
     if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
-    if (!this.#autoBarriers && this.#capture === null && this.#log === null && this.#fastWrite(d)) return;
-    const words = this.#check(d);
-    if (this.#autoBarriers) {
+    const policy = this.#policy;
+    if (policy.auto && this.#capture === null && this.#log === null) {
+      // The barrier (if the accesses conflict) and the dispatch are written in one all-or-nothing
+      // step, so a bad descriptor leaves no barrier behind and needs no separate check.
       const acc = accessesOf(d.pipeline.contract, d.bindings);
-      this.#track(acc.reads, acc.writes, true, d.pipeline.name);
+      const barrier = this.#dispatches > 0 && policy.conflicts(acc.reads, acc.writes);
+      if (writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches, barrier)) {
+        if (barrier) {
+          this.#barrierIssued();
+          counterState.autoBarriers++;
+        } else counterState.autoConcurrent++;
+        policy.track(acc.reads, acc.writes);
+        this.#dispatched(d);
+        return;
+      }
+      this.#check(d); // says what is wrong
+      throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
     }
-    if (this.#capture !== null) {
-      this.#record(d);
+    if (policy.auto || this.#capture !== null || this.#log !== null) {
+      this.#check(d); // before any barrier or node: a bad descriptor changes nothing
+      let acc: Accesses | undefined;
+      if (policy.auto) {
+        acc = accessesOf(d.pipeline.contract, d.bindings);
+        this.#track(acc.reads, acc.writes, true);
+      }
+      if (this.#capture !== null) {
+        this.#capture.dispatch(d, acc);
+        return;
+      }
+    }
+    if (this.#writeDispatch(d)) {
+      this.#log?.push(dispatchNode(d, undefined, undefined, undefined));
       return;
     }
-    this.#write(d, words);
+    this.#check(d); // says what is wrong
+    throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
   }
 
-  /**
-   * The common case in one pass: checks the descriptor while writing its records straight into the
-   * stream words, and publishes them (moves the write position) only at the end. On anything off it
-   * returns false with nothing written, and the two-pass path reports the error with its message.
-   * Returns true when the dispatch was encoded. The records are stored inline rather than through
-   * StreamWriter's record methods (calling those cost ~4.4 ns of the ~50 ns here), and a view that
-   * covers its whole allocation is bound with the 2-word SET_BUFFER_WHOLE record (the two-pass path
-   * writes SET_BUFFER for every view; both are valid streams).
-   */
-  #fastWrite(d: DispatchDescriptor): boolean {
-    const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
-    if (bindings.length > n) return false;
-    const grid = d.grid, tg = d.threadgroup;
-    let g0: number, g1 = 1, g2 = 1, t0: number, t1 = 1, t2 = 1;
-    if (typeof grid === "number") g0 = grid;
-    else {
-      g0 = grid[0];
-      if (grid.length > 1) g1 = grid[1];
-      if (grid.length > 2) g2 = grid[2];
-    }
-    if (typeof tg === "number") t0 = tg;
-    else {
-      t0 = tg[0];
-      if (tg.length > 1) t1 = tg[1];
-      if (tg.length > 2) t2 = tg[2];
-    }
-    if (
-      !validDim(g0) || !validDim(g1) || !validDim(g2) || !validDim(t0) || !validDim(t1) || !validDim(t2) ||
-      t0 * t1 * t2 > Limits.MAX_THREADS_PER_GROUP
-    ) return false;
-    const tgMem = d.threadgroupMemory ?? 0;
-    if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) return false;
-    const writer = this.#writer!;
-    writer.reserve(p.maxDispatchWords);
-    const w = writer.words;
-    let at = writer.pos;
-    if (this.#pipeline !== p.handle) {
-      w[at] = H_SET_PIPELINE;
-      w[at + 1] = p.handle;
-      at += 2;
-    }
-    if (tgMem > 0) {
-      w[at] = H_SET_TG_MEMORY;
-      w[at + 1] = tgMem;
-      at += 2;
-    }
-    for (let i = 0; i < n; i++) {
-      const b = bindings[i], code = plan[i];
-      if (code < 0) { // a buffer slot
-        if (b instanceof MlxBuffer) {
-          const h = b.rawHandle, off = b.byteOffset, len = b.byteLength;
-          if (h === 0) return false;
-          if (b.isWholeAllocation) { // the common case: half the words
-            w[at] = H_SET_BUFFER_WHOLE | (i << 8);
-            w[at + 1] = h;
-            at += 2;
-          } else if (off + len < TWO_32) {
-            w[at] = H_SET_BUFFER | (i << 8);
-            w[at + 1] = h;
-            w[at + 2] = off;
-            w[at + 3] = len;
-            at += 4;
-          } else {
-            w[at] = H_SET_BUFFER64 | (i << 8);
-            w[at + 1] = h;
-            w[at + 2] = off >>> 0;
-            w[at + 3] = Math.floor(off / TWO_32);
-            w[at + 4] = len >>> 0;
-            w[at + 5] = Math.floor(len / TWO_32);
-            at += 6;
-          }
-        } else if (b !== undefined || code === SLOT_BUFFER) return false;
-      } else if (Array.isArray(b)) { // inline bytes as u32 words
-        const len = b.length;
-        if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (code !== 0 && len * 4 !== code)) return false;
-        w[at] = setBytesHeader(len) | (i << 8);
-        w[at + 1] = len * 4;
-        at += 2;
-        for (let k = 0; k < len; k++) {
-          const v = b[k];
-          if ((v >>> 0) !== v) return false;
-          w[at + k] = v;
-        }
-        at += len;
-      } else return false;
-    }
-    w[at] = d.dispatchKind === "threads" ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
-    w[at + 1] = g0;
-    w[at + 2] = g1;
-    w[at + 3] = g2;
-    w[at + 4] = t0;
-    w[at + 5] = t1;
-    w[at + 6] = t2;
-    w[at + 7] = this.#dispatches;
-    writer.pos = at + 8;
+  /** Writes a dispatch's records (see writeDispatch); false with nothing written when it is not valid. */
+  #writeDispatch(d: DispatchDescriptor): boolean {
+    if (!writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches)) return false;
+    this.#dispatched(d);
+    return true;
+  }
+
+  /** Bookkeeping of a dispatch just written. */
+  #dispatched(d: DispatchDescriptor): void {
+    const p = d.pipeline;
     this.#pipeline = p.handle;
     if (this.#kernels !== null) this.#kernels.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
     this.#dispatches++;
-    this.#groupSize++;
+    this.#policy.dispatched();
     counterState.dispatches++;
-    return true;
+  }
+
+  /**
+   * Throws exactly what {@link CommandEncoder.dispatch} would throw for this descriptor, and encodes
+   * nothing: lets a caller check work before committing anything it depends on.
+   */
+  checkDispatch(d: DispatchDescriptor): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("checkDispatch");
+    this.#check(d);
   }
 
   /** Validates a descriptor; returns the stream words its records take. */
@@ -446,84 +376,31 @@ export class CommandEncoder {
     return words;
   }
 
-  /** Writes a validated dispatch's records into room reserved once. */
-  #write(d: DispatchDescriptor, words: number): void {
-    const w = this.#writer!;
-    const p = d.pipeline, slots = p.contract.slots, bindings = d.bindings;
-    const tgMem = d.threadgroupMemory ?? 0;
-    w.reserve(words);
-    if (this.#pipeline !== p.handle) {
-      w.setPipeline(p.handle);
-      this.#pipeline = p.handle;
-    }
-    if (tgMem > 0) w.setThreadgroupMemory(tgMem);
-    for (let i = 0; i < slots.length; i++) {
-      const b = bindings[i];
-      if (b instanceof MlxBuffer) w.setBuffer(i, b.rawHandle, b.byteOffset, b.byteLength);
-      else if (Array.isArray(b) || b instanceof Uint32Array) w.setWords(i, b as ArrayLike<number>);
-      else if (b !== undefined) w.setBytes(i, b as Uint8Array);
-    }
-    w.dispatch(
-      d.dispatchKind === "threads",
-      dim(d.grid, 0),
-      dim(d.grid, 1),
-      dim(d.grid, 2),
-      dim(d.threadgroup, 0),
-      dim(d.threadgroup, 1),
-      dim(d.threadgroup, 2),
-      this.#dispatches,
-    );
-    this.#kernels?.push({ kernel: p.name, opKind: d.opKind ?? p.contract.opKind });
-    this.#log?.push(this.#node(d));
-    this.#dispatches++;
-    this.#groupSize++;
-    counterState.dispatches++;
-  }
-
-  /** A graph node for a dispatch: its accesses derived from bindings, unless annotated. */
-  #node(d: DispatchDescriptor): DispatchNode {
-    const acc = this.#pendingRanges ?? accessesOf(d.pipeline.contract, d.bindings);
-    const node: DispatchNode = {
-      kind: "dispatch",
-      pipeline: d.pipeline,
-      bindings: [...d.bindings],
-      grid: d.grid,
-      threadgroup: d.threadgroup,
-      threadgroupMemory: d.threadgroupMemory,
-      dispatchKind: d.dispatchKind ?? "threadgroups",
-      opKind: this.#pendingOpKind ?? d.opKind ?? d.pipeline.contract.opKind,
-      reads: acc.reads,
-      writes: acc.writes,
-    };
-    this.#pendingOpKind = undefined;
-    this.#pendingRanges = undefined;
-    return node;
-  }
-
-  #record(d: DispatchDescriptor): void {
-    this.#capture!.push(this.#node(d));
-  }
-
   /**
    * Makes every later dispatch see all memory written by earlier ones. A barrier before the first
    * dispatch is a no-op and is not counted.
    */
   memoryBarrier(): void {
     if (this.#state !== "encoding") throw this.#notEncoding("memoryBarrier");
-    this.#tracker.reset(); // every earlier write is now visible
+    this.#policy.forget(); // every earlier write is now visible
     if (this.#capture !== null) {
-      // In capture mode a barrier is a node; nothing is issued or counted.
-      if (this.#capture.length > 0) this.#capture.push(BARRIER);
+      this.#capture.barrier(); // in capture mode a barrier is a node; nothing is issued or counted
       return;
     }
     if (this.#dispatches === 0) return;
     const w = this.#writer!;
     w.reserve(RecordWords.BARRIER);
     w.barrier();
+    this.#barrierIssued();
+  }
+
+  /** Bookkeeping of a barrier record just written (the tracker is reset by the caller or here). */
+  #barrierIssued(): void {
+    this.#policy.forget();
     this.#log?.push(BARRIER);
     this.#barriersBefore?.push(this.#dispatches);
     this.#barriers++;
-    this.#endGroup();
+    this.#policy.endGroup();
     counterState.barriers++;
   }
 
@@ -531,13 +408,13 @@ export class CommandEncoder {
 
   /** Whether every dispatch is tracked and gets a barrier exactly on conflict. */
   get autoBarriers(): boolean {
-    return this.#autoBarriers;
+    return this.#policy.auto;
   }
 
   /** Turns automatic barriers on or off (the tracker is reset). */
   set autoBarriers(on: boolean) {
-    this.#autoBarriers = on;
-    this.#tracker.reset();
+    this.#policy.auto = on;
+    this.#policy.forget();
   }
 
   /**
@@ -547,62 +424,38 @@ export class CommandEncoder {
    */
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     const r = toRanges(reads), w = toRanges(writes);
-    if (this.#capture !== null) this.#pendingRanges = { reads: r, writes: w };
-    this.#track(r, w, true, "barrierBetween");
+    this.#capture?.addPendingRanges({ reads: r, writes: w });
+    this.#track(r, w, true);
   }
 
   /**
    * Adds a dispatch's accesses to the current group without a check (the seed's track_dispatch);
-   * in capture mode they annotate the last captured dispatch if it has none.
+   * in capture mode they are merged into the last captured dispatch's accesses.
    */
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     const r = toRanges(reads), w = toRanges(writes);
-    if (this.#capture !== null) this.annotateLastDispatchIfMissing(r, w);
-    this.#track(r, w, false, "trackDispatch");
+    this.#capture?.mergeIntoLastDispatch({ reads: r, writes: w });
+    this.#track(r, w, false);
   }
 
-  /** Issues a barrier now and forgets the tracked group. */
-  forceBarrierAndResetTracker(): void {
-    this.memoryBarrier();
-    this.#tracker.reset();
-  }
-
-  #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean, _what: string): void {
+  #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean): void {
+    const policy = this.#policy;
     if (check) {
       const capturing = this.#capture !== null;
       const hasWork = capturing ? this.#capture!.length > 0 : this.#dispatches > 0;
-      if (hasWork && this.#tracker.conflicts(reads, writes)) {
+      if (hasWork && policy.conflicts(reads, writes)) {
         this.memoryBarrier();
         if (!capturing) counterState.autoBarriers++;
       } else if (!capturing) {
         counterState.autoConcurrent++;
       }
     }
-    this.#tracker.add(reads, writes);
-  }
-
-  #endGroup(): void {
-    if (this.#groupSize === 0) return;
-    const h = this.#groupHistogram;
-    while (h.length <= this.#groupSize) h.push(0);
-    h[this.#groupSize]++;
-    this.#groupSize = 0;
+    policy.track(reads, writes);
   }
 
   /** The concurrent-group size histogram of what was encoded so far. */
   groupStats(): GroupStats {
-    const h = [...this.#groupHistogram];
-    if (this.#groupSize > 0) {
-      while (h.length <= this.#groupSize) h.push(0);
-      h[this.#groupSize]++;
-    }
-    const groups = h.reduce((a, b) => a + b, 0);
-    return {
-      dispatches: this.#dispatches,
-      groups,
-      meanGroupSize: groups > 0 ? this.#dispatches / groups : 0,
-      histogram: h,
-    };
+    return this.#policy.stats(this.#dispatches);
   }
 
   // ---- capture mode ---------------------------------------------------------------------------
@@ -610,7 +463,7 @@ export class CommandEncoder {
   /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
   startCapture(): void {
     if (this.#state !== "encoding") throw this.#notEncoding("startCapture");
-    if (this.#capture === null) this.#capture = [];
+    this.#capture ??= new CaptureRecorder();
   }
 
   /** Whether the encoder is recording. */
@@ -620,35 +473,28 @@ export class CommandEncoder {
 
   /** Ends capture mode and returns the recorded nodes (null when not capturing). */
   takeCapture(): CapturedNode[] | null {
-    const nodes = this.#capture;
+    const capture = this.#capture;
     this.#capture = null;
-    this.#pendingOpKind = undefined;
-    this.#pendingRanges = undefined;
-    this.#tracker.reset();
-    if (nodes && nodes.length > 0 && nodes[nodes.length - 1].kind === "barrier") nodes.pop();
-    return nodes;
+    this.#policy.forget();
+    return capture ? capture.take() : null;
   }
 
   /** Sets the op kind of the next captured dispatch. */
   setOpKind(kind: CapturedOpKind): void {
-    this.#pendingOpKind = kind;
+    this.#capture?.setOpKind(kind);
   }
 
-  /** Sets the read/write ranges of the next captured dispatch (instead of the derived ones). */
+  /**
+   * Adds read/write ranges to the next captured dispatch. They are merged with the ranges derived
+   * from its bindings, never replace them.
+   */
   setPendingRanges(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    this.#pendingRanges = { reads: [...reads], writes: [...writes] };
+    this.#capture?.addPendingRanges({ reads, writes });
   }
 
   /** Annotates the last captured dispatch with these ranges if it has none. */
   annotateLastDispatchIfMissing(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    const nodes = this.#capture;
-    if (!nodes) return;
-    for (let i = nodes.length - 1; i >= 0; i--) {
-      const n = nodes[i];
-      if (n.kind !== "dispatch") continue;
-      if (n.reads.length === 0 && n.writes.length === 0) nodes[i] = { ...n, reads: [...reads], writes: [...writes] };
-      return;
-    }
+    this.#capture?.annotateLastDispatchIfMissing(reads, writes);
   }
 
   /** Resolves a pipeline reference (a Pipeline, or just `{ name }`) on this encoder's device. */
@@ -666,8 +512,21 @@ export class CommandEncoder {
     if (this.#state === "encoding") this.#writer!.flush();
   }
 
-  /** Commits without waiting; the command buffer runs after every earlier commit of the device. */
-  commit(label = ""): void {
+  /**
+   * Commits the command buffer; it runs after every earlier commit of the device. With
+   * `{ wait: true }` this blocks until it completed (same as {@link CommandEncoder.commitAndWait});
+   * a string is taken as the label.
+   */
+  commit(options: CommitOptions | string = {}): void {
+    const opts = typeof options === "string" ? { label: options } : options;
+    if (opts.wait) {
+      counterState.syncs++;
+      this.#commit(opts.label ?? "");
+      this.waitUntilCompleted();
+    } else this.#commit(opts.label ?? "");
+  }
+
+  #commit(label: string): void {
     if (this.#state !== "encoding") throw this.#notEncoding("commit");
     if (this.#capture !== null) {
       throw new MlxError(
@@ -675,30 +534,8 @@ export class CommandEncoder {
         "commit while capturing: takeCapture() first and encode the graph (or dispose the encoder)",
       );
     }
-    if (this.#log !== null) {
-      this.#hazards = findHazards(this.#log);
-      if (this.#hazards.length > 0) {
-        const err = new MlxError(
-          "HazardError",
-          `${this.#hazards.length} missing barrier(s) in command buffer${label ? ` '${label}'` : ""} ` +
-            `(nothing was committed):\n${formatHazards(this.#hazards)}`,
-        );
-        this.dispose();
-        throw err;
-      }
-      const broken = findBrokenConstantPromises(this.#log);
-      if (broken.length > 0) {
-        const err = new MlxError(
-          "HazardError",
-          `${broken.length} broken constant promise(s) in command buffer${label ? ` '${label}'` : ""} ` +
-            `(nothing was committed; drop the promise, e.g. constantWeights, or write the buffer in an ` +
-            `earlier command buffer):\n${formatBrokenPromises(broken)}`,
-        );
-        this.dispose();
-        throw err;
-      }
-    }
-    this.#endGroup();
+    this.#verify(label);
+    this.#policy.endGroup();
     this.#label = label;
     const w = this.#writer!;
     w.flush();
@@ -716,27 +553,44 @@ export class CommandEncoder {
     counterState.commandBuffers++;
   }
 
-  /** {@link CommandEncoder.commit} with a label (kept for per-label profiling). */
-  commitLabeled(label: string): void {
-    this.commit(label);
+  /**
+   * Runs the hazard validator over what was encoded (validation on) and throws HazardError, with the
+   * encoder disposed, if a barrier is missing; nothing is committed. A no-op without validation.
+   */
+  checkHazards(label = ""): void {
+    if (this.#state !== "encoding") throw this.#notEncoding("checkHazards");
+    this.#verify(label);
+  }
+
+  #verify(label: string): void {
+    if (this.#log === null) return;
+    const where = `command buffer${label ? ` '${label}'` : ""}`;
+    this.#hazards = findHazards(this.#log);
+    if (this.#hazards.length > 0) {
+      const err = new MlxError(
+        "HazardError",
+        `${this.#hazards.length} missing barrier(s) in ${where} (nothing was committed):\n${
+          formatHazards(this.#hazards)
+        }`,
+      );
+      this.dispose();
+      throw err;
+    }
+    const broken = findBrokenConstantPromises(this.#log);
+    if (broken.length > 0) {
+      const err = new MlxError(
+        "HazardError",
+        `${broken.length} broken constant promise(s) in ${where} (nothing was committed; drop the promise, ` +
+          `e.g. constantWeights, or write the buffer in an earlier command buffer):\n${formatBrokenPromises(broken)}`,
+      );
+      this.dispose();
+      throw err;
+    }
   }
 
   /** Commits and blocks until the command buffer completed; throws CommandBufferError on failure. */
-  commitAndWait(label = ""): void {
-    counterState.syncs++;
-    this.commit(label);
-    this.waitUntilCompleted();
-  }
-
-  /** {@link CommandEncoder.commitAndWait} with a label. */
-  commitAndWaitLabeled(label: string): void {
-    this.commitAndWait(label);
-  }
-
-  /** Commits, waits, and returns the GPU start/end times in ns. */
-  commitWaitWithGpuTime(label = ""): { gpuStartNs: number; gpuEndNs: number } {
-    this.commitAndWait(label);
-    return { gpuStartNs: this.#gpuStartNs, gpuEndNs: this.#gpuEndNs };
+  commitAndWait(options: Omit<CommitOptions, "wait"> | string = {}): void {
+    this.commit({ ...(typeof options === "string" ? { label: options } : options), wait: true });
   }
 
   /** Blocks until the committed command buffer completed; throws its error if it failed. */

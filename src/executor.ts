@@ -6,15 +6,23 @@
  * @module
  */
 
-import type { MlxBuffer } from "./buffer.ts";
 import { envConfig } from "./config.ts";
+import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
-import { ComputeGraph } from "./graph/compute_graph.ts";
+import { ComputeGraph, type GraphEncodeTarget } from "./graph/compute_graph.ts";
+import {
+  type CachedPlan,
+  Fingerprint,
+  PlanCache,
+  planDescriptor,
+  PlanRecorder,
+  replaySteps,
+} from "./graph/plan_cache.ts";
 import type { KernelRegistry } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
-import * as ops from "./ops/mod.ts";
+import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
 
 /** Optimisations and checks, as executor defaults (the environment's kill switches always win). */
 export interface ExecutorOptions {
@@ -24,13 +32,24 @@ export interface ExecutorOptions {
   reorder?: boolean;
   /** Validate every command buffer for missing barriers (MLXN_VALIDATE=1). */
   validate?: boolean;
-  /** Sessions insert barriers automatically, exactly where accesses conflict. */
+  /**
+   * Sessions insert barriers automatically, exactly where accesses conflict (default on). With
+   * `false`, barriers are placed by hand (`s.barrier()`), and the validator (MLXN_VALIDATE=1)
+   * still reports any that are missing.
+   */
   autoBarriers?: boolean;
+  /**
+   * Cache optimised recorded passes by topology and replay them (default on; MLXN_PLAN_CACHE=0
+   * forbids it). See src/graph/plan_cache.ts for the key.
+   */
+  planCache?: boolean;
+  /** Most cached plans, least recently used evicted first (default 16). */
+  planCacheSize?: number;
 }
 
 /** Options of one session. */
 export interface SessionOptions {
-  /** Insert barriers automatically (default: the executor's setting). */
+  /** Insert barriers automatically (default: the executor's setting, itself on by default). */
   autoBarriers?: boolean;
   /** Validate hazards at commit (default: the executor's setting). */
   validate?: boolean;
@@ -52,6 +71,12 @@ export interface FinishOptions {
 export interface FinishReport {
   /** "direct" or "recorded". */
   readonly mode: "direct" | "recorded";
+  /**
+   * Recorded passes: "hit" when the pass replayed the cached plan of its topology (no fusion,
+   * reorder or barrier placement ran), "miss" when it was optimised and its plan cached; "off" for
+   * direct passes and when the plan cache is switched off.
+   */
+  readonly planCache: PlanCacheOutcome;
   /** Fusions applied. */
   readonly fusions: number;
   /** Nodes moved by the reorder pass. */
@@ -70,6 +95,17 @@ export interface FinishReport {
   readonly gpuNs: number;
 }
 
+/** Whether a recorded pass replayed a cached plan ("hit"), optimised and cached one ("miss"), or neither ("off"). */
+export type PlanCacheOutcome = "hit" | "miss" | "off";
+
+interface RecordedCommit {
+  encoders: CommandEncoder[];
+  barriers: number[];
+  fusions: number;
+  reordered: number;
+  planCache: PlanCacheOutcome;
+}
+
 /** A committed pass that has not been waited for. */
 export interface PendingPass {
   /** The committed encoders, in commit order. */
@@ -82,13 +118,24 @@ export interface PendingPass {
 
 const nowNs = () => performance.now() * 1e6;
 
+const DEFAULT_PLAN_CACHE_SIZE = 16;
+
+function closedSessionError(what: string): MlxError {
+  return new MlxError("InvalidState", `${what}: this session was already finished or disposed; begin a new one`);
+}
+
+type AnyOp = (target: DispatchTarget, registry: KernelRegistry, ...args: unknown[]) => void;
+
+/** The base of GraphSession: its op methods are installed from SESSION_OPS (typed as SessionOps). */
+export const SessionOpSurface: new () => SessionOps = class {} as new () => SessionOps;
+
 /**
  * Runs forward passes on one device: every op of a pass goes through one session into one
  * command buffer.
  *
  * @example
  * ```ts
- * import { DType, GraphExecutor, MlxDevice } from "./mod.ts";
+ * import { DType, GraphExecutor, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open();
  * const exec = new GraphExecutor(device);
  * using a = device.upload(new Float32Array([1, 2])), b = device.upload(new Float32Array([3, 4]));
@@ -106,18 +153,31 @@ export class GraphExecutor {
   readonly registry: KernelRegistry;
   /** Resolved defaults. */
   readonly options: Readonly<Required<ExecutorOptions>>;
+  /** Optimised recorded passes by topology (null when the plan cache is off). */
+  readonly planCache: PlanCache | null;
+  /** @internal Scratch for topology keys. */
+  readonly fingerprint: Fingerprint = new Fingerprint();
 
   /** An executor on `device`. */
   constructor(device: MlxDevice, options: ExecutorOptions = {}) {
     const env = envConfig();
     this.device = device;
     this.registry = device.kernels;
+    const size = options.planCacheSize ?? DEFAULT_PLAN_CACHE_SIZE;
+    if (!Number.isSafeInteger(size) || size < 0) {
+      throw new MlxError("InvalidArgument", `planCacheSize must be a non-negative integer, got ${size}`);
+    }
+    // MLXN_PLAN_CACHE=0 (read by config.ts as `planCache`) forbids the cache whatever the option says.
+    const envAllows = (env as Readonly<{ planCache?: boolean }>).planCache ?? true;
     this.options = Object.freeze({
       fusion: env.fusion && (options.fusion ?? true),
       reorder: env.reorder && (options.reorder ?? true),
       validate: options.validate ?? device.validate,
-      autoBarriers: options.autoBarriers ?? false,
+      autoBarriers: options.autoBarriers ?? true,
+      planCache: envAllows && (options.planCache ?? true) && size > 0,
+      planCacheSize: size,
     });
+    this.planCache = this.options.planCache ? new PlanCache(size) : null;
   }
 
   /** A session that encodes every op directly into its command buffer. */
@@ -134,9 +194,34 @@ export class GraphExecutor {
 /**
  * One forward pass. Every op method encodes (or records) into the session's single encoder; call
  * `finish()` once. A session disposed or dropped without finishing releases its command buffer
- * without running it.
+ * without running it. The op methods (`s.elementwiseAdd`, `s.rmsNorm`, …) are the dispatchers of
+ * `SESSION_OPS` (src/session_ops.ts) bound to this session: the same arguments as `ops.*` without
+ * target and registry.
  */
-export class GraphSession implements DispatchTarget {
+export class GraphSession extends SessionOpSurface implements DispatchTarget {
+  // Each op of SESSION_OPS becomes a method that checks the session is open and calls the op with
+  // the session's encoder and registry: fixed parameters (no rest array), one call deep.
+  static {
+    for (const [name, op] of Object.entries(SESSION_OPS)) {
+      const dispatcher = op as AnyOp;
+      if (dispatcher.length - 2 > MAX_OP_ARGUMENTS) throw new Error(`${name}: too many arguments to bind`);
+      const method = function (
+        this: GraphSession,
+        a: unknown,
+        b: unknown,
+        c: unknown,
+        d: unknown,
+        e: unknown,
+        f: unknown,
+      ) {
+        if (this.#done) throw closedSessionError(name);
+        dispatcher(this.#encoder, this.#registry, a, b, c, d, e, f);
+      };
+      Object.defineProperty(method, "name", { value: name });
+      Object.defineProperty(GraphSession.prototype, name, { value: method, writable: true, configurable: true });
+    }
+  }
+
   readonly #exec: GraphExecutor;
   readonly #registry: KernelRegistry;
   readonly #recorded: boolean;
@@ -147,6 +232,7 @@ export class GraphSession implements DispatchTarget {
 
   /** @internal Use GraphExecutor.begin / beginRecorded. */
   constructor(exec: GraphExecutor, recorded: boolean, options: SessionOptions) {
+    super();
     this.#exec = exec;
     this.#registry = exec.registry;
     this.#recorded = recorded;
@@ -198,139 +284,6 @@ export class GraphSession implements DispatchTarget {
     this.#encoder.trackDispatch(reads, writes);
   }
 
-  // ---- ops --------------------------------------------------------------------------------------
-
-  /** out = a + b. */
-  elementwiseAdd(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, n?: number): void {
-    ops.elementwiseAdd(this, this.#registry, a, b, out, n);
-  }
-
-  /** out = a · b. */
-  elementwiseMul(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, n?: number): void {
-    ops.elementwiseMul(this, this.#registry, a, b, out, n);
-  }
-
-  /** out = α·a + β·b. */
-  axpby(a: MlxBuffer, b: MlxBuffer, out: MlxBuffer, o: { alpha: number; beta: number; n?: number }): void {
-    ops.axpby(this, this.#registry, a, b, out, o);
-  }
-
-  /** GELU (tanh form). */
-  gelu(input: MlxBuffer, output: MlxBuffer, n?: number): void {
-    ops.gelu(this, this.#registry, input, output, n);
-  }
-
-  /** SiLU. */
-  silu(input: MlxBuffer, output: MlxBuffer, n?: number): void {
-    ops.silu(this, this.#registry, input, output, n);
-  }
-
-  /** {@link ops.siluMul}: SwiGLU, silu(gate) · up in one kernel. */
-  siluMul(gate: MlxBuffer, up: MlxBuffer, out: MlxBuffer, n?: number): void {
-    ops.siluMul(this, this.#registry, gate, up, out, n);
-  }
-
-  /** Strided row copy (e.g. a K/V cache append). */
-  stridedCopy(src: MlxBuffer, dst: MlxBuffer, o: ops.StridedCopyOptions): void {
-    ops.stridedCopy(this, this.#registry, src, dst, o);
-  }
-
-  /** tanh(x / cap) · cap. */
-  softcap(input: MlxBuffer, output: MlxBuffer, o: { cap: number; n?: number }): void {
-    ops.softcap(this, this.#registry, input, output, o);
-  }
-
-  /** Row softmax. */
-  softmax(input: MlxBuffer, output: MlxBuffer, o: { rows: number; cols: number }): void {
-    ops.softmax(this, this.#registry, input, output, o);
-  }
-
-  /** RMS norm with a learned weight. */
-  rmsNorm(input: MlxBuffer, weight: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
-    ops.rmsNorm(this, this.#registry, input, weight, output, o);
-  }
-
-  /** Fused RMS norm × scale. */
-  rmsNormMul(input: MlxBuffer, weight: MlxBuffer, scale: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
-    ops.rmsNormMul(this, this.#registry, input, weight, scale, output, o);
-  }
-
-  /** Fused RMS norm × scale + residual. */
-  rmsNormMulAdd(
-    input: MlxBuffer,
-    weight: MlxBuffer,
-    scale: MlxBuffer,
-    residual: MlxBuffer,
-    output: MlxBuffer,
-    o: ops.NormOptions,
-  ): void {
-    ops.rmsNormMulAdd(this, this.#registry, input, weight, scale, residual, output, o);
-  }
-
-  /** RMS norm without a weight. */
-  rmsNormNoScale(input: MlxBuffer, output: MlxBuffer, o: ops.NormOptions): void {
-    ops.rmsNormNoScale(this, this.#registry, input, output, o);
-  }
-
-  /** Rope over adjacent pairs. */
-  rope(
-    input: MlxBuffer,
-    output: MlxBuffer,
-    positions: MlxBuffer,
-    o: { theta: number; headDim: number; seqLen: number },
-  ): void {
-    ops.rope(this, this.#registry, input, output, positions, o);
-  }
-
-  /** NeoX rope. */
-  ropeNeox(input: MlxBuffer, output: MlxBuffer, positions: MlxBuffer, o: ops.RopeNeoxOptions): void {
-    ops.ropeNeox(this, this.#registry, input, output, positions, o);
-  }
-
-  /** y = x · Wᵀ (+ residual), dense f32/bf16 weights. */
-  matmul(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.DenseMatmulOptions): void {
-    ops.matmul(this, this.#registry, x, w, y, o);
-  }
-
-  /** y = x · Wᵀ, MLX affine-quantized weights. */
-  quantizedMatmul(
-    x: MlxBuffer,
-    w: MlxBuffer,
-    scales: MlxBuffer,
-    biases: MlxBuffer,
-    y: MlxBuffer,
-    o: ops.AffineMatmulOptions,
-  ): void {
-    ops.quantizedMatmul(this, this.#registry, x, w, scales, biases, y, o);
-  }
-
-  /** y = x · Wᵀ, ggml block weights. */
-  quantizedMatmulGgml(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: ops.GgmlMatmulOptions): void {
-    ops.quantizedMatmulGgml(this, this.#registry, x, w, y, o);
-  }
-
-  /** MoE expert-routed product, ggml block weights. */
-  quantizedMatmulIdGgml(x: MlxBuffer, w: MlxBuffer, ids: MlxBuffer, y: MlxBuffer, o: ops.GgmlMoeOptions): void {
-    ops.quantizedMatmulIdGgml(this, this.#registry, x, w, ids, y, o);
-  }
-
-  /** Causal scaled dot-product attention. */
-  sdpa(q: MlxBuffer, k: MlxBuffer, v: MlxBuffer, out: MlxBuffer, o: ops.SdpaOptions): void {
-    ops.sdpa(this, this.#registry, q, k, v, out, o);
-  }
-
-  /** Decode attention, split over workgroups then reduced (places its own barrier). */
-  flashAttnVec(
-    q: MlxBuffer,
-    k: MlxBuffer,
-    v: MlxBuffer,
-    tmp: MlxBuffer,
-    out: MlxBuffer,
-    o: ops.FlashAttnVecOptions,
-  ): void {
-    ops.flashAttnVec(this, this.#registry, q, k, v, tmp, out, o);
-  }
-
   // ---- completion -------------------------------------------------------------------------------
 
   /** Commits the pass (optimised as asked, for recorded sessions) and waits for it. */
@@ -344,42 +297,18 @@ export class GraphSession implements DispatchTarget {
     this.#done = true;
     const enc = this.#encoder;
     const label = options.label ?? "";
-    const exec = this.#exec;
     let fusions = 0, reordered = 0;
     let encoders: CommandEncoder[];
     let barriers: number[];
+    let planCache: PlanCacheOutcome = "off";
     try {
       if (!this.#recorded) {
         enc.commit(label);
         encoders = [enc];
         barriers = [enc.barrierCount];
       } else {
-        const graph = new ComputeGraph(enc.takeCapture() ?? []);
-        enc.autoBarriers = false; // the graph carries its barriers (or they are recomputed)
-        const fuse = (options.fuse ?? false) && exec.options.fusion;
-        const reorder = (options.reorder ?? false) && exec.options.reorder;
-        if (fuse) fusions = graph.fuse(this.#registry);
-        if (reorder) reordered = graph.reorder();
-        if (options.dualBuffer) {
-          const second = exec.device.commandEncoder({ validate: this.#validate });
-          try {
-            barriers = graph.encodeDualBuffer({
-              dispatch: (d) => enc.dispatch(d),
-              memoryBarrier: () => enc.memoryBarrier(),
-              commit: () => enc.commit(label),
-              resolvePipeline: (p) => enc.resolvePipeline(p),
-            }, second);
-            second.commit(label);
-          } catch (e) {
-            second.dispose();
-            throw e;
-          }
-          encoders = [enc, second];
-        } else {
-          barriers = [reorder ? graph.encodeWithBarriers(enc) : graph.encodeSequential(enc)];
-          enc.commit(label);
-          encoders = [enc];
-        }
+        const r = this.#commitRecorded(enc, options, label);
+        ({ encoders, barriers, fusions, reordered, planCache } = r);
       }
     } catch (e) {
       enc.dispose();
@@ -388,6 +317,7 @@ export class GraphSession implements DispatchTarget {
     const committedAt = nowNs();
     const base = {
       mode: this.#recorded ? "recorded" as const : "direct" as const,
+      planCache,
       fusions,
       reordered,
       barriers,
@@ -403,6 +333,7 @@ export class GraphSession implements DispatchTarget {
     return {
       encoders,
       wait: () => {
+        counterState.syncs++;
         try {
           for (const e of encoders) e.waitUntilCompleted();
           return report();
@@ -421,6 +352,101 @@ export class GraphSession implements DispatchTarget {
     };
   }
 
+  /**
+   * Optimises and encodes a recorded pass, or replays the cached plan of its topology, then commits.
+   * All or nothing: a failure commits nothing (the caller disposes `enc`).
+   */
+  #commitRecorded(enc: CommandEncoder, options: FinishOptions, label: string): RecordedCommit {
+    const exec = this.#exec;
+    const nodes = enc.takeCapture() ?? [];
+    enc.autoBarriers = false; // the graph carries its barriers (or they are recomputed)
+    const fuse = (options.fuse ?? false) && exec.options.fusion;
+    const reorder = (options.reorder ?? false) && exec.options.reorder;
+    const dual = options.dualBuffer ?? false;
+    const cache = exec.planCache;
+    let plan: CachedPlan | undefined;
+    const fp = exec.fingerprint;
+    if (cache !== null) {
+      fp.compute(nodes, (fuse ? 1 : 0) | (reorder ? 2 : 0) | (dual ? 4 : 0));
+      plan = cache.lookup(fp);
+      if (plan) counterState.planCacheHits++;
+      else counterState.planCacheMisses++;
+    }
+    const recorder = cache !== null && plan === undefined ? new PlanRecorder(nodes) : null;
+    const first: GraphEncodeTarget = recorder ? recorder.wrap(enc) : enc;
+    // With validation on, both command buffers are validated before either is committed.
+    const deferFirst = this.#validate;
+    let barriers: number[];
+    let encoders: CommandEncoder[];
+    let fusions = 0, reordered = 0;
+    if (!dual) {
+      if (plan) {
+        replaySteps(plan, nodes, enc, 0, plan.steps.length);
+        barriers = [...plan.barriers];
+      } else {
+        const graph = new ComputeGraph(nodes);
+        if (fuse) fusions = graph.fuse(this.#registry);
+        if (reorder) reordered = graph.reorder();
+        barriers = [reorder ? graph.encodeWithBarriers(first) : graph.encodeSequential(first)];
+      }
+      enc.commit(label);
+      encoders = [enc];
+    } else {
+      const second = exec.device.commandEncoder({ validate: this.#validate });
+      try {
+        const firstCommit = () => deferFirst ? enc.checkHazards(label) : enc.commit(label);
+        if (plan) {
+          const steps = plan.steps, split = plan.firstSteps;
+          replaySteps(plan, nodes, enc, 0, split);
+          for (let i = split; i < steps.length; i++) {
+            const st = steps[i];
+            if (st !== null) second.checkDispatch(planDescriptor(st, nodes));
+          }
+          firstCommit();
+          replaySteps(plan, nodes, second, split, steps.length);
+          barriers = [...plan.barriers];
+        } else {
+          const graph = new ComputeGraph(nodes);
+          if (fuse) fusions = graph.fuse(this.#registry);
+          if (reorder) reordered = graph.reorder();
+          const firstTarget: GraphEncodeTarget = {
+            dispatch: (d) => enc.dispatch(d),
+            memoryBarrier: () => enc.memoryBarrier(),
+            commit: firstCommit,
+            resolvePipeline: (p) => enc.resolvePipeline(p),
+          };
+          barriers = graph.encodeDualBuffer(
+            recorder ? recorder.wrap(firstTarget) : firstTarget,
+            recorder ? recorder.wrap(second) : second,
+          );
+        }
+        if (deferFirst) {
+          second.checkHazards(label);
+          enc.commit(label);
+        }
+        second.commit(label);
+      } catch (e) {
+        second.dispose();
+        throw e;
+      }
+      encoders = [enc, second];
+    }
+    if (plan) {
+      fusions = plan.fusions;
+      reordered = plan.reordered;
+    } else if (recorder !== null && recorder.traceable) {
+      cache!.store(fp, {
+        steps: recorder.steps,
+        firstSteps: dual ? recorder.firstSteps : recorder.steps.length,
+        dualBuffer: dual,
+        barriers,
+        fusions,
+        reordered,
+      });
+    }
+    return { encoders, barriers, fusions, reordered, planCache: cache === null ? "off" : plan ? "hit" : "miss" };
+  }
+
   /** Releases the command buffer if the session was never finished (nothing runs). */
   dispose(): void {
     if (this.#done) return;
@@ -434,8 +460,6 @@ export class GraphSession implements DispatchTarget {
   }
 
   #assertOpen(what: string): void {
-    if (this.#done) {
-      throw new MlxError("InvalidState", `${what}: this session was already finished or disposed; begin a new one`);
-    }
+    if (this.#done) throw closedSessionError(what);
   }
 }

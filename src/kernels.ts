@@ -107,6 +107,26 @@ export function allContracts(): KernelContract[] {
   return [...contracts.values()];
 }
 
+/** A kernel name with a process-wide small id, made once by {@link kernelRef}. */
+export interface KernelRef {
+  /** Kernel name. */
+  readonly name: string;
+  /** Index into every registry's resolved-pipeline table. */
+  readonly id: number;
+}
+
+const refs = new Map<string, KernelRef>();
+
+/**
+ * The reference of kernel `name` (the same object for every call): op dispatchers make theirs once at
+ * module load, and {@link KernelRegistry.resolve} then finds the pipeline by array index.
+ */
+export function kernelRef(name: string): KernelRef {
+  let ref = refs.get(name);
+  if (ref === undefined) refs.set(name, ref = Object.freeze({ name, id: refs.size }));
+  return ref;
+}
+
 /** The pieces of a device a registry needs. */
 export interface RegistryHost {
   /** Native symbols. */
@@ -124,7 +144,7 @@ const encoder = new TextEncoder();
  *
  * @example
  * ```ts
- * import { KernelRegistry, MlxDevice } from "./mod.ts";
+ * import { KernelRegistry, MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ backend: "cpu" });
  * const registry = new KernelRegistry(device);
  * const add = registry.get("elementwise_add_f32");
@@ -134,10 +154,16 @@ const encoder = new TextEncoder();
 export class KernelRegistry {
   readonly #host: RegistryHost;
   readonly #cache = new Map<string, Pipeline>();
+  readonly #byRef: (Pipeline | undefined)[] = [];
 
   /** A registry for `device`. */
   constructor(device: RegistryHost) {
     this.#host = device;
+  }
+
+  /** The pipeline of a kernel reference: {@link KernelRegistry.get} once, an array index afterwards. */
+  resolve(ref: KernelRef): Pipeline {
+    return this.#byRef[ref.id] ?? (this.#byRef[ref.id] = this.get(ref.name));
   }
 
   /** The pipeline of kernel `name`; throws KernelNotFound when no backend kernel has that name. */

@@ -6,6 +6,7 @@
  * @module
  */
 
+import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 
 /** Per-dispatch timing as a command buffer reports it. */
@@ -56,6 +57,32 @@ export interface KernelStats {
   totalNs: number;
 }
 
+/**
+ * Device time the barriers of a command buffer cost: for each barrier, from the last end among the
+ * dispatches before it (since the previous barrier) to the first start among those after it (up to
+ * the next), clamped at 0. Needs per-dispatch timings; 0 without them.
+ */
+export function barrierGapNs(cb: ProfiledCommandBuffer): number {
+  const cuts = cb.barriersBefore;
+  if (cuts.length === 0 || cb.dispatches.length === 0) return 0;
+  // Per group: latest end and earliest start of its timed dispatches.
+  const groups = cuts.length + 1;
+  const end = new Array<number>(groups).fill(-Infinity), start = new Array<number>(groups).fill(Infinity);
+  for (const d of cb.dispatches) {
+    if (d.endNs <= d.startNs) continue; // not timed
+    let g = 0;
+    while (g < cuts.length && d.index >= cuts[g]) g++;
+    if (d.endNs > end[g]) end[g] = d.endNs;
+    if (d.startNs < start[g]) start[g] = d.startNs;
+  }
+  let total = 0;
+  for (let g = 0; g + 1 < groups; g++) {
+    if (end[g] === -Infinity || start[g + 1] === Infinity) continue;
+    total += Math.max(0, start[g + 1] - end[g]);
+  }
+  return total;
+}
+
 /** A Chrome trace event. */
 export interface TraceEvent {
   /** Event name (kernel, "barrier", label). */
@@ -83,10 +110,11 @@ export interface TraceEvent {
  *
  * @example
  * ```ts
- * import { MlxDevice } from "./mod.ts";
+ * import { MlxDevice } from "@mlxn/mlx-native";
  * using device = MlxDevice.open({ profile: "dispatch" });
  * // … run passes …
- * console.table(device.profiler.table());
+ * // The profiler exists only when profiling is on (profile option, MLXN_PROFILE or a trace).
+ * if (device.profiler) console.table(device.profiler.table());
  * ```
  */
 export class Profiler {
@@ -97,12 +125,17 @@ export class Profiler {
   readonly #labels = new Map<string, LabelStats>();
   readonly #kernels = new Map<string, KernelStats>();
   readonly #events: TraceEvent[] = [];
+  readonly #traceUndo: string;
   #origin: number | undefined;
   #lanes = 0;
 
-  /** A profiler; `tracePath` implies per-dispatch timings. */
-  constructor(options: { dispatches?: boolean; tracePath?: string; backend?: string } = {}) {
+  /**
+   * A profiler; `tracePath` implies per-dispatch timings. `traceUndo` is how a user turns the trace
+   * off (for error hints), e.g. "unset MLXN_TRACE".
+   */
+  constructor(options: { dispatches?: boolean; tracePath?: string; backend?: string; traceUndo?: string } = {}) {
     this.tracePath = options.tracePath;
+    this.#traceUndo = options.traceUndo ?? "drop the trace path";
     this.dispatches = (options.dispatches ?? false) || options.tracePath !== undefined;
     this.#events.push(
       {
@@ -118,8 +151,9 @@ export class Profiler {
     );
   }
 
-  /** Records a completed command buffer. */
+  /** Records a completed command buffer (and adds its barriers' device time to `counters.barrierNs`). */
   record(cb: ProfiledCommandBuffer): void {
+    counterState.barrierNs += barrierGapNs(cb);
     for (const d of cb.dispatches) {
       if (d.endNs <= d.startNs) continue; // not timed
       const k = this.#kernels.get(d.kernel) ?? { count: 0, totalNs: 0 };
@@ -190,11 +224,19 @@ export class Profiler {
     return this.#events;
   }
 
-  /** Writes the Chrome trace JSON (Perfetto and chrome://tracing open it). */
+  /**
+   * Writes the Chrome trace JSON (Perfetto and chrome://tracing open it). Throws an MlxError
+   * (PermissionDenied, or InvalidArgument for a path that cannot be written) on failure.
+   */
   writeTrace(path: string | undefined = this.tracePath): void {
     if (path === undefined) throw new MlxError("InvalidArgument", "writeTrace: no path (set MLXN_TRACE or pass one)");
-    assertWritable(path);
-    Deno.writeTextFileSync(path, JSON.stringify({ displayTimeUnit: "ns", traceEvents: this.#events }));
+    const undo = path === this.tracePath ? this.#traceUndo : "pass a path you may write";
+    assertWritable(path, undo);
+    try {
+      Deno.writeTextFileSync(path, JSON.stringify({ displayTimeUnit: "ns", traceEvents: this.#events }));
+    } catch (e) {
+      throw traceWriteError(path, e, undo);
+    }
   }
 
   #trace(cb: ProfiledCommandBuffer): void {
@@ -265,8 +307,11 @@ export class Profiler {
   }
 }
 
-/** Throws PermissionDenied unless writing `path` is already granted (never prompts). */
-export function assertWritable(path: string): void {
+/**
+ * Throws PermissionDenied unless writing `path` is already granted (never prompts). `undo` says how
+ * the caller asked for the file (e.g. "unset MLXN_TRACE"), for the hint.
+ */
+export function assertWritable(path: string, undo = "pass a path you may write"): void {
   let state: Deno.PermissionState = "denied";
   try {
     state = Deno.permissions.querySync({ name: "write", path }).state;
@@ -274,7 +319,34 @@ export function assertWritable(path: string): void {
   if (state !== "granted") {
     throw new MlxError(
       "PermissionDenied",
-      `writing the trace file ${path} needs write access: run with --allow-write=${path} (or unset MLXN_TRACE)`,
+      `writing the trace file ${path} needs write access: run with --allow-write=${path} (or ${undo})`,
     );
   }
+}
+
+/**
+ * Creates (or truncates) the trace file now, so that a path in a missing folder or a read-only place
+ * fails when profiling starts rather than after all the work. Needs write permission (see
+ * {@link assertWritable}).
+ */
+export function prepareTraceFile(path: string, undo: string): void {
+  assertWritable(path, undo);
+  try {
+    Deno.writeTextFileSync(path, "");
+  } catch (e) {
+    throw traceWriteError(path, e, undo);
+  }
+}
+
+/** An MlxError for a trace file that could not be written. */
+function traceWriteError(path: string, cause: unknown, undo: string): MlxError {
+  const why = cause instanceof Error ? cause.message : String(cause);
+  const code = cause instanceof Deno.errors.PermissionDenied || cause instanceof Deno.errors.NotCapable
+    ? "PermissionDenied"
+    : "InvalidArgument";
+  return new MlxError(
+    code,
+    `could not write the trace file ${path} (${why}): give a path in an existing, writable folder (or ${undo})`,
+    { cause },
+  );
 }

@@ -144,3 +144,14 @@ Deno.test("a buffer disposed after dispatch but before commit still reaches the 
   enc.commitAndWait();
   deepStrictEqual(Array.from(out.read()), [2, 4, 6]);
 });
+
+Deno.test("alloc defaults to f32: the buffer reads back as floats and writes count f32 elements", () => {
+  using device = MlxDevice.open();
+  using b = device.alloc(16); // 16 bytes = 4 f32 elements
+  equal(b.dtype, DType.F32);
+  equal(b.length, 4);
+  b.write([1.5, 2.5], 2); // offset in elements
+  deepStrictEqual(Array.from(b.read() as Float32Array), [0, 0, 1.5, 2.5]);
+  deepStrictEqual(Array.from(b.slice(8, 8).read() as Float32Array), [1.5, 2.5]); // slice in bytes
+  throws(() => device.alloc(6), isCode("InvalidArgument")); // not a whole number of f32 elements
+});

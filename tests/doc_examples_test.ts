@@ -1,6 +1,6 @@
 /**
- * The JSDoc examples of mod.ts and of the entry, config, error, dtype and native-loading modules,
- * and the README's TypeScript blocks, type-check and run (`deno test --doc`). Examples import the
+ * The JSDoc examples of mod.ts, the entry and every runtime module that has them, and the README's
+ * TypeScript blocks, type-check and run (`deno test --doc`). Examples import the
  * package by its name, "@mlxn/mlx-native", which resolves to this checkout through deno.json.
  */
 import { equal, match } from "node:assert/strict";
@@ -17,6 +17,16 @@ const DOCUMENTED = [
   "src/native/loader.ts",
   "src/native/sources.ts",
   "src/native/status.ts",
+  "src/buffer.ts",
+  "src/counters.ts",
+  "src/device.ts",
+  "src/encoder.ts",
+  "src/executor.ts",
+  "src/graph/compute_graph.ts",
+  "src/graph/plan_cache.ts",
+  "src/graph/tracker.ts",
+  "src/kernels.ts",
+  "src/profile.ts",
   "README.md",
 ];
 

@@ -52,7 +52,7 @@ Deno.test("async commit: completed() resolves with GPU times, labels are kept", 
   using out = device.alloc(4000, DType.F32);
   using enc = device.commandEncoder();
   ops.elementwiseMul(enc, registry, a, a, out);
-  enc.commitLabeled("layer.0.ffn");
+  enc.commit({ label: "layer.0.ffn" });
   equal(enc.label, "layer.0.ffn");
   await enc.completed();
   equal(enc.state, "completed");
@@ -60,10 +60,13 @@ Deno.test("async commit: completed() resolves with GPU times, labels are kept", 
   deepStrictEqual(Array.from(out.read().slice(0, 3)), [1.5625, 1.5625, 1.5625]);
   using enc2 = device.commandEncoder();
   ops.elementwiseMul(enc2, registry, a, a, out);
-  const t = enc2.commitWaitWithGpuTime("sync-label");
+  counters.reset();
+  enc2.commit({ label: "sync-label", wait: true });
   equal(enc2.label, "sync-label");
-  ok(t.gpuEndNs >= t.gpuStartNs);
-  equal(enc2.gpuNs, t.gpuEndNs - t.gpuStartNs);
+  equal(enc2.state, "completed", "wait: true blocked until completion");
+  equal(counters.snapshot().syncs, 1);
+  ok(enc2.gpuEndNs >= enc2.gpuStartNs);
+  equal(enc2.gpuNs, enc2.gpuEndNs - enc2.gpuStartNs);
 });
 
 Deno.test("command buffers run in commit order: a later one sees an earlier one's writes", async () => {
@@ -161,4 +164,25 @@ Deno.test("closing the device frees everything; later use is Disposed", () => {
   throws(() => device.alloc(4), isCode("Disposed"));
   throws(() => a.read(), isCode("Disposed"));
   throws(() => ops.elementwiseAdd(pending, registry, a, a, a), isCode("Disposed"));
+});
+
+Deno.test("auto barriers: a rejected dispatch leaves no barrier and no record behind", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  using x = device.upload(new Float32Array(16).fill(1)), y = device.alloc(64, DType.F32);
+  using enc = device.commandEncoder({ autoBarriers: true });
+  ops.elementwiseAdd(enc, registry, x, x, y); // writes y
+  const add = registry.get("elementwise_add_f32");
+  // Reads y (a RAW conflict) but its constants are the wrong size: rejected before anything is written.
+  throws(
+    () =>
+      enc.dispatch({ pipeline: add, bindings: [y, x, x, [16, 0]], grid: 16, threadgroup: 16, dispatchKind: "threads" }),
+    isCode("InvalidArgument"),
+  );
+  equal(enc.barrierCount, 0);
+  equal(enc.dispatchCount, 1);
+  ops.elementwiseAdd(enc, registry, y, x, x); // the real RAW: one barrier
+  equal(enc.barrierCount, 1);
+  enc.commitAndWait();
+  deepStrictEqual(Array.from(x.read() as Float32Array).slice(0, 2), [3, 3]);
 });

@@ -1,6 +1,6 @@
 /** GraphExecutor / GraphSession / capture mode on a real device (the seed's graph tests and more). */
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
-import { CapturedOpKind, counters, DType, GraphExecutor, MlxDevice, MlxError, ops } from "../mod.ts";
+import { CapturedOpKind, counters, DType, GraphExecutor, MlxDevice, MlxError, ops, SESSION_OPS } from "../mod.ts";
 import { randomValues, runDeno, testContext } from "./helpers.ts";
 
 const isCode = (code: string) => (e: unknown) => e instanceof MlxError && e.code === code;
@@ -137,8 +137,9 @@ Deno.test("capture annotations: op kind and ranges for the next dispatch, annota
   const [first, second] = enc.takeCapture()!;
   ok(first.kind === "dispatch" && second.kind === "dispatch");
   equal(first.opKind, CapturedOpKind.Sdpa);
-  deepStrictEqual(first.reads, [[a.allocId, 0, 16]]);
-  deepStrictEqual(first.writes, [[a.allocId, 16, 32]]);
+  // The given ranges lie inside what the bindings touch, so the merged accesses are the derived ones.
+  deepStrictEqual(first.reads, [a.range(), a.range()]);
+  deepStrictEqual(first.writes, [a.range()]);
   equal(second.opKind, CapturedOpKind.ElemAdd);
   deepStrictEqual(second.writes, [a.range()]);
 });
@@ -180,7 +181,7 @@ Deno.test("validation: a missing barrier is a HazardError naming both dispatches
   const exec = new GraphExecutor(device, { validate: true });
   using x = device.upload(new Float32Array(64).fill(2));
   using t = device.alloc(256, DType.F32), o = device.alloc(256, DType.F32);
-  const s = exec.begin();
+  const s = exec.begin({ autoBarriers: false }); // barriers by hand, still validated
   s.elementwiseAdd(x, x, t);
   s.elementwiseMul(t, x, o); // reads t in the same group: RAW race
   throws(() => s.finish(), (e: unknown) => {
@@ -192,12 +193,32 @@ Deno.test("validation: a missing barrier is a HazardError naming both dispatches
   ok(t.read().every((v) => v === 0), "the racy command buffer was not committed");
   equal(MlxDevice.liveObjects(device).commandBuffers, 0);
   // the same pass with the barrier validates and runs
-  using s2 = exec.begin();
+  using s2 = exec.begin({ autoBarriers: false });
   s2.elementwiseAdd(x, x, t);
   s2.barrier();
   s2.elementwiseMul(t, x, o);
   s2.finish();
   equal(o.read()[0], 8);
+});
+
+Deno.test("automatic barriers are the default: a forgotten barrier is placed, direct and recorded", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device, { validate: true });
+  equal(exec.options.autoBarriers, true);
+  using x = device.upload(new Float32Array(64).fill(2));
+  using t = device.alloc(256, DType.F32), o = device.alloc(256, DType.F32), u = device.alloc(256, DType.F32);
+  for (const recorded of [false, true]) {
+    o.write(new Float32Array(64));
+    using s = recorded ? exec.beginRecorded() : exec.begin();
+    s.elementwiseAdd(x, x, t);
+    s.elementwiseAdd(x, x, u); // independent: same group
+    s.elementwiseMul(t, x, o); // RAW on t: the barrier nobody wrote
+    const report = s.finish(recorded ? { reorder: true } : {});
+    deepStrictEqual(report.barriers, [1], recorded ? "recorded" : "direct");
+    equal(report.groups, 2);
+    equal(o.read()[0], 8);
+  }
 });
 
 Deno.test("finish reports fusions, reorders, barriers per command buffer and times", async () => {
@@ -262,4 +283,23 @@ Deno.test("kill switches from the environment (MLXN_FUSION=0, MLXN_REORDER=0) wi
     fusionAllowed: false,
     reorderAllowed: false,
   });
+});
+
+Deno.test("every op of SESSION_OPS is a session method; it refuses a finished session by name", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(8).fill(1)), out = device.alloc(32, DType.F32);
+  const s = exec.begin();
+  for (const name of ["elementwiseAdd", "rmsNorm", "axpby", "sdpa", "flashAttnVec", ...Object.keys(SESSION_OPS)]) {
+    equal(typeof (s as unknown as Record<string, unknown>)[name], "function", name);
+  }
+  s.axpby(a, a, out, { alpha: 2, beta: 1 }); // optional trailing arguments stay optional
+  s.elementwiseAdd(out, a, out);
+  s.finish();
+  deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(4));
+  throws(
+    () => s.elementwiseAdd(a, a, out),
+    (e: unknown) => isCode("InvalidState")(e) && /elementwiseAdd/.test(String(e)),
+  );
 });

@@ -1,6 +1,6 @@
 /** Profiling: per-label command-buffer stats and the Chrome trace file (spans, lanes, barriers). */
-import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
-import { DType, GraphExecutor, MlxDevice, type TraceEvent } from "../mod.ts";
+import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
+import { counters, DType, GraphExecutor, MlxDevice, MlxError, type TraceEvent } from "../mod.ts";
 import { runDeno } from "./helpers.ts";
 
 const timed = (() => {
@@ -119,4 +119,83 @@ Deno.test({ name: "per-kernel device time from dispatch profiling", ignore: !tim
   const shares = Object.values(table).map((r) => r["share %"]);
   ok(shares.every((p) => p > 0 && p <= 100));
   deepStrictEqual(Object.keys(table).length, 2);
+});
+
+Deno.test("a trace path in a missing folder fails at open, with a hint that fits the option", () => {
+  const dir = Deno.makeTempDirSync();
+  try {
+    const path = `${dir}/missing/trace.json`;
+    throws(() => MlxDevice.open({ trace: path }), (e: unknown) => {
+      ok(e instanceof MlxError && e.code === "InvalidArgument", String(e));
+      match(e.message, /could not write the trace file .*missing\/trace\.json/);
+      ok(!e.message.includes("MLXN_TRACE"), "the trace came from the option, not the environment");
+      return true;
+    });
+  } finally {
+    Deno.removeSync(dir, { recursive: true });
+  }
+});
+
+Deno.test("a trace that cannot be written at close frees the device first, then throws an MlxError", () => {
+  const dir = Deno.makeTempDirSync();
+  const device = MlxDevice.open({ trace: `${dir}/trace.json` });
+  const devicesOpen = MlxDevice.liveObjects(device).devices;
+  {
+    using a = device.upload(new Float32Array([1, 2]));
+    using s = new GraphExecutor(device).begin();
+    s.elementwiseAdd(a, a, a);
+    s.finish();
+  }
+  Deno.removeSync(dir, { recursive: true }); // the folder vanishes while the device runs
+  throws(() => device.close(), (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument");
+  ok(device.closed);
+  equal(MlxDevice.liveObjects(device).devices, devicesOpen - 1, "the native device was freed");
+  device.close(); // closing again is a no-op
+});
+
+Deno.test("the trace option without write permission: PermissionDenied without the MLXN_TRACE hint", async () => {
+  const probe = new URL("./fixtures/trace_probe.ts", import.meta.url).pathname;
+  const out = await runDeno([
+    "run",
+    "--no-prompt",
+    "--quiet",
+    "--allow-ffi",
+    "--allow-env",
+    "--allow-read",
+    probe,
+    "/tmp/mlxn-opt.json",
+  ]);
+  const r = JSON.parse(out.stdout.trim());
+  equal(r.code, "PermissionDenied");
+  match(r.message, /--allow-write=\/tmp\/mlxn-opt\.json/);
+  ok(!r.message.includes("MLXN_TRACE"), r.message);
+});
+
+Deno.test("counters: a session's finish() is a sync; barrierNs is the device gap at each barrier", () => {
+  using device = MlxDevice.open({ profile: "dispatch", threads: 2 });
+  const exec = new GraphExecutor(device, { autoBarriers: false });
+  const n = 1 << 14;
+  using a = device.upload(new Float32Array(n).fill(1)), t = device.alloc(n * 4, DType.F32);
+  using out = device.alloc(n * 4, DType.F32);
+  counters.reset();
+  const s = exec.begin();
+  s.elementwiseAdd(a, a, t);
+  s.elementwiseAdd(a, a, out);
+  s.barrier();
+  s.elementwiseMul(t, a, out);
+  s.barrier();
+  s.elementwiseAdd(out, a, t);
+  const pass = s.commit();
+  pass.wait();
+  const c = counters.snapshot();
+  equal(c.syncs, 1, "finish waited once");
+  equal(c.barriers, 2);
+  const timings = pass.encoders[0].dispatchTimings;
+  if (!timed || timings === null) return; // no per-dispatch clock on this backend: barrierNs stays 0
+  // Independent reference: groups are dispatches {0, 1}, {2}, {3}.
+  const at = (i: number) => timings.find((x) => x.index === i)!;
+  const gap1 = Math.max(0, at(2).startNs - Math.max(at(0).endNs, at(1).endNs));
+  const gap2 = Math.max(0, at(3).startNs - at(2).endNs);
+  equal(c.barrierNs, gap1 + gap2);
+  ok(c.barrierNs > 0, "a barrier costs some device time");
 });

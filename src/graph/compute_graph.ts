@@ -25,6 +25,8 @@ export interface GraphEncodeTarget {
   commit(label?: string): void;
   /** Resolves a pipeline reference on the target's device. */
   resolvePipeline(ref: PipelineRef): Pipeline;
+  /** Throws what `dispatch` would throw for `d`, encoding nothing (optional). */
+  checkDispatch?(d: DispatchDescriptor): void;
 }
 
 /** Something that resolves kernel names to pipelines (a KernelRegistry). */
@@ -130,7 +132,7 @@ function encodeChunkWithBarriers(nodes: readonly CapturedNode[], target: GraphEn
  *
  * @example
  * ```ts
- * import { ComputeGraph } from "./mod.ts";
+ * import { ComputeGraph } from "@mlxn/mlx-native";
  * const g = new ComputeGraph([
  *   { kind: "dispatch", pipeline: { name: "a" }, opKind: "Other", reads: [], writes: [[1, 0, 64]] },
  *   { kind: "barrier" },
@@ -224,15 +226,23 @@ export class ComputeGraph {
 
   /**
    * Encodes the first max(64, n/10) dispatches, up to the end of their concurrent group
-   * ({@link dualBufferSplitIndex}), into `first` and commits it at once, then the rest into `second`
+   * ({@link dualBufferSplitIndex}), into `first` and commits it, then the rest into `second`
    * (not committed: the caller commits it). Queue order makes the split safe; barriers are
-   * recomputed inside each chunk. Returns the barriers of each command buffer.
+   * recomputed inside each chunk. All or nothing: every dispatch of the second chunk is checked
+   * (`second.checkDispatch`) before `first` is committed, so a bad node runs nothing. Returns the
+   * barriers of each command buffer.
    */
   encodeDualBuffer(first: GraphEncodeTarget, second: GraphEncodeTarget): [number, number] {
     const split = dualBufferSplitIndex(this.#nodes, dualBufferSplit(this.dispatchCount));
     let seen = 0;
     for (let i = 0; i < split; i++) if (isDispatch(this.#nodes[i])) seen++;
     const b0 = encodeChunkWithBarriers(this.#nodes.slice(0, split), first, 0);
+    if (second.checkDispatch) {
+      for (let i = split, index = seen; i < this.#nodes.length; i++) {
+        const n = this.#nodes[i];
+        if (isDispatch(n)) second.checkDispatch(descriptorOf(n, second, index++));
+      }
+    }
     first.commit();
     const b1 = encodeChunkWithBarriers(this.#nodes.slice(split), second, seen);
     return [b0, b1];

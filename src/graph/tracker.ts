@@ -120,7 +120,7 @@ const SLOT = 6, KEY = 0, EPOCH = 1, WRITTEN = 2, TOUCHED = 4, SPILLED = -1;
  *
  * @example
  * ```ts
- * import { ConflictTracker } from "./mod.ts";
+ * import { ConflictTracker } from "@mlxn/mlx-native";
  * const t = new ConflictTracker();
  * t.add([[1, 0, 64]], [[2, 0, 64]]);       // reads alloc 1, writes alloc 2
  * t.conflicts([[2, 32, 48]], []);          // true: RAW on alloc 2

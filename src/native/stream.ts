@@ -21,7 +21,8 @@ export const H_SET_TG_MEMORY: number = recordHeader(Op.SET_TG_MEMORY, RecordWord
 export const H_DISPATCH_THREADS: number = recordHeader(Op.DISPATCH_THREADS, RecordWords.DISPATCH);
 /** @see H_SET_PIPELINE */
 export const H_DISPATCH_GROUPS: number = recordHeader(Op.DISPATCH_GROUPS, RecordWords.DISPATCH);
-const H_BARRIER = recordHeader(Op.BARRIER, RecordWords.BARRIER);
+/** Header word of a BARRIER record. */
+export const H_BARRIER: number = recordHeader(Op.BARRIER, RecordWords.BARRIER);
 /** SET_BYTES header for `words` data words at slot 0 (OR in `slot << 8`). */
 export function setBytesHeader(dataWords: number): number {
   return recordHeader(Op.SET_BYTES, RecordWords.SET_BYTES_HEADER + dataWords);

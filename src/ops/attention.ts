@@ -12,7 +12,7 @@ import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
+import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits, kernelName } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
 const qkvo = (params: string, size: number): KernelContract["slots"] => [
@@ -105,7 +105,7 @@ export function sdpa(
   checkBuffer(op, "v", v, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "out", out, t, batch * o.nHeads * o.seqLen * o.headDim);
   target.dispatch({
-    pipeline: registry.get(`sdpa_${t}`),
+    pipeline: registry.get(kernelName("sdpa", t)),
     bindings: [q, k, v, out, [o.nHeads, o.nKvHeads, o.headDim, o.seqLen, o.kvSeqLen, f32Bits(scale), o.kvCapacity]],
     grid: [batch, o.nHeads, Math.ceil(o.seqLen / 32)],
     threadgroup: 32,
@@ -188,7 +188,7 @@ export function flashAttnVec(
   checkBuffer(op, "tmp", tmp, DType.F32, flashAttnVecScratchBytes({ ...o, nwg }) / 4);
   checkBuffer(op, "out", out, DType.F32, o.nHeads * o.headDim);
   target.dispatch({
-    pipeline: registry.get(`flash_attn_vec_${kvType}`),
+    pipeline: registry.get(kernelName("flash_attn_vec", kvType)),
     bindings: [q, k, v, tmp, [
       o.nHeads,
       o.nKvHeads,

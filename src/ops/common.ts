@@ -7,15 +7,63 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { type DType, dtypeSize } from "../dtype.ts";
-import type { DispatchDescriptor } from "../encoder.ts";
+import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "../encoder.ts";
+import { type KernelRef, kernelRef, type Pipeline } from "../kernels.ts";
 import { MlxError } from "../errors.ts";
 
 /** Anything dispatches can be encoded into: a CommandEncoder or a GraphSession. */
 export interface DispatchTarget {
-  /** Encodes (or records) one dispatch. */
+  /**
+   * Encodes (or records) one dispatch. The descriptor and its arrays belong to the caller and may be
+   * reused once this returns (the ops do): copy what must outlive the call.
+   */
   dispatch(d: DispatchDescriptor): void;
   /** A barrier (multi-dispatch ops place their own between dependent steps). */
   memoryBarrier(): void;
+}
+
+/** A descriptor an op fills in and reuses (every field but the dispatch kind is overwritten). */
+export interface ReusedDescriptor {
+  /** The kernel (set before each use). */
+  pipeline: Pipeline | null;
+  /** One entry per slot. */
+  readonly bindings: Binding[];
+  /** Threads or threadgroups per dimension, per the kind. */
+  grid: Dims;
+  /** Threads per threadgroup. */
+  threadgroup: Dims;
+  /** Threadgroup memory bytes. */
+  threadgroupMemory: number;
+  /** Fixed per descriptor. */
+  readonly dispatchKind: DispatchKind;
+}
+
+/** A reusable threads-kind descriptor over `bindings`. */
+export function threadsDescriptor(bindings: Binding[]): ReusedDescriptor {
+  return { pipeline: null, bindings, grid: 1, threadgroup: 1, threadgroupMemory: 0, dispatchKind: "threads" };
+}
+
+/** A reusable threadgroups-kind descriptor over `bindings`. */
+export function groupsDescriptor(bindings: Binding[]): ReusedDescriptor {
+  return { pipeline: null, bindings, grid: 1, threadgroup: 1, threadgroupMemory: 0, dispatchKind: "threadgroups" };
+}
+
+/** Kernel references `${prefix}_${dtype}` for each dtype, made once. */
+export function refsByDType(prefix: string, dtypes: readonly string[]): Record<string, KernelRef> {
+  return Object.fromEntries(dtypes.map((t) => [t, kernelRef(`${prefix}_${t}`)]));
+}
+
+/**
+ * Dispatches a filled-in reused descriptor, then empties its first `buffers` binding slots (the
+ * buffers), so the descriptor never keeps a buffer alive after the call.
+ */
+export function dispatchReused(target: DispatchTarget, d: ReusedDescriptor, buffers: number): void {
+  const b = d.bindings;
+  try {
+    target.dispatch(d as DispatchDescriptor);
+  } finally {
+    for (let i = 0; i < buffers; i++) b[i] = undefined;
+  }
 }
 
 const f32Scratch = new Float32Array(1);
@@ -72,6 +120,20 @@ export function checkFloatDType(op: string, dtype: DType, allowed: readonly DTyp
   if (!allowed.includes(dtype)) {
     throw new MlxError("InvalidArgument", `${op}: dtype ${dtype} is not supported (use ${allowed.join(", ")})`);
   }
+}
+
+const joined = new Map<string, Map<string, string>>();
+
+/**
+ * The kernel name `${prefix}_${suffix}`, built once per pair: a fresh template string would be
+ * flattened and hashed again by every registry lookup, which cost more than the rest of an op.
+ */
+export function kernelName(prefix: string, suffix: string): string {
+  let bySuffix = joined.get(prefix);
+  if (bySuffix === undefined) joined.set(prefix, bySuffix = new Map());
+  let name = bySuffix.get(suffix);
+  if (name === undefined) bySuffix.set(suffix, name = `${prefix}_${suffix}`);
+  return name;
 }
 
 /** Smallest power of two ≥ n. */

@@ -9,8 +9,18 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkFloatDType, checkU32, type DispatchTarget, f32Bits } from "./common.ts";
+import { type KernelContract, type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import {
+  checkBuffer,
+  checkFinite,
+  checkFloatDType,
+  checkU32,
+  dispatchReused,
+  type DispatchTarget,
+  f32Bits,
+  refsByDType,
+  threadsDescriptor,
+} from "./common.ts";
 
 const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
 
@@ -89,6 +99,26 @@ export const elementwiseContracts: readonly KernelContract[] = [
 ];
 registerContracts(elementwiseContracts);
 
+/** Kernel references by op and dtype, made once. */
+const BINARY_REFS: Record<BinaryOp, Record<string, KernelRef>> = {
+  add: refsByDType("elementwise_add", FLOATS),
+  mul: refsByDType("elementwise_mul", FLOATS),
+  silu_mul: refsByDType("silu_mul", FLOATS),
+};
+const UNARY_REFS: Record<"gelu" | "silu", Record<string, KernelRef>> = {
+  gelu: refsByDType("gelu", FLOATS),
+  silu: refsByDType("silu", FLOATS),
+};
+const AXPBY = kernelRef("axpby_f32");
+
+// Reused descriptors: a target consumes a descriptor before dispatch returns (see DispatchTarget),
+// so the hot ops allocate nothing per call.
+const binaryWords = [0];
+const binaryDescriptor = threadsDescriptor([undefined, undefined, undefined, binaryWords]);
+const unaryDescriptor = threadsDescriptor([undefined, undefined]);
+const axpbyWords = [0, 0, 0, 0];
+const axpbyDescriptor = threadsDescriptor([undefined, undefined, undefined, axpbyWords]);
+
 function binary(
   op: BinaryOp,
   target: DispatchTarget,
@@ -104,13 +134,15 @@ function binary(
   checkBuffer(name, "a", a, a.dtype, n);
   checkBuffer(name, "b", b, a.dtype, n);
   checkBuffer(name, "out", out, a.dtype, n);
-  target.dispatch({
-    pipeline: registry.get(`${name}_${a.dtype}`),
-    bindings: [a, b, out, [n]],
-    grid: n,
-    threadgroup: Math.min(256, n),
-    dispatchKind: "threads",
-  });
+  const d = binaryDescriptor, bindings = d.bindings;
+  d.pipeline = registry.resolve(BINARY_REFS[op][a.dtype]);
+  bindings[0] = a;
+  bindings[1] = b;
+  bindings[2] = out;
+  binaryWords[0] = n;
+  d.grid = n;
+  d.threadgroup = n < 256 ? n : 256;
+  dispatchReused(target, d, 3);
 }
 
 /** out[i] = a[i] + b[i] for i < n (default: out's length). */
@@ -165,13 +197,13 @@ function unary(
   checkU32(op, "n", n);
   checkBuffer(op, "input", input, input.dtype, n);
   checkBuffer(op, "output", output, input.dtype, n);
-  target.dispatch({
-    pipeline: registry.get(`${op}_${input.dtype}`),
-    bindings: [input, output],
-    grid: n,
-    threadgroup: Math.min(256, n),
-    dispatchKind: "threads",
-  });
+  const d = unaryDescriptor;
+  d.pipeline = registry.resolve(UNARY_REFS[op][input.dtype]);
+  d.bindings[0] = input;
+  d.bindings[1] = output;
+  d.grid = n;
+  d.threadgroup = n < 256 ? n : 256;
+  dispatchReused(target, d, 2);
 }
 
 /** out = gelu(in) with the tanh approximation (tanh argument clamped to ±15). */
@@ -274,13 +306,17 @@ export function axpby(
   checkBuffer("axpby", "a", a, DType.F32, n);
   checkBuffer("axpby", "b", b, DType.F32, n);
   checkBuffer("axpby", "out", out, DType.F32, n);
-  target.dispatch({
-    pipeline: registry.get("axpby_f32"),
-    bindings: [a, b, out, [f32Bits(options.alpha), f32Bits(options.beta), n, 0]],
-    grid: n,
-    threadgroup: Math.min(256, n),
-    dispatchKind: "threads",
-  });
+  const d = axpbyDescriptor, bindings = d.bindings;
+  d.pipeline = registry.resolve(AXPBY);
+  bindings[0] = a;
+  bindings[1] = b;
+  bindings[2] = out;
+  axpbyWords[0] = f32Bits(options.alpha);
+  axpbyWords[1] = f32Bits(options.beta);
+  axpbyWords[2] = n;
+  d.grid = n;
+  d.threadgroup = n < 256 ? n : 256;
+  dispatchReused(target, d, 3);
 }
 
 /**

@@ -14,7 +14,7 @@ import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
 import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
-import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./common.ts";
+import { checkBuffer, checkU32, type DispatchTarget, kernelName, overlapping } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
 /** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
@@ -157,7 +157,7 @@ export function matmul(
   }
   const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
   target.dispatch({
-    pipeline: registry.get(`matmul_${w.dtype}`),
+    pipeline: registry.get(kernelName("matmul", w.dtype)),
     bindings: [x, w, y, [s.m, s.n, s.k, epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0)], r],
     grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
     threadgroup: THREADS,
@@ -252,7 +252,7 @@ export function quantizedMatmulGgml(
   checkBytes(op, "w", w, o.n * (o.k / blk.values) * blk.bytes);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
   target.dispatch({
-    pipeline: registry.get(`qmatmul_${o.format}_${variant}`),
+    pipeline: registry.get(kernelName(kernelName("qmatmul", o.format), variant)),
     bindings: [x, w, y, [o.m, o.n, o.k]],
     grid: [Math.ceil(o.n / OUTS), variant === "mv" ? 1 : o.m, 1],
     threadgroup: THREADS,
@@ -299,7 +299,7 @@ export function quantizedMatmulIdGgml(
   checkBuffer(op, "ids", ids, DType.U32, rows);
   checkBuffer(op, "y", y, DType.F32, rows * o.n);
   target.dispatch({
-    pipeline: registry.get(`qmatmul_id_${o.format}`),
+    pipeline: registry.get(kernelName("qmatmul_id", o.format)),
     bindings: [x, w, ids, y, [rows, o.n, o.k, o.topK, o.experts]],
     grid: [Math.ceil(o.n / OUTS), rows, 1],
     threadgroup: THREADS,

@@ -10,15 +10,19 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   checkBuffer,
   checkFinite,
   checkFloatDType,
   checkU32,
+  dispatchReused,
   type DispatchTarget,
   f32Bits,
+  groupsDescriptor,
   nextPow2,
+  refsByDType,
+  type ReusedDescriptor,
 } from "./common.ts";
 
 const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
@@ -90,6 +94,29 @@ export interface NormOptions {
   eps: number;
 }
 
+const NORM_REFS = refsByDType("rms_norm", FLOATS);
+const NORM_MUL_REFS = refsByDType("rms_norm_mul", FLOATS);
+const NORM_MUL_ADD_REFS = refsByDType("rms_norm_mul_add", FLOATS);
+const NORM_NO_SCALE = kernelRef("rms_norm_no_scale_f32");
+const SOFTMAX = kernelRef("softmax_f32");
+
+// Reused descriptors (see DispatchTarget): the row ops allocate nothing per call.
+const normWords = [0, 0];
+const normDescriptor = groupsDescriptor([undefined, undefined, undefined, normWords]);
+const normMulDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, normWords]);
+const normMulAddDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, undefined, normWords]);
+const noScaleDescriptor = groupsDescriptor([undefined, undefined, normWords]);
+const softmaxWords = [0];
+const softmaxDescriptor = groupsDescriptor([undefined, undefined, softmaxWords]);
+
+/** Sets a reused descriptor's row geometry (see {@link rowGeometry}). */
+function setRows(d: ReusedDescriptor, rows: number, cols: number): void {
+  const tg = Math.min(256, nextPow2(cols));
+  d.grid = rows;
+  d.threadgroup = tg;
+  d.threadgroupMemory = tg * 4;
+}
+
 /** Row geometry shared by every kernel of this family. */
 export function rowGeometry(
   rows: number,
@@ -119,11 +146,15 @@ export function rmsNorm(
   checkBuffer("rms_norm", "input", input, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm", "weight", weight, input.dtype, o.dim);
   checkBuffer("rms_norm", "output", output, input.dtype, o.rows * o.dim);
-  target.dispatch({
-    pipeline: registry.get(`rms_norm_${input.dtype}`),
-    bindings: [input, weight, output, [f32Bits(o.eps), o.dim]],
-    ...rowGeometry(o.rows, o.dim),
-  });
+  const d = normDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(NORM_REFS[input.dtype]);
+  b[0] = input;
+  b[1] = weight;
+  b[2] = output;
+  normWords[0] = f32Bits(o.eps);
+  normWords[1] = o.dim;
+  setRows(d, o.rows, o.dim);
+  dispatchReused(target, d, 3);
 }
 
 /** output = (input / rms(input) · weight) · scale, per row: the fused rms_norm → mul. */
@@ -142,11 +173,16 @@ export function rmsNormMul(
   checkBuffer("rms_norm_mul", "weight", weight, input.dtype, o.dim);
   checkBuffer("rms_norm_mul", "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm_mul", "output", output, input.dtype, o.rows * o.dim);
-  target.dispatch({
-    pipeline: registry.get(`rms_norm_mul_${input.dtype}`),
-    bindings: [input, weight, scale, output, [f32Bits(o.eps), o.dim]],
-    ...rowGeometry(o.rows, o.dim),
-  });
+  const d = normMulDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(NORM_MUL_REFS[input.dtype]);
+  b[0] = input;
+  b[1] = weight;
+  b[2] = scale;
+  b[3] = output;
+  normWords[0] = f32Bits(o.eps);
+  normWords[1] = o.dim;
+  setRows(d, o.rows, o.dim);
+  dispatchReused(target, d, 4);
 }
 
 /** output = (input / rms(input) · weight) · scale + residual, per row: the fused norm → mul → add. */
@@ -168,11 +204,17 @@ export function rmsNormMulAdd(
   checkBuffer(op, "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer(op, "residual", residual, input.dtype, o.rows * o.dim);
   checkBuffer(op, "output", output, input.dtype, o.rows * o.dim);
-  target.dispatch({
-    pipeline: registry.get(`${op}_${input.dtype}`),
-    bindings: [input, weight, scale, residual, output, [f32Bits(o.eps), o.dim]],
-    ...rowGeometry(o.rows, o.dim),
-  });
+  const d = normMulAddDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(NORM_MUL_ADD_REFS[input.dtype]);
+  b[0] = input;
+  b[1] = weight;
+  b[2] = scale;
+  b[3] = residual;
+  b[4] = output;
+  normWords[0] = f32Bits(o.eps);
+  normWords[1] = o.dim;
+  setRows(d, o.rows, o.dim);
+  dispatchReused(target, d, 5);
 }
 
 /** output = input / rms(input), per row (f32). */
@@ -186,11 +228,14 @@ export function rmsNormNoScale(
   checkNorm("rms_norm_no_scale", o);
   checkBuffer("rms_norm_no_scale", "input", input, DType.F32, o.rows * o.dim);
   checkBuffer("rms_norm_no_scale", "output", output, DType.F32, o.rows * o.dim);
-  target.dispatch({
-    pipeline: registry.get("rms_norm_no_scale_f32"),
-    bindings: [input, output, [f32Bits(o.eps), o.dim]],
-    ...rowGeometry(o.rows, o.dim),
-  });
+  const d = noScaleDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(NORM_NO_SCALE);
+  b[0] = input;
+  b[1] = output;
+  normWords[0] = f32Bits(o.eps);
+  normWords[1] = o.dim;
+  setRows(d, o.rows, o.dim);
+  dispatchReused(target, d, 2);
 }
 
 /** output = softmax(input) per row of `cols` (f32, max-subtracted). */
@@ -205,9 +250,11 @@ export function softmax(
   checkU32("softmax", "cols", o.cols);
   checkBuffer("softmax", "input", input, DType.F32, o.rows * o.cols);
   checkBuffer("softmax", "output", output, DType.F32, o.rows * o.cols);
-  target.dispatch({
-    pipeline: registry.get("softmax_f32"),
-    bindings: [input, output, [o.cols]],
-    ...rowGeometry(o.rows, o.cols),
-  });
+  const d = softmaxDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(SOFTMAX);
+  b[0] = input;
+  b[1] = output;
+  softmaxWords[0] = o.cols;
+  setRows(d, o.rows, o.cols);
+  dispatchReused(target, d, 2);
 }

@@ -1,0 +1,101 @@
+/**
+ * Host cost of one pass of 800 dispatches (64-element kernels, CPU backend) through each path users
+ * call, against the raw descriptor path: nothing runs except where "finish" is named, and there
+ * only the host part (begin to commit) is timed. Read the ratios, not the absolute numbers.
+ *
+ *   deno bench --allow-ffi --allow-read --allow-env bench/host_path_bench.ts
+ */
+import { DType, f32Bits, GraphExecutor, MlxDevice, ops } from "../mod.ts";
+
+const N = 800, ELEMS = 64;
+const device = MlxDevice.open({ backend: "cpu" });
+const registry = device.kernels;
+const exec = new GraphExecutor(device);
+const noCacheExec = new GraphExecutor(device, { planCache: false });
+const x = device.upload(new Float32Array(ELEMS).fill(1)), y = device.upload(new Float32Array(ELEMS).fill(2));
+const out = device.alloc(ELEMS * 4, DType.F32);
+const wide = device.alloc(N * ELEMS * 4, DType.F32);
+const slices = Array.from({ length: N }, (_, i) => wide.slice(i * ELEMS * 4, ELEMS * 4));
+const axpbyDescriptor = {
+  pipeline: registry.get("axpby_f32"),
+  bindings: [x, y, out, [f32Bits(0.5), f32Bits(2), ELEMS, 0]],
+  grid: ELEMS,
+  threadgroup: ELEMS,
+  dispatchKind: "threads" as const,
+};
+
+Deno.bench("enc.dispatch(prebuilt axpby descriptor)", { group: "host path", baseline: true }, () => {
+  const enc = device.commandEncoder();
+  for (let i = 0; i < N; i++) enc.dispatch(axpbyDescriptor);
+  enc.flush();
+  enc.dispose();
+});
+
+Deno.bench("ops.axpby(enc, registry, …)", { group: "host path" }, () => {
+  const enc = device.commandEncoder();
+  for (let i = 0; i < N; i++) ops.axpby(enc, registry, x, y, out, { alpha: 0.5, beta: 2 });
+  enc.flush();
+  enc.dispose();
+});
+
+Deno.bench("session op: begin({ autoBarriers: false }) + s.elementwiseAdd", { group: "host path" }, () => {
+  const s = exec.begin({ autoBarriers: false });
+  for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, out);
+  s.encoder.flush();
+  s.dispose();
+});
+
+Deno.bench("session, auto barriers, a hazard on every dispatch", { group: "host path" }, () => {
+  const s = exec.begin({ autoBarriers: true });
+  for (let i = 0; i < N; i++) s.elementwiseAdd(out, y, out); // reads and writes out: RAW/WAW each time
+  s.encoder.flush();
+  s.dispose();
+});
+
+Deno.bench("session, auto barriers, none needed (800 slices of one buffer)", { group: "host path" }, () => {
+  const s = exec.begin({ autoBarriers: true });
+  for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, slices[i]);
+  s.encoder.flush();
+  s.dispose();
+});
+
+// The pass below needs no barrier; auto barriers are off in these three so that the comparison is
+// the plan cache against direct encoding, not the conflict tracker (measured above).
+Deno.bench("direct session + finish, host part (axpby into 800 slices)", { group: "host path" }, (b) => {
+  b.start();
+  const s = exec.begin({ autoBarriers: false });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i], { alpha: 1, beta: 1 });
+  const pass = s.commit();
+  b.end();
+  pass.wait();
+});
+
+// Warm the plan cache so every timed iteration is a hit.
+const recordedPass = (alpha: number) => {
+  const s = exec.beginRecorded({ autoBarriers: false });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i], { alpha, beta: 1 });
+  return s;
+};
+recordedPass(1).finish({ fuse: true, reorder: true });
+let step = 0;
+
+Deno.bench("recorded pass, plan cache hit: capture + finish({ fuse, reorder }), host part", {
+  group: "host path",
+}, (b) => {
+  b.start();
+  const s = recordedPass(++step % 7);
+  const pass = s.commit({ fuse: true, reorder: true });
+  b.end();
+  pass.wait();
+});
+
+Deno.bench("recorded pass, plan cache off: capture + finish({ fuse, reorder }), host part", {
+  group: "host path",
+}, (b) => {
+  b.start();
+  const s = noCacheExec.beginRecorded({ autoBarriers: false });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i], { alpha: 1, beta: 1 });
+  const pass = s.commit({ fuse: true, reorder: true });
+  b.end();
+  pass.wait();
+});

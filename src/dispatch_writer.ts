@@ -1,0 +1,148 @@
+/**
+ * The stream's one write path for dispatches: a validated-as-written descriptor becomes SET_PIPELINE,
+ * SET_TG_MEMORY, binding and inline-constant records and one DISPATCH record, in a single pass.
+ *
+ * @module
+ */
+
+import { MlxBuffer } from "./buffer.ts";
+import type { DispatchDescriptor } from "./encoder.ts";
+import { SLOT_BUFFER } from "./kernels.ts";
+import { Limits, RecordWords } from "./native/abi.ts";
+import {
+  H_BARRIER,
+  H_DISPATCH_GROUPS,
+  H_DISPATCH_THREADS,
+  H_SET_BUFFER,
+  H_SET_BUFFER64,
+  H_SET_BUFFER_WHOLE,
+  H_SET_PIPELINE,
+  H_SET_TG_MEMORY,
+  setBytesHeader,
+  type StreamWriter,
+  TWO_32,
+} from "./native/stream.ts";
+
+function validDim(v: number): boolean {
+  return (v >>> 0) === v && v > 0;
+}
+
+/**
+ * Writes one dispatch's records into `writer`: checks the descriptor while writing straight into the
+ * stream words, and publishes them (moves the write position) only at the end. On anything off it
+ * returns false with nothing written (the encoder's checks then report the error with its message).
+ * `currentPipeline` is the pipeline handle already set in the stream (SET_PIPELINE is skipped when it
+ * matches); `tag` is the dispatch's index; with `barrierFirst` a BARRIER record goes before the
+ * dispatch, in the same all-or-nothing write. The records are stored inline rather than through
+ * StreamWriter's record methods (calling those cost ~4.4 ns of the ~50 ns here), and a view that
+ * covers its whole allocation is bound with the 2-word SET_BUFFER_WHOLE record.
+ */
+export function writeDispatch(
+  writer: StreamWriter,
+  d: DispatchDescriptor,
+  currentPipeline: number,
+  tag: number,
+  barrierFirst = false,
+): boolean {
+  const p = d.pipeline, plan = p.slotPlan, bindings = d.bindings, n = plan.length;
+  if (bindings.length > n) return false;
+  const grid = d.grid, tg = d.threadgroup;
+  let g0: number, g1 = 1, g2 = 1, t0: number, t1 = 1, t2 = 1;
+  if (typeof grid === "number") g0 = grid;
+  else {
+    g0 = grid[0];
+    if (grid.length > 1) g1 = grid[1];
+    if (grid.length > 2) g2 = grid[2];
+  }
+  if (typeof tg === "number") t0 = tg;
+  else {
+    t0 = tg[0];
+    if (tg.length > 1) t1 = tg[1];
+    if (tg.length > 2) t2 = tg[2];
+  }
+  if (
+    !validDim(g0) || !validDim(g1) || !validDim(g2) || !validDim(t0) || !validDim(t1) || !validDim(t2) ||
+    t0 * t1 * t2 > Limits.MAX_THREADS_PER_GROUP
+  ) return false;
+  const tgMem = d.threadgroupMemory ?? 0;
+  if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) return false;
+  writer.reserve(p.maxDispatchWords + RecordWords.BARRIER);
+  const w = writer.words;
+  let at = writer.pos;
+  if (barrierFirst) w[at++] = H_BARRIER;
+  if (currentPipeline !== p.handle) {
+    w[at] = H_SET_PIPELINE;
+    w[at + 1] = p.handle;
+    at += 2;
+  }
+  if (tgMem > 0) {
+    w[at] = H_SET_TG_MEMORY;
+    w[at + 1] = tgMem;
+    at += 2;
+  }
+  for (let i = 0; i < n; i++) {
+    const b = bindings[i], code = plan[i];
+    if (code < 0) { // a buffer slot
+      if (b instanceof MlxBuffer) {
+        const h = b.rawHandle, off = b.byteOffset, len = b.byteLength;
+        if (h === 0) return false;
+        if (b.isWholeAllocation) { // the common case: half the words
+          w[at] = H_SET_BUFFER_WHOLE | (i << 8);
+          w[at + 1] = h;
+          at += 2;
+        } else if (off + len < TWO_32) {
+          w[at] = H_SET_BUFFER | (i << 8);
+          w[at + 1] = h;
+          w[at + 2] = off;
+          w[at + 3] = len;
+          at += 4;
+        } else {
+          w[at] = H_SET_BUFFER64 | (i << 8);
+          w[at + 1] = h;
+          w[at + 2] = off >>> 0;
+          w[at + 3] = Math.floor(off / TWO_32);
+          w[at + 4] = len >>> 0;
+          w[at + 5] = Math.floor(len / TWO_32);
+          at += 6;
+        }
+      } else if (b !== undefined || code === SLOT_BUFFER) return false;
+    } else if (Array.isArray(b)) { // inline bytes as u32 words
+      const len = b.length;
+      if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (code !== 0 && len * 4 !== code)) return false;
+      w[at] = setBytesHeader(len) | (i << 8);
+      w[at + 1] = len * 4;
+      at += 2;
+      for (let k = 0; k < len; k++) {
+        const v = b[k];
+        if ((v >>> 0) !== v) return false;
+        w[at + k] = v;
+      }
+      at += len;
+    } else if (b instanceof Uint32Array) {
+      const len = b.length;
+      if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (code !== 0 && len * 4 !== code)) return false;
+      w[at] = setBytesHeader(len) | (i << 8);
+      w[at + 1] = len * 4;
+      w.set(b, at + 2);
+      at += 2 + len;
+    } else if (b instanceof Uint8Array) {
+      const n = b.byteLength, dataWords = (n + 3) >>> 2;
+      if (n === 0 || n > Limits.MAX_INLINE_BYTES || (code !== 0 && n !== code)) return false;
+      w[at] = setBytesHeader(dataWords) | (i << 8);
+      w[at + 1] = n;
+      w[at + 1 + dataWords] = 0; // zero the padding of the last word
+      writer.bytes.set(b, (at + 2) * 4);
+      at += 2 + dataWords;
+    } else return false;
+  }
+  w[at] = d.dispatchKind === "threads" ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
+  w[at + 1] = g0;
+  w[at + 2] = g1;
+  w[at + 3] = g2;
+  w[at + 4] = t0;
+  w[at + 5] = t1;
+  w[at + 6] = t2;
+  w[at + 7] = tag;
+  writer.pos = at + 8;
+  return true;
+}

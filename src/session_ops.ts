@@ -1,0 +1,76 @@
+/**
+ * The op surface of a GraphSession: every op dispatcher of src/ops/ that a session offers as a
+ * method, by method name. The session binds each one to its encoder and registry once (no
+ * hand-written forwarding method per op), so `s.rmsNorm(x, w, y, o)` is
+ * `ops.rmsNorm(encoder, registry, x, w, y, o)`.
+ *
+ * @module
+ */
+
+import type { KernelRegistry } from "./kernels.ts";
+import type { DispatchTarget } from "./ops/common.ts";
+import * as ops from "./ops/mod.ts";
+
+/** Op dispatchers by session method name; each takes `(target, registry, ...arguments)`. */
+export const SESSION_OPS = {
+  /** out = a + b. */
+  elementwiseAdd: ops.elementwiseAdd,
+  /** out = a · b. */
+  elementwiseMul: ops.elementwiseMul,
+  /** out = α·a + β·b. */
+  axpby: ops.axpby,
+  /** GELU (tanh form). */
+  gelu: ops.gelu,
+  /** SiLU. */
+  silu: ops.silu,
+  /** SwiGLU, silu(gate) · up in one kernel. */
+  siluMul: ops.siluMul,
+  /** Strided row copy (e.g. a K/V cache append). */
+  stridedCopy: ops.stridedCopy,
+  /** tanh(x / cap) · cap. */
+  softcap: ops.softcap,
+  /** Row softmax. */
+  softmax: ops.softmax,
+  /** RMS norm with a learned weight. */
+  rmsNorm: ops.rmsNorm,
+  /** Fused RMS norm × scale. */
+  rmsNormMul: ops.rmsNormMul,
+  /** Fused RMS norm × scale + residual. */
+  rmsNormMulAdd: ops.rmsNormMulAdd,
+  /** RMS norm without a weight. */
+  rmsNormNoScale: ops.rmsNormNoScale,
+  /** Rope over adjacent pairs. */
+  rope: ops.rope,
+  /** NeoX rope. */
+  ropeNeox: ops.ropeNeox,
+  /** y = x · Wᵀ (+ residual), dense f32/bf16 weights. */
+  matmul: ops.matmul,
+  /** y = x · Wᵀ, MLX affine-quantized weights. */
+  quantizedMatmul: ops.quantizedMatmul,
+  /** y = x · Wᵀ, ggml block weights. */
+  quantizedMatmulGgml: ops.quantizedMatmulGgml,
+  /** MoE expert-routed product, ggml block weights. */
+  quantizedMatmulIdGgml: ops.quantizedMatmulIdGgml,
+  /** Causal scaled dot-product attention. */
+  sdpa: ops.sdpa,
+  /** Decode attention, split over workgroups then reduced (places its own barrier). */
+  flashAttnVec: ops.flashAttnVec,
+  /** Greedy token choice per logits row, written into a device ring of token ids. */
+  argmax: ops.argmax,
+  /** Seeded temperature / top-k / top-p sampling per logits row (the same ids on every backend). */
+  sample: ops.sample,
+  /** Embedding rows gathered by token ids read from device memory. */
+  embedGather: ops.embedGather,
+} as const;
+
+/** The arguments of an op dispatcher after its target and registry. */
+export type OpArguments<F> = F extends (target: DispatchTarget, registry: KernelRegistry, ...args: infer A) => void ? A
+  : never;
+
+/** Every op of {@link SESSION_OPS} as a session method: the same arguments, without target and registry. */
+export type SessionOps = {
+  readonly [K in keyof typeof SESSION_OPS]: (...args: OpArguments<typeof SESSION_OPS[K]>) => void;
+};
+
+/** Most arguments a session op takes after target and registry (the binder passes this many). */
+export const MAX_OP_ARGUMENTS = 6;
