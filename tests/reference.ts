@@ -221,3 +221,84 @@ export function refAttentionDecode(
 export function refSilu(x: ArrayLike<number>): Float64Array {
   return Float64Array.from({ length: x.length }, (_, i) => x[i] / (1 + Math.exp(-x[i])));
 }
+
+/** Index of the largest value, ties to the lowest index (−0 equals +0); NaN ranks below −inf. */
+export function refArgmax(x: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) {
+    if (Number.isNaN(x[best]) ? !Number.isNaN(x[i]) : x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+/** E[j] = round(2³¹ · 2^(−j/256)), j = 0..256: the sampler's weight table. */
+export function refSampleTable(): number[] {
+  return Array.from({ length: 257 }, (_, j) => Math.round(2 ** 31 * 2 ** (-j / 256)));
+}
+
+/** Philox4x32-10 of a 4-word counter and a 2-word key (Salmon et al., SC'11). */
+export function refPhilox4x32(counter: readonly number[], key: readonly number[]): number[] {
+  const mulhilo = (a: bigint, b: number): [number, number] => {
+    const p = a * BigInt(b >>> 0);
+    return [Number(p >> 32n), Number(p & 0xffffffffn)];
+  };
+  let [c0, c1, c2, c3] = counter.map((v) => v >>> 0);
+  let [k0, k1] = key.map((v) => v >>> 0);
+  for (let round = 0; round < 10; round++) {
+    if (round > 0) {
+      k0 = (k0 + 0x9e3779b9) >>> 0;
+      k1 = (k1 + 0xbb67ae85) >>> 0;
+    }
+    const [hi0, lo0] = mulhilo(0xd2511f53n, c0), [hi1, lo1] = mulhilo(0xcd9e8d57n, c2);
+    [c0, c1, c2, c3] = [(hi1 ^ c1 ^ k0) >>> 0, lo1, (hi0 ^ c3 ^ k1) >>> 0, lo0];
+  }
+  return [c0, c1, c2, c3];
+}
+
+/** The sampler's integer weight of logit x below maximum m (see ops.sample, step 3). */
+export function refSampleWeight(x: number, m: number, c: number, table: readonly number[]): number {
+  const flush = (v: number) => (Math.abs(v) < 2 ** -126 ? 0 : v);
+  const xf = flush(x), mf = flush(m);
+  const d = xf === mf ? 0 : Math.fround(Math.fround(mf - xf) * c);
+  if (!(d < 31)) return 0;
+  const q = Math.floor(d * 65536), h = (q >>> 8) & 0xff, l = q & 0xff;
+  const v = table[h] - Math.floor(((table[h] - table[h + 1]) * l) / 256);
+  return Math.floor(v / 2 ** (q >>> 16));
+}
+
+/**
+ * One row's sampled token, from the definition in ops.sample: a full sort, BigInt prefix sums and
+ * the thresholds as stated. Returns null where the kernel must fail (NaN, or only −inf).
+ */
+export function refSample(
+  x: ArrayLike<number>,
+  o: { temperature: number; topK?: number; topP?: number; seed: bigint; counter: number; row: number },
+): number | null {
+  const n = x.length;
+  let m = -Infinity;
+  for (let i = 0; i < n; i++) {
+    if (Number.isNaN(x[i])) return null;
+    m = Math.max(m, x[i]);
+  }
+  if (m === -Infinity) return null;
+  if (o.temperature === 0) return refArgmax(x);
+  const c = Math.fround(Math.LOG2E / o.temperature), table = refSampleTable();
+  const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => (x[b] - x[a]) || (a - b));
+  const w = order.map((i) => BigInt(refSampleWeight(x[i], m, c, table)));
+  const cum = [0n];
+  for (const v of w) cum.push(cum[cum.length - 1] + v);
+  const k = o.topK ? Math.min(o.topK, n) : n;
+  let total = cum[k];
+  const pq = Math.max(1, Math.min(2 ** 31, Math.round((o.topP ?? 1) * 2 ** 31)));
+  if (pq < 2 ** 31) {
+    const target = (total * BigInt(pq)) >> 31n;
+    let len = 1;
+    while (cum[len] < target) len++;
+    total = cum[len];
+  }
+  const [x0, x1] = refPhilox4x32([o.counter, o.row, 0, 0], [Number(o.seed & 0xffffffffn), Number(o.seed >> 32n)]);
+  const r = (total * ((BigInt(x1) << 32n) | BigInt(x0))) >> 64n;
+  let j = 1;
+  while (cum[j] <= r) j++;
+  return order[j - 1];
+}

@@ -9,6 +9,7 @@ extern const mlxn_cpu_kernel mlxn_cpu_norm_kernels[];
 extern const mlxn_cpu_kernel mlxn_cpu_rope_kernels[];
 extern const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[];
 extern const mlxn_cpu_kernel mlxn_cpu_attention_kernels[];
+extern const mlxn_cpu_kernel mlxn_cpu_sample_kernels[];
 
 const mlxn_cpu_kernel *const mlxn_cpu_kernel_families[] = {
     mlxn_cpu_elementwise_kernels,
@@ -16,6 +17,7 @@ const mlxn_cpu_kernel *const mlxn_cpu_kernel_families[] = {
     mlxn_cpu_rope_kernels,
     mlxn_cpu_matmul_kernels,
     mlxn_cpu_attention_kernels,
+    mlxn_cpu_sample_kernels,
     0,
 };
 

@@ -28,10 +28,11 @@ extern const mlxn_cuda_kernel mlxn_cuda_norm_kernels[];
 extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[];
 extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[];
 extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[];
+extern const mlxn_cuda_kernel mlxn_cuda_sample_kernels[];
 
 static const mlxn_cuda_kernel *const families[] = {
     mlxn_cuda_elementwise_kernels, mlxn_cuda_norm_kernels, mlxn_cuda_rope_kernels,
-    mlxn_cuda_matmul_kernels,      mlxn_cuda_attention_kernels,
+    mlxn_cuda_matmul_kernels,      mlxn_cuda_attention_kernels,  mlxn_cuda_sample_kernels,
 };
 
 static const mlxn_cuda_kernel *find_kernel(const char *name) {

@@ -35,6 +35,7 @@ export const CPU_SOURCES: readonly string[] = [
   "kernels/cpu/norm.c",
   "kernels/cpu/registry.c",
   "kernels/cpu/rope.c",
+  "kernels/cpu/sample.c",
 ];
 
 /** C flags of the CPU backend (the Makefile's CFLAGS_COMMON). */

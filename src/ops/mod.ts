@@ -10,3 +10,4 @@ export * from "./norm.ts";
 export * from "./rope.ts";
 export * from "./matmul.ts";
 export * from "./attention.ts";
+export * from "./sample.ts";

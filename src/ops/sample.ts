@@ -1,0 +1,292 @@
+/**
+ * Token selection and input on the device, so that a token loop never reads logits back:
+ * {@link argmax} and seeded {@link sample} pick a token id per row of logits (f32 or bf16) and write
+ * it into a u32 ring of generated ids; {@link embedGather} reads ids from that ring and writes the
+ * tokens' embedding rows (f32, bf16, q8_0 or q4_0 tables) as f32.
+ *
+ * Token ring: `ids` holds `ring` slots of `rows` ids (row r of slot s is element s·rows + r). With
+ * a `cursor` buffer, each dispatch uses slot cursor[0] % ring, read on the device, so consecutive
+ * steps encode identical command streams; without one it uses slot 0 (bind a slice of the ring to
+ * choose the slot from the host).
+ *
+ * Geometry: {@link argmax} and {@link sample} run one threadgroup per row of
+ * {@link tokenThreadgroupSize} threads; {@link embedGather} one thread per output element.
+ *
+ * @module
+ */
+
+import type { MlxBuffer } from "../buffer.ts";
+import { DType } from "../dtype.ts";
+import { MlxError } from "../errors.ts";
+import { CapturedOpKind } from "../graph/op_kind.ts";
+import { type KernelContract, type KernelRegistry, registerContracts, type SlotSpec } from "../kernels.ts";
+import { checkBuffer, checkU32, type DispatchTarget, f32Bits, nextPow2 } from "./common.ts";
+
+const R = "read", W = "write";
+const LOGIT_TYPES = [DType.F32, DType.BF16] as const;
+/** Table formats {@link embedGather} reads. */
+export type EmbeddingFormat = "f32" | "bf16" | "q8_0" | "q4_0";
+const GATHER_FORMATS: readonly EmbeddingFormat[] = ["f32", "bf16", "q8_0", "q4_0"];
+const CURSOR: SlotSpec = { name: "cursor", kind: "buffer", access: R, optional: true };
+
+/** Contracts of this family. */
+export const sampleContracts: readonly KernelContract[] = [
+  ...LOGIT_TYPES.map((t): KernelContract => ({
+    name: `argmax_${t}`,
+    opKind: CapturedOpKind.Other,
+    slots: [
+      { name: "logits", kind: "buffer", access: R },
+      { name: "ids", kind: "buffer", access: W },
+      { name: "params{vocab,rows,ring,has_cursor}", kind: "bytes", size: 16 },
+      CURSOR,
+    ],
+  })),
+  ...LOGIT_TYPES.map((t): KernelContract => ({
+    name: `sample_${t}`,
+    opKind: CapturedOpKind.Other,
+    slots: [
+      { name: "logits", kind: "buffer", access: R },
+      { name: "ids", kind: "buffer", access: W },
+      {
+        name: "params{vocab,rows,ring,has_cursor,c:f32,top_k,top_p_q31,seed_lo,seed_hi,counter}",
+        kind: "bytes",
+        size: 40,
+      },
+      CURSOR,
+    ],
+  })),
+  ...GATHER_FORMATS.map((f): KernelContract => ({
+    name: `embed_gather_${f}`,
+    opKind: CapturedOpKind.Other,
+    slots: [
+      { name: "table", kind: "buffer", access: R },
+      { name: "ids", kind: "buffer", access: R },
+      { name: "output", kind: "buffer", access: W },
+      { name: "params{rows,dim,vocab,ring,has_cursor}", kind: "bytes", size: 20 },
+      CURSOR,
+    ],
+  })),
+];
+registerContracts(sampleContracts);
+
+/** Where in the ring of token ids a dispatch reads or writes. */
+export interface TokenRing {
+  /** Rows (sequences) per step; default 1. */
+  rows?: number;
+  /** Slots of `rows` ids in the ids buffer; default 1. */
+  ring?: number;
+  /** u32 buffer whose element 0, modulo `ring`, picks the slot on the device. */
+  cursor?: MlxBuffer;
+}
+
+/** Threads per threadgroup of {@link argmax} and {@link sample} for a vocabulary (32 to 1024). */
+export function tokenThreadgroupSize(vocab: number): number {
+  return Math.max(32, Math.min(1024, nextPow2(Math.ceil(vocab / 4))));
+}
+
+function checkRing(op: string, ids: MlxBuffer, o: TokenRing): { rows: number; ring: number } {
+  const rows = o.rows ?? 1, ring = o.ring ?? 1;
+  checkU32(op, "rows", rows);
+  checkU32(op, "ring", ring);
+  checkBuffer(op, "ids", ids, DType.U32, ring * rows);
+  if (o.cursor) checkBuffer(op, "cursor", o.cursor, DType.U32, 1);
+  return { rows, ring };
+}
+
+function checkLogits(op: string, logits: MlxBuffer, rows: number, vocab: number): void {
+  checkU32(op, "vocab", vocab);
+  if (logits.dtype !== DType.F32 && logits.dtype !== DType.BF16) {
+    throw new MlxError("InvalidArgument", `${op}: logits must be f32 or bf16, got ${logits.dtype}`);
+  }
+  checkBuffer(op, "logits", logits, logits.dtype, rows * vocab);
+}
+
+/** Options of {@link argmax}. */
+export interface ArgmaxOptions extends TokenRing {
+  /** Logits per row. */
+  vocab: number;
+}
+
+/**
+ * Writes the index of each row's largest logit into the ring: ties go to the lowest index, −0
+ * equals +0. A row holding NaN fails the command buffer (CommandBufferError naming this dispatch);
+ * its id is still written, ranking NaN below −inf.
+ *
+ * @example
+ * ```ts ignore
+ * ops.argmax(enc, registry, logits, ids, { vocab: 32000 });
+ * ```
+ */
+export function argmax(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  logits: MlxBuffer,
+  ids: MlxBuffer,
+  o: ArgmaxOptions,
+): void {
+  const { rows, ring } = checkRing("argmax", ids, o);
+  checkLogits("argmax", logits, rows, o.vocab);
+  target.dispatch({
+    pipeline: registry.get(`argmax_${logits.dtype}`),
+    bindings: [logits, ids, [o.vocab, rows, ring, o.cursor ? 1 : 0], o.cursor],
+    grid: [rows, 1, 1],
+    threadgroup: [tokenThreadgroupSize(o.vocab), 1, 1],
+    dispatchKind: "threadgroups",
+  });
+}
+
+/** Options of {@link sample}. */
+export interface SampleOptions extends TokenRing {
+  /** Logits per row. */
+  vocab: number;
+  /** Softmax temperature; 0 picks the argmax. Otherwise in [1e-5, 1e5]. */
+  temperature: number;
+  /** Keep only the k largest logits (0 or omitted: all). */
+  topK?: number;
+  /** Keep the smallest prefix holding this share of the weight, in (0, 1] (default 1: all). */
+  topP?: number;
+  /** Generator key, an integer in [0, 2⁶⁴). */
+  seed: number | bigint;
+  /** Counter of the first step (u32, default 0); the cursor's value is added on the device. */
+  counter?: number;
+}
+
+const TWO31 = 2 ** 31;
+
+/**
+ * Seeded sampling of one token per row, written into the ring. Every backend picks the same token
+ * for the same inputs, because the choice is made on integers:
+ *
+ * 1. m is the row's largest logit (as {@link argmax}). NaN anywhere, or a row of only −inf, fails
+ *    the command buffer (the argmax is written). Temperature 0 writes the argmax.
+ * 2. Order: tokens by logit descending, then index ascending (−0 equals +0).
+ * 3. Weight of a logit x (subnormals read as 0 in x and m): d = f32(f32(m − x) · c), c =
+ *    f32(log2(e) / T), d = 0 when x equals m. d ≥ 31 gives weight 0; otherwise q = ⌊d·2¹⁶⌋ and
+ *    weight = (E[h] − ⌊(E[h] − E[h+1]) · l / 2⁸⌋) >> ⌊q / 2¹⁶⌋ with h, l the two bytes below bit 16
+ *    of q and E[j] = round(2³¹ · 2^(−j/256)): an integer ≈ 2³¹ · e^((x − m)/T).
+ * 4. Top-k: the first min(k, vocab) tokens of the order; W = their weight (a u64 sum).
+ * 5. Top-p: p as Q31, P = round(p · 2³¹); unless P = 2³¹, target = ⌊W · P / 2³¹⌋ and the candidates
+ *    shrink to the shortest prefix (at least one token) whose weight reaches target; S = its weight.
+ * 6. Philox4x32-10 with key (seed low, high 32 bits) and counter (counter + cursor[0], row, 0, 0)
+ *    gives x0..x3; R = x1·2³² + x0; r = ⌊S · R / 2⁶⁴⌋. The token is the first in the order whose
+ *    running weight exceeds r.
+ *
+ * Tokens whose probability is below 2⁻³¹ of the top token's (d ≥ 31) are never sampled.
+ *
+ * @example
+ * ```ts ignore
+ * ops.sample(enc, registry, logits, ids, { vocab: 32000, temperature: 0.8, topK: 40, topP: 0.95, seed: 7, cursor: step });
+ * ```
+ */
+export function sample(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  logits: MlxBuffer,
+  ids: MlxBuffer,
+  o: SampleOptions,
+): void {
+  const op = "sample";
+  const { rows, ring } = checkRing(op, ids, o);
+  checkLogits(op, logits, rows, o.vocab);
+  const t = o.temperature;
+  if (!Number.isFinite(t) || (t !== 0 && (t < 1e-5 || t > 1e5))) {
+    throw new MlxError("InvalidArgument", `${op}: temperature must be 0 (greedy) or in [1e-5, 1e5], got ${t}`);
+  }
+  const topK = o.topK ?? 0;
+  checkU32(op, "topK", topK, 0);
+  const topP = o.topP ?? 1;
+  if (!(topP > 0 && topP <= 1)) throw new MlxError("InvalidArgument", `${op}: topP must be in (0, 1], got ${topP}`);
+  const counter = o.counter ?? 0;
+  checkU32(op, "counter", counter, 0);
+  const seed = typeof o.seed === "bigint" ? o.seed : Number.isSafeInteger(o.seed) ? BigInt(o.seed) : -1n;
+  if (seed < 0n || seed >= 1n << 64n) {
+    throw new MlxError("InvalidArgument", `${op}: seed must be an integer in [0, 2^64), got ${o.seed}`);
+  }
+  const c = t === 0 ? 0 : Math.fround(Math.LOG2E / t);
+  const pq = Math.max(1, Math.min(TWO31, Math.round(topP * TWO31)));
+  target.dispatch({
+    pipeline: registry.get(`sample_${logits.dtype}`),
+    bindings: [
+      logits,
+      ids,
+      [
+        o.vocab,
+        rows,
+        ring,
+        o.cursor ? 1 : 0,
+        f32Bits(c),
+        topK,
+        pq,
+        Number(seed & 0xffffffffn),
+        Number(seed >> 32n),
+        counter,
+      ],
+      o.cursor,
+    ],
+    grid: [rows, 1, 1],
+    threadgroup: [tokenThreadgroupSize(o.vocab), 1, 1],
+    dispatchKind: "threadgroups",
+  });
+}
+
+/** Options of {@link embedGather}. */
+export interface EmbedGatherOptions extends TokenRing {
+  /** Values per embedding row (a multiple of 32 for q8_0 and q4_0). */
+  dim: number;
+  /** Rows of the table; an id ≥ vocab fails the command buffer. */
+  vocab: number;
+  /** The table's format: f32 and bf16 follow its dtype; a u8 table needs "q8_0" or "q4_0". */
+  format?: EmbeddingFormat;
+}
+
+function rowBytes(format: EmbeddingFormat, dim: number): number {
+  return format === "f32" ? dim * 4 : format === "bf16" ? dim * 2 : (dim / 32) * (format === "q8_0" ? 34 : 18);
+}
+
+/**
+ * output[r] = table[ids[slot·rows + r]] as f32, for r < rows, with the ids read on the device. An id
+ * ≥ vocab fails the command buffer (CommandBufferError naming this dispatch) and that output row is
+ * written as zeros; nothing is read outside the table.
+ *
+ * @example
+ * ```ts ignore
+ * ops.embedGather(enc, registry, table, ids, x, { dim: 2048, vocab: 32000, format: "q8_0", cursor: step, ring: 64 });
+ * ```
+ */
+export function embedGather(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  table: MlxBuffer,
+  ids: MlxBuffer,
+  output: MlxBuffer,
+  o: EmbedGatherOptions,
+): void {
+  const op = "embed_gather";
+  const { rows, ring } = checkRing(op, ids, o);
+  checkU32(op, "dim", o.dim);
+  checkU32(op, "vocab", o.vocab);
+  const format = o.format ?? table.dtype;
+  if (!(GATHER_FORMATS as readonly string[]).includes(format)) {
+    throw new MlxError("InvalidArgument", `${op}: table format ${format} is not one of ${GATHER_FORMATS.join(", ")}`);
+  }
+  const f = format as EmbeddingFormat;
+  const dtype = f === "f32" ? DType.F32 : f === "bf16" ? DType.BF16 : DType.U8;
+  if (table.dtype !== dtype) {
+    throw new MlxError("InvalidArgument", `${op}: a ${f} table must be a ${dtype} buffer, got ${table.dtype}`);
+  }
+  if ((f === "q8_0" || f === "q4_0") && o.dim % 32 !== 0) {
+    throw new MlxError("InvalidArgument", `${op}: dim must be a multiple of 32 for ${f}, got ${o.dim}`);
+  }
+  const need = o.vocab * rowBytes(f, o.dim);
+  if (table.byteLength < need) {
+    throw new MlxError("InvalidArgument", `${op}: table holds ${table.byteLength} bytes, needs ${need}`);
+  }
+  checkBuffer(op, "output", output, DType.F32, rows * o.dim);
+  target.dispatch({
+    pipeline: registry.get(`embed_gather_${f}`),
+    bindings: [table, ids, output, [rows, o.dim, o.vocab, ring, o.cursor ? 1 : 0], o.cursor],
+    grid: [o.dim, rows, 1],
+    threadgroup: [Math.min(256, nextPow2(o.dim)), 1, 1],
+    dispatchKind: "threads",
+  });
+}
