@@ -95,6 +95,16 @@ export {
   type PendingPass,
   type SessionOptions,
 } from "./src/executor.ts";
+export {
+  DecodeLoop,
+  type DecodeLoopOptions,
+  type DecodeRunOptions,
+  type DecodeRunReport,
+  type DecodeStep,
+  type EncodeStep,
+  type ReadbackTiming,
+  type StepTiming,
+} from "./src/decode_loop.ts";
 export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
