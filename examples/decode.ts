@@ -1,10 +1,13 @@
 /**
  * The main job (`make demo`, `deno task demo`): a llama-style decoder with random weights (fixed
- * seed) decoding N tokens greedily with a KV cache, in three modes that must agree:
+ * seed) decoding N tokens greedily with a KV cache, in four modes that must agree:
  *
  *   direct/hand    every op encoded directly, barriers placed by hand
  *   direct/auto    every op encoded directly, barriers placed by the conflict tracker
  *   recorded/opt   recorded, then fuse + reorder + barriers recomputed + split over two command buffers
+ *   pipelined      recorded/opt passes in a DecodeLoop: the pass gathers its input embedding and picks
+ *                  the next token (argmax) on the device, token n+1 is encoded while token n runs, and
+ *                  token ids are read back in batches (the other modes read the logits every token)
  *
  * Per layer: RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), Q/K/V
  * projections, NeoX rope, K/V appended to the cache, flash attention (split + reduce), output
@@ -22,17 +25,24 @@ import {
   type CapturedNode,
   ComputeGraph,
   counters,
+  DecodeLoop,
+  type DecodeRunReport,
+  DType,
   dualBufferSplit,
+  type FinishReport,
   GraphExecutor,
+  type GraphSession,
   MlxDevice,
   MlxError,
 } from "../mod.ts";
 import { createLlama } from "./llama.ts";
+import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "./pipeline_trace.ts";
 
 const MODE_HELP: Record<string, string> = {
   "direct/hand": "ops encoded directly, barriers placed by hand",
   "direct/auto": "ops encoded directly, barriers placed by the conflict tracker",
   "recorded/opt": "recorded; fused, reordered, barriers recomputed, 2 cmd buffers",
+  "pipelined": "recorded/opt passes overlapped; token chosen and fed back on device",
 };
 
 const USAGE = `Usage: deno run --allow-ffi --allow-read --allow-env examples/decode.ts [flags]
@@ -55,8 +65,12 @@ Run:
   --warmup N      tokens decoded first in each mode, not measured (default 0)
   --ctx N         KV-cache capacity in tokens (default warmup + tokens)
   --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")} (default all)
+  --depth N       pipelined mode: passes in flight (default 2; 1 waits for each pass)
+  --read-batch N  pipelined mode: read token ids back every N tokens (default 16)
   --backend NAME  cpu, cuda or metal (default: the best available)
-  --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write)
+  --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); the
+                  pipelined mode also writes FILE's name + ".pipelined.json": host encode,
+                  wait and readback spans beside the device's command buffers
   -h, --help      print this help`;
 
 /** Prints `message` and the usage to stderr and exits with status 2. */
@@ -85,6 +99,8 @@ try {
       backend: { type: "string" },
       trace: { type: "string" },
       seed: { type: "string", default: "1234" },
+      depth: { type: "string", default: "2" },
+      "read-batch": { type: "string", default: "16" },
     },
   });
 } catch (e) {
@@ -104,6 +120,7 @@ const cfg = {
   vocab: Number(a.vocab),
   tokens: Number(a.tokens),
 };
+const loopCfg = { depth: Number(a.depth), "read-batch": Number(a["read-batch"]) };
 const quant = a.quant as "q4_0" | "mlx4" | "bf16";
 const warmup = Number(a.warmup);
 const seed = Number(a.seed);
@@ -112,7 +129,7 @@ const headDim = cfg.hidden / cfg.heads;
 const wantedModes = a.modes.split(",").map((m) => m.trim()).filter((m) => m !== "");
 const unknownModes = wantedModes.filter((m) => !(m in MODE_HELP));
 const problems = [
-  ...Object.entries(cfg).filter(([, v]) => !Number.isInteger(v) || v <= 0).map(([k]) =>
+  ...Object.entries({ ...cfg, ...loopCfg }).filter(([, v]) => !Number.isInteger(v) || v <= 0).map(([k]) =>
     `${k} must be a positive integer`
   ),
   ...(Number.isInteger(headDim) && [64, 128, 256, 512].includes(headDim)
@@ -156,11 +173,12 @@ const { hidden } = cfg;
 
 // ---- modes --------------------------------------------------------------------------------------
 
-type Mode = { name: string; recorded: boolean; auto: boolean };
+type Mode = { name: string; recorded: boolean; auto: boolean; pipelined: boolean };
 const modes: Mode[] = wantedModes.map((name) => ({
   name,
-  recorded: name === "recorded/opt",
+  recorded: name === "recorded/opt" || name === "pipelined",
   auto: name === "direct/auto",
+  pipelined: name === "pipelined",
 }));
 
 interface Result {
@@ -180,7 +198,50 @@ interface Result {
 const interactive = Deno.stderr.isTerminal();
 const progress = (text: string) => Deno.stderr.writeSync(new TextEncoder().encode(text));
 
+/** What the pipelined mode's trace and overlap summary need, from its measured run. */
+let pipelinedRun: { report: DecodeRunReport; loop: DecodeLoop } | undefined;
+
+/**
+ * The pipelined mode: the same recorded/opt passes, each also gathering its input embedding from
+ * the token-id ring and writing the argmax into it, `depth` passes in flight. The logits are read
+ * once, after the run (to compare the last token's with the other modes).
+ */
+function runPipelined(mode: Mode): Result {
+  model.resetCache();
+  counters.reset();
+  const loop = new DecodeLoop(exec, {
+    depth: loopCfg.depth,
+    readBatch: loopCfg["read-batch"],
+    recorded: true,
+    session: { autoBarriers: false },
+    finish: { fuse: true, reorder: true, dualBuffer: true },
+    encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier()),
+  });
+  let first = 1;
+  if (warmup > 0) first = loop.run({ first, steps: warmup }).tokens[warmup - 1];
+  counters.reset();
+  const rep = loop.run({ first, steps: cfg.tokens, startPosition: warmup });
+  pipelinedRun = { report: rep, loop };
+  const sum = (f: (r: FinishReport) => number) => rep.reports.reduce((x, r) => x + f(r), 0);
+  const r: Result = {
+    tokens: [...rep.tokens],
+    logits: [act.logits.read() as Float32Array],
+    wallMs: rep.wallNs / 1e6,
+    encodeNs: rep.encodeNs,
+    gpuNs: rep.deviceNs,
+    dispatches: sum((r) => r.dispatches),
+    barriers: sum((r) => r.barriers.reduce((x, y) => x + y, 0)),
+    groups: sum((r) => r.groups),
+    commandBuffers: sum((r) => r.barriers.length),
+    fusions: sum((r) => r.fusions),
+    reordered: sum((r) => r.reordered),
+  };
+  if (!interactive) progress(`${mode.name}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
+  return r;
+}
+
 function run(mode: Mode): Result {
+  if (mode.pipelined) return runPipelined(mode);
   model.resetCache();
   counters.reset();
   const r: Result = {
@@ -243,15 +304,25 @@ function run(mode: Mode): Result {
   return r;
 }
 
-/** The lower bound on barriers per token: the dependency depth of one recorded step (− 1). */
-function bounds(): { plain: number; fused: number } {
-  const s = exec.beginRecorded();
-  model.step(s, 0, () => s.barrier());
-  const nodes: CapturedNode[] = s.encoder.takeCapture()!;
-  s.dispose();
-  const fused = new ComputeGraph(nodes);
-  fused.fuse();
-  return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
+/**
+ * The lower bound on barriers per token: the dependency depth of one recorded step (− 1), and of
+ * one token pass of the pipelined mode (gather + step + argmax).
+ */
+function bounds(): { plain: number; fused: number; pipelined: number } {
+  const fusedBound = (encode: (s: GraphSession) => void) => {
+    const s = exec.beginRecorded();
+    encode(s);
+    const nodes: CapturedNode[] = s.encoder.takeCapture()!;
+    s.dispose();
+    const fused = new ComputeGraph(nodes);
+    fused.fuse();
+    return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
+  };
+  const step = fusedBound((s) => model.step(s, 0, () => s.barrier()));
+  using ids = device.alloc(8, DType.U32);
+  const token = { index: 0, position: 0, input: ids.slice(0, 4), output: ids.slice(4, 4) };
+  const pass = fusedBound((s) => model.tokenStep(s, token, () => s.barrier()));
+  return { ...step, pipelined: pass.fused };
 }
 
 const results = modes.map((m) => [m, run(m)] as const);
@@ -270,6 +341,11 @@ interface Row {
 const rows: Row[] = [
   { label: "wall ms", help: "host wall time: encode + submit + wait", value: (_, r) => (r.wallMs / n).toFixed(2) },
   { label: "device ms", help: "device execution time", value: (_, r) => (r.gpuNs / n / 1e6).toFixed(2) },
+  {
+    label: "wall / device",
+    help: "wall time over device time (1.00: the device never waits for the host)",
+    value: (_, r) => (r.wallMs * 1e6 / r.gpuNs).toFixed(3),
+  },
   { label: "encode µs", help: "host time spent encoding the step", value: (_, r) => (r.encodeNs / n / 1e3).toFixed(0) },
   { label: "dispatches", help: "kernel dispatches", value: (_, r) => r.dispatches / n },
   { label: "barriers", help: "memory barriers between concurrent groups", value: (_, r) => r.barriers / n },
@@ -279,7 +355,7 @@ const rows: Row[] = [
     // A command-buffer boundary orders like a barrier, so a split lowers the bound by one (a step of
     // at most dualBufferSplit() dispatches is not split: its second command buffer is empty).
     value: (m, r) =>
-      (m.recorded ? bound.fused : bound.plain) -
+      (m.pipelined ? bound.pipelined : m.recorded ? bound.fused : bound.plain) -
       (r.commandBuffers / n > 1 && r.dispatches / n > dualBufferSplit(r.dispatches / n) ? 1 : 0),
   },
   { label: "cmd buffers", help: "command buffers", value: (_, r) => r.commandBuffers / n },
@@ -290,7 +366,11 @@ const rows: Row[] = [
     help: "mean dispatches per concurrent group",
     value: (_, r) => (r.dispatches / r.groups).toFixed(2),
   },
-  { label: "max |Δ logits|", help: `largest logit difference from ${refMode.name}`, value: (_m, _r, d) => d },
+  {
+    label: "max |Δ logits|",
+    help: `largest logit difference from ${refMode.name} (pipelined: last token only)`,
+    value: (_m, _r, d) => d,
+  },
   {
     label: "same tokens",
     help: `greedy tokens equal ${refMode.name}'s`,
@@ -302,10 +382,38 @@ function sameTokens(r: Result): boolean {
   return r.tokens.every((t, i) => t === ref.tokens[i]);
 }
 
+/**
+ * How the pipelined run overlapped: per step, whether the host began encoding token n+1 before the
+ * device finished token n, and the device's idle time between passes; with --trace, the host and
+ * device spans on one timeline.
+ */
+function summarisePipelined(report: DecodeRunReport, loop: DecodeLoop): void {
+  const clock = calibrateDeviceClock(device);
+  const o = stepOverlaps(report, clock);
+  const early = o.filter((x) => x.encodeBeganBeforeDeviceEnd).length;
+  const mean = (f: (x: (typeof o)[number]) => number) => o.reduce((t, x) => t + f(x), 0) / Math.max(1, o.length) / 1e3;
+  console.log(
+    `pipelined (depth ${loop.depth}, ids read every ${loop.readBatch} tokens, ${report.readbacks.length} reads): ` +
+      `encoding of token n+1 began before the device finished token n in ${early}/${o.length} steps;\n` +
+      `  mean overlap ${mean((x) => x.overlapNs).toFixed(0)} µs, mean device idle between passes ` +
+      `${mean((x) => x.deviceGapNs).toFixed(0)} µs (clocks aligned to ± ${(clock.errorNs / 1e3).toFixed(1)} µs)`,
+  );
+  if (a.trace !== undefined) {
+    const path = a.trace.replace(/(\.json)?$/, ".pipelined.json");
+    Deno.writeTextFileSync(path, JSON.stringify({ traceEvents: pipelineTraceEvents(report, clock, loop) }));
+    console.log(`pipelined trace: ${path} (host encode/wait/readback spans beside the device's command buffers)`);
+  }
+}
+
 let agree = true;
 const diffs = results.map(([, r]) => {
+  // The pipelined mode keeps only the last token's logits: compare the tokens both modes kept.
   let maxDiff = 0;
-  r.logits.forEach((l, i) => l.forEach((v, j) => (maxDiff = Math.max(maxDiff, Math.abs(v - ref.logits[i][j])))));
+  const kept = Math.min(r.logits.length, ref.logits.length);
+  for (let i = 1; i <= kept; i++) {
+    const l = r.logits[r.logits.length - i], want = ref.logits[ref.logits.length - i];
+    l.forEach((v, j) => (maxDiff = Math.max(maxDiff, Math.abs(v - want[j]))));
+  }
   agree &&= sameTokens(r) && maxDiff === 0;
   return maxDiff;
 });
@@ -327,6 +435,7 @@ if (device.profiler && device.profiler.kernels().size > 0) {
   console.table(device.profiler.kernelTable());
 }
 if (device.profiler?.tracePath) console.log(`trace: ${device.profiler.tracePath} (open in https://ui.perfetto.dev)`);
+if (pipelinedRun) summarisePipelined(pipelinedRun.report, pipelinedRun.loop);
 device.close();
 if (!agree) {
   console.error("FAILED: the modes disagree");
