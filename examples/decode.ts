@@ -68,6 +68,8 @@ Run:
   --depth N       pipelined mode: passes in flight (default 2; 1 waits for each pass)
   --read-batch N  pipelined mode: read token ids back every N tokens (default 16)
   --backend NAME  cpu, cuda or metal (default: the best available)
+  --threads N     CPU backend worker threads (default 0: one per core; with a core left to
+                  the host, the pipelined mode's encoding does not slow the device down)
   --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); the
                   pipelined mode also writes FILE's name + ".pipelined.json": host encode,
                   wait and readback spans beside the device's command buffers
@@ -101,6 +103,7 @@ try {
       seed: { type: "string", default: "1234" },
       depth: { type: "string", default: "2" },
       "read-batch": { type: "string", default: "16" },
+      threads: { type: "string", default: "0" },
     },
   });
 } catch (e) {
@@ -124,6 +127,7 @@ const loopCfg = { depth: Number(a.depth), "read-batch": Number(a["read-batch"]) 
 const quant = a.quant as "q4_0" | "mlx4" | "bf16";
 const warmup = Number(a.warmup);
 const seed = Number(a.seed);
+const threads = Number(a.threads);
 const ctx = a.ctx !== undefined ? Number(a.ctx) : cfg.tokens + warmup;
 const headDim = cfg.hidden / cfg.heads;
 const wantedModes = a.modes.split(",").map((m) => m.trim()).filter((m) => m !== "");
@@ -139,6 +143,7 @@ const problems = [
   ...(quant === "q4_0" || quant === "mlx4" || quant === "bf16" ? [] : ["quant must be q4_0, mlx4 or bf16"]),
   ...(Number.isInteger(warmup) && warmup >= 0 ? [] : ["warmup must be a non-negative integer"]),
   ...(Number.isSafeInteger(seed) ? [] : ["seed must be an integer"]),
+  ...(Number.isInteger(threads) && threads >= 0 && threads <= 1024 ? [] : ["threads must be an integer in 0..1024"]),
   ...(Number.isInteger(ctx) && ctx >= cfg.tokens + warmup ? [] : ["ctx must hold warmup + tokens positions"]),
   ...(cfg.hidden % 64 === 0 && cfg.ffn % 64 === 0 ? [] : ["hidden and ffn must be multiples of 64"]),
   ...(a.backend === undefined || ["cpu", "cuda", "metal"].includes(a.backend)
@@ -153,7 +158,7 @@ if (problems.length) usageError(problems.join("; "));
 
 let device: MlxDevice;
 try {
-  device = MlxDevice.open({ backend: a.backend as BackendName | undefined, trace: a.trace });
+  device = MlxDevice.open({ backend: a.backend as BackendName | undefined, trace: a.trace, threads });
 } catch (e) {
   if (!(e instanceof MlxError)) throw e;
   console.error(`decode: cannot open a device (${e.code}): ${e.message}`);
