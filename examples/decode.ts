@@ -5,9 +5,11 @@
  *   direct/hand    every op encoded directly, barriers placed by hand
  *   direct/auto    every op encoded directly, barriers placed by the conflict tracker
  *   recorded/opt   recorded, then fuse + reorder + barriers recomputed + split over two command buffers
- *   pipelined      recorded/opt passes in a DecodeLoop: the pass gathers its input embedding and picks
- *                  the next token (argmax) on the device, token n+1 is encoded while token n runs, and
- *                  token ids are read back in batches (the other modes read the logits every token)
+ *   pipelined      recorded, fused and reordered passes in a DecodeLoop: each gathers its input
+ *                  embedding and picks the next token (argmax) on the device, token n+1 is encoded
+ *                  while token n runs, and token ids are read back in batches (the other modes read
+ *                  the logits every token). One command buffer per pass: overlapping whole passes
+ *                  already hides the encoding, and a split would add a hand-off per token.
  *
  * Per layer: RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), Q/K/V
  * projections, NeoX rope, K/V appended to the cache, flash attention (split + reduce), output
@@ -42,7 +44,7 @@ const MODE_HELP: Record<string, string> = {
   "direct/hand": "ops encoded directly, barriers placed by hand",
   "direct/auto": "ops encoded directly, barriers placed by the conflict tracker",
   "recorded/opt": "recorded; fused, reordered, barriers recomputed, 2 cmd buffers",
-  "pipelined": "recorded/opt passes overlapped; token chosen and fed back on device",
+  "pipelined": "recorded, fused, reordered passes overlapped; token picked on device",
 };
 
 const USAGE = `Usage: deno run --allow-ffi --allow-read --allow-env examples/decode.ts [flags]
@@ -207,9 +209,9 @@ const progress = (text: string) => Deno.stderr.writeSync(new TextEncoder().encod
 let pipelinedRun: { report: DecodeRunReport; loop: DecodeLoop } | undefined;
 
 /**
- * The pipelined mode: the same recorded/opt passes, each also gathering its input embedding from
- * the token-id ring and writing the argmax into it, `depth` passes in flight. The logits are read
- * once, after the run (to compare the last token's with the other modes).
+ * The pipelined mode: recorded/opt's passes in one command buffer each, each also gathering its
+ * input embedding from the token-id ring and writing the argmax into it, `depth` passes in flight.
+ * The logits are read once, after the run (to compare the last token's with the other modes).
  */
 function runPipelined(mode: Mode): Result {
   model.resetCache();
@@ -219,7 +221,7 @@ function runPipelined(mode: Mode): Result {
     readBatch: loopCfg["read-batch"],
     recorded: true,
     session: { autoBarriers: false },
-    finish: { fuse: true, reorder: true, dualBuffer: true },
+    finish: { fuse: true, reorder: true, dualBuffer: false },
     encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier()),
   });
   let first = 1;

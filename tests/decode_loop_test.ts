@@ -6,6 +6,7 @@
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
 import { DecodeLoop, type DecodeLoopOptions, DType, GraphExecutor, MlxError, ops } from "../mod.ts";
 import { createLlama, type Llama, type TokenSelection } from "../examples/llama.ts";
+import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "../examples/pipeline_trace.ts";
 import { randomValues, testContext } from "./helpers.ts";
 import { refArgmax, refSample } from "./reference.ts";
 
@@ -233,4 +234,61 @@ Deno.test("DecodeLoop: a failing pass or callback surfaces after in-flight passe
   );
   reenter = false;
   deepStrictEqual([...hooked.loop.run({ first: 0, steps: 2 }).tokens], [hooked.next(0), hooked.next(hooked.next(0))]);
+});
+
+Deno.test("pipeline trace: step overlaps and device gaps from a hand-made report, events on one clock", () => {
+  const step = (index: number, enc: [number, number], wait: [number, number], dev: [number, number][]) => ({
+    index,
+    encodeStartNs: enc[0],
+    committedNs: enc[1],
+    waitStartNs: wait[0],
+    waitEndNs: wait[1],
+    deviceSpans: dev,
+  });
+  // Host clock + 1000 = device clock. Step 1 is encoded during step 0's device work; step 2 only
+  // after step 1 ended, so the device idles 500 ns.
+  const report = {
+    tokens: new Uint32Array(3),
+    wallNs: 0,
+    deviceNs: 0,
+    encodeNs: 0,
+    reports: [],
+    readbacks: [{ firstStep: 0, steps: 3, startNs: 5000, endNs: 5100 }],
+    timings: [
+      step(0, [0, 100], [250, 1300], [[1150, 1800], [1800, 2200]]),
+      step(1, [150, 400], [1400, 2600], [[2200, 3000]]),
+      step(2, [2100, 2500], [2600, 3900], [[3500, 4000]]),
+    ],
+  };
+  const clock = { offsetNs: 1000, errorNs: 5 };
+  deepStrictEqual(stepOverlaps(report, clock), [
+    { index: 0, overlapNs: 250, encodeBeganBeforeDeviceEnd: true, deviceGapNs: 0 },
+    { index: 1, overlapNs: 0, encodeBeganBeforeDeviceEnd: false, deviceGapNs: 500 },
+  ]);
+  const events = pipelineTraceEvents(report, clock, { depth: 2, readBatch: 4 });
+  const spans = events.filter((e) => e.ph === "X").map((e) => [e.cat, e.name, e.tid, e.ts, e.dur]);
+  deepStrictEqual(spans.slice(0, 4), [
+    ["host encode", "encode 0", 1, 0, 0.1],
+    ["host wait", "wait 0", 1, 0.25, 1.05],
+    ["command buffer", "step 0", 2, 0.15, 0.65],
+    ["command buffer", "step 0", 2, 0.8, 0.4],
+  ]);
+  deepStrictEqual(spans.at(-1), ["host readback", "read ids", 1, 5, 0.1]);
+  ok(events.some((e) => e.ph === "M" && e.args?.name === "DecodeLoop (depth 2, read every 4)"));
+});
+
+Deno.test("pipeline trace: the clocks calibrate, and every pass starts on the device after its commit", () => {
+  using ctx = testContext();
+  const exec = new GraphExecutor(ctx.device, { autoBarriers: false });
+  const clock = calibrateDeviceClock(ctx.device, 8);
+  ok(Number.isFinite(clock.offsetNs) && clock.errorNs >= 0);
+  using m = tableLoop(exec, 64, 2, { depth: 2, readBatch: 2 });
+  const r = m.loop.run({ first: [0, 1], steps: 6 });
+  for (const t of r.timings) {
+    // Causality holds whatever the scheduling: a pass cannot start before it is committed, nor end
+    // after the wait for it returned.
+    ok(t.deviceSpans[0][0] >= t.committedNs + clock.offsetNs - clock.errorNs, `step ${t.index} start`);
+    ok(t.deviceSpans[0][1] <= t.waitEndNs + clock.offsetNs + clock.errorNs, `step ${t.index} end`);
+  }
+  equal(stepOverlaps(r, clock).length, 5);
 });
