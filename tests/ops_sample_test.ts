@@ -433,3 +433,50 @@ Deno.test("a token step on the device: sample writes the ring, embedGather reads
   }
   deepStrictEqual(readIds(ids), [4, 5, 2, 3].map((s) => history[s]), "the ring holds the last `ring` tokens");
 });
+
+Deno.test("sample: top-k cut inside a run of equal logits keeps the lowest indices", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const row = [1, 3, 3, 3, 2, 3], rows = 300;
+  using logits = device.upload(Float32Array.from({ length: rows * row.length }, (_, i) => row[i % row.length]));
+  using ids = device.alloc(rows * 4, DType.U32);
+  using enc = device.commandEncoder();
+  ops.sample(enc, registry, logits, ids, { vocab: row.length, rows, temperature: 1, topK: 2, seed: 77 });
+  enc.commitAndWait();
+  deepStrictEqual([...new Set(readIds(ids))].sort(), [1, 2]);
+});
+
+Deno.test("sample matches the reference on many small random rows and settings (one dispatch each)", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const r = rng(4242), cases = 150;
+  const inputs: { x: Float32Array; o: Parameters<typeof refSample>[1] }[] = [];
+  using ids = device.alloc(cases * 4, DType.U32);
+  const enc = device.commandEncoder();
+  const bufs: MlxBuffer[] = [];
+  for (let i = 0; i < cases; i++) {
+    const vocab = 1 + Math.floor(r() * 64), dtype = r() < 0.5 ? DType.F32 : DType.BF16;
+    const raw = trickyLogits(vocab, 1000 + i, dtype, { levels: 1 + Math.floor(r() * 6), spread: 1 + r() * 40 });
+    raw[Math.floor(r() * vocab)] = r() * 4; // at least one finite logit
+    const x = roundThrough(dtype, raw);
+    const o = {
+      temperature: [0, 1e-5, 0.3, 1, 3][Math.floor(r() * 5)],
+      topK: Math.floor(r() * 8),
+      topP: r() < 0.5 ? 1 : r(),
+      seed: BigInt(Math.floor(r() * 2 ** 32)) << 20n,
+      counter: Math.floor(r() * 2 ** 32),
+      row: 0,
+    };
+    const l = device.upload(x, dtype);
+    bufs.push(l);
+    ops.sample(enc, registry, l, ids.slice(i * 4, 4), { ...o, vocab });
+    inputs.push({ x, o });
+  }
+  enc.commitAndWait();
+  enc.dispose();
+  const got = readIds(ids);
+  inputs.forEach(({ x, o }, i) =>
+    equal(got[i], refSample(x, o), `case ${i}: ${JSON.stringify({ ...o, seed: `${o.seed}` })}`)
+  );
+  for (const b of bufs) b.dispose();
+});

@@ -345,8 +345,7 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
 template <typename T>
 void sample_body(device const T *x, device uint *ids, constant uint *p, device const uint *cursor,
                  threadgroup argmax_scratch &asc, threadgroup select_scratch &ssc, threadgroup atomic_uint *h, uint row,
-                 uint tid, uint n,
-                 uint sg, uint lane, uint tag, device atomic_uint *fault_word) {
+                 uint tid, uint n, uint sg, uint lane, uint tag, device atomic_uint *fault_word) {
   uint vocab = p[0], rows = p[1], has_cursor = p[3];
   float c = as_type<float>(p[4]);
   uint top_k = p[5], top_p = p[6];
