@@ -44,8 +44,11 @@ const MODE_HELP: Record<string, string> = {
   "direct/hand": "ops encoded directly, barriers placed by hand",
   "direct/auto": "ops encoded directly, barriers placed by the conflict tracker",
   "recorded/opt": "recorded; fused, reordered, barriers recomputed, 2 cmd buffers",
-  "pipelined": "recorded, fused, reordered passes overlapped; token picked on device",
+  "pipelined": "fused, reordered passes overlapped; next token picked on device",
 };
+
+/** The modes run without --modes (the pipelined one is asked for by name). */
+const DEFAULT_MODES = ["direct/hand", "direct/auto", "recorded/opt"];
 
 const USAGE = `Usage: deno run --allow-ffi --allow-read --allow-env examples/decode.ts [flags]
        (or: make demo; deno task demo [flags])
@@ -66,12 +69,12 @@ Run:
   --tokens N      tokens measured per mode (default 16)
   --warmup N      tokens decoded first in each mode, not measured (default 0)
   --ctx N         KV-cache capacity in tokens (default warmup + tokens)
-  --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")} (default all)
+  --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")}
+                  (default ${DEFAULT_MODES.join(",")})
   --depth N       pipelined mode: passes in flight (default 2; 1 waits for each pass)
   --read-batch N  pipelined mode: read token ids back every N tokens (default 16)
   --backend NAME  cpu, cuda or metal (default: the best available)
-  --threads N     CPU backend worker threads (default 0: one per core; with a core left to
-                  the host, the pipelined mode's encoding does not slow the device down)
+  --threads N     CPU backend worker threads (default 0: one per core)
   --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); the
                   pipelined mode also writes FILE's name + ".pipelined.json": host encode,
                   wait and readback spans beside the device's command buffers
@@ -98,7 +101,7 @@ try {
       tokens: { type: "string", default: "16" },
       ctx: { type: "string" },
       warmup: { type: "string", default: "0" },
-      modes: { type: "string", default: Object.keys(MODE_HELP).join(",") },
+      modes: { type: "string", default: DEFAULT_MODES.join(",") },
       quant: { type: "string", default: "q4_0" },
       backend: { type: "string" },
       trace: { type: "string" },
@@ -350,7 +353,7 @@ const rows: Row[] = [
   { label: "device ms", help: "device execution time", value: (_, r) => (r.gpuNs / n / 1e6).toFixed(2) },
   {
     label: "wall / device",
-    help: "wall time over device time (1.00: the device never waits for the host)",
+    help: "wall over device time (1.00: the device never waits)",
     value: (_, r) => (r.wallMs * 1e6 / r.gpuNs).toFixed(3),
   },
   { label: "encode µs", help: "host time spent encoding the step", value: (_, r) => (r.encodeNs / n / 1e3).toFixed(0) },
@@ -375,7 +378,7 @@ const rows: Row[] = [
   },
   {
     label: "max |Δ logits|",
-    help: `largest logit difference from ${refMode.name} (pipelined: last token only)`,
+    help: `largest logit difference from ${refMode.name} (pipelined: last)`,
     value: (_m, _r, d) => d,
   },
   {
@@ -400,15 +403,17 @@ function summarisePipelined(report: DecodeRunReport, loop: DecodeLoop): void {
   const early = o.filter((x) => x.encodeBeganBeforeDeviceEnd).length;
   const mean = (f: (x: (typeof o)[number]) => number) => o.reduce((t, x) => t + f(x), 0) / Math.max(1, o.length) / 1e3;
   console.log(
-    `pipelined (depth ${loop.depth}, ids read every ${loop.readBatch} tokens, ${report.readbacks.length} reads): ` +
-      `encoding of token n+1 began before the device finished token n in ${early}/${o.length} steps;\n` +
+    `pipelined: depth ${loop.depth}, ids read every ${loop.readBatch} tokens (${report.readbacks.length} reads);\n` +
+      `  token n+1's encoding began before the device finished token n in ${early}/${o.length} steps;\n` +
       `  mean overlap ${mean((x) => x.overlapNs).toFixed(0)} µs, mean device idle between passes ` +
-      `${mean((x) => x.deviceGapNs).toFixed(0)} µs (clocks aligned to ± ${(clock.errorNs / 1e3).toFixed(1)} µs)`,
+      `${mean((x) => x.deviceGapNs).toFixed(0)} µs\n  (host and device clocks aligned to ± ${
+        (clock.errorNs / 1e3).toFixed(1)
+      } µs)`,
   );
   if (a.trace !== undefined) {
     const path = a.trace.replace(/(\.json)?$/, ".pipelined.json");
     Deno.writeTextFileSync(path, JSON.stringify({ traceEvents: pipelineTraceEvents(report, clock, loop) }));
-    console.log(`pipelined trace: ${path} (host encode/wait/readback spans beside the device's command buffers)`);
+    console.log(`pipelined trace: ${path}\n  (host encode/wait/readback spans beside the device's passes)`);
   }
 }
 
