@@ -3,11 +3,11 @@
  * host loop that reads the logits and picks with the references of tests/reference.ts (argmax, and
  * the sampler's definition), on whatever backend MLXN_BACKEND selects.
  */
-import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
+import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
 import { DecodeLoop, type DecodeLoopOptions, DType, GraphExecutor, MlxError, ops } from "../mod.ts";
 import { createLlama, type Llama, type TokenSelection } from "../examples/llama.ts";
 import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "../examples/pipeline_trace.ts";
-import { randomValues, testContext } from "./helpers.ts";
+import { randomValues, runDeno, testContext } from "./helpers.ts";
 import { refArgmax, refSample } from "./reference.ts";
 
 const MODEL = {
@@ -291,4 +291,39 @@ Deno.test("pipeline trace: the clocks calibrate, and every pass starts on the de
     ok(t.deviceSpans[0][1] <= t.waitEndNs + clock.offsetNs + clock.errorNs, `step ${t.index} end`);
   }
   equal(stepOverlaps(r, clock).length, 5);
+});
+
+Deno.test("decode demo: the pipelined mode agrees with recorded/opt and writes the host + device trace", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const trace = `${dir}/decode.json`;
+    const backend = Deno.env.get("MLXN_BACKEND");
+    const r = await runDeno([
+      "run",
+      "--no-prompt",
+      "--allow-ffi",
+      "--allow-read",
+      "--allow-env",
+      `--allow-write=${dir}`,
+      new URL("../examples/decode.ts", import.meta.url).pathname,
+      ...["--layers", "1", "--tokens", "4", "--warmup", "1", "--modes", "recorded/opt,pipelined"],
+      ...["--read-batch", "2", "--trace", trace],
+    ], backend ? { MLXN_BACKEND: backend } : {});
+    equal(r.code, 0, r.stderr + r.stdout);
+    match(r.stdout, /^same tokens\s+yes\s+yes$/m);
+    match(r.stdout, /^max \|Δ logits\|\s+0\s+0$/m);
+    match(r.stdout, /pipelined: depth 2, ids read every 2 tokens \(2 reads\)/);
+    match(r.stdout, /ok: the modes produce identical logits and tokens/);
+    const events = JSON.parse(await Deno.readTextFile(`${dir}/decode.pipelined.json`)).traceEvents as {
+      cat: string;
+      name: string;
+      tid: number;
+    }[];
+    const named = (cat: string) => events.filter((e) => e.cat === cat).map((e) => e.name);
+    deepStrictEqual(named("host encode"), ["encode 0", "encode 1", "encode 2", "encode 3"]);
+    deepStrictEqual(named("command buffer"), ["step 0", "step 1", "step 2", "step 3"]);
+    deepStrictEqual(named("host readback"), ["read ids", "read ids"]);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
