@@ -68,6 +68,8 @@ Model:
 Run:
   --tokens N      tokens measured per mode (default 16)
   --warmup N      tokens decoded first in each mode, not measured (default 0)
+  --rounds N      run the modes N times round-robin; report each mode's median-wall run
+                  (default 1)
   --ctx N         KV-cache capacity in tokens (default warmup + tokens)
   --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")}
                   (default ${DEFAULT_MODES.join(",")})
@@ -109,6 +111,7 @@ try {
       depth: { type: "string", default: "2" },
       "read-batch": { type: "string", default: "16" },
       threads: { type: "string", default: "0" },
+      rounds: { type: "string", default: "1" },
     },
   });
 } catch (e) {
@@ -128,7 +131,8 @@ const cfg = {
   vocab: Number(a.vocab),
   tokens: Number(a.tokens),
 };
-const loopCfg = { depth: Number(a.depth), "read-batch": Number(a["read-batch"]) };
+const loopCfg = { depth: Number(a.depth), "read-batch": Number(a["read-batch"]), rounds: Number(a.rounds) };
+const rounds = loopCfg.rounds;
 const quant = a.quant as "q4_0" | "mlx4" | "bf16";
 const warmup = Number(a.warmup);
 const seed = Number(a.seed);
@@ -208,7 +212,7 @@ interface Result {
 const interactive = Deno.stderr.isTerminal();
 const progress = (text: string) => Deno.stderr.writeSync(new TextEncoder().encode(text));
 
-/** What the pipelined mode's trace and overlap summary need, from its measured run. */
+/** What the pipelined mode's trace and overlap summary need, from its last measured run. */
 let pipelinedRun: { report: DecodeRunReport; loop: DecodeLoop } | undefined;
 
 /**
@@ -335,7 +339,17 @@ function bounds(): { plain: number; fused: number; pipelined: number } {
   return { ...step, pipelined: pass.fused };
 }
 
-const results = modes.map((m) => [m, run(m)] as const);
+/**
+ * Runs every mode `rounds` times, round-robin (so drifting machine load hits every mode alike), and
+ * keeps each mode's run of median wall time.
+ */
+function runRounds(): (readonly [Mode, Result])[] {
+  const all = modes.map(() => [] as Result[]);
+  for (let round = 0; round < rounds; round++) modes.forEach((m, i) => all[i].push(run(m)));
+  return modes.map((m, i) => [m, all[i].sort((x, y) => x.wallMs - y.wallMs)[(rounds - 1) >> 1]] as const);
+}
+
+const results = runRounds();
 if (interactive) progress("\r" + " ".repeat(40) + "\r");
 const bound = bounds();
 const [refMode, ref] = results[0];
@@ -431,7 +445,7 @@ const diffs = results.map(([, r]) => {
 });
 const labelWidth = Math.max(...rows.map((r) => r.label.length));
 const colWidth = Math.max(...results.map(([m]) => m.name.length)) + 2;
-console.log(`per token, over ${n} tokens:`);
+console.log(`per token, over ${n} tokens${rounds > 1 ? ` (median-wall run of ${rounds} rounds)` : ""}:`);
 console.log(" ".repeat(labelWidth) + results.map(([m]) => m.name.padStart(colWidth)).join(""));
 for (const row of rows) {
   const cells = results.map(([m, r], i) => String(row.value(m, r, diffs[i])).padStart(colWidth));
