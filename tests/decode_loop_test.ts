@@ -327,3 +327,18 @@ Deno.test("decode demo: the pipelined mode agrees with recorded/opt and writes t
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("DecodeLoop: the smallest ring (depth + readBatch) never loses an id, for depth and readBatch 1..4", () => {
+  using ctx = testContext();
+  const exec = new GraphExecutor(ctx.device, { autoBarriers: false });
+  const vocab = 48, steps = 13;
+  for (let depth = 1; depth <= 4; depth++) {
+    for (let readBatch = 1; readBatch <= 4; readBatch++) {
+      using m = tableLoop(exec, vocab, 1, { depth, readBatch });
+      equal(m.loop.ringSlots, depth + readBatch);
+      const want: number[] = [];
+      for (let k = 0, id = 7; k < steps; k++) want.push(id = m.next(id));
+      deepStrictEqual([...m.loop.run({ first: 7, steps }).tokens], want, `depth ${depth}, readBatch ${readBatch}`);
+    }
+  }
+});
