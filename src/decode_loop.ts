@@ -19,7 +19,14 @@
 import type { MlxBuffer } from "./buffer.ts";
 import { DType } from "./dtype.ts";
 import { MlxError } from "./errors.ts";
-import type { FinishOptions, FinishReport, GraphExecutor, GraphSession, SessionOptions } from "./executor.ts";
+import type {
+  FinishOptions,
+  FinishReport,
+  GraphExecutor,
+  GraphSession,
+  PendingPass,
+  SessionOptions,
+} from "./executor.ts";
 
 /** Where one step reads its input ids and writes its output ids. */
 export interface DecodeStep {
@@ -132,7 +139,7 @@ interface InFlight {
   index: number;
   encodeStartNs: number;
   committedNs: number;
-  pass: ReturnType<GraphSession["commit"]>;
+  pass: PendingPass;
 }
 
 /**
@@ -210,14 +217,48 @@ export class DecodeLoop {
 
   /**
    * Runs `steps` steps from `first` and returns the generated ids. Blocks the calling thread while
-   * it waits for passes. A failing pass (e.g. an id ≥ vocab in the gather) throws its
-   * CommandBufferError after every pass still in flight has been waited for.
+   * it waits for passes (see {@link DecodeLoop.runAsync} to keep the event loop free). A failing
+   * pass (e.g. an id ≥ vocab in the gather) throws its CommandBufferError after every pass still
+   * in flight has been waited for.
    */
   run(options: DecodeRunOptions): DecodeRunReport {
+    const loop = this.#start(options);
+    let next = loop.next();
+    while (!next.done) {
+      let report: FinishReport;
+      try {
+        report = next.value.wait();
+      } catch (e) {
+        next = loop.throw(e);
+        continue;
+      }
+      next = loop.next(report);
+    }
+    return next.value;
+  }
+
+  /** {@link DecodeLoop.run} that awaits each pass instead of blocking the thread. */
+  async runAsync(options: DecodeRunOptions): Promise<DecodeRunReport> {
+    const loop = this.#start(options);
+    let next = loop.next();
+    while (!next.done) {
+      let report: FinishReport;
+      try {
+        report = await next.value.completed();
+      } catch (e) {
+        next = loop.throw(e);
+        continue;
+      }
+      next = loop.next(report);
+    }
+    return next.value;
+  }
+
+  /** Checks a run's arguments and returns its loop (checking before the generator starts). */
+  #start(options: DecodeRunOptions): Generator<PendingPass, DecodeRunReport, FinishReport> {
     if (this.#running) {
       throw new MlxError("InvalidState", "DecodeLoop.run: a run is in progress (called from encodeStep or onTokens?)");
     }
-    const rows = this.rows, R = this.ringSlots;
     const steps = options.steps;
     if (!Number.isSafeInteger(steps) || steps < 0) {
       throw new MlxError("InvalidArgument", `DecodeLoop.run: steps must be a non-negative integer, got ${steps}`);
@@ -230,17 +271,32 @@ export class DecodeLoop {
       );
     }
     const first = typeof options.first === "number" ? [options.first] : Array.from(options.first);
-    if (first.length !== rows || !first.every((v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) {
+    if (first.length !== this.rows || !first.every((v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) {
       throw new MlxError(
         "InvalidArgument",
-        `DecodeLoop.run: first must be ${rows} u32 token id(s) (one per row), got [${first.join(", ")}]`,
+        `DecodeLoop.run: first must be ${this.rows} u32 token id(s) (one per row), got [${first.join(", ")}]`,
       );
     }
     this.#running = true;
+    return this.#loop(first, steps, start, options.onTokens);
+  }
+
+  /**
+   * The loop itself, driven by run / runAsync: it yields each pass it needs waited for and
+   * receives the pass's report (or its error, thrown in).
+   */
+  *#loop(
+    first: number[],
+    steps: number,
+    start: number,
+    onTokens: DecodeRunOptions["onTokens"],
+  ): Generator<PendingPass, DecodeRunReport, FinishReport> {
+    const rows = this.rows, R = this.ringSlots;
     const tokens = new Uint32Array(steps * rows);
     const timings: StepTiming[] = [], reports: FinishReport[] = [], readbacks: ReadbackTiming[] = [];
     const inFlight: InFlight[] = [];
     let waited = 0, read = 0, deviceNs = 0, encodeNs = 0;
+    let waiting: InFlight | undefined; // the pass whose wait is under way
     const t0 = nowNs();
 
     const readBack = () => {
@@ -253,12 +309,9 @@ export class DecodeLoop {
         read += n;
       }
       readbacks.push({ firstStep: from, steps: read - from, startNs: t, endNs: nowNs() });
-      options.onTokens?.(tokens.subarray(from * rows, read * rows), from);
+      onTokens?.(tokens.subarray(from * rows, read * rows), from);
     };
-    const waitOldest = () => {
-      const f = inFlight.shift()!;
-      const waitStartNs = nowNs();
-      const report = f.pass.wait();
+    const completed = (f: InFlight, waitStartNs: number, report: FinishReport) => {
       timings.push({
         index: f.index,
         encodeStartNs: f.encodeStartNs,
@@ -274,33 +327,43 @@ export class DecodeLoop {
 
     try {
       this.#slots[0].write(new Uint32Array(first));
-      for (let k = 0; k < steps; k++) {
-        const encodeStartNs = nowNs();
-        const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(this.#session);
-        let pass;
-        try {
-          this.#encodeStep(s, {
-            index: k,
-            position: start + k,
-            input: this.#slots[k % R],
-            output: this.#slots[(k + 1) % R],
-          });
-          pass = s.commit({ label: `token ${start + k}`, ...this.#finish });
-        } finally {
-          s.dispose(); // no-op once committed
+      for (let k = 0; k <= steps; k++) {
+        if (k < steps) {
+          const encodeStartNs = nowNs();
+          const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(this.#session);
+          let pass;
+          try {
+            this.#encodeStep(s, {
+              index: k,
+              position: start + k,
+              input: this.#slots[k % R],
+              output: this.#slots[(k + 1) % R],
+            });
+            pass = s.commit({ label: `token ${start + k}`, ...this.#finish });
+          } finally {
+            s.dispose(); // no-op once committed
+          }
+          const committedNs = nowNs();
+          encodeNs += committedNs - encodeStartNs;
+          inFlight.push({ index: k, encodeStartNs, committedNs, pass });
         }
-        const committedNs = nowNs();
-        encodeNs += committedNs - encodeStartNs;
-        inFlight.push({ index: k, encodeStartNs, committedNs, pass });
-        while (inFlight.length >= this.depth) waitOldest();
-        if (waited - read >= this.readBatch) readBack();
+        // After the last step, drain: every pass is waited for and every id read.
+        while (inFlight.length >= (k < steps ? this.depth : 1)) {
+          const f = inFlight[0], waitStartNs = nowNs();
+          waiting = f;
+          const report = yield f.pass;
+          waiting = undefined;
+          inFlight.shift();
+          completed(f, waitStartNs, report);
+        }
+        if (waited - read >= this.readBatch || (k === steps && waited > read)) readBack();
       }
-      while (inFlight.length > 0) waitOldest();
-      if (waited > read) readBack();
     } catch (e) {
+      // Wait for every pass still in flight (but the one whose wait threw), then report the error.
       for (const f of inFlight.splice(0)) {
+        if (f === waiting) continue;
         try {
-          f.pass.wait();
+          yield f.pass;
         } catch { /* the first failure is the one reported */ }
       }
       throw e;

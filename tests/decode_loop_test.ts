@@ -3,8 +3,8 @@
  * host loop that reads the logits and picks with the references of tests/reference.ts (argmax, and
  * the sampler's definition), on whatever backend MLXN_BACKEND selects.
  */
-import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
-import { DecodeLoop, type DecodeLoopOptions, DType, GraphExecutor, MlxError, ops } from "../mod.ts";
+import { deepStrictEqual, equal, match, ok, rejects, throws } from "node:assert/strict";
+import { DecodeLoop, type DecodeLoopOptions, DType, GraphExecutor, MlxDevice, MlxError, ops } from "../mod.ts";
 import { createLlama, type Llama, type TokenSelection } from "../examples/llama.ts";
 import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "../examples/pipeline_trace.ts";
 import { randomValues, runDeno, testContext } from "./helpers.ts";
@@ -208,32 +208,52 @@ Deno.test("DecodeLoop: bad options and arguments are InvalidArgument errors that
   deepStrictEqual([...loop.run({ first: [1, 2], steps: 0 }).tokens], []);
 });
 
-Deno.test("DecodeLoop: a failing pass or callback surfaces after in-flight passes drain; the loop stays usable", () => {
+Deno.test("DecodeLoop: a failing pass or callback surfaces after in-flight passes drain; the loop stays usable", async () => {
   using ctx = testContext();
   const exec = new GraphExecutor(ctx.device, { autoBarriers: false });
   const vocab = 16;
+  const liveCommandBuffers = () => MlxDevice.liveObjects(ctx.device).commandBuffers;
   using m = tableLoop(exec, vocab, 1, { depth: 3, readBatch: 2 });
+  const before = liveCommandBuffers();
   // An id past the table fails the gather on the device: a CommandBufferError, not a hang or garbage.
-  throws(
-    () => m.loop.run({ first: vocab + 4, steps: 6 }),
-    (e: unknown) => e instanceof MlxError && e.code === "CommandBufferError" && /embed_gather/.test(e.message),
-  );
-  const good = m.loop.run({ first: 3, steps: 4 }).tokens;
-  equal(good[0], m.next(3));
+  const gatherFailed = (e: unknown) =>
+    e instanceof MlxError && e.code === "CommandBufferError" && /embed_gather/.test(e.message);
+  throws(() => m.loop.run({ first: vocab + 4, steps: 6 }), gatherFailed);
+  equal(liveCommandBuffers(), before, "every pass in flight was waited for and released");
+  await rejects(m.loop.runAsync({ first: vocab + 4, steps: 6 }), gatherFailed);
+  equal(liveCommandBuffers(), before);
+  equal(m.loop.run({ first: 3, steps: 4 }).tokens[0], m.next(3));
 
   let calls = 0, reenter = false;
-  using hooked = tableLoop(exec, vocab, 1, { depth: 2 }, () => {
+  using hooked = tableLoop(exec, vocab, 1, { depth: 3 }, () => {
     if (reenter) hooked.loop.run({ first: 0, steps: 1 });
-    if (++calls === 3) throw new Error("model bug");
+    if (++calls % 3 === 0) throw new Error("model bug");
   });
+  // The callback throws at step 2, with steps 0 and 1 in flight: both are drained.
   throws(() => hooked.loop.run({ first: 0, steps: 5 }), /model bug/);
+  equal(liveCommandBuffers(), before);
+  await rejects(hooked.loop.runAsync({ first: 0, steps: 5 }), /model bug/);
+  equal(liveCommandBuffers(), before);
   reenter = true;
   throws(
     () => hooked.loop.run({ first: 0, steps: 1 }),
     (e: unknown) => e instanceof MlxError && e.code === "InvalidState" && /in progress/.test(e.message),
   );
   reenter = false;
+  calls = 0;
   deepStrictEqual([...hooked.loop.run({ first: 0, steps: 2 }).tokens], [hooked.next(0), hooked.next(hooked.next(0))]);
+});
+
+Deno.test("DecodeLoop.runAsync gives run's tokens and batches without blocking the event loop", async () => {
+  using ctx = testContext();
+  const exec = new GraphExecutor(ctx.device, { autoBarriers: false });
+  using m = tableLoop(exec, 40, 2, { depth: 2, readBatch: 3 });
+  const sync = m.loop.run({ first: [4, 9], steps: 10 });
+  const batches: number[] = [];
+  const r = await m.loop.runAsync({ first: [4, 9], steps: 10, onTokens: (_, from) => batches.push(from) });
+  deepStrictEqual([...r.tokens], [...sync.tokens]);
+  deepStrictEqual(batches, [0, 3, 6, 9]);
+  equal(r.timings.length, 10);
 });
 
 Deno.test("pipeline trace: step overlaps and device gaps from a hand-made report, events on one clock", () => {
