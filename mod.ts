@@ -101,6 +101,16 @@ export {
   type SessionOptions,
 } from "./src/executor.ts";
 export { PlanCache, type PlanCacheStats } from "./src/graph/plan_cache.ts";
+export {
+  DecodeLoop,
+  type DecodeLoopOptions,
+  type DecodeRunOptions,
+  type DecodeRunReport,
+  type DecodeStep,
+  type EncodeStep,
+  type ReadbackTiming,
+  type StepTiming,
+} from "./src/decode_loop.ts";
 export * as ops from "./src/ops/mod.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
 export { type OpArguments, SESSION_OPS, type SessionOps } from "./src/session_ops.ts";

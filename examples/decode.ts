@@ -1,10 +1,15 @@
 /**
  * The main job (`make demo`, `deno task demo`): a llama-style decoder with random weights (fixed
- * seed) decoding N tokens greedily with a KV cache, in three modes that must agree:
+ * seed) decoding N tokens greedily with a KV cache, in four modes that must agree:
  *
  *   direct/hand    every op encoded directly, barriers placed by hand
  *   direct/auto    every op encoded directly, barriers placed by the conflict tracker
  *   recorded/opt   recorded, then fuse + reorder + barriers recomputed + split over two command buffers
+ *   pipelined      recorded, fused and reordered passes in a DecodeLoop: each gathers its input
+ *                  embedding and picks the next token (argmax) on the device, token n+1 is encoded
+ *                  while token n runs, and token ids are read back in batches (the other modes read
+ *                  the logits every token). One command buffer per pass: overlapping whole passes
+ *                  already hides the encoding, and a split would add a hand-off per token.
  *
  * Per layer: RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), Q/K/V
  * projections, NeoX rope, K/V appended to the cache, flash attention (split + reduce), output
@@ -22,18 +27,28 @@ import {
   type CapturedNode,
   ComputeGraph,
   counters,
+  DecodeLoop,
+  type DecodeRunReport,
+  DType,
   dualBufferSplit,
+  type FinishReport,
   GraphExecutor,
+  type GraphSession,
   MlxDevice,
   MlxError,
 } from "../mod.ts";
 import { createLlama } from "./llama.ts";
+import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "./pipeline_trace.ts";
 
 const MODE_HELP: Record<string, string> = {
   "direct/hand": "ops encoded directly, barriers placed by hand",
   "direct/auto": "ops encoded directly, barriers placed by the conflict tracker",
   "recorded/opt": "recorded; fused, reordered, barriers recomputed, 2 cmd buffers",
+  "pipelined": "fused, reordered passes overlapped; next token picked on device",
 };
+
+/** The modes run without --modes (the pipelined one is asked for by name). */
+const DEFAULT_MODES = ["direct/hand", "direct/auto", "recorded/opt"];
 
 const USAGE = `Usage: deno run --allow-ffi --allow-read --allow-env examples/decode.ts [flags]
        (or: make demo; deno task demo [flags])
@@ -53,10 +68,18 @@ Model:
 Run:
   --tokens N      tokens measured per mode (default 16)
   --warmup N      tokens decoded first in each mode, not measured (default 0)
+  --rounds N      run the modes N times round-robin; report each mode's median-wall run
+                  (default 1)
   --ctx N         KV-cache capacity in tokens (default warmup + tokens)
-  --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")} (default all)
+  --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")}
+                  (default ${DEFAULT_MODES.join(",")})
+  --depth N       pipelined mode: passes in flight (default 2; 1 waits for each pass)
+  --read-batch N  pipelined mode: read token ids back every N tokens (default 16)
   --backend NAME  cpu, cuda or metal (default: the best available)
-  --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write)
+  --threads N     CPU backend worker threads (default 0: one per core)
+  --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); the
+                  pipelined mode also writes FILE's name + ".pipelined.json": host encode,
+                  wait and readback spans beside the device's command buffers
   -h, --help      print this help`;
 
 /** Prints `message` and the usage to stderr and exits with status 2. */
@@ -80,11 +103,15 @@ try {
       tokens: { type: "string", default: "16" },
       ctx: { type: "string" },
       warmup: { type: "string", default: "0" },
-      modes: { type: "string", default: Object.keys(MODE_HELP).join(",") },
+      modes: { type: "string", default: DEFAULT_MODES.join(",") },
       quant: { type: "string", default: "q4_0" },
       backend: { type: "string" },
       trace: { type: "string" },
       seed: { type: "string", default: "1234" },
+      depth: { type: "string", default: "2" },
+      "read-batch": { type: "string", default: "16" },
+      threads: { type: "string", default: "0" },
+      rounds: { type: "string", default: "1" },
     },
   });
 } catch (e) {
@@ -104,15 +131,18 @@ const cfg = {
   vocab: Number(a.vocab),
   tokens: Number(a.tokens),
 };
+const loopCfg = { depth: Number(a.depth), "read-batch": Number(a["read-batch"]), rounds: Number(a.rounds) };
+const rounds = loopCfg.rounds;
 const quant = a.quant as "q4_0" | "mlx4" | "bf16";
 const warmup = Number(a.warmup);
 const seed = Number(a.seed);
+const threads = Number(a.threads);
 const ctx = a.ctx !== undefined ? Number(a.ctx) : cfg.tokens + warmup;
 const headDim = cfg.hidden / cfg.heads;
 const wantedModes = a.modes.split(",").map((m) => m.trim()).filter((m) => m !== "");
 const unknownModes = wantedModes.filter((m) => !(m in MODE_HELP));
 const problems = [
-  ...Object.entries(cfg).filter(([, v]) => !Number.isInteger(v) || v <= 0).map(([k]) =>
+  ...Object.entries({ ...cfg, ...loopCfg }).filter(([, v]) => !Number.isInteger(v) || v <= 0).map(([k]) =>
     `${k} must be a positive integer`
   ),
   ...(Number.isInteger(headDim) && [64, 128, 256, 512].includes(headDim)
@@ -122,6 +152,7 @@ const problems = [
   ...(quant === "q4_0" || quant === "mlx4" || quant === "bf16" ? [] : ["quant must be q4_0, mlx4 or bf16"]),
   ...(Number.isInteger(warmup) && warmup >= 0 ? [] : ["warmup must be a non-negative integer"]),
   ...(Number.isSafeInteger(seed) ? [] : ["seed must be an integer"]),
+  ...(Number.isInteger(threads) && threads >= 0 && threads <= 1024 ? [] : ["threads must be an integer in 0..1024"]),
   ...(Number.isInteger(ctx) && ctx >= cfg.tokens + warmup ? [] : ["ctx must hold warmup + tokens positions"]),
   ...(cfg.hidden % 64 === 0 && cfg.ffn % 64 === 0 ? [] : ["hidden and ffn must be multiples of 64"]),
   ...(a.backend === undefined || ["cpu", "cuda", "metal"].includes(a.backend)
@@ -136,7 +167,7 @@ if (problems.length) usageError(problems.join("; "));
 
 let device: MlxDevice;
 try {
-  device = MlxDevice.open({ backend: a.backend as BackendName | undefined, trace: a.trace });
+  device = MlxDevice.open({ backend: a.backend as BackendName | undefined, trace: a.trace, threads });
 } catch (e) {
   if (!(e instanceof MlxError)) throw e;
   console.error(`decode: cannot open a device (${e.code}): ${e.message}`);
@@ -156,11 +187,12 @@ const { hidden } = cfg;
 
 // ---- modes --------------------------------------------------------------------------------------
 
-type Mode = { name: string; recorded: boolean; auto: boolean };
+type Mode = { name: string; recorded: boolean; auto: boolean; pipelined: boolean };
 const modes: Mode[] = wantedModes.map((name) => ({
   name,
-  recorded: name === "recorded/opt",
+  recorded: name === "recorded/opt" || name === "pipelined",
   auto: name === "direct/auto",
+  pipelined: name === "pipelined",
 }));
 
 interface Result {
@@ -180,7 +212,50 @@ interface Result {
 const interactive = Deno.stderr.isTerminal();
 const progress = (text: string) => Deno.stderr.writeSync(new TextEncoder().encode(text));
 
+/** What the pipelined mode's trace and overlap summary need, from its last measured run. */
+let pipelinedRun: { report: DecodeRunReport; loop: DecodeLoop } | undefined;
+
+/**
+ * The pipelined mode: recorded/opt's passes in one command buffer each, each also gathering its
+ * input embedding from the token-id ring and writing the argmax into it, `depth` passes in flight.
+ * The logits are read once, after the run (to compare the last token's with the other modes).
+ */
+function runPipelined(mode: Mode): Result {
+  model.resetCache();
+  counters.reset();
+  const loop = new DecodeLoop(exec, {
+    depth: loopCfg.depth,
+    readBatch: loopCfg["read-batch"],
+    recorded: true,
+    session: { autoBarriers: false },
+    finish: { fuse: true, reorder: true, dualBuffer: false },
+    encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier()),
+  });
+  let first = 1;
+  if (warmup > 0) first = loop.run({ first, steps: warmup }).tokens[warmup - 1];
+  counters.reset();
+  const rep = loop.run({ first, steps: cfg.tokens, startPosition: warmup });
+  pipelinedRun = { report: rep, loop };
+  const sum = (f: (r: FinishReport) => number) => rep.reports.reduce((x, r) => x + f(r), 0);
+  const r: Result = {
+    tokens: [...rep.tokens],
+    logits: [act.logits.read() as Float32Array],
+    wallMs: rep.wallNs / 1e6,
+    encodeNs: rep.encodeNs,
+    gpuNs: rep.deviceNs,
+    dispatches: sum((r) => r.dispatches),
+    barriers: sum((r) => r.barriers.reduce((x, y) => x + y, 0)),
+    groups: sum((r) => r.groups),
+    commandBuffers: sum((r) => r.barriers.length),
+    fusions: sum((r) => r.fusions),
+    reordered: sum((r) => r.reordered),
+  };
+  if (!interactive) progress(`${mode.name}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
+  return r;
+}
+
 function run(mode: Mode): Result {
+  if (mode.pipelined) return runPipelined(mode);
   model.resetCache();
   counters.reset();
   const r: Result = {
@@ -243,18 +318,38 @@ function run(mode: Mode): Result {
   return r;
 }
 
-/** The lower bound on barriers per token: the dependency depth of one recorded step (− 1). */
-function bounds(): { plain: number; fused: number } {
-  const s = exec.beginRecorded();
-  model.step(s, 0, () => s.barrier());
-  const nodes: CapturedNode[] = s.encoder.takeCapture()!;
-  s.dispose();
-  const fused = new ComputeGraph(nodes);
-  fused.fuse();
-  return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
+/**
+ * The lower bound on barriers per token: the dependency depth of one recorded step (− 1), and of
+ * one token pass of the pipelined mode (gather + step + argmax).
+ */
+function bounds(): { plain: number; fused: number; pipelined: number } {
+  const fusedBound = (encode: (s: GraphSession) => void) => {
+    const s = exec.beginRecorded();
+    encode(s);
+    const nodes: CapturedNode[] = s.encoder.takeCapture()!;
+    s.dispose();
+    const fused = new ComputeGraph(nodes);
+    fused.fuse();
+    return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
+  };
+  const step = fusedBound((s) => model.step(s, 0, () => s.barrier()));
+  using ids = device.alloc(8, DType.U32);
+  const token = { index: 0, position: 0, input: ids.slice(0, 4), output: ids.slice(4, 4) };
+  const pass = fusedBound((s) => model.tokenStep(s, token, () => s.barrier()));
+  return { ...step, pipelined: pass.fused };
 }
 
-const results = modes.map((m) => [m, run(m)] as const);
+/**
+ * Runs every mode `rounds` times, round-robin (so drifting machine load hits every mode alike), and
+ * keeps each mode's run of median wall time.
+ */
+function runRounds(): (readonly [Mode, Result])[] {
+  const all = modes.map(() => [] as Result[]);
+  for (let round = 0; round < rounds; round++) modes.forEach((m, i) => all[i].push(run(m)));
+  return modes.map((m, i) => [m, all[i].sort((x, y) => x.wallMs - y.wallMs)[(rounds - 1) >> 1]] as const);
+}
+
+const results = runRounds();
 if (interactive) progress("\r" + " ".repeat(40) + "\r");
 const bound = bounds();
 const [refMode, ref] = results[0];
@@ -270,6 +365,11 @@ interface Row {
 const rows: Row[] = [
   { label: "wall ms", help: "host wall time: encode + submit + wait", value: (_, r) => (r.wallMs / n).toFixed(2) },
   { label: "device ms", help: "device execution time", value: (_, r) => (r.gpuNs / n / 1e6).toFixed(2) },
+  {
+    label: "wall / device",
+    help: "wall over device time (1.00: the device never waits)",
+    value: (_, r) => (r.wallMs * 1e6 / r.gpuNs).toFixed(3),
+  },
   { label: "encode µs", help: "host time spent encoding the step", value: (_, r) => (r.encodeNs / n / 1e3).toFixed(0) },
   { label: "dispatches", help: "kernel dispatches", value: (_, r) => r.dispatches / n },
   { label: "barriers", help: "memory barriers between concurrent groups", value: (_, r) => r.barriers / n },
@@ -279,7 +379,7 @@ const rows: Row[] = [
     // A command-buffer boundary orders like a barrier, so a split lowers the bound by one (a step of
     // at most dualBufferSplit() dispatches is not split: its second command buffer is empty).
     value: (m, r) =>
-      (m.recorded ? bound.fused : bound.plain) -
+      (m.pipelined ? bound.pipelined : m.recorded ? bound.fused : bound.plain) -
       (r.commandBuffers / n > 1 && r.dispatches / n > dualBufferSplit(r.dispatches / n) ? 1 : 0),
   },
   { label: "cmd buffers", help: "command buffers", value: (_, r) => r.commandBuffers / n },
@@ -290,7 +390,11 @@ const rows: Row[] = [
     help: "mean dispatches per concurrent group",
     value: (_, r) => (r.dispatches / r.groups).toFixed(2),
   },
-  { label: "max |Δ logits|", help: `largest logit difference from ${refMode.name}`, value: (_m, _r, d) => d },
+  {
+    label: "max |Δ logits|",
+    help: `largest logit difference from ${refMode.name} (pipelined: last)`,
+    value: (_m, _r, d) => d,
+  },
   {
     label: "same tokens",
     help: `greedy tokens equal ${refMode.name}'s`,
@@ -302,16 +406,46 @@ function sameTokens(r: Result): boolean {
   return r.tokens.every((t, i) => t === ref.tokens[i]);
 }
 
+/**
+ * How the pipelined run overlapped: per step, whether the host began encoding token n+1 before the
+ * device finished token n, and the device's idle time between passes; with --trace, the host and
+ * device spans on one timeline.
+ */
+function summarisePipelined(report: DecodeRunReport, loop: DecodeLoop): void {
+  const clock = calibrateDeviceClock(device);
+  const o = stepOverlaps(report, clock);
+  const early = o.filter((x) => x.encodeBeganBeforeDeviceEnd).length;
+  const mean = (f: (x: (typeof o)[number]) => number) => o.reduce((t, x) => t + f(x), 0) / Math.max(1, o.length) / 1e3;
+  console.log(
+    `pipelined: depth ${loop.depth}, ids read every ${loop.readBatch} tokens (${report.readbacks.length} reads);\n` +
+      `  token n+1's encoding began before the device finished token n in ${early}/${o.length} steps;\n` +
+      `  mean overlap ${mean((x) => x.overlapNs).toFixed(0)} µs, mean device idle between passes ` +
+      `${mean((x) => x.deviceGapNs).toFixed(0)} µs\n  (host and device clocks aligned to ± ${
+        (clock.errorNs / 1e3).toFixed(1)
+      } µs)`,
+  );
+  if (a.trace !== undefined) {
+    const path = a.trace.replace(/(\.json)?$/, ".pipelined.json");
+    Deno.writeTextFileSync(path, JSON.stringify({ traceEvents: pipelineTraceEvents(report, clock, loop) }));
+    console.log(`pipelined trace: ${path}\n  (host encode/wait/readback spans beside the device's passes)`);
+  }
+}
+
 let agree = true;
 const diffs = results.map(([, r]) => {
+  // The pipelined mode keeps only the last token's logits: compare the tokens both modes kept.
   let maxDiff = 0;
-  r.logits.forEach((l, i) => l.forEach((v, j) => (maxDiff = Math.max(maxDiff, Math.abs(v - ref.logits[i][j])))));
+  const kept = Math.min(r.logits.length, ref.logits.length);
+  for (let i = 1; i <= kept; i++) {
+    const l = r.logits[r.logits.length - i], want = ref.logits[ref.logits.length - i];
+    l.forEach((v, j) => (maxDiff = Math.max(maxDiff, Math.abs(v - want[j]))));
+  }
   agree &&= sameTokens(r) && maxDiff === 0;
   return maxDiff;
 });
 const labelWidth = Math.max(...rows.map((r) => r.label.length));
 const colWidth = Math.max(...results.map(([m]) => m.name.length)) + 2;
-console.log(`per token, over ${n} tokens:`);
+console.log(`per token, over ${n} tokens${rounds > 1 ? ` (median-wall run of ${rounds} rounds)` : ""}:`);
 console.log(" ".repeat(labelWidth) + results.map(([m]) => m.name.padStart(colWidth)).join(""));
 for (const row of rows) {
   const cells = results.map(([m, r], i) => String(row.value(m, r, diffs[i])).padStart(colWidth));
@@ -327,6 +461,7 @@ if (device.profiler && device.profiler.kernels().size > 0) {
   console.table(device.profiler.kernelTable());
 }
 if (device.profiler?.tracePath) console.log(`trace: ${device.profiler.tracePath} (open in https://ui.perfetto.dev)`);
+if (pipelinedRun) summarisePipelined(pipelinedRun.report, pipelinedRun.loop);
 device.close();
 if (!agree) {
   console.error("FAILED: the modes disagree");

@@ -12,7 +12,17 @@
  *
  * @module
  */
-import { DType, type GraphSession, type MlxBuffer, type MlxDevice, ops, quantizeAffine, quantizeGgml } from "../mod.ts";
+import {
+  type DecodeStep,
+  DType,
+  type GraphSession,
+  type MlxBuffer,
+  type MlxDevice,
+  MlxError,
+  ops,
+  quantizeAffine,
+  quantizeGgml,
+} from "../mod.ts";
 
 /** Shape and weight format of the model. */
 export interface LlamaConfig {
@@ -28,16 +38,41 @@ export interface LlamaConfig {
   seed: number;
 }
 
+/** How a token pass picks the next token on the device: greedy (argmax) or seeded sampling. */
+export interface TokenSelection {
+  /** Softmax temperature; 0 or omitted: argmax. */
+  temperature?: number;
+  /** Keep the k most likely tokens (0: all). */
+  topK?: number;
+  /** Nucleus share in (0, 1]. */
+  topP?: number;
+  /** Sampling seed (default 0). */
+  seed?: number;
+}
+
 /** A model on a device: `step` encodes one decode step into a session. */
 export interface Llama {
   readonly cfg: LlamaConfig;
   readonly headDim: number;
   /** The f32 embedding table on the host (rows are written into `x` per token). */
   readonly embedding: Float32Array;
-  /** Activations: `x` is the residual stream, `logits` the output, `pos` the position (u32). */
+  /**
+   * Activations: `x` is the residual stream, `logits` the output, `pos` the position `step` reads
+   * by default (u32, written by the host), `positions` the u32 table 0 … ctx − 1 (a token pass binds
+   * its element, so the host writes nothing per token).
+   */
   readonly act: Record<string, MlxBuffer>;
-  /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
-  step(s: GraphSession, pos: number, barrier: () => void): void;
+  /**
+   * Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. Rope
+   * reads the position from `positions` (default `act.pos`).
+   */
+  step(s: GraphSession, pos: number, barrier: () => void, positions?: MlxBuffer): void;
+  /**
+   * Encodes one whole token pass for a `DecodeLoop`: gathers `x` from the device embedding table at
+   * the ids in `t.input`, runs `step` at `t.position`, and writes the chosen token into `t.output`
+   * (argmax, or seeded sampling with counter = position).
+   */
+  tokenStep(s: GraphSession, t: DecodeStep, barrier: () => void, select?: TokenSelection): void;
   /** Zeroes the KV caches. */
   resetCache(): void;
 }
@@ -156,12 +191,14 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     logits: f32(vocab),
     tmp: device.alloc(ops.flashAttnVecScratchBytes({ nHeads: heads, headDim: headDim as 64 }), DType.F32),
     pos: device.alloc(4, DType.U32),
+    positions: device.upload(Uint32Array.from({ length: ctx }, (_, i) => i), DType.U32),
   };
+  let embeddingTable: MlxBuffer | undefined; // uploaded on the first token pass
 
   // ---- one token ----------------------------------------------------------------------------------
 
   /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
-  function step(s: GraphSession, pos: number, barrier: () => void): void {
+  function step(s: GraphSession, pos: number, barrier: () => void, positions = act.pos): void {
     const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
     for (const L of layers) {
       barrier();
@@ -173,8 +210,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
       const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-      s.ropeNeox(act.q, act.qr, act.pos, { ...rope, nHeads: heads });
-      s.ropeNeox(act.k, row(L.kCache), act.pos, { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim });
+      s.ropeNeox(act.q, act.qr, positions, { ...rope, nHeads: heads });
+      s.ropeNeox(act.k, row(L.kCache), positions, { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim });
       s.stridedCopy(act.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
       barrier();
       s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
@@ -203,12 +240,41 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden, constantWeights: true });
   }
 
+  /** One token pass: embedding gather → step → argmax or seeded sampling into the id ring. */
+  function tokenStep(s: GraphSession, t: DecodeStep, barrier: () => void, select: TokenSelection = {}): void {
+    const pos = t.position;
+    if (pos >= ctx) {
+      throw new MlxError(
+        "InvalidArgument",
+        `token position ${pos} is past the KV cache: create the model with ctx > ${pos}`,
+      );
+    }
+    embeddingTable ??= device.upload(embedding);
+    const reg = device.kernels;
+    ops.embedGather(s, reg, embeddingTable, t.input, act.x, { dim: hidden, vocab });
+    step(s, pos, barrier, act.positions.slice(pos * 4, 4));
+    barrier();
+    const temperature = select.temperature ?? 0;
+    if (temperature === 0) ops.argmax(s, reg, act.logits, t.output, { vocab });
+    else {
+      ops.sample(s, reg, act.logits, t.output, {
+        vocab,
+        temperature,
+        topK: select.topK,
+        topP: select.topP,
+        seed: select.seed ?? 0,
+        counter: pos,
+      });
+    }
+  }
+
   return {
     cfg,
     headDim,
     embedding,
     act,
     step,
+    tokenStep,
     resetCache() {
       for (const L of layers) {
         L.kCache.write(new Float32Array(kvHeads * ctx * headDim));
