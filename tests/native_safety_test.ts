@@ -224,7 +224,7 @@ Deno.test("matrix products refuse an output that overlaps an input", async (t) =
   await t.step("ggml q8_0 (mv and mm): y aliasing x", () => {
     const Kq = 32;
     using x = device.upload(new Float32Array(M * Kq).fill(1));
-    using w = device.alloc(N * 34);
+    using w = device.alloc(N * 34, DType.U8);
     const p = new Uint8Array(new Uint32Array([M, N, Kq]).buffer);
     for (const name of ["qmatmul_q8_0_mv", "qmatmul_q8_0_mm"]) {
       refused(() => dispatch(name, [x, w, x.slice(0, M * N * 4), p]));
@@ -242,7 +242,7 @@ Deno.test("matrix products refuse an output that overlaps an input", async (t) =
   await t.step("MoE: y aliasing the expert ids", () => {
     const Kq = 32, topK = 1;
     using x = device.upload(new Float32Array(M * Kq).fill(1));
-    using w = device.alloc(2 * N * 34);
+    using w = device.alloc(2 * N * 34, DType.U8);
     using ids = device.alloc(64, DType.U32);
     const p = new Uint8Array(new Uint32Array([M, N, Kq, topK, 2]).buffer);
     refused(() => dispatch("qmatmul_id_q8_0", [x, w, ids, ids.slice(0, M * N * 4), p]));
@@ -275,7 +275,7 @@ Deno.test("native getters accept NULL output pointers", () => {
 Deno.test("buffer bindings at offsets that are not a multiple of the element size are refused", async (t) => {
   using ctx = testContext();
   const { device } = ctx;
-  using raw = device.alloc(4096); // u8: slices may start anywhere
+  using raw = device.alloc(4096, DType.U8); // u8: slices may start anywhere
   const at = (off: number, len: number) => raw.slice(off, len);
   const cases: { name: string; d: RawDispatch; align: number }[] = [
     {
