@@ -77,6 +77,7 @@ export {
   dualBufferSplitIndex,
   type GraphEncodeTarget,
   type PipelineResolver,
+  type ReorderMode,
 } from "./src/graph/compute_graph.ts";
 export { barrierLowerBound, dependencyDepth, dependsOn } from "./src/graph/analysis.ts";
 export {

@@ -32,6 +32,8 @@ export interface MlxConfig {
   cudaGraphs: boolean;
   /** MLXN_CUDA_PDL=0: CUDA graph edges wait for full completion (no programmatic dependent launch). */
   cudaPdl: boolean;
+  /** MLXN_PLAN_CACHE=0: recorded passes are optimised afresh every time (no plan cache). */
+  planCache: boolean;
 }
 
 /** The names of every switch, in the order the README lists them. */
@@ -46,6 +48,7 @@ export const SWITCH_NAMES: readonly string[] = [
   "MLXN_TRACE",
   "MLXN_CUDA_GRAPHS",
   "MLXN_CUDA_PDL",
+  "MLXN_PLAN_CACHE",
 ];
 
 /** Reads one environment variable if, and only if, reading it is already permitted. */
@@ -111,6 +114,7 @@ export function envConfig(): Readonly<MlxConfig> {
     trace: env.MLXN_TRACE || undefined,
     cudaGraphs: env.MLXN_CUDA_GRAPHS !== "0",
     cudaPdl: env.MLXN_CUDA_PDL !== "0",
+    planCache: env.MLXN_PLAN_CACHE !== "0",
   });
   return cached;
 }

@@ -214,14 +214,12 @@ export class MlxDevice {
 
     if (libPath !== undefined || explicit !== undefined) {
       const path = libPath ?? defaultLibraryPath(explicit!);
-      if (path === undefined) throw noLocalBuild(explicit!);
       return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate);
     }
     // Best available: the first candidate whose library is permitted, present and opens a device.
     let firstError: MlxError | undefined;
     for (const backend of CANDIDATES) {
       const path = defaultLibraryPath(backend);
-      if (path === undefined) throw noLocalBuild(backend);
       const last = backend === CANDIDATES[CANDIDATES.length - 1];
       if (!last && !ffiGranted(path)) continue;
       try {
@@ -413,12 +411,4 @@ function inferDType(data: HostData): DType {
   if (data instanceof Uint16Array) return DType.U16;
   if (data instanceof Uint8Array) return DType.U8;
   return DType.F32;
-}
-
-function noLocalBuild(backend: BackendName): MlxError {
-  return new MlxError(
-    "LibraryNotFound",
-    `mlx-native was imported from a remote URL, so it has no local build/ directory: build the ` +
-      `${backend} library with the package's build entry and pass MlxDevice.open({ libPath })`,
-  );
 }

@@ -296,6 +296,17 @@ Deno.test("levels reorder: each dispatch in the earliest group its dependencies 
   equal(barrierLowerBound(two), 69);
   equal(barriers(reorderLevels(two).nodes), 69);
   ok(barriers(reorderNodes(two).nodes) > 69);
+  // The same through ComputeGraph: reorder() keeps the look-ahead, reorder("levels") reaches the bound.
+  const encoded = (mode?: "lookahead" | "levels") => {
+    const g = new ComputeGraph(two);
+    g.reorder(mode);
+    const target = recordingTarget();
+    return g.encodeWithBarriers(target);
+  };
+  equal(encoded("levels"), 69);
+  equal(encoded(), encoded("lookahead"));
+  ok(encoded() > 69);
+  throws(() => new ComputeGraph(two).reorder("fastest" as "levels"), (e: unknown) => e instanceof MlxError);
 });
 
 Deno.test("levels reorder: nothing crosses a non-reorderable op", () => {

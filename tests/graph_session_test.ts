@@ -270,18 +270,25 @@ Deno.test("kill switches as options: fusion and reorder off", () => {
   deepStrictEqual([r.fusions, r.reordered, r.dispatches], [0, 0, 2]);
 });
 
-Deno.test("kill switches from the environment (MLXN_FUSION=0, MLXN_REORDER=0) with --allow-env", async () => {
+Deno.test("kill switches from the environment (MLXN_FUSION=0, MLXN_REORDER=0, MLXN_PLAN_CACHE=0) with --allow-env", async () => {
   const probe = new URL("./fixtures/switch_probe.ts", import.meta.url).pathname;
   const run = async (env: Record<string, string>) => {
     const out = await runDeno(["run", "--no-prompt", "--quiet", "--allow-ffi", "--allow-env", probe], env);
     ok(out.success, out.stderr);
     return JSON.parse(out.stdout);
   };
-  deepStrictEqual(await run({}), { fusions: 1, fusionAllowed: true, reorderAllowed: true });
+  deepStrictEqual(await run({}), { fusions: 1, fusionAllowed: true, reorderAllowed: true, secondPass: "hit" });
   deepStrictEqual(await run({ MLXN_FUSION: "0", MLXN_REORDER: "0" }), {
     fusions: 0,
     fusionAllowed: false,
     reorderAllowed: false,
+    secondPass: "hit",
+  });
+  deepStrictEqual(await run({ MLXN_PLAN_CACHE: "0" }), {
+    fusions: 1,
+    fusionAllowed: true,
+    reorderAllowed: true,
+    secondPass: "off",
   });
 });
 

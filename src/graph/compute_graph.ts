@@ -11,7 +11,10 @@ import { MlxError } from "../errors.ts";
 import type { Pipeline } from "../kernels.ts";
 import { fuseNodes } from "./fuse.ts";
 import { type CapturedNode, type DispatchNode, isAnnotated, isDispatch, type PipelineRef } from "./nodes.ts";
-import { reorderNodes } from "./reorder.ts";
+import { reorderLevels, reorderNodes } from "./reorder.ts";
+
+/** The reorder schedules: the seed's 64-node look-ahead, or dependency levels (barriers = DAG depth − 1). */
+export type ReorderMode = "lookahead" | "levels";
 import { ConflictTracker } from "./tracker.ts";
 import { countRedundantBarriers, findHazards, type Hazard } from "./validate.ts";
 
@@ -191,14 +194,20 @@ export class ComputeGraph {
   }
 
   /**
-   * Reorders dispatches to enlarge concurrent groups (greedy 64-node look-ahead). Strips barriers:
-   * encode the result with {@link ComputeGraph.encodeWithBarriers}. Returns how many nodes moved.
+   * Reorders dispatches to enlarge concurrent groups. `"lookahead"` (the default) is the seed's greedy
+   * 64-node look-ahead with its exact permutation; `"levels"` places every dispatch in the earliest
+   * concurrent group its hazards allow, so the barriers number the hazard DAG's depth − 1 (the
+   * lower bound). Strips barriers: encode the result with {@link ComputeGraph.encodeWithBarriers}.
+   * Returns how many nodes moved.
    * A dispatch with no read/write ranges is taken to have no memory effect and may move freely:
    * dispatches recorded through a session always carry their ranges (derived from the kernel
    * contracts), so only hand-built nodes can be unannotated — see `unannotatedDispatchCount`.
    */
-  reorder(): number {
-    const r = reorderNodes(this.#nodes);
+  reorder(mode: ReorderMode = "lookahead"): number {
+    if (mode !== "lookahead" && mode !== "levels") {
+      throw new MlxError("InvalidArgument", `reorder mode must be "lookahead" or "levels", got ${String(mode)}`);
+    }
+    const r = mode === "levels" ? reorderLevels(this.#nodes) : reorderNodes(this.#nodes);
     this.#nodes = r.nodes;
     return r.reordered;
   }

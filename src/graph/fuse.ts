@@ -54,14 +54,50 @@ function otherOperand(op: DispatchNode, produced: MemRange): { other: MemRange; 
   return { other, slot: isA ? 1 : 0 };
 }
 
+/** The dispatches touching each allocation, in node order: a single-use check walks only these. */
+class UseIndex {
+  readonly #nodes: readonly CapturedNode[];
+  #byAlloc: Map<number, number[]> | null = null;
+
+  constructor(nodes: readonly CapturedNode[]) {
+    this.#nodes = nodes;
+  }
+
+  /** Indices of the dispatches that read or write allocation `alloc`, ascending (built on first use). */
+  of(alloc: number): readonly number[] {
+    if (this.#byAlloc === null) {
+      const m = new Map<number, number[]>();
+      const add = (alloc: number, i: number) => {
+        const list = m.get(alloc);
+        if (list === undefined) m.set(alloc, [i]);
+        else if (list[list.length - 1] !== i) list.push(i);
+      };
+      this.#nodes.forEach((n, i) => {
+        if (!isDispatch(n)) return;
+        for (const r of n.reads) add(r[0], i);
+        for (const w of n.writes) add(w[0], i);
+      });
+      this.#byAlloc = m;
+    }
+    return this.#byAlloc.get(alloc) ?? [];
+  }
+}
+
 /**
  * Whether the value written to `range` by node `producer` is read only by node `consumer`: scanning
  * forward from the consumer, no node reads an overlapping byte before a node overwrites all of it.
+ * Only the dispatches that touch the range's allocation are visited, so the pass stays near-linear.
  */
-function singleUse(nodes: readonly CapturedNode[], consumer: number, range: MemRange): boolean {
-  for (let k = consumer + 1; k < nodes.length; k++) {
-    const n = nodes[k];
-    if (!isDispatch(n)) continue;
+function singleUse(nodes: readonly CapturedNode[], uses: UseIndex, consumer: number, range: MemRange): boolean {
+  const list = uses.of(range[0]);
+  let lo = 0, hi = list.length; // first entry after the consumer
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (list[mid] <= consumer) lo = mid + 1;
+    else hi = mid;
+  }
+  for (let k = lo; k < list.length; k++) {
+    const n = nodes[list[k]] as DispatchNode;
     if (n.reads.some((r) => rangesOverlap(r, range))) return false;
     if (n.writes.some((w) => rangeCovers(w, range))) return true;
   }
@@ -81,12 +117,13 @@ function fusedPipeline(name: string, resolve?: (name: string) => PipelineRef): P
 /** Runs the pass. `resolve` maps a fused kernel name to a pipeline (e.g. registry.get). */
 export function fuseNodes(nodes: readonly CapturedNode[], resolve?: (name: string) => PipelineRef): FuseResult {
   const out: CapturedNode[] = [];
+  const uses = new UseIndex(nodes);
   let fusions = 0;
   let i = 0;
   while (i < nodes.length) {
     const norm = nodes[i];
     const m = isDispatch(norm) && norm.opKind === CapturedOpKind.RmsNorm ? NORM.exec(norm.pipeline.name) : null;
-    const fused = m ? tryFuse(nodes, i, m[1], resolve) : null;
+    const fused = m ? tryFuse(nodes, uses, i, m[1], resolve) : null;
     if (!fused) {
       out.push(norm);
       i++;
@@ -103,6 +140,7 @@ export function fuseNodes(nodes: readonly CapturedNode[], resolve?: (name: strin
 
 function tryFuse(
   nodes: readonly CapturedNode[],
+  uses: UseIndex,
   i: number,
   dtype: string,
   resolve?: (name: string) => PipelineRef,
@@ -120,7 +158,7 @@ function tryFuse(
   const mulArgs = otherOperand(mul, normOut);
   if (!mulArgs) return null;
   const scale = mulArgs.other, mulOut = mul.writes[0];
-  const normOutDead = sameRange(mulOut, normOut) || singleUse(nodes, j, normOut);
+  const normOutDead = sameRange(mulOut, normOut) || singleUse(nodes, uses, j, normOut);
   if (!normOutDead || (rangesOverlap(mulOut, normOut) && !sameRange(mulOut, normOut))) return null;
 
   // Longest match first: … → barrier(s) → ADD(mulOut, residual).
@@ -132,7 +170,7 @@ function tryFuse(
     const addArgs = otherOperand(add, mulOut);
     const result = add.writes[0];
     if (
-      addArgs && (sameRange(result, mulOut) || singleUse(nodes, k, mulOut)) &&
+      addArgs && (sameRange(result, mulOut) || singleUse(nodes, uses, k, mulOut)) &&
       (!rangesOverlap(result, mulOut) || sameRange(result, mulOut)) &&
       (!rangesOverlap(result, normOut) || sameRange(result, normOut)) &&
       outputAllowed(result, [input, scale, addArgs.other], [weight])
