@@ -557,3 +557,27 @@ Deno.test("geometries the GPU kernels do not assume are refused with the geometr
     mustRefuse(byName("rope_neox_f32"), { delta: -1, deltaDim: 0 }, /grid/);
   });
 });
+
+Deno.test("token kernels refuse id, cursor, logits and table bindings at misaligned offsets", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  using raw = device.alloc(4096, D.U8);
+  const at = (offset: number, bytes: number) => raw.slice(offset, bytes);
+  const refusedAt = (kernel: string, bindings: DispatchDescriptor["bindings"], grid: Dim3, kind: Kind, tg: number) => {
+    using enc = device.commandEncoder();
+    throws(() => {
+      enc.dispatch({ pipeline: registry.get(kernel), bindings, grid, threadgroup: [tg, 1, 1], dispatchKind: kind });
+      enc.commitAndWait();
+    }, (e: unknown) => e instanceof MlxError && /not a multiple of \d bytes/.test(e.message));
+  };
+  const sampleParams = [16, 1, 1, 1, f32Bits(1), 0, 2 ** 31, 0, 0, 0];
+  refusedAt("argmax_f32", [at(0, 64), at(258, 4), [16, 1, 1, 0], undefined], [1, 1, 1], "threadgroups", 32);
+  refusedAt("argmax_f32", [at(2, 64), at(256, 4), [16, 1, 1, 0], undefined], [1, 1, 1], "threadgroups", 32);
+  refusedAt("argmax_bf16", [at(1, 32), at(256, 4), [16, 1, 1, 0], undefined], [1, 1, 1], "threadgroups", 32);
+  refusedAt("sample_f32", [at(0, 64), at(256, 4), sampleParams, at(513, 4)], [1, 1, 1], "threadgroups", 32);
+  const gather = [1, 16, 1, 1, 0];
+  refusedAt("embed_gather_f32", [at(0, 64), at(258, 4), at(512, 64), gather, undefined], [16, 1, 1], "threads", 16);
+  refusedAt("embed_gather_f32", [at(2, 64), at(256, 4), at(512, 64), gather, undefined], [16, 1, 1], "threads", 16);
+  refusedAt("embed_gather_bf16", [at(1, 32), at(256, 4), at(512, 64), gather, undefined], [16, 1, 1], "threads", 16);
+  refusedAt("embed_gather_f32", [at(0, 64), at(256, 4), at(514, 64), gather, undefined], [16, 1, 1], "threads", 16);
+});
