@@ -21,6 +21,8 @@ interface RawDispatch {
   kind: "threads" | "groups";
   grid: [number, number, number];
   tg: [number, number, number];
+  /** Threadgroup memory bytes (the row kernels need 4 per thread). */
+  tgMemory?: number;
 }
 
 function streamOf(device: MlxDevice, d: RawDispatch): Uint8Array {
@@ -31,6 +33,7 @@ function streamOf(device: MlxDevice, d: RawDispatch): Uint8Array {
     rec(Op.SET_BUFFER, Number(slot), b.handle, b.byteOffset, b.byteLength);
   }
   for (const [slot, v] of Object.entries(d.bytes)) rec(Op.SET_BYTES, Number(slot), v.length * 4, ...v);
+  if (d.tgMemory) rec(Op.SET_TG_MEMORY, 0, d.tgMemory);
   rec(d.kind === "threads" ? Op.DISPATCH_THREADS : Op.DISPATCH_GROUPS, 0, ...d.grid, ...d.tg, 0);
   return new Uint8Array(Uint32Array.from(w.map((x) => x >>> 0)).buffer);
 }
@@ -163,6 +166,7 @@ Deno.test("size checks that would overflow 64 bits are refused by the native val
       bindings: [x, y, new Uint8Array(new Uint32Array([2]).buffer)],
       grid: 1,
       threadgroup: 1,
+      threadgroupMemory: 4,
       dispatchKind: "threadgroups",
     });
     ok2.commitAndWait();
@@ -286,7 +290,7 @@ Deno.test("buffer bindings at offsets that are not a multiple of the element siz
         bytes: { 3: [2, 8, 16, 0] },
         kind: "groups",
         grid: [2, 2, 1],
-        tg: [1, 1, 1],
+        tg: [128, 1, 1],
       },
       align: 4,
     },
@@ -311,6 +315,7 @@ Deno.test("buffer bindings at offsets that are not a multiple of the element siz
         kind: "groups",
         grid: [1, 1, 1],
         tg: [8, 1, 1],
+        tgMemory: 32,
       },
       align: 2,
     },
@@ -322,7 +327,7 @@ Deno.test("buffer bindings at offsets that are not a multiple of the element siz
         bytes: { 4: [2, 8, 32, 1, 2] },
         kind: "groups",
         grid: [2, 2, 1],
-        tg: [1, 1, 1],
+        tg: [128, 1, 1],
       },
       align: 4,
     },

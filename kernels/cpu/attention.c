@@ -54,7 +54,7 @@ static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t ca
   MLXN_NEED_BUF(a, 2, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 2, 3), (uint32_t)es, err, cap);
-  return 0;
+  return mlxn_need_tg(a, SDPA_ROWS, "one query row per thread, 32 rows per threadgroup; use ops.sdpa", err, cap);
 }
 
 static void sdpa_rows(const mlxn_kargs *a, mlxn_ftype t, uint32_t b, uint32_t h, uint32_t block) {
@@ -139,7 +139,10 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(p.heads, p.nwg, (uint64_t)p.hd + 2, 4), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 3), 4, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(1, 2), (uint32_t)es, err, cap);
-  return 0;
+  return mlxn_need_tg(a, 32,
+                      "one 32-lane simdgroup per (head, workgroup), each lane owning head_dim/32 dimensions; "
+                      "use ops.flashAttnVec",
+                      err, cap);
 }
 
 static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {

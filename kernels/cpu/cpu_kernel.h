@@ -122,6 +122,46 @@ static inline int mlxn_misaligned(const mlxn_kargs *a, uint32_t mask, uint32_t a
 #define MLXN_SLOTS3(s0, s1, s2) (MLXN_SLOTS2(s0, s1) | (1u << (s2)))
 #define MLXN_SLOTS4(s0, s1, s2, s3) (MLXN_SLOTS3(s0, s1, s2) | (1u << (s3)))
 
+/* ---- dispatch geometry -----------------------------------------------------------------------
+ * The GPU kernels (kernels/metal, kernels/cuda) map threads to work in fixed ways: a 32-lane
+ * simdgroup/warp per output, a tree reduction over the threadgroup, one thread per element. Where
+ * a shape breaks that mapping they compute a partial result, even though the CPU kernel here (which
+ * loops over the work itself) would be right, so validate() enforces the shape on every backend. */
+
+/* Fails unless the threadgroup is exactly (x, 1, 1); `why` says how the kernel uses it and which
+ * op dispatches it. */
+static inline int mlxn_need_tg(const mlxn_kargs *a, uint32_t x, const char *why, char *err, size_t cap) {
+  if (a->tg[0] == x && a->tg[1] == 1 && a->tg[2] == 1) return 0;
+  return mlxn_kfail(err, cap, "threadgroup must be (%u, 1, 1): %s; got (%u, %u, %u)", x, why, a->tg[0], a->tg[1],
+                    a->tg[2]);
+}
+
+/* Row kernels reduce one row per threadgroup by a tree over its threads through one f32 of
+ * threadgroup memory per thread: the threadgroup must be (2^k, 1, 1) with 4·2^k bytes. */
+static inline int mlxn_need_row_tg(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
+  uint32_t x = a->tg[0];
+  if ((x & (x - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
+    return mlxn_kfail(err, cap,
+                      "threadgroup must be (2^k, 1, 1), a power of two wide: one row per threadgroup, "
+                      "reduced by a tree over its threads; got (%u, %u, %u); use %s",
+                      a->tg[0], a->tg[1], a->tg[2], op);
+  if ((uint64_t)a->tg_memory < (uint64_t)x * 4)
+    return mlxn_kfail(err, cap,
+                      "threadgroup memory must hold one f32 per thread: at least %llu bytes for a "
+                      "threadgroup of %u, got %u; use %s",
+                      (unsigned long long)x * 4, x, a->tg_memory, op);
+  return 0;
+}
+
+/* Fails unless the grid has at least `need` threads along dimension `dim` (one thread per `what`:
+ * a thread the grid leaves out is work nobody does). */
+static inline int mlxn_need_grid(const mlxn_kargs *a, int dim, uint64_t need, const char *what, char *err,
+                                 size_t cap) {
+  if (a->grid[dim] >= need) return 0;
+  return mlxn_kfail(err, cap, "grid dimension %d has %u threads but needs %llu, one per %s", dim, a->grid[dim],
+                    (unsigned long long)need, what);
+}
+
 /* Whether the byte ranges [p, p + n) and [q, q + m) share a byte. */
 static inline int mlxn_ranges_overlap(const uint8_t *p, uint64_t n, const uint8_t *q, uint64_t m) {
   uintptr_t x = (uintptr_t)p, y = (uintptr_t)q;

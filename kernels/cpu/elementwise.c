@@ -19,7 +19,9 @@ static inline void tg_span(const mlxn_kargs *a, uint32_t gx, uint64_t n, uint64_
 
 static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 3, 4, err, cap);
-  uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 3, 0), mlxn_ftype_size(t));
+  uint32_t n = mlxn_arg_u32(a, 3, 0);
+  if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
+  uint64_t bytes = MLXN_SIZE(n, mlxn_ftype_size(t));
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);
@@ -119,6 +121,7 @@ static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap)
   uint32_t ss = mlxn_arg_u32(a, 2, 8), ds = mlxn_arg_u32(a, 2, 12);
   if (!rows || !cols || ss < cols || ds < cols)
     return mlxn_kfail(err, cap, "need rows, cols > 0 and strides >= cols");
+  if (mlxn_need_grid(a, 0, cols, "column", err, cap) || mlxn_need_grid(a, 1, rows, "row", err, cap)) return 1;
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ss), cols), 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ds), cols), 4), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
@@ -168,7 +171,9 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 2, 8, err, cap);
   float c = mlxn_arg_f32(a, 2, 0);
   if (!(c > 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "softcap: cap must be finite and > 0");
-  uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 2, 4), 4);
+  uint32_t n = mlxn_arg_u32(a, 2, 4);
+  if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
+  uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
@@ -188,7 +193,9 @@ static int softcap_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32
 
 static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 3, 16, err, cap);
-  uint64_t bytes = MLXN_SIZE(mlxn_arg_u32(a, 3, 8), 4);
+  uint32_t n = mlxn_arg_u32(a, 3, 8);
+  if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
+  uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);

@@ -6,6 +6,7 @@
  * produces OUTS consecutive outputs of one row of x (rows = M, or tokens·top_k for MoE). The CPU
  * kernels accumulate in f32 in index order. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cpu_kernel.h"
@@ -22,6 +23,15 @@ typedef struct mm_params {
 static mm_params read_mm(const mlxn_kargs *a, int slot) {
   mm_params p = {mlxn_arg_u32(a, slot, 0), mlxn_arg_u32(a, slot, 4), mlxn_arg_u32(a, slot, 8)};
   return p;
+}
+
+/* The GPU kernels give each output one 32-lane simdgroup (lanes split K, then a simd_sum): a
+ * threadgroup of `threads` holds threads/32 of them, the outputs of one group. `op` dispatches it. */
+static int need_mm_tg(const mlxn_kargs *a, uint32_t threads, const char *op, char *err, size_t cap) {
+  if (a->tg[0] == threads && a->tg[1] == 1 && a->tg[2] == 1) return 0;
+  char why[160]; /* formatted only for the refusal */
+  snprintf(why, sizeof why, "one 32-lane simdgroup per output, %u outputs per threadgroup; use %s", threads / 32, op);
+  return mlxn_need_tg(a, threads, why, err, cap);
 }
 
 static int check_mm(const mlxn_kargs *a, mm_params p, uint32_t outs, char *err, size_t cap) {
@@ -85,7 +95,8 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
     MLXN_NO_OVERLAP(a, 2, y_bytes, 1, w_bytes, err, cap);                                          \
     MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 2, 4), 4, err, cap);                                         \
     MLXN_NEED_ALIGN(a, 1u << 1, mlxn_ftype_size(T), err, cap);                                     \
-    return check_epilogue(a, p, mode, err, cap);                                                   \
+    if (check_epilogue(a, p, mode, err, cap)) return 1;                                            \
+    return need_mm_tg(a, 128, "ops.matmul (the SwiGLU epilogue uses 2 of the 4)", err, cap);       \
   }                                                                                                \
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
                                 void *s) {                                                         \
@@ -143,7 +154,7 @@ static int affine_validate_common(const mlxn_kargs *a, uint32_t outs, char *err,
   MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), 2, err, cap);
-  return 0;
+  return need_mm_tg(a, outs == OUTS_FAST ? 256 : 128, "ops.quantizedMatmul", err, cap);
 }
 
 static int qmatmul_affine_validate(const mlxn_kargs *a, char *err, size_t cap) {
@@ -296,7 +307,7 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
     MLXN_NO_OVERLAP(a, 2, y_bytes, 1, w_bytes, err, cap);                                          \
     MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 2), 4, err, cap);                                            \
     MLXN_NEED_ALIGN(a, 1u << 1, 2, err, cap);                                                      \
-    return 0;                                                                                      \
+    return need_mm_tg(a, 128, "ops.quantizedMatmulGgml", err, cap);                                \
   }                                                                                                \
   static int NAME##_mv_validate(const mlxn_kargs *a, char *err, size_t cap) {                    \
     if (NAME##_validate_common(a, 1, err, cap)) return 1;                                          \
@@ -357,7 +368,7 @@ GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
     MLXN_NO_OVERLAP(a, 3, y_bytes, 2, id_bytes, err, cap);                                         \
     MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 2, 3), 4, err, cap);                                         \
     MLXN_NEED_ALIGN(a, 1u << 1, 2, err, cap);                                                      \
-    return 0;                                                                                      \
+    return need_mm_tg(a, 128, "ops.quantizedMatmulIdGgml", err, cap);                             \
   }                                                                                                \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
     (void)gz; (void)s;                                                                             \

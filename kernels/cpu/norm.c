@@ -31,7 +31,7 @@ static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, i
   uint32_t mask = weight_slot >= 0 ? 1u << weight_slot : 0;
   for (int i = 0; i < nrow; i++) mask |= 1u << row_slots[i];
   MLXN_NEED_ALIGN(a, mask, (uint32_t)es, err, cap);
-  return 0;
+  return mlxn_need_row_tg(a, "ops.rmsNorm and its fused forms (rowGeometry)", err, cap);
 }
 
 static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz) {
@@ -134,7 +134,7 @@ static int softmax_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
-  return 0;
+  return mlxn_need_row_tg(a, "ops.softmax (rowGeometry)", err, cap);
 }
 
 static int softmax_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {

@@ -145,6 +145,7 @@ static int ring_validate(const mlxn_kargs *a, int ids, int cursor, uint32_t rows
   if (!ok) return mlxn_kfail(err, cap, "ring × rows × 4 bytes overflows");
   MLXN_NEED_BUF(a, ids, need, err, cap);
   if (has_cursor) MLXN_NEED_BUF(a, cursor, 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(ids, cursor), 4, err, cap); /* u32 token ids and cursor */
   return 0;
 }
 
@@ -171,6 +172,7 @@ static int logits_validate(const mlxn_kargs *a, uint32_t rows, uint32_t vocab, m
   uint64_t need = checked_bytes(rows, vocab, mlxn_ftype_size(t), &ok);
   if (!ok) return mlxn_kfail(err, cap, "rows × vocab × element size overflows");
   MLXN_NEED_BUF(a, 0, need, err, cap);
+  MLXN_NEED_ALIGN(a, 1u, mlxn_ftype_size(t), err, cap);
   return 0;
 }
 
@@ -430,6 +432,8 @@ static int gather_validate_t(const mlxn_kargs *a, int fmt, char *err, size_t cap
     return mlxn_kfail(err, cap, "grid %ux%u threads does not cover dim=%u × rows=%u", a->grid[0], a->grid[1], dim, rows);
   MLXN_NEED_BUF(a, 0, table, err, cap);
   MLXN_NEED_BUF(a, 2, out, err, cap);
+  MLXN_NEED_ALIGN(a, 1u << 2, 4, err, cap);
+  if (fmt == G_F32 || fmt == G_BF16) MLXN_NEED_ALIGN(a, 1u, fmt == G_F32 ? 4 : 2, err, cap); /* blocks: bytes */
   return 0;
 }
 

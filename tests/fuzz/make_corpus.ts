@@ -26,6 +26,7 @@ function dispatch(
   groups: [number, number, number],
   tg: [number, number, number],
   kind: "groups" | "threads" = "groups",
+  tgMemory = 0,
 ): Words {
   const w = rec(Op.SET_PIPELINE, 0, reg.get(kernel).handle);
   let off = 0;
@@ -39,6 +40,7 @@ function dispatch(
     }
   });
   if (off > 65536) throw new Error(`${kernel}: the seed needs ${off} bytes, more than 64 KiB`);
+  if (tgMemory) w.push(...rec(Op.SET_TG_MEMORY, 0, tgMemory));
   w.push(...rec(kind === "groups" ? Op.DISPATCH_GROUPS : Op.DISPATCH_THREADS, 0, ...groups, ...tg, 0));
   return w;
 }
@@ -46,6 +48,10 @@ function dispatch(
 const seeds: Record<string, Words> = {};
 const es = { f32: 4, f16: 2, bf16: 2 } as const;
 const eps = f32Bits(1e-5);
+/** The row kernels (one threadgroup of 64 per row) reduce through one f32 per thread. */
+const ROW_TG_MEMORY = 64 * 4;
+/** The matrix products: one 32-lane simdgroup per output, 4 (fast affine: 8) per threadgroup. */
+const MM_TG: [number, number, number] = [128, 1, 1];
 
 for (const [t, size] of Object.entries(es)) {
   const n = 256, bytes = n * size;
@@ -56,13 +62,29 @@ for (const [t, size] of Object.entries(es)) {
     seeds[`${op}_${t}`] = dispatch(`${op}_${t}`, [bytes, bytes], [n, 1, 1], [64, 1, 1], "threads");
   }
   const rows = 4, dim = 64, rb = rows * dim * size, wb = dim * size;
-  seeds[`rms_norm_${t}`] = dispatch(`rms_norm_${t}`, [rb, wb, rb, [eps, dim]], [rows, 1, 1], [64, 1, 1]);
-  seeds[`rms_norm_mul_${t}`] = dispatch(`rms_norm_mul_${t}`, [rb, wb, rb, rb, [eps, dim]], [rows, 1, 1], [64, 1, 1]);
+  seeds[`rms_norm_${t}`] = dispatch(
+    `rms_norm_${t}`,
+    [rb, wb, rb, [eps, dim]],
+    [rows, 1, 1],
+    [64, 1, 1],
+    "groups",
+    ROW_TG_MEMORY,
+  );
+  seeds[`rms_norm_mul_${t}`] = dispatch(
+    `rms_norm_mul_${t}`,
+    [rb, wb, rb, rb, [eps, dim]],
+    [rows, 1, 1],
+    [64, 1, 1],
+    "groups",
+    ROW_TG_MEMORY,
+  );
   seeds[`rms_norm_mul_add_${t}`] = dispatch(
     `rms_norm_mul_add_${t}`,
     [rb, wb, rb, rb, rb, [eps, dim]],
     [2, 2, 1],
     [64, 1, 1],
+    "groups",
+    ROW_TG_MEMORY,
   );
 }
 seeds.softcap_f32 = dispatch("softcap_f32", [1024, 1024, [f32Bits(30), 256]], [256, 1, 1], [64, 1, 1], "threads");
@@ -76,8 +98,15 @@ seeds.axpby_f32 = dispatch(
 seeds.strided_copy_f32 = dispatch("strided_copy_f32", [224, 128, [4, 8, 16, 8]], [8, 4, 1], [8, 1, 1], "threads");
 seeds.debug_fault = dispatch("debug_fault", [4, [0]], [1, 1, 1], [1, 1, 1]);
 seeds.debug_fault_failing = dispatch("debug_fault", [4, [1]], [1, 1, 1], [1, 1, 1]);
-seeds.rms_norm_no_scale_f32 = dispatch("rms_norm_no_scale_f32", [1024, 1024, [eps, 64]], [4, 1, 1], [64, 1, 1]);
-seeds.softmax_f32 = dispatch("softmax_f32", [1024, 1024, [64]], [2, 2, 1], [64, 1, 1]);
+seeds.rms_norm_no_scale_f32 = dispatch(
+  "rms_norm_no_scale_f32",
+  [1024, 1024, [eps, 64]],
+  [4, 1, 1],
+  [64, 1, 1],
+  "groups",
+  ROW_TG_MEMORY,
+);
+seeds.softmax_f32 = dispatch("softmax_f32", [1024, 1024, [64]], [2, 2, 1], [64, 1, 1], "groups", ROW_TG_MEMORY);
 seeds.rope_f32 = dispatch("rope_f32", [1024, 1024, [f32Bits(1e4), 64, 4], 16], [32, 4, 1], [32, 1, 1], "threads");
 seeds.rope_neox_f32 = dispatch(
   "rope_neox_f32",
@@ -90,9 +119,9 @@ seeds.rope_neox_f32 = dispatch(
 // Matrix products: M = 2, N = 8.
 for (const [t, size] of [["f32", 4], ["bf16", 2]] as const) {
   const K = 32, x = 2 * K * 4, w = 8 * K * size, y = 2 * 8 * 4;
-  seeds[`matmul_${t}`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 0]], [2, 2, 1], [32, 1, 1]);
-  seeds[`matmul_${t}_residual`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 1], y], [2, 2, 1], [32, 1, 1]);
-  seeds[`matmul_${t}_swiglu`] = dispatch(`matmul_${t}`, [x, 2 * w, y, [2, 8, K, 2 | 0x100]], [4, 2, 1], [32, 1, 1]);
+  seeds[`matmul_${t}`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 0]], [2, 2, 1], MM_TG);
+  seeds[`matmul_${t}_residual`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 1], y], [2, 2, 1], MM_TG);
+  seeds[`matmul_${t}_swiglu`] = dispatch(`matmul_${t}`, [x, 2 * w, y, [2, 8, K, 2 | 0x100]], [4, 2, 1], MM_TG);
 }
 for (const bits of [4, 6, 8]) {
   const K = 64, gs = 32;
@@ -100,25 +129,21 @@ for (const bits of [4, 6, 8]) {
     "qmatmul_affine",
     [2 * K * 4, 8 * K * bits / 8, 8 * (K / gs) * 2, 8 * (K / gs) * 2, 64, [2, 8, K, bits, gs]],
     [2, 2, 1],
-    [32, 1, 1],
+    MM_TG,
   );
 }
 seeds.qmatmul_affine_fast = dispatch(
   "qmatmul_affine_fast",
   [2 * 256 * 4, 8 * 256 / 2, 8 * 8 * 2, 8 * 8 * 2, 64, [2, 8, 256, 4, 32]],
   [1, 2, 1],
-  [32, 1, 1],
+  [256, 1, 1],
 );
 for (const [f, bv, bb] of [["q4_0", 32, 18], ["q8_0", 32, 34], ["q6_k", 256, 210]] as const) {
   const K = bv, x = 2 * K * 4, w = 8 * bb, y = 64;
-  seeds[`qmatmul_${f}_mv`] = dispatch(`qmatmul_${f}_mv`, [x, w, y, [2, 8, K]], [2, 1, 1], [32, 1, 1]);
-  seeds[`qmatmul_${f}_mm`] = dispatch(`qmatmul_${f}_mm`, [x, w, y, [2, 8, K]], [2, 2, 1], [32, 1, 1]);
+  seeds[`qmatmul_${f}_mv`] = dispatch(`qmatmul_${f}_mv`, [x, w, y, [2, 8, K]], [2, 1, 1], MM_TG);
+  seeds[`qmatmul_${f}_mm`] = dispatch(`qmatmul_${f}_mm`, [x, w, y, [2, 8, K]], [2, 2, 1], MM_TG);
   // MoE: 2 tokens, top_k 2, 2 experts; the zero-filled ids pick expert 0.
-  seeds[`qmatmul_id_${f}`] = dispatch(`qmatmul_id_${f}`, [x, 2 * w, 16, 4 * 8 * 4, [4, 8, K, 2, 2]], [2, 4, 1], [
-    32,
-    1,
-    1,
-  ]);
+  seeds[`qmatmul_id_${f}`] = dispatch(`qmatmul_id_${f}`, [x, 2 * w, 16, 4 * 8 * 4, [4, 8, K, 2, 2]], [2, 4, 1], MM_TG);
 }
 for (const [t, size] of [["f32", 4], ["bf16", 2]] as const) {
   // batch 1, 2 heads over 1 kv head, head_dim 16, seq 2 of kv 4, capacity 8
@@ -140,6 +165,27 @@ seeds.flash_attn_vec_reduce = dispatch("flash_attn_vec_reduce", [2 * 2 * 66 * 4,
   1,
   1,
 ]);
+
+// Token kernels: 2 rows of a 64-token vocabulary (zero logits: every token ties), one threadgroup of
+// 64 per row; token ids in a ring of 2 slots. Gathers: 2 rows of dim 64 from a vocabulary of 4.
+for (const [t, size] of [["f32", 4], ["bf16", 2]] as const) {
+  seeds[`argmax_${t}`] = dispatch(`argmax_${t}`, [2 * 64 * size, 16, [64, 2, 2, 0], 0], [2, 1, 1], [64, 1, 1]);
+  seeds[`sample_${t}`] = dispatch(
+    `sample_${t}`,
+    [2 * 64 * size, 16, [64, 2, 2, 0, f32Bits(1.4427), 8, 1 << 30, 7, 11, 0], 0],
+    [2, 1, 1],
+    [64, 1, 1],
+  );
+}
+for (const [f, tableBytes] of [["f32", 4 * 64 * 4], ["bf16", 4 * 64 * 2], ["q8_0", 4 * 2 * 34], ["q4_0", 4 * 2 * 18]]) {
+  seeds[`embed_gather_${f}`] = dispatch(
+    `embed_gather_${f}`,
+    [tableBytes as number, 16, 2 * 64 * 4, [2, 64, 4, 2, 0], 0],
+    [64, 2, 1],
+    [64, 1, 1],
+    "threads",
+  );
+}
 
 // Record formats and multi-dispatch command buffers: barriers, whole-buffer and 64-bit bindings,
 // threadgroup memory, a pipeline carried over between dispatches.
