@@ -6,8 +6,10 @@
  * @module
  */
 
-import type { MemRange } from "./graph/ranges.ts";
-import { ConflictTracker } from "./graph/tracker.ts";
+import { MlxBuffer } from "./buffer.ts";
+import { checkRange, checkRanges, type MemRange, type RangedBinding } from "./graph/ranges.ts";
+import { GroupAccesses } from "./graph/tracker.ts";
+import type { KernelContract } from "./kernels.ts";
 
 /** Concurrent-group statistics of an encoder. */
 export interface GroupStats {
@@ -25,7 +27,7 @@ export interface GroupStats {
 export class BarrierPolicy {
   /** Whether dispatches are tracked and get a barrier exactly on conflict. */
   auto: boolean;
-  readonly #tracker = new ConflictTracker();
+  readonly #group = new GroupAccesses();
   #groupSize = 0;
   readonly #histogram: number[] = [];
 
@@ -34,19 +36,89 @@ export class BarrierPolicy {
     this.auto = auto;
   }
 
-  /** Whether accesses conflict with the current group (so a barrier must come first). */
+  /**
+   * Whether accesses conflict with the current group (so a barrier must come first). Throws
+   * InvalidArgument for a malformed range.
+   */
   conflicts(reads: readonly MemRange[], writes: readonly MemRange[]): boolean {
-    return this.#tracker.conflicts(reads, writes);
+    checkRanges(reads, "barrier reads");
+    checkRanges(writes, "barrier writes");
+    const g = this.#group;
+    if (g.empty) return false;
+    for (let i = 0; i < reads.length; i++) {
+      const r = reads[i];
+      if (g.conflicts(r[0], r[1], r[2], false)) return true;
+    }
+    for (let i = 0; i < writes.length; i++) {
+      const r = writes[i];
+      if (g.conflicts(r[0], r[1], r[2], true)) return true;
+    }
+    return false;
   }
 
-  /** Adds accesses to the current group. */
+  /** Adds accesses to the current group. Throws InvalidArgument for a malformed range. */
   track(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    this.#tracker.add(reads, writes);
+    checkRanges(reads, "tracked reads");
+    checkRanges(writes, "tracked writes");
+    const g = this.#group;
+    for (let i = 0; i < reads.length; i++) {
+      const r = reads[i];
+      g.add(r[0], r[1], r[2], true, false);
+    }
+    for (let i = 0; i < writes.length; i++) {
+      const r = writes[i];
+      g.add(r[0], r[1], r[2], false, true);
+    }
   }
 
-  /** Forgets the tracked accesses (after a barrier every earlier write is visible). */
+  /**
+   * Whether a dispatch of a kernel with this contract, bound to `bindings`, conflicts with the
+   * current group. The accesses are those of `accessesOf` (ranges.ts) — every bound buffer slot's
+   * exact range, read and/or written per the contract — taken straight from the bindings, with no
+   * range lists built. Throws InvalidArgument for a binding whose own `range()` is malformed.
+   */
+  dispatchConflicts(contract: KernelContract, bindings: readonly unknown[]): boolean {
+    const g = this.#group;
+    if (g.empty) return false;
+    const slots = contract.slots, n = Math.min(slots.length, bindings.length);
+    for (let i = 0; i < n; i++) {
+      const slot = slots[i];
+      if (slot.kind !== "buffer") continue;
+      const b = bindings[i];
+      let conflict: boolean;
+      // A write is checked against every byte the group touched, which covers the read check.
+      if (b instanceof MlxBuffer) {
+        const start = b.byteOffset;
+        conflict = g.conflicts(b.allocId, start, start + b.byteLength, slot.access !== "read");
+      } else if (isRanged(b)) {
+        const r = rangeOf(b, contract, i);
+        conflict = g.conflicts(r[0], r[1], r[2], slot.access !== "read");
+      } else continue;
+      if (conflict) return true;
+    }
+    return false;
+  }
+
+  /** Adds a dispatch's accesses (as {@link BarrierPolicy.dispatchConflicts} derives them) to the current group. */
+  trackDispatch(contract: KernelContract, bindings: readonly unknown[]): void {
+    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
+    for (let i = 0; i < n; i++) {
+      const slot = slots[i];
+      if (slot.kind !== "buffer") continue;
+      const b = bindings[i], access = slot.access;
+      if (b instanceof MlxBuffer) {
+        const start = b.byteOffset;
+        g.add(b.allocId, start, start + b.byteLength, access !== "write", access !== "read");
+      } else if (isRanged(b)) {
+        const r = rangeOf(b, contract, i);
+        g.add(r[0], r[1], r[2], access !== "write", access !== "read");
+      }
+    }
+  }
+
+  /** Forgets the tracked accesses (after a barrier every earlier write is visible): O(1). */
   forget(): void {
-    this.#tracker.reset();
+    this.#group.reset();
   }
 
   /** Counts one dispatch into the current group. */
@@ -73,4 +145,15 @@ export class BarrierPolicy {
     const groups = h.reduce((a, b) => a + b, 0);
     return { dispatches, groups, meanGroupSize: groups > 0 ? dispatches / groups : 0, histogram: h };
   }
+}
+
+function isRanged(b: unknown): b is RangedBinding {
+  return typeof b === "object" && b !== null && typeof (b as RangedBinding).range === "function";
+}
+
+/** The range a non-MlxBuffer binding reports, checked (a malformed one would hide a race). */
+function rangeOf(b: RangedBinding, contract: KernelContract, slot: number): MemRange {
+  const r = b.range();
+  checkRange(r, `${contract.name}: slot ${slot} (${contract.slots[slot].name}) range()`);
+  return r;
 }

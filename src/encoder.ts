@@ -240,14 +240,14 @@ export class CommandEncoder {
     if (policy.auto && this.#capture === null && this.#log === null) {
       // The barrier (if the accesses conflict) and the dispatch are written in one all-or-nothing
       // step, so a bad descriptor leaves no barrier behind and needs no separate check.
-      const acc = accessesOf(d.pipeline.contract, d.bindings);
-      const barrier = this.#dispatches > 0 && policy.conflicts(acc.reads, acc.writes);
+      const contract = d.pipeline.contract, bindings = d.bindings;
+      const barrier = this.#dispatches > 0 && policy.dispatchConflicts(contract, bindings);
       if (writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches, barrier)) {
         if (barrier) {
           this.#barrierIssued();
           counterState.autoBarriers++;
         } else counterState.autoConcurrent++;
-        policy.track(acc.reads, acc.writes);
+        policy.trackDispatch(contract, bindings);
         this.#dispatched(d);
         return;
       }
