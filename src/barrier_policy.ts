@@ -23,11 +23,20 @@ export interface GroupStats {
   readonly histogram: readonly number[];
 }
 
+const READ = 1, WRITE = 2;
+const EMPTY_F64 = new Float64Array(0);
+
 /** Auto-barrier decisions and group sizes. */
 export class BarrierPolicy {
   /** Whether dispatches are tracked and get a barrier exactly on conflict. */
   auto: boolean;
   readonly #group = new GroupAccesses();
+  // The ranges of the dispatch being encoded (stageDispatch), added to the group by trackStaged.
+  #stagedAlloc = EMPTY_F64;
+  #stagedStart = EMPTY_F64;
+  #stagedEnd = EMPTY_F64;
+  #stagedMode = new Uint8Array(0);
+  #staged = 0;
   #groupSize = 0;
   readonly #histogram: number[] = [];
 
@@ -72,48 +81,65 @@ export class BarrierPolicy {
   }
 
   /**
-   * Whether a dispatch of a kernel with this contract, bound to `bindings`, conflicts with the
-   * current group. The accesses are those of `accessesOf` (ranges.ts) — every bound buffer slot's
-   * exact range, read and/or written per the contract — taken straight from the bindings, with no
-   * range lists built. Throws InvalidArgument for a binding whose own `range()` is malformed.
+   * Takes the accesses of a dispatch of a kernel with this contract, bound to `bindings`, and says
+   * whether they conflict with the current group; {@link BarrierPolicy.trackStaged} then adds them
+   * (once the dispatch is written). The accesses are those of `accessesOf` (ranges.ts) — every bound
+   * buffer slot's exact range, read and/or written per the contract — read straight from the
+   * bindings in one walk, with no range lists built. Throws InvalidArgument for a binding whose own
+   * `range()` is malformed.
    */
-  dispatchConflicts(contract: KernelContract, bindings: readonly unknown[]): boolean {
-    const g = this.#group;
-    if (g.empty) return false;
-    const slots = contract.slots, n = Math.min(slots.length, bindings.length);
+  stageDispatch(contract: KernelContract, bindings: readonly unknown[]): boolean {
+    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
+    if (n > this.#stagedAlloc.length) this.#growStage(n);
+    const alloc = this.#stagedAlloc, start = this.#stagedStart, end = this.#stagedEnd, mode = this.#stagedMode;
+    const check = !g.empty;
+    let conflict = false, k = 0;
     for (let i = 0; i < n; i++) {
       const slot = slots[i];
       if (slot.kind !== "buffer") continue;
       const b = bindings[i];
-      let conflict: boolean;
-      // A write is checked against every byte the group touched, which covers the read check.
+      let a: number, s: number, e: number;
       if (b instanceof MlxBuffer) {
-        const start = b.byteOffset;
-        conflict = g.conflicts(b.allocId, start, start + b.byteLength, slot.access !== "read");
+        a = b.allocId;
+        s = b.byteOffset;
+        e = s + b.byteLength;
       } else if (isRanged(b)) {
         const r = rangeOf(b, contract, i);
-        conflict = g.conflicts(r[0], r[1], r[2], slot.access !== "read");
+        a = r[0];
+        s = r[1];
+        e = r[2];
       } else continue;
-      if (conflict) return true;
+      if (s === e) continue; // zero bytes touch nothing
+      const access = slot.access, m = access === "read" ? READ : access === "write" ? WRITE : READ | WRITE;
+      // A write is checked against every byte the group touched, which covers the read check.
+      if (check && !conflict) conflict = g.conflicts(a, s, e, m !== READ);
+      alloc[k] = a;
+      start[k] = s;
+      end[k] = e;
+      mode[k] = m;
+      k++;
     }
-    return false;
+    this.#staged = k;
+    return conflict;
   }
 
-  /** Adds a dispatch's accesses (as {@link BarrierPolicy.dispatchConflicts} derives them) to the current group. */
-  trackDispatch(contract: KernelContract, bindings: readonly unknown[]): void {
-    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
-    for (let i = 0; i < n; i++) {
-      const slot = slots[i];
-      if (slot.kind !== "buffer") continue;
-      const b = bindings[i], access = slot.access;
-      if (b instanceof MlxBuffer) {
-        const start = b.byteOffset;
-        g.add(b.allocId, start, start + b.byteLength, access !== "write", access !== "read");
-      } else if (isRanged(b)) {
-        const r = rangeOf(b, contract, i);
-        g.add(r[0], r[1], r[2], access !== "write", access !== "read");
-      }
+  /** Adds the accesses of the last {@link BarrierPolicy.stageDispatch} to the current group. */
+  trackStaged(): void {
+    const g = this.#group, alloc = this.#stagedAlloc, start = this.#stagedStart, end = this.#stagedEnd;
+    const mode = this.#stagedMode;
+    for (let k = 0; k < this.#staged; k++) {
+      const m = mode[k];
+      g.add(alloc[k], start[k], end[k], (m & READ) !== 0, (m & WRITE) !== 0);
     }
+    this.#staged = 0;
+  }
+
+  #growStage(n: number): void {
+    const cap = Math.max(2 * n, 16);
+    this.#stagedAlloc = new Float64Array(cap);
+    this.#stagedStart = new Float64Array(cap);
+    this.#stagedEnd = new Float64Array(cap);
+    this.#stagedMode = new Uint8Array(cap);
   }
 
   /** Forgets the tracked accesses (after a barrier every earlier write is visible): O(1). */

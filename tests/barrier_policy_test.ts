@@ -40,14 +40,14 @@ Deno.test("property: the policy's binding walk decides exactly as accessesOf + C
         const bindings = d.picks.map((k) => pool[k]);
         const acc = accessesOf(contract, bindings);
         const expected = reference.conflicts(acc.reads, acc.writes);
-        equal(policy.dispatchConflicts(contract, bindings), expected);
+        equal(policy.stageDispatch(contract, bindings), expected);
         equal(policy.conflicts(acc.reads, acc.writes), expected);
         if ((expected && d.resetOnConflict) || d.barrier === 0) {
           policy.forget();
           reference.reset();
         }
         if (d.barrier === 1) policy.track(acc.reads, acc.writes); // the list form records the same
-        else policy.trackDispatch(contract, bindings);
+        else policy.trackStaged();
         reference.add(acc.reads, acc.writes);
       }
     }),
@@ -66,6 +66,5 @@ Deno.test("a binding whose range() is malformed is refused, not treated as touch
   const bad = { range: () => [1, Number.NaN, 8] as unknown as MemRange };
   const isInvalid = (e: unknown) =>
     e instanceof MlxError && e.code === "InvalidArgument" && /k: slot 0 \(x\) range\(\).*NaN/.test(e.message);
-  throws(() => policy.dispatchConflicts(contract, [bad]), isInvalid);
-  throws(() => policy.trackDispatch(contract, [bad]), isInvalid);
+  throws(() => policy.stageDispatch(contract, [bad]), isInvalid);
 });

@@ -151,11 +151,17 @@ export class GroupAccesses {
    */
   conflicts(alloc: number, start: number, end: number, write: boolean): boolean {
     if (this.#allocs === 0 || start >= end) return false;
-    const slot = this.#slot(alloc);
-    if (this.#slots[slot * SLOT + EPOCH] !== this.#epoch) return false;
-    const k = slot * SLOT + (write ? TOUCHED : WRITTEN), slots = this.#slots, s = slots[k];
-    if (s !== SPILLED) return s < end && start < slots[k + 1];
-    return (write ? this.#spillTouched : this.#spillWritten)[slot]!.intersects(start, end);
+    const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
+    let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask, k = i * SLOT;
+    while (slots[k + KEY] !== alloc) { // probing ends at the first slot of an earlier group
+      if (slots[k + EPOCH] !== epoch) return false;
+      i = (i + 1) & mask;
+      k = i * SLOT;
+    }
+    if (slots[k + EPOCH] !== epoch) return false;
+    const f = k + (write ? TOUCHED : WRITTEN), s = slots[f];
+    if (s !== SPILLED) return s < end && start < slots[f + 1];
+    return (write ? this.#spillTouched : this.#spillWritten)[i]!.intersects(start, end);
   }
 
   /** Adds bytes [start, end) of allocation `alloc` to the group, as read and/or written. */
@@ -163,15 +169,17 @@ export class GroupAccesses {
     if (start >= end || !(read || write)) return; // touches nothing
     if (2 * (this.#allocs + 1) > this.#mask + 1) this.#rehash();
     const slot = this.#slot(alloc), slots = this.#slots, k = slot * SLOT;
-    if (slots[k + EPOCH] !== this.#epoch) {
+    if (slots[k + EPOCH] !== this.#epoch) { // claim the slot with this range
       slots[k + KEY] = alloc;
       slots[k + EPOCH] = this.#epoch;
-      slots[k + WRITTEN] =
-        slots[k + WRITTEN + 1] =
-        slots[k + TOUCHED] =
-        slots[k + TOUCHED + 1] =
-          0;
+      slots[k + TOUCHED] = start;
+      slots[k + TOUCHED + 1] = end;
+      if (write) {
+        slots[k + WRITTEN] = start;
+        slots[k + WRITTEN + 1] = end;
+      } else slots[k + WRITTEN] = slots[k + WRITTEN + 1] = 0;
       this.#allocs++;
+      return;
     }
     if (write) this.#addTo(slot, WRITTEN, start, end);
     this.#addTo(slot, TOUCHED, start, end);
