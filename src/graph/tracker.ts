@@ -36,6 +36,9 @@ function firstEndingFrom(set: Float64Array, count: number, s: number): number {
   return lo;
 }
 
+// Numbers moved element by element rather than with copyWithin when an interval is inserted.
+const SHORT_MOVE = 64;
+
 /**
  * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals. Testing
  * costs O(log k) for k intervals; adding O(log k) plus a memmove of the intervals after the new
@@ -86,7 +89,9 @@ export class ByteIntervals {
     while (j < count && set[2 * j] <= e) j++;
     if (j === i) { // touches nothing: insert at i
       if (n === set.length) set = this.#grow();
-      set.copyWithin(2 * i + 2, 2 * i, n);
+      if (n - 2 * i <= SHORT_MOVE) { // a loop beats copyWithin's call for a short move
+        for (let k = n - 1; k >= 2 * i; k--) set[k + 2] = set[k];
+      } else set.copyWithin(2 * i + 2, 2 * i, n);
       set[2 * i] = s;
       set[2 * i + 1] = e;
       this.#n = n + 2;
