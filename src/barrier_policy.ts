@@ -32,10 +32,9 @@ export class BarrierPolicy {
   auto: boolean;
   readonly #group = new GroupAccesses();
   // The ranges of the dispatch being encoded (stageDispatch), added to the group by trackStaged.
-  #stagedAlloc = EMPTY_F64;
-  #stagedStart = EMPTY_F64;
-  #stagedEnd = EMPTY_F64;
-  #stagedMode = new Uint8Array(0);
+  // Four numbers each (allocation, start, end, READ|WRITE) in one array: one typed array to create
+  // per encoder, on its first dispatch.
+  #stage = EMPTY_F64;
   #staged = 0;
   #groupSize = 0;
   readonly #histogram: number[] = [];
@@ -90,8 +89,9 @@ export class BarrierPolicy {
    */
   stageDispatch(contract: KernelContract, bindings: readonly unknown[]): boolean {
     const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
-    if (n > this.#stagedAlloc.length) this.#growStage(n);
-    const alloc = this.#stagedAlloc, start = this.#stagedStart, end = this.#stagedEnd, mode = this.#stagedMode;
+    if (4 * n > this.#stage.length) this.#stage = new Float64Array(4 * Math.max(2 * n, 8));
+    const stage = this.#stage;
+    this.#staged = 0; // nothing staged if a binding throws below
     const check = !g.empty;
     let conflict = false, k = 0;
     for (let i = 0; i < n; i++) {
@@ -113,11 +113,11 @@ export class BarrierPolicy {
       const access = slot.access, m = access === "read" ? READ : access === "write" ? WRITE : READ | WRITE;
       // A write is checked against every byte the group touched, which covers the read check.
       if (check && !conflict) conflict = g.conflicts(a, s, e, m !== READ);
-      alloc[k] = a;
-      start[k] = s;
-      end[k] = e;
-      mode[k] = m;
-      k++;
+      stage[k] = a;
+      stage[k + 1] = s;
+      stage[k + 2] = e;
+      stage[k + 3] = m;
+      k += 4;
     }
     this.#staged = k;
     return conflict;
@@ -125,21 +125,12 @@ export class BarrierPolicy {
 
   /** Adds the accesses of the last {@link BarrierPolicy.stageDispatch} to the current group. */
   trackStaged(): void {
-    const g = this.#group, alloc = this.#stagedAlloc, start = this.#stagedStart, end = this.#stagedEnd;
-    const mode = this.#stagedMode;
-    for (let k = 0; k < this.#staged; k++) {
-      const m = mode[k];
-      g.add(alloc[k], start[k], end[k], (m & READ) !== 0, (m & WRITE) !== 0);
+    const g = this.#group, stage = this.#stage;
+    for (let k = 0; k < this.#staged; k += 4) {
+      const m = stage[k + 3];
+      g.add(stage[k], stage[k + 1], stage[k + 2], (m & READ) !== 0, (m & WRITE) !== 0);
     }
     this.#staged = 0;
-  }
-
-  #growStage(n: number): void {
-    const cap = Math.max(2 * n, 16);
-    this.#stagedAlloc = new Float64Array(cap);
-    this.#stagedStart = new Float64Array(cap);
-    this.#stagedEnd = new Float64Array(cap);
-    this.#stagedMode = new Uint8Array(cap);
   }
 
   /** Forgets the tracked accesses (after a barrier every earlier write is visible): O(1). */
