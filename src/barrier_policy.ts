@@ -6,8 +6,10 @@
  * @module
  */
 
-import type { MemRange } from "./graph/ranges.ts";
-import { ConflictTracker } from "./graph/tracker.ts";
+import { MlxBuffer } from "./buffer.ts";
+import { checkRange, checkRanges, type MemRange, type RangedBinding } from "./graph/ranges.ts";
+import { GroupAccesses } from "./graph/tracker.ts";
+import type { KernelContract } from "./kernels.ts";
 
 /** Concurrent-group statistics of an encoder. */
 export interface GroupStats {
@@ -21,11 +23,19 @@ export interface GroupStats {
   readonly histogram: readonly number[];
 }
 
+const READ = 1, WRITE = 2;
+const EMPTY_F64 = new Float64Array(0);
+
 /** Auto-barrier decisions and group sizes. */
 export class BarrierPolicy {
   /** Whether dispatches are tracked and get a barrier exactly on conflict. */
   auto: boolean;
-  readonly #tracker = new ConflictTracker();
+  readonly #group = new GroupAccesses();
+  // The ranges of the dispatch being encoded (stageDispatch), added to the group by trackStaged.
+  // Four numbers each (allocation, start, end, READ|WRITE) in one array: one typed array to create
+  // per encoder, on its first dispatch.
+  #stage = EMPTY_F64;
+  #staged = 0;
   #groupSize = 0;
   readonly #histogram: number[] = [];
 
@@ -34,19 +44,98 @@ export class BarrierPolicy {
     this.auto = auto;
   }
 
-  /** Whether accesses conflict with the current group (so a barrier must come first). */
+  /**
+   * Whether accesses conflict with the current group (so a barrier must come first). Throws
+   * InvalidArgument for a malformed range.
+   */
   conflicts(reads: readonly MemRange[], writes: readonly MemRange[]): boolean {
-    return this.#tracker.conflicts(reads, writes);
+    checkRanges(reads, "barrier reads");
+    checkRanges(writes, "barrier writes");
+    const g = this.#group;
+    if (g.empty) return false;
+    for (let i = 0; i < reads.length; i++) {
+      const r = reads[i];
+      if (g.conflicts(r[0], r[1], r[2], false)) return true;
+    }
+    for (let i = 0; i < writes.length; i++) {
+      const r = writes[i];
+      if (g.conflicts(r[0], r[1], r[2], true)) return true;
+    }
+    return false;
   }
 
-  /** Adds accesses to the current group. */
+  /** Adds accesses to the current group. Throws InvalidArgument for a malformed range. */
   track(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    this.#tracker.add(reads, writes);
+    checkRanges(reads, "tracked reads");
+    checkRanges(writes, "tracked writes");
+    const g = this.#group;
+    for (let i = 0; i < reads.length; i++) {
+      const r = reads[i];
+      g.add(r[0], r[1], r[2], true, false);
+    }
+    for (let i = 0; i < writes.length; i++) {
+      const r = writes[i];
+      g.add(r[0], r[1], r[2], false, true);
+    }
   }
 
-  /** Forgets the tracked accesses (after a barrier every earlier write is visible). */
+  /**
+   * Takes the accesses of a dispatch of a kernel with this contract, bound to `bindings`, and says
+   * whether they conflict with the current group; {@link BarrierPolicy.trackStaged} then adds them
+   * (once the dispatch is written). The accesses are those of `accessesOf` (ranges.ts) — every bound
+   * buffer slot's exact range, read and/or written per the contract — read straight from the
+   * bindings in one walk, with no range lists built. Throws InvalidArgument for a binding whose own
+   * `range()` is malformed.
+   */
+  stageDispatch(contract: KernelContract, bindings: readonly unknown[]): boolean {
+    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
+    if (4 * n > this.#stage.length) this.#stage = new Float64Array(4 * Math.max(2 * n, 8));
+    const stage = this.#stage;
+    this.#staged = 0; // nothing staged if a binding throws below
+    const check = !g.empty;
+    let conflict = false, k = 0;
+    for (let i = 0; i < n; i++) {
+      const slot = slots[i];
+      if (slot.kind !== "buffer") continue;
+      const b = bindings[i];
+      let a: number, s: number, e: number;
+      if (b instanceof MlxBuffer) {
+        a = b.allocId;
+        s = b.byteOffset;
+        e = s + b.byteLength;
+      } else if (isRanged(b)) {
+        const r = rangeOf(b, contract, i);
+        a = r[0];
+        s = r[1];
+        e = r[2];
+      } else continue;
+      if (s === e) continue; // zero bytes touch nothing
+      const access = slot.access, m = access === "read" ? READ : access === "write" ? WRITE : READ | WRITE;
+      // A write is checked against every byte the group touched, which covers the read check.
+      if (check && !conflict) conflict = g.conflicts(a, s, e, m !== READ);
+      stage[k] = a;
+      stage[k + 1] = s;
+      stage[k + 2] = e;
+      stage[k + 3] = m;
+      k += 4;
+    }
+    this.#staged = k;
+    return conflict;
+  }
+
+  /** Adds the accesses of the last {@link BarrierPolicy.stageDispatch} to the current group. */
+  trackStaged(): void {
+    const g = this.#group, stage = this.#stage;
+    for (let k = 0; k < this.#staged; k += 4) {
+      const m = stage[k + 3];
+      g.add(stage[k], stage[k + 1], stage[k + 2], (m & READ) !== 0, (m & WRITE) !== 0);
+    }
+    this.#staged = 0;
+  }
+
+  /** Forgets the tracked accesses (after a barrier every earlier write is visible): O(1). */
   forget(): void {
-    this.#tracker.reset();
+    this.#group.reset();
   }
 
   /** Counts one dispatch into the current group. */
@@ -73,4 +162,15 @@ export class BarrierPolicy {
     const groups = h.reduce((a, b) => a + b, 0);
     return { dispatches, groups, meanGroupSize: groups > 0 ? dispatches / groups : 0, histogram: h };
   }
+}
+
+function isRanged(b: unknown): b is RangedBinding {
+  return typeof b === "object" && b !== null && typeof (b as RangedBinding).range === "function";
+}
+
+/** The range a non-MlxBuffer binding reports, checked (a malformed one would hide a race). */
+function rangeOf(b: RangedBinding, contract: KernelContract, slot: number): MemRange {
+  const r = b.range();
+  checkRange(r, `${contract.name}: slot ${slot} (${contract.slots[slot].name}) range()`);
+  return r;
 }

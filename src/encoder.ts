@@ -240,14 +240,13 @@ export class CommandEncoder {
     if (policy.auto && this.#capture === null && this.#log === null) {
       // The barrier (if the accesses conflict) and the dispatch are written in one all-or-nothing
       // step, so a bad descriptor leaves no barrier behind and needs no separate check.
-      const acc = accessesOf(d.pipeline.contract, d.bindings);
-      const barrier = this.#dispatches > 0 && policy.conflicts(acc.reads, acc.writes);
+      const barrier = policy.stageDispatch(d.pipeline.contract, d.bindings) && this.#dispatches > 0;
       if (writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches, barrier)) {
         if (barrier) {
           this.#barrierIssued();
           counterState.autoBarriers++;
         } else counterState.autoConcurrent++;
-        policy.track(acc.reads, acc.writes);
+        policy.trackStaged();
         this.#dispatched(d);
         return;
       }

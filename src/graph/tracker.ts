@@ -36,6 +36,9 @@ function firstEndingFrom(set: Float64Array, count: number, s: number): number {
   return lo;
 }
 
+// Numbers moved element by element rather than with copyWithin when an interval is inserted.
+const SHORT_MOVE = 64;
+
 /**
  * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals. Testing
  * costs O(log k) for k intervals; adding O(log k) plus a memmove of the intervals after the new
@@ -86,7 +89,9 @@ export class ByteIntervals {
     while (j < count && set[2 * j] <= e) j++;
     if (j === i) { // touches nothing: insert at i
       if (n === set.length) set = this.#grow();
-      set.copyWithin(2 * i + 2, 2 * i, n);
+      if (n - 2 * i <= SHORT_MOVE) { // a loop beats copyWithin's call for a short move
+        for (let k = n - 1; k >= 2 * i; k--) set[k + 2] = set[k];
+      } else set.copyWithin(2 * i + 2, 2 * i, n);
       set[2 * i] = s;
       set[2 * i + 1] = e;
       this.#n = n + 2;
@@ -116,6 +121,123 @@ const EMPTY_U8 = new Uint8Array(0);
 const SLOT = 6, KEY = 0, EPOCH = 1, WRITTEN = 2, TOUCHED = 4, SPILLED = -1;
 
 /**
+ * The bytes a concurrent group wrote and touched, per allocation, and the per-range conflict test
+ * of {@link conflictKind}'s rule: the table behind {@link ConflictTracker}, used directly on the
+ * encoder's hot path (no range lists, no recording order). Ranges are taken as valid — non-negative
+ * safe integers with start <= end, as `checkRange` in ranges.ts ensures and a buffer view's own
+ * range always is — and are not checked here.
+ */
+export class GroupAccesses {
+  // An open-addressing hash table (linear probing) whose slots carry the group (epoch) that claimed
+  // them, so a slot of an earlier group is empty and reset is O(1). Typed arrays are allocated on
+  // first use: one costs ~0.7 µs to create in Deno, and most encoders (no autoBarriers) never
+  // record a range.
+  #slots = EMPTY_F64;
+  #spillWritten: (ByteIntervals | undefined)[] = [];
+  #spillTouched: (ByteIntervals | undefined)[] = [];
+  #mask = -1;
+  #allocs = 0; // slots claimed by the current group
+  #epoch = 1;
+
+  /** Whether the group touched no byte yet. */
+  get empty(): boolean {
+    return this.#allocs === 0;
+  }
+
+  /** Forgets the group (after a barrier): O(1). */
+  reset(): void {
+    this.#allocs = 0;
+    this.#epoch++; // exact up to 2^53 groups
+  }
+
+  /**
+   * Whether reading bytes [start, end) of allocation `alloc` — or, with `write`, writing them —
+   * conflicts with the group: a read conflicts with a written byte, a write with any touched byte.
+   */
+  conflicts(alloc: number, start: number, end: number, write: boolean): boolean {
+    if (this.#allocs === 0 || start >= end) return false;
+    const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
+    let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask, k = i * SLOT;
+    while (slots[k + KEY] !== alloc) { // probing ends at the first slot of an earlier group
+      if (slots[k + EPOCH] !== epoch) return false;
+      i = (i + 1) & mask;
+      k = i * SLOT;
+    }
+    if (slots[k + EPOCH] !== epoch) return false;
+    const f = k + (write ? TOUCHED : WRITTEN), s = slots[f];
+    if (s !== SPILLED) return s < end && start < slots[f + 1];
+    return (write ? this.#spillTouched : this.#spillWritten)[i]!.intersects(start, end);
+  }
+
+  /** Adds bytes [start, end) of allocation `alloc` to the group, as read and/or written. */
+  add(alloc: number, start: number, end: number, read: boolean, write: boolean): void {
+    if (start >= end || !(read || write)) return; // touches nothing
+    if (2 * (this.#allocs + 1) > this.#mask + 1) this.#rehash();
+    const slot = this.#slot(alloc), slots = this.#slots, k = slot * SLOT;
+    if (slots[k + EPOCH] !== this.#epoch) { // claim the slot with this range
+      slots[k + KEY] = alloc;
+      slots[k + EPOCH] = this.#epoch;
+      slots[k + TOUCHED] = start;
+      slots[k + TOUCHED + 1] = end;
+      if (write) {
+        slots[k + WRITTEN] = start;
+        slots[k + WRITTEN + 1] = end;
+      } else slots[k + WRITTEN] = slots[k + WRITTEN + 1] = 0;
+      this.#allocs++;
+      return;
+    }
+    if (write) this.#addTo(slot, WRITTEN, start, end);
+    this.#addTo(slot, TOUCHED, start, end);
+  }
+
+  /** The slot of `alloc`: where it is, or the free slot where it would go. */
+  #slot(alloc: number): number {
+    const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
+    // Fibonacci hashing of the id's low 32 bits (ids are small counters).
+    let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask;
+    while (slots[i * SLOT + EPOCH] === epoch && slots[i * SLOT + KEY] !== alloc) i = (i + 1) & mask;
+    return i;
+  }
+
+  /** Adds [s, e) (non-empty) to the slot's written or touched bytes. */
+  #addTo(slot: number, field: number, s: number, e: number): void {
+    const slots = this.#slots, k = slot * SLOT + field, start = slots[k], end = slots[k + 1];
+    const spill = field === WRITTEN ? this.#spillWritten : this.#spillTouched;
+    if (start === SPILLED) spill[slot]!.add(s, e);
+    else if (start === end) { // empty
+      slots[k] = s;
+      slots[k + 1] = e;
+    } else if (s <= end && start <= e) { // overlaps or touches: still one interval
+      slots[k] = Math.min(start, s);
+      slots[k + 1] = Math.max(end, e);
+    } else {
+      const set = spill[slot] ??= new ByteIntervals();
+      set.clear();
+      set.add(start, end);
+      set.add(s, e);
+      slots[k] = SPILLED;
+    }
+  }
+
+  /** Doubles the table (at least 64 slots), keeping the current group's allocations. */
+  #rehash(): void {
+    const old = this.#slots, oldWritten = this.#spillWritten, oldTouched = this.#spillTouched;
+    const cap = Math.max(64, 2 * (this.#mask + 1));
+    this.#slots = new Float64Array(cap * SLOT);
+    this.#spillWritten = new Array(cap);
+    this.#spillTouched = new Array(cap);
+    this.#mask = cap - 1;
+    for (let j = 0; j < old.length / SLOT; j++) {
+      if (old[j * SLOT + EPOCH] !== this.#epoch) continue;
+      const i = this.#slot(old[j * SLOT + KEY]);
+      this.#slots.set(old.subarray(j * SLOT, j * SLOT + SLOT), i * SLOT);
+      this.#spillWritten[i] = oldWritten[j];
+      this.#spillTouched[i] = oldTouched[j];
+    }
+  }
+}
+
+/**
  * The ranges of one concurrent group.
  *
  * @example
@@ -128,16 +250,7 @@ const SLOT = 6, KEY = 0, EPOCH = 1, WRITTEN = 2, TOUCHED = 4, SPILLED = -1;
  * ```
  */
 export class ConflictTracker {
-  // The group's allocations: an open-addressing hash table (linear probing) whose slots carry the
-  // group (epoch) that claimed them, so a slot of an earlier group is empty and reset is O(1).
-  // Typed arrays are allocated on first use: one costs ~0.7 µs to create in Deno, and most encoders
-  // (no autoBarriers) never record a range.
-  #slots = EMPTY_F64;
-  #spillWritten: (ByteIntervals | undefined)[] = [];
-  #spillTouched: (ByteIntervals | undefined)[] = [];
-  #mask = -1;
-  #allocs = 0; // slots claimed by the current group
-  #epoch = 1;
+  readonly #group = new GroupAccesses();
   // Every recorded range in order, for conflictReason and size.
   #alloc = EMPTY_F64;
   #start = EMPTY_F64;
@@ -157,8 +270,7 @@ export class ConflictTracker {
   /** Forgets every range (after a barrier). */
   reset(): void {
     this.#n = 0;
-    this.#allocs = 0;
-    this.#epoch++; // exact up to 2^53 groups
+    this.#group.reset();
   }
 
   /**
@@ -208,103 +320,27 @@ export class ConflictTracker {
    * reads[i], 2·i + 1 for writes[i], -1 for none.
    */
   #firstConflict(reads: readonly MemRange[], writes: readonly MemRange[]): number {
-    if (this.#allocs === 0) return -1;
+    const g = this.#group;
+    if (g.empty) return -1;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i], slot = this.#slot(r[0]);
-      if (this.#claimed(slot) && this.#intersects(slot, WRITTEN, r[1], r[2])) return 2 * i;
+      const r = reads[i];
+      if (g.conflicts(r[0], r[1], r[2], false)) return 2 * i;
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i], slot = this.#slot(r[0]);
-      if (this.#claimed(slot) && this.#intersects(slot, TOUCHED, r[1], r[2])) return 2 * i + 1;
+      const r = writes[i];
+      if (g.conflicts(r[0], r[1], r[2], true)) return 2 * i + 1;
     }
     return -1;
   }
 
-  /** The slot of `alloc`: where it is, or the free slot where it would go. */
-  #slot(alloc: number): number {
-    const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
-    // Fibonacci hashing of the id's low 32 bits (ids are small counters).
-    let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask;
-    while (slots[i * SLOT + EPOCH] === epoch && slots[i * SLOT + KEY] !== alloc) i = (i + 1) & mask;
-    return i;
-  }
-
-  #claimed(slot: number): boolean {
-    return this.#slots[slot * SLOT + EPOCH] === this.#epoch;
-  }
-
-  /** Whether [s, e) shares a byte with the slot's written or touched bytes. */
-  #intersects(slot: number, field: number, s: number, e: number): boolean {
-    const k = slot * SLOT + field, start = this.#slots[k];
-    if (start !== SPILLED) return start < e && s < this.#slots[k + 1] && s < e;
-    return (field === WRITTEN ? this.#spillWritten : this.#spillTouched)[slot]!.intersects(s, e);
-  }
-
-  /** Adds [s, e) (non-empty) to the slot's written or touched bytes. */
-  #addTo(slot: number, field: number, s: number, e: number): void {
-    const slots = this.#slots, k = slot * SLOT + field, start = slots[k], end = slots[k + 1];
-    const spill = field === WRITTEN ? this.#spillWritten : this.#spillTouched;
-    if (start === SPILLED) spill[slot]!.add(s, e);
-    else if (start === end) { // empty
-      slots[k] = s;
-      slots[k + 1] = e;
-    } else if (s <= end && start <= e) { // overlaps or touches: still one interval
-      slots[k] = Math.min(start, s);
-      slots[k + 1] = Math.max(end, e);
-    } else {
-      const set = spill[slot] ??= new ByteIntervals();
-      set.clear();
-      set.add(start, end);
-      set.add(s, e);
-      slots[k] = SPILLED;
-    }
-  }
-
   #record(r: MemRange, isWrite: boolean): void {
-    this.#log(r, isWrite);
-    const s = r[1], e = r[2];
-    if (s === e) return; // touches nothing
-    if (2 * (this.#allocs + 1) > this.#mask + 1) this.#rehash();
-    const alloc = r[0], slot = this.#slot(alloc);
-    if (!this.#claimed(slot)) {
-      const slots = this.#slots, k = slot * SLOT;
-      slots[k + KEY] = alloc;
-      slots[k + EPOCH] = this.#epoch;
-      slots[k + WRITTEN] =
-        slots[k + WRITTEN + 1] =
-        slots[k + TOUCHED] =
-        slots[k + TOUCHED + 1] =
-          0;
-      this.#allocs++;
-    }
-    if (isWrite) this.#addTo(slot, WRITTEN, s, e);
-    this.#addTo(slot, TOUCHED, s, e);
-  }
-
-  /** Doubles the table (at least 64 slots), keeping the current group's allocations. */
-  #rehash(): void {
-    const old = this.#slots, oldWritten = this.#spillWritten, oldTouched = this.#spillTouched;
-    const cap = Math.max(64, 2 * (this.#mask + 1));
-    this.#slots = new Float64Array(cap * SLOT);
-    this.#spillWritten = new Array(cap);
-    this.#spillTouched = new Array(cap);
-    this.#mask = cap - 1;
-    for (let j = 0; j < old.length / SLOT; j++) {
-      if (old[j * SLOT + EPOCH] !== this.#epoch) continue;
-      const i = this.#slot(old[j * SLOT + KEY]);
-      this.#slots.set(old.subarray(j * SLOT, j * SLOT + SLOT), i * SLOT);
-      this.#spillWritten[i] = oldWritten[j];
-      this.#spillTouched[i] = oldTouched[j];
-    }
-  }
-
-  #log(r: MemRange, isWrite: boolean): void {
     if (this.#n === this.#alloc.length) this.#grow();
     const k = this.#n++;
     this.#alloc[k] = r[0];
     this.#start[k] = r[1];
     this.#end[k] = r[2];
     this.#write[k] = isWrite ? 1 : 0;
+    this.#group.add(r[0], r[1], r[2], !isWrite, isWrite);
   }
 
   #grow(): void {
