@@ -3,14 +3,16 @@
  * optimised command stream (fusion, reorder, barrier placement and the dual-buffer split are skipped)
  * and takes only its bindings from the new pass.
  *
- * The key (a pass's topology) is, per node in order: barrier, or dispatch with its pipeline, op
- * kind, dispatch kind, grid, threadgroup, threadgroup memory, per slot the bound buffer's allocation
- * and byte range (or the inline constants' byte length, or nothing), and its read and write ranges
- * when the user added any (otherwise they follow from the pipeline's contract and the bindings);
- * plus the finish options that shape the optimisation (fuse, reorder, dual buffer). Every decision
- * of the passes depends only on these, never on constant values, so a replay with new constants is
- * what a fresh optimisation would produce. What may differ between hits: the values of inline
- * constants, and which buffer object views a given allocation range.
+ * The key (a pass's topology) is, per node in order: barrier, or dispatch with its pipeline,
+ * dispatch kind, grid, threadgroup, threadgroup memory, per slot the bound buffer's allocation (its
+ * native handle, which names one live allocation) and byte range (or the inline constants' byte
+ * length, or nothing), its op kind where it differs from the contract's, and its read and write
+ * ranges when the user added any (otherwise they follow from the pipeline's contract and the
+ * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer). The
+ * first part is exactly the capture's stream words with the constants' values masked out. Every
+ * decision of the passes depends only on these, never on constant values, so a replay with new
+ * constants is what a fresh optimisation would produce. What may differ between hits: the values of
+ * inline constants, and which buffer object views a given allocation range.
  *
  * @module
  */
