@@ -10,7 +10,7 @@ import { MlxBuffer } from "./buffer.ts";
 import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
-import { CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
+import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
 import { BARRIER, type CapturedNode, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
@@ -253,16 +253,31 @@ export class CommandEncoder {
       this.#check(d); // says what is wrong
       throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
     }
-    if (policy.auto || this.#capture !== null || this.#log !== null) {
-      this.#check(d); // before any barrier or node: a bad descriptor changes nothing
+    const capture = this.#capture;
+    if (capture !== null) {
+      // Recorded as stream words, checked as they are written: a bad descriptor records nothing
+      // (and, with auto barriers, leaves no barrier node behind).
       let acc: Accesses | undefined;
+      let barrier = false;
       if (policy.auto) {
         acc = accessesOf(d.pipeline.contract, d.bindings);
-        this.#track(acc.reads, acc.writes, true);
+        barrier = capture.length > 0 && policy.conflicts(acc.reads, acc.writes);
       }
-      if (this.#capture !== null) {
-        this.#capture.dispatch(d, acc);
-        return;
+      if (!capture.dispatch(d, barrier)) {
+        this.#check(d); // says what is wrong
+        throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be recorded`);
+      }
+      if (acc !== undefined) {
+        if (barrier) policy.forget();
+        policy.track(acc.reads, acc.writes);
+      }
+      return;
+    }
+    if (policy.auto || this.#log !== null) {
+      this.#check(d); // before any barrier: a bad descriptor changes nothing
+      if (policy.auto) {
+        const acc = accessesOf(d.pipeline.contract, d.bindings);
+        this.#track(acc.reads, acc.writes, true);
       }
     }
     if (this.#writeDispatch(d)) {
@@ -472,10 +487,67 @@ export class CommandEncoder {
 
   /** Ends capture mode and returns the recorded nodes (null when not capturing). */
   takeCapture(): CapturedNode[] | null {
+    const capture = this.takeCompactCapture();
+    if (capture === null) return null;
+    const nodes = capture.nodes();
+    capture.release();
+    return nodes;
+  }
+
+  /** @internal Ends capture mode and returns the recorded pass in compact form (null when not capturing). */
+  takeCompactCapture(): Capture | null {
     const capture = this.#capture;
     this.#capture = null;
     this.#policy.forget();
     return capture ? capture.take() : null;
+  }
+
+  /**
+   * @internal Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
+   * `words`, cut only at `cuts` (step boundaries, ascending, the last one the end; no step is larger
+   * than a writer),
+   * holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier between each two),
+   * the last one on pipeline `lastPipeline`. Returns false, with nothing written, where the encoder
+   * needs per-dispatch bookkeeping (validation, profiling) or already holds work.
+   */
+  appendPlanRecords(
+    words: Uint32Array,
+    cuts: Int32Array,
+    dispatches: number,
+    groupSizes: Int32Array,
+    lastPipeline: number,
+  ): boolean {
+    if (this.#state !== "encoding") throw this.#notEncoding("appendPlanRecords");
+    if (
+      this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null || this.#capture !== null ||
+      this.#dispatches !== 0 || this.#pipeline !== 0
+    ) return false;
+    const w = this.#writer!;
+    const cap = w.words.length;
+    let from = 0;
+    for (let c = 0; c < cuts.length;) {
+      // the longest run of whole steps that fits the writer (one step always does)
+      let to = from;
+      while (c < cuts.length && cuts[c] - from <= cap) to = cuts[c++];
+      if (to === from) continue;
+      w.reserve(to - from);
+      w.words.set(words.subarray(from, to), w.pos);
+      w.pos += to - from;
+      from = to;
+    }
+    const policy = this.#policy;
+    for (let g = 0; g < groupSizes.length; g++) {
+      if (g > 0) {
+        this.#barriers++;
+        policy.endGroup();
+      }
+      for (let k = groupSizes[g]; k > 0; k--) policy.dispatched();
+    }
+    this.#dispatches = dispatches;
+    this.#pipeline = lastPipeline;
+    counterState.dispatches += dispatches;
+    counterState.barriers += groupSizes.length > 0 ? groupSizes.length - 1 : 0;
+    return true;
   }
 
   /** Sets the op kind of the next captured dispatch. */
@@ -648,6 +720,8 @@ export class CommandEncoder {
    */
   dispose(): void {
     if (this.#state === "disposed") return;
+    this.#capture?.discard();
+    this.#capture = null;
     if (this.#state === "encoding") {
       const w = this.#writer!;
       w.attach(undefined);

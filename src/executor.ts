@@ -12,12 +12,16 @@ import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
 import { ComputeGraph, type GraphEncodeTarget } from "./graph/compute_graph.ts";
+import type { Capture } from "./capture_recorder.ts";
 import {
   type CachedPlan,
   Fingerprint,
+  patchConstants,
   PlanCache,
   planDescriptor,
   PlanRecorder,
+  type PlanRecords,
+  RecordsBuilder,
   replaySteps,
 } from "./graph/plan_cache.ts";
 import type { KernelRegistry } from "./kernels.ts";
@@ -357,8 +361,16 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
    * All or nothing: a failure commits nothing (the caller disposes `enc`).
    */
   #commitRecorded(enc: CommandEncoder, options: FinishOptions, label: string): RecordedCommit {
+    const capture = enc.takeCompactCapture()!;
+    try {
+      return this.#encodeRecorded(enc, capture, options, label);
+    } finally {
+      capture.release();
+    }
+  }
+
+  #encodeRecorded(enc: CommandEncoder, capture: Capture, options: FinishOptions, label: string): RecordedCommit {
     const exec = this.#exec;
-    const nodes = enc.takeCapture() ?? [];
     enc.autoBarriers = false; // the graph carries its barriers (or they are recomputed)
     const fuse = (options.fuse ?? false) && exec.options.fusion;
     const reorder = (options.reorder ?? false) && exec.options.reorder;
@@ -367,18 +379,41 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     let plan: CachedPlan | undefined;
     const fp = exec.fingerprint;
     if (cache !== null) {
-      fp.compute(nodes, (fuse ? 1 : 0) | (reorder ? 2 : 0) | (dual ? 4 : 0));
+      fp.compute(capture, (fuse ? 1 : 0) | (reorder ? 2 : 0) | (dual ? 4 : 0));
       plan = cache.lookup(fp);
       if (plan) counterState.planCacheHits++;
       else counterState.planCacheMisses++;
     }
+    // A hit on a one-buffer plan: copy its records with this pass's constants (no graph is built).
+    if (plan !== undefined && plan.records !== null && !dual) {
+      const buffers = capture.buffers;
+      for (let i = 0; i < buffers.length; i++) {
+        if (buffers[i].rawHandle === 0) {
+          throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i].allocId}) was disposed`);
+        }
+      }
+      const r = plan.records;
+      patchConstants(r, capture);
+      if (!enc.appendPlanRecords(r.words, r.cuts, r.dispatches, r.groupSizes, r.lastPipeline)) {
+        replaySteps(plan, capture.nodes(), enc, 0, plan.steps.length);
+      }
+      enc.commit(label);
+      return {
+        encoders: [enc],
+        barriers: [...plan.barriers],
+        fusions: plan.fusions,
+        reordered: plan.reordered,
+        planCache: "hit",
+      };
+    }
+    const nodes = capture.nodes();
     const recorder = cache !== null && plan === undefined ? new PlanRecorder(nodes) : null;
-    const first: GraphEncodeTarget = recorder ? recorder.wrap(enc) : enc;
     // With validation on, both command buffers are validated before either is committed.
     const deferFirst = this.#validate;
     let barriers: number[];
     let encoders: CommandEncoder[];
     let fusions = 0, reordered = 0;
+    let records: PlanRecords | null = null;
     if (!dual) {
       if (plan) {
         replaySteps(plan, nodes, enc, 0, plan.steps.length);
@@ -387,7 +422,24 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
         const graph = new ComputeGraph(nodes);
         if (fuse) fusions = graph.fuse(this.#registry);
         if (reorder) reordered = graph.reorder();
-        barriers = [reorder ? graph.encodeWithBarriers(first) : graph.encodeSequential(first)];
+        if (recorder !== null) {
+          // Encoded once into plan records, which the encoder then takes by copying, as on a hit.
+          const builder = new RecordsBuilder((p) => enc.resolvePipeline(p), (d) => enc.checkDispatch(d));
+          const target = recorder.wrap(builder);
+          barriers = [reorder ? graph.encodeWithBarriers(target) : graph.encodeSequential(target)];
+          records = recorder.traceable ? builder.finish(recorder.steps, capture) : null;
+          const appended = records !== null &&
+            enc.appendPlanRecords(
+              records.words,
+              records.cuts,
+              records.dispatches,
+              records.groupSizes,
+              records.lastPipeline,
+            );
+          if (!appended) replaySteps(recorder, nodes, enc, 0, recorder.steps.length);
+        } else {
+          barriers = [reorder ? graph.encodeWithBarriers(enc) : graph.encodeSequential(enc)];
+        }
       }
       enc.commit(label);
       encoders = [enc];
@@ -442,6 +494,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
         barriers,
         fusions,
         reordered,
+        records,
       });
     }
     return { encoders, barriers, fusions, reordered, planCache: cache === null ? "off" : plan ? "hit" : "miss" };

@@ -219,3 +219,73 @@ Deno.test("plan cache: counters, LRU eviction, the switch, and option checks", (
   throws(() => new GraphExecutor(device, { planCacheSize: -1 }), (e) => e instanceof MlxError);
   throws(() => new GraphExecutor(device, { planCacheSize: 1.5 }), (e) => e instanceof MlxError);
 });
+
+Deno.test("plan cache hit: counters, groups and outputs equal a fresh optimisation's, with and without validation", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  using a = device.upload(new Float32Array(64).fill(1)), b = device.upload(new Float32Array(64).fill(2));
+  using wide = device.alloc(64 * 4 * 6, DType.F32);
+  const slices = Array.from({ length: 6 }, (_, i) => wide.slice(i * 256, 256));
+  // Three independent dispatches, then a chain that needs barriers (RAW on slices[0]).
+  const pass = (exec: GraphExecutor, alpha: number) => {
+    wide.write(new Float32Array(64 * 6));
+    using s = exec.beginRecorded();
+    for (let i = 0; i < 3; i++) s.axpby(a, b, slices[i], { alpha: alpha + i, beta: 1 });
+    s.elementwiseAdd(slices[0], a, slices[3]);
+    s.elementwiseMul(slices[3], b, slices[4]);
+    const before = counters.snapshot();
+    const report = s.finish({ fuse: true, reorder: true });
+    const after = counters.snapshot();
+    return {
+      outcome: report.planCache,
+      report: stripTimes(report),
+      dispatches: after.dispatches - before.dispatches,
+      barriers: after.barriers - before.barriers,
+      bytes: wide.readBytes(),
+    };
+  };
+  for (const validate of [false, true]) {
+    const cached = new GraphExecutor(device, { validate }), fresh = new GraphExecutor(device, { planCache: false });
+    equal(pass(cached, 1).outcome, "miss");
+    for (const alpha of [2, 5]) {
+      const hit = pass(cached, alpha), reference = pass(fresh, alpha);
+      equal(hit.outcome, "hit");
+      deepStrictEqual({ ...hit, outcome: "" }, { ...reference, outcome: "" }, `validate ${validate}, alpha ${alpha}`);
+      deepStrictEqual(hit.report.barriers, [2]);
+    }
+  }
+});
+
+Deno.test("plan cache hit: constants are those at dispatch time; a buffer disposed before finish is refused", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  const add = device.kernels.get("elementwise_add_f32");
+  using a = device.upload(new Float32Array(8).fill(1)), out = device.alloc(32, DType.F32);
+  const pass = (n: number, victim?: MlxBuffer, disposeIt = false) => {
+    using s = exec.beginRecorded();
+    const params = [n];
+    s.dispatch({
+      pipeline: add,
+      bindings: [a, victim ?? a, out, params],
+      grid: 8,
+      threadgroup: 8,
+      dispatchKind: "threads",
+    });
+    params[0] = 8; // later edits of the caller's array change nothing
+    if (disposeIt) victim!.dispose();
+    return s.finish({ reorder: true }).planCache;
+  };
+  out.write(new Float32Array(8));
+  equal(pass(2), "miss");
+  deepStrictEqual(Array.from(out.read() as Float32Array), [2, 2, 0, 0, 0, 0, 0, 0]);
+  out.write(new Float32Array(8));
+  equal(pass(4), "hit");
+  deepStrictEqual(Array.from(out.read() as Float32Array), [2, 2, 2, 2, 0, 0, 0, 0]);
+  const victim = device.upload(new Float32Array(8).fill(1));
+  equal(pass(2, victim), "miss"); // its topology, cached
+  throws(() => pass(2, victim, true), (e) => e instanceof MlxError && e.code === "Disposed");
+  out.write(new Float32Array(8));
+  equal(pass(3), "hit", "the refused pass left the cache and the device usable");
+  deepStrictEqual(Array.from(out.read() as Float32Array), [2, 2, 2, 0, 0, 0, 0, 0]);
+});

@@ -3,25 +3,30 @@
  * optimised command stream (fusion, reorder, barrier placement and the dual-buffer split are skipped)
  * and takes only its bindings from the new pass.
  *
- * The key (a pass's topology) is, per node in order: barrier, or dispatch with its pipeline, op
- * kind, dispatch kind, grid, threadgroup, threadgroup memory, per slot the bound buffer's allocation
- * and byte range (or the inline constants' byte length, or nothing), and its read and write ranges
- * when the user added any (otherwise they follow from the pipeline's contract and the bindings);
- * plus the finish options that shape the optimisation (fuse, reorder, dual buffer). Every decision
- * of the passes depends only on these, never on constant values, so a replay with new constants is
- * what a fresh optimisation would produce. What may differ between hits: the values of inline
- * constants, and which buffer object views a given allocation range.
+ * The key (a pass's topology) is, per node in order: barrier, or dispatch with its pipeline,
+ * dispatch kind, grid, threadgroup, threadgroup memory, per slot the bound buffer's allocation (its
+ * native handle, which names one live allocation) and byte range (or the inline constants' byte
+ * length, or nothing), its op kind where it differs from the contract's, and its read and write
+ * ranges when the user added any (otherwise they follow from the pipeline's contract and the
+ * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer). The
+ * first part is exactly the capture's stream words with the constants' values masked out. Every
+ * decision of the passes depends only on these, never on constant values, so a replay with new
+ * constants is what a fresh optimisation would produce. What may differ between hits: the values of
+ * inline constants, and which buffer object views a given allocation range.
  *
  * @module
  */
 
-import type { MlxBuffer } from "../buffer.ts";
+import type { Capture } from "../capture_recorder.ts";
+import { writeDispatch } from "../dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "../encoder.ts";
+import { MlxError } from "../errors.ts";
 import type { Pipeline } from "../kernels.ts";
-import { type MarkedNode, USER_RANGES } from "../capture_recorder.ts";
+import { Op } from "../native/abi.ts";
+import { StreamWriter } from "../native/stream.ts";
 import type { GraphEncodeTarget } from "./compute_graph.ts";
-import type { CapturedNode } from "./nodes.ts";
-import type { MemRange, RangedBinding } from "./ranges.ts";
+import type { CapturedNode, PipelineRef } from "./nodes.ts";
+import type { MemRange } from "./ranges.ts";
 
 /** One dispatch of a cached plan: its geometry, and where each binding comes from in a new pass. */
 export interface PlanDispatch {
@@ -58,6 +63,27 @@ export interface CachedPlan {
   readonly fusions: number;
   /** Nodes the reorder pass moved. */
   readonly reordered: number;
+  /** The optimised stream itself, for a one-buffer pass whose every binding was traced (else null). */
+  readonly records: PlanRecords | null;
+}
+
+/**
+ * A one-buffer plan's stream words as the encoder would write them, replayed by copying: only the
+ * inline constants are patched from the new pass's capture (bindings are part of the key).
+ */
+export interface PlanRecords {
+  /** The stream words. */
+  readonly words: Uint32Array;
+  /** Where each step (dispatch or barrier) ends, in words. */
+  readonly cuts: Int32Array;
+  /** Triples (word in `words`, word in the capture, count): where each constant's value comes from. */
+  readonly patches: Int32Array;
+  /** Dispatches per concurrent group (a barrier between each two). */
+  readonly groupSizes: Int32Array;
+  /** Dispatches. */
+  readonly dispatches: number;
+  /** Pipeline handle of the last dispatch. */
+  readonly lastPipeline: number;
 }
 
 /** Where a plan's dispatches and barriers go: a CommandEncoder. */
@@ -70,97 +96,98 @@ export interface PlanTarget {
 
 const MAX_SLOTS = 256;
 
+const OP_MASK = 0xff;
+const LEN_SHIFT = 16;
+
 /**
- * Builds a pass's topology key as numbers in a reusable typed array, and its hash. Strings (kernel
- * and op kind names) are interned to small integers.
+ * A recorded pass's topology key: the capture's stream words (pipeline, buffer handle and byte
+ * range per slot, inline-constant byte lengths, threadgroup memory, geometry, barriers) with the
+ * inline constants' values left out, plus, as numbers in a reusable array, the finish flags, the op
+ * kinds that differ from their contracts' and the ranges the user added. Strings are interned.
  */
 export class Fingerprint {
-  #words = new Float64Array(1024);
+  #extra = new Float64Array(64);
   #len = 0;
   #hash = 0;
+  #capture: Capture | null = null;
   readonly #names = new Map<string, number>();
 
-  /** Numbers written. */
+  /** Extra numbers written. */
   get length(): number {
     return this.#len;
   }
 
-  /** 32-bit hash of the numbers. */
+  /** 32-bit hash of the key. */
   get hash(): number {
     return this.#hash;
   }
 
-  /** The numbers (a view; copy to keep). */
+  /** The extra numbers (a view; copy to keep). */
   view(): Float64Array {
-    return this.#words.subarray(0, this.#len);
+    return this.#extra.subarray(0, this.#len);
+  }
+
+  /** The capture last fingerprinted. */
+  get capture(): Capture {
+    return this.#capture!;
+  }
+
+  /** Fingerprints `capture` under `flags` (the finish options that shape the optimisation). */
+  compute(capture: Capture, flags: number): void {
+    this.#capture = capture;
+    this.#len = 0;
+    this.#push(flags);
+    this.#push(capture.nodeCount);
+    for (const [i, kind] of capture.opKinds) {
+      this.#push(i);
+      this.#push(this.#intern(kind));
+    }
+    this.#push(-1);
+    for (const [i, n] of capture.annotated) {
+      this.#push(i);
+      this.#push(this.#intern(n.opKind));
+      this.#ranges(n.reads);
+      this.#ranges(n.writes);
+    }
+    // The hash covers the shape only (sizes and extra numbers): equal keys are then told apart by
+    // one exact comparison, which needs no walk over the records.
+    let h = 0x811c9dc5;
+    h = Math.imul(h ^ capture.length, 0x01000193);
+    for (let i = 0; i < this.#len; i++) h = Math.imul(h ^ (this.#extra[i] | 0), 0x01000193);
+    this.#hash = h;
   }
 
   /**
-   * Fingerprints `nodes` (as captured by a session: accesses are listed only for nodes marked
-   * USER_RANGES, the others' follow from pipeline and bindings) under `flags` (the finish options
-   * that shape the optimisation).
+   * Whether the stored key is the last computation's: its extra numbers, and its capture words
+   * `stored` equal to the new capture's wherever `constants` (1 per inline-constant value word of
+   * `stored`) is 0. Sound without parsing the new words: equal headers from the first word on make
+   * every record the same length, so the constant values lie at the same places in both.
    */
-  compute(nodes: readonly CapturedNode[], flags: number): void {
-    this.#len = 0;
-    this.#push(flags);
-    for (let i = 0; i < nodes.length; i++) {
-      const n = nodes[i];
-      if (n.kind !== "dispatch") {
-        this.#push(-1);
-        continue;
-      }
-      this.#push(this.#intern(n.pipeline.name));
-      this.#push(this.#intern(n.opKind));
-      this.#push(n.dispatchKind === "threads" ? 1 : 0);
-      this.#dims(n.grid);
-      this.#dims(n.threadgroup);
-      this.#push(n.threadgroupMemory ?? 0);
-      const b = n.bindings;
-      if (b === undefined) this.#push(-1);
-      else {
-        this.#push(b.length);
-        for (let s = 0; s < b.length; s++) this.#binding(b[s]);
-      }
-      if ((n as MarkedNode)[USER_RANGES] === true) {
-        this.#push(1);
-        this.#ranges(n.reads);
-        this.#ranges(n.writes);
-      } else this.#push(0); // derived from the pipeline and binding ranges above
-    }
-    this.#rehash();
-  }
-
-  /** Whether `other` holds exactly the numbers of the last computation. */
-  equals(other: Float64Array): boolean {
+  equals(stored: Uint32Array, constants: Uint8Array, extra: Float64Array): boolean {
     const n = this.#len;
-    if (other.length !== n) return false;
-    const w = this.#words;
-    for (let i = 0; i < n; i++) if (w[i] !== other[i]) return false;
-    return true;
-  }
-
-  #binding(b: Binding): void {
-    if (b === undefined) this.#push(0);
-    else if (Array.isArray(b)) {
-      this.#push(2);
-      this.#push(b.length * 4);
-    } else if (b instanceof Uint8Array || b instanceof Uint32Array) {
-      this.#push(2);
-      this.#push(b.byteLength);
-    } else {
-      this.#push(1);
-      const m = b as MlxBuffer;
-      if (typeof m.allocId === "number") { // read the fields: range() would allocate
-        this.#push(m.allocId);
-        this.#push(m.byteOffset);
-        this.#push(m.byteOffset + m.byteLength);
-      } else {
-        const r = (b as RangedBinding).range();
-        this.#push(r[0]);
-        this.#push(r[1]);
-        this.#push(r[2]);
+    if (extra.length !== n) return false;
+    const x = this.#extra;
+    for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
+    const c = this.#capture!, length = stored.length;
+    if (c.length !== length) return false;
+    // Two words at a time as doubles; a pair that differs, is NaN or is ±0 is checked word by word.
+    const w = c.words, pairs = length >>> 1;
+    const a = new Float64Array(w.buffer, w.byteOffset, pairs);
+    const b = new Float64Array(stored.buffer, stored.byteOffset, pairs);
+    for (let i = 0; i < pairs; i++) {
+      const x = a[i];
+      if (x !== b[i] || x === 0) {
+        const k = 2 * i;
+        if ((w[k] !== stored[k] && constants[k] === 0) || (w[k + 1] !== stored[k + 1] && constants[k + 1] === 0)) {
+          return false;
+        }
       }
     }
+    if (length & 1) {
+      const k = length - 1;
+      if (w[k] !== stored[k] && constants[k] === 0) return false;
+    }
+    return true;
   }
 
   #ranges(list: readonly MemRange[]): void {
@@ -173,22 +200,6 @@ export class Fingerprint {
     }
   }
 
-  #dims(d: Dims | undefined): void {
-    if (d === undefined) {
-      this.#push(-1);
-      return;
-    }
-    if (typeof d === "number") {
-      this.#push(d);
-      this.#push(1);
-      this.#push(1);
-      return;
-    }
-    this.#push(d.length > 0 ? d[0] : 1);
-    this.#push(d.length > 1 ? d[1] : 1);
-    this.#push(d.length > 2 ? d[2] : 1);
-  }
-
   #intern(name: string): number {
     let id = this.#names.get(name);
     if (id === undefined) {
@@ -199,26 +210,31 @@ export class Fingerprint {
   }
 
   #push(v: number): void {
-    if (this.#len === this.#words.length) {
-      const w = new Float64Array(this.#words.length * 2);
-      w.set(this.#words);
-      this.#words = w;
+    if (this.#len === this.#extra.length) {
+      const w = new Float64Array(this.#extra.length * 2);
+      w.set(this.#extra);
+      this.#extra = w;
     }
-    this.#words[this.#len++] = v;
-  }
-
-  /** FNV-1a over the numbers' bytes, read as 32-bit words (one tight loop after the writes). */
-  #rehash(): void {
-    const ints = new Int32Array(this.#words.buffer, 0, this.#len * 2);
-    let h = 0x811c9dc5;
-    for (let i = 0; i < ints.length; i++) h = Math.imul(h ^ ints[i], 0x01000193);
-    this.#hash = h;
+    this.#extra[this.#len++] = v;
   }
 }
 
 interface Entry {
-  readonly key: Float64Array;
+  readonly words: Uint32Array;
+  readonly constants: Uint8Array;
+  readonly extra: Float64Array;
   readonly plan: CachedPlan;
+}
+
+/** 1 for each word of `words` (whole records) that holds an inline constant's value. */
+function constantWords(words: Uint32Array): Uint8Array {
+  const mask = new Uint8Array(words.length);
+  for (let at = 0; at < words.length;) {
+    const h = words[at], len = h >>> LEN_SHIFT;
+    if ((h & OP_MASK) === Op.SET_BYTES) mask.fill(1, at + 2, at + len);
+    at += len;
+  }
+  return mask;
 }
 
 /** Hit and miss counts of a cache. */
@@ -267,7 +283,7 @@ export class PlanCache {
     const list = this.#byHash.get(fp.hash);
     if (list !== undefined) {
       for (const e of list) {
-        if (!fp.equals(e.key)) continue;
+        if (!fp.equals(e.words, e.constants, e.extra)) continue;
         this.#lru.delete(e);
         this.#lru.set(e, fp.hash);
         this.#hits++;
@@ -281,7 +297,9 @@ export class PlanCache {
   /** @internal Stores a plan for the fingerprinted topology, evicting the least recently used beyond capacity. */
   store(fp: Fingerprint, plan: CachedPlan): void {
     if (this.capacity === 0) return;
-    const e: Entry = { key: fp.view().slice(), plan };
+    const c = fp.capture;
+    const words = c.words.slice(0, c.length);
+    const e: Entry = { words, constants: constantWords(words), extra: fp.view().slice(), plan };
     const list = this.#byHash.get(fp.hash);
     if (list) list.push(e);
     else this.#byHash.set(fp.hash, [e]);
@@ -407,7 +425,7 @@ export function planDescriptor(step: PlanDispatch, nodes: readonly CapturedNode[
 
 /** Issues steps [from, to) of a plan into `target` with the bindings of `nodes`. */
 export function replaySteps(
-  plan: CachedPlan,
+  plan: Pick<CachedPlan, "steps">,
   nodes: readonly CapturedNode[],
   target: PlanTarget,
   from: number,
@@ -418,5 +436,119 @@ export function replaySteps(
     const st = steps[i];
     if (st === BARRIER_STEP) target.memoryBarrier();
     else target.dispatch(planDescriptor(st, nodes));
+  }
+}
+
+/**
+ * A graph encode target that writes the stream words an encoder would write (one command buffer,
+ * first dispatch tagged 0), so that they can be cached and replayed by copying.
+ */
+export class RecordsBuilder implements GraphEncodeTarget {
+  readonly #writer = new StreamWriter();
+  #store = new Uint32Array(4096);
+  #stored = 0;
+  #pipeline = 0;
+  #dispatches = 0;
+  #groupSize = 0;
+  readonly #groups: number[] = [];
+  readonly #cuts: number[] = [];
+  readonly #resolve: (ref: PipelineRef) => Pipeline;
+  readonly #check: (d: DispatchDescriptor) => void;
+
+  /** A builder resolving pipelines with `resolve`; `check` throws what is wrong with a descriptor. */
+  constructor(resolve: (ref: PipelineRef) => Pipeline, check: (d: DispatchDescriptor) => void) {
+    this.#resolve = resolve;
+    this.#check = check;
+    this.#writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
+  }
+
+  /** Writes one dispatch. */
+  dispatch(d: DispatchDescriptor): void {
+    const w = this.#writer;
+    if (!writeDispatch(w, d, this.#pipeline, this.#dispatches)) {
+      this.#check(d);
+      throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
+    }
+    this.#pipeline = d.pipeline.handle;
+    this.#dispatches++;
+    this.#groupSize++;
+    this.#cuts.push(this.#stored + w.pos);
+  }
+
+  /** Writes a barrier (none before the first dispatch, as an encoder does). */
+  memoryBarrier(): void {
+    const w = this.#writer;
+    if (this.#dispatches > 0) {
+      w.reserve(1);
+      w.barrier();
+      this.#groups.push(this.#groupSize);
+      this.#groupSize = 0;
+    }
+    this.#cuts.push(this.#stored + w.pos);
+  }
+
+  /** Not supported: a cached stream is one command buffer. */
+  commit(): void {
+    throw new MlxError("InvalidState", "a plan's records are one command buffer");
+  }
+
+  /** Resolves a pipeline reference. */
+  resolvePipeline(ref: PipelineRef): Pipeline {
+    return this.#resolve(ref);
+  }
+
+  /**
+   * The records, with the constants of each step traced to `capture` through the plan `steps` (the
+   * same dispatches, recorded by a PlanRecorder); null when a constant cannot be traced.
+   */
+  finish(steps: readonly (PlanDispatch | null)[], capture: Capture): PlanRecords | null {
+    this.#writer.flush();
+    const words = this.#store.slice(0, this.#stored);
+    const cuts = Int32Array.from(this.#cuts);
+    if (cuts.length !== steps.length) return null;
+    const patches: number[] = [];
+    for (let k = 0; k < steps.length; k++) {
+      const st = steps[k];
+      if (st === null) continue;
+      for (let at = k > 0 ? cuts[k - 1] : 0, end = cuts[k]; at < end;) {
+        const h = words[at], len = h >>> LEN_SHIFT;
+        if ((h & OP_MASK) === Op.SET_BYTES) {
+          const src = st.sources[(h >>> 8) & OP_MASK];
+          if (src === undefined || src < 0) return null;
+          const from = capture.constantOffset((src / MAX_SLOTS) | 0, src % MAX_SLOTS);
+          if (from < 0 || capture.words[from] >>> LEN_SHIFT !== len) return null;
+          patches.push(at + 2, from + 2, len - 2);
+        }
+        at += len;
+      }
+    }
+    return {
+      words,
+      cuts,
+      patches: Int32Array.from(patches),
+      groupSizes: Int32Array.from([...this.#groups, this.#groupSize]),
+      dispatches: this.#dispatches,
+      lastPipeline: this.#pipeline,
+    };
+  }
+
+  #spill(n: number): void {
+    let s = this.#store;
+    if (this.#stored + n > s.length) {
+      const g = new Uint32Array(Math.max(s.length * 2, this.#stored + n));
+      g.set(s.subarray(0, this.#stored));
+      this.#store = s = g;
+    }
+    s.set(this.#writer.words.subarray(0, n), this.#stored);
+    this.#stored += n;
+  }
+}
+
+/** Writes the values of the capture's inline constants into a plan's records. */
+export function patchConstants(records: PlanRecords, capture: Capture): void {
+  const t = records.words, src = capture.words, p = records.patches;
+  for (let i = 0; i < p.length; i += 3) {
+    const d = p[i], s = p[i + 1], n = p[i + 2];
+    for (let k = 0; k < n; k++) t[d + k] = src[s + k];
   }
 }
