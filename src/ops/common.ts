@@ -48,6 +48,49 @@ export function groupsDescriptor(bindings: Binding[]): ReusedDescriptor {
   return { pipeline: null, bindings, grid: 1, threadgroup: 1, threadgroupMemory: 0, dispatchKind: "threadgroups" };
 }
 
+/** The kernels of a family with one variant per float storage type, referenced once at module load. */
+export interface FloatKernels {
+  /** The op's name in messages. */
+  readonly op: string;
+  /** The f32 variant. */
+  readonly f32: KernelRef;
+  /** The f16 variant. */
+  readonly f16: KernelRef;
+  /** The bf16 variant. */
+  readonly bf16: KernelRef;
+}
+
+/** The family `${prefix}_f32`, `_f16`, `_bf16`, named `op` in messages. */
+export function floatKernels(op: string, prefix: string): FloatKernels {
+  return Object.freeze({
+    op,
+    f32: kernelRef(`${prefix}_f32`),
+    f16: kernelRef(`${prefix}_f16`),
+    bf16: kernelRef(`${prefix}_bf16`),
+  });
+}
+
+/** The variant of `kernels` for `dtype`; throws InvalidArgument for a dtype the family lacks. */
+export function floatKernel(kernels: FloatKernels, dtype: DType): KernelRef {
+  switch (dtype) {
+    case "f32":
+      return kernels.f32;
+    case "f16":
+      return kernels.f16;
+    case "bf16":
+      return kernels.bf16;
+  }
+  throw new MlxError(
+    "InvalidArgument",
+    `${kernels.op}: dtype ${dtype} is not supported (use f32, f16, bf16)`,
+  );
+}
+
+/** Elements `buf` holds (MlxBuffer#length without the keyed dtype lookup). */
+export function elementsOf(buf: MlxBuffer): number {
+  return Math.floor(buf.byteLength / elementBytes(buf.dtype));
+}
+
 /** Kernel references `${prefix}_${dtype}` for each dtype, made once. */
 export function refsByDType(prefix: string, dtypes: readonly string[]): Record<string, KernelRef> {
   return Object.fromEntries(dtypes.map((t) => [t, kernelRef(`${prefix}_${t}`)]));
@@ -92,17 +135,36 @@ export function checkFinite(
   op: string,
   name: string,
   v: number,
-  opts: { min?: number; positive?: boolean } = {},
+  opts?: { min?: number; positive?: boolean },
 ): void {
   if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
+  if (opts === undefined) return;
   if (opts.positive && !(v > 0)) throw new MlxError("InvalidArgument", `${op}: ${name} must be > 0, got ${v}`);
   if (opts.min !== undefined && v < opts.min) {
     throw new MlxError("InvalidArgument", `${op}: ${name} must be >= ${opts.min}, got ${v}`);
   }
 }
 
+/** Bytes per element of `dtype` (a switch: cheaper than a keyed lookup on the hot path). */
+export function elementBytes(dtype: DType): number {
+  switch (dtype) {
+    case "f32":
+    case "u32":
+    case "i32":
+      return 4;
+    case "f16":
+    case "bf16":
+    case "u16":
+      return 2;
+    default:
+      return dtypeSize(dtype);
+  }
+}
+
 /** Throws InvalidArgument unless `buf` has dtype `dtype` and at least `elements` elements. */
 export function checkBuffer(op: string, name: string, buf: MlxBuffer, dtype: DType, elements: number): void {
+  // The common case allocates nothing and takes no keyed lookup; the messages are built only to throw.
+  if (buf.dtype === dtype && buf.byteLength >= elements * elementBytes(dtype)) return;
   if (buf.dtype !== dtype) {
     throw new MlxError("InvalidArgument", `${op}: ${name} must be ${dtype}, got ${buf.dtype}`);
   }
