@@ -109,6 +109,19 @@ export function dispatchReused(target: DispatchTarget, d: ReusedDescriptor, buff
   }
 }
 
+/**
+ * {@link dispatchReused} for descriptors whose buffer slots are not all first: empties slot i after
+ * the dispatch when bit i of `bufferSlots` is set (inline-word slots keep their arrays).
+ */
+export function dispatchReusedSlots(target: DispatchTarget, d: ReusedDescriptor, bufferSlots: number): void {
+  const b = d.bindings;
+  try {
+    target.dispatch(d as DispatchDescriptor);
+  } finally {
+    for (let i = 0; i < b.length; i++) if ((bufferSlots >>> i) & 1) b[i] = undefined;
+  }
+}
+
 const f32Scratch = new Float32Array(1);
 const u32OfF32 = new Uint32Array(f32Scratch.buffer);
 
@@ -128,6 +141,18 @@ export function checkU32(op: string, name: string, v: number, min = 1): void {
 /** Whether bytes [0, aBytes) of `a` and [0, bBytes) of `b` share memory (same allocation, ranges meet). */
 export function overlapping(a: MlxBuffer, aBytes: number, b: MlxBuffer, bBytes: number): boolean {
   return a.allocId === b.allocId && a.byteOffset < b.byteOffset + bBytes && b.byteOffset < a.byteOffset + aBytes;
+}
+
+/** Throws InvalidArgument unless `v` is finite and > 0 (checkFinite's `positive` without an options object). */
+export function checkPositive(op: string, name: string, v: number): void {
+  if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
+  if (!(v > 0)) throw new MlxError("InvalidArgument", `${op}: ${name} must be > 0, got ${v}`);
+}
+
+/** Throws InvalidArgument unless `v` is finite and >= 0 (checkFinite's `min: 0` without an options object). */
+export function checkNonNegative(op: string, name: string, v: number): void {
+  if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
+  if (v < 0) throw new MlxError("InvalidArgument", `${op}: ${name} must be >= 0, got ${v}`);
 }
 
 /** Throws InvalidArgument unless `v` is finite and in the allowed range. */

@@ -13,6 +13,7 @@ import { type KernelContract, kernelRef, type KernelRegistry, registerContracts 
 import {
   checkBuffer,
   checkFinite,
+  checkPositive,
   checkU32,
   dispatchReused,
   type DispatchTarget,
@@ -305,7 +306,7 @@ export function softcap(
   options: { cap: number; n?: number },
 ): void {
   const n = options.n ?? elementsOf(output);
-  checkFinite("softcap", "cap", options.cap, { positive: true });
+  checkPositive("softcap", "cap", options.cap);
   checkU32("softcap", "n", n);
   checkBuffer("softcap", "input", input, DType.F32, n);
   checkBuffer("softcap", "output", output, DType.F32, n);

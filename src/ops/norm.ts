@@ -13,8 +13,8 @@ import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   checkBuffer,
-  checkFinite,
   checkFloatDType,
+  checkNonNegative,
   checkU32,
   dispatchReused,
   type DispatchTarget,
@@ -129,7 +129,7 @@ export function rowGeometry(
 function checkNorm(op: string, o: NormOptions): void {
   checkU32(op, "rows", o.rows);
   checkU32(op, "dim", o.dim);
-  checkFinite(op, "eps", o.eps, { min: 0 });
+  checkNonNegative(op, "eps", o.eps);
 }
 
 /** output = input / rms(input) · weight, per row. */
