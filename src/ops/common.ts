@@ -133,9 +133,12 @@ export function f32Bits(v: number): number {
 
 /** Throws InvalidArgument unless `v` is an integer in [min, 2³²). */
 export function checkU32(op: string, name: string, v: number, min = 1): void {
-  if (!Number.isInteger(v) || v < min || v > 0xffffffff) {
-    throw new MlxError("InvalidArgument", `${op}: ${name} must be an integer >= ${min}, got ${v}`);
-  }
+  // Small enough to inline at every call site; the message is built out of line.
+  if ((v >>> 0) !== v || v < min) u32Error(op, name, v, min);
+}
+
+function u32Error(op: string, name: string, v: number, min: number): never {
+  throw new MlxError("InvalidArgument", `${op}: ${name} must be an integer >= ${min}, got ${v}`);
 }
 
 /** Whether bytes [0, aBytes) of `a` and [0, bBytes) of `b` share memory (same allocation, ranges meet). */
@@ -188,8 +191,13 @@ export function elementBytes(dtype: DType): number {
 
 /** Throws InvalidArgument unless `buf` has dtype `dtype` and at least `elements` elements. */
 export function checkBuffer(op: string, name: string, buf: MlxBuffer, dtype: DType, elements: number): void {
-  // The common case allocates nothing and takes no keyed lookup; the messages are built only to throw.
-  if (buf.dtype === dtype && buf.byteLength >= elements * elementBytes(dtype)) return;
+  // Small enough to inline at every call site: no allocation, no keyed lookup; messages out of line.
+  if (buf.dtype !== dtype || buf.byteLength < elements * elementBytes(dtype)) {
+    bufferError(op, name, buf, dtype, elements);
+  }
+}
+
+function bufferError(op: string, name: string, buf: MlxBuffer, dtype: DType, elements: number): void {
   if (buf.dtype !== dtype) {
     throw new MlxError("InvalidArgument", `${op}: ${name} must be ${dtype}, got ${buf.dtype}`);
   }
