@@ -146,16 +146,16 @@ export function overlapping(a: MlxBuffer, aBytes: number, b: MlxBuffer, bBytes: 
   return a.allocId === b.allocId && a.byteOffset < b.byteOffset + bBytes && b.byteOffset < a.byteOffset + aBytes;
 }
 
+const POSITIVE = Object.freeze({ positive: true }), NON_NEGATIVE = Object.freeze({ min: 0 });
+
 /** Throws InvalidArgument unless `v` is finite and > 0 (checkFinite's `positive` without an options object). */
 export function checkPositive(op: string, name: string, v: number): void {
-  if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
-  if (!(v > 0)) throw new MlxError("InvalidArgument", `${op}: ${name} must be > 0, got ${v}`);
+  if (!(v > 0 && v < Infinity)) checkFinite(op, name, v, POSITIVE); // throws with the message
 }
 
 /** Throws InvalidArgument unless `v` is finite and >= 0 (checkFinite's `min: 0` without an options object). */
 export function checkNonNegative(op: string, name: string, v: number): void {
-  if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
-  if (v < 0) throw new MlxError("InvalidArgument", `${op}: ${name} must be >= 0, got ${v}`);
+  if (!(v >= 0 && v < Infinity)) checkFinite(op, name, v, NON_NEGATIVE); // throws with the message
 }
 
 /** Throws InvalidArgument unless `v` is finite and in the allowed range. */
@@ -163,8 +163,13 @@ export function checkFinite(
   op: string,
   name: string,
   v: number,
-  opts?: { min?: number; positive?: boolean },
+  opts?: { readonly min?: number; readonly positive?: boolean },
 ): void {
+  // Small enough to inline in the common case (finite, no options); the messages are out of line.
+  if (opts !== undefined || !Number.isFinite(v)) rangeCheck(op, name, v, opts);
+}
+
+function rangeCheck(op: string, name: string, v: number, opts?: { min?: number; positive?: boolean }): void {
   if (!Number.isFinite(v)) throw new MlxError("InvalidArgument", `${op}: ${name} must be finite, got ${v}`);
   if (opts === undefined) return;
   if (opts.positive && !(v > 0)) throw new MlxError("InvalidArgument", `${op}: ${name} must be > 0, got ${v}`);
