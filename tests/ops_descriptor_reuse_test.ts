@@ -3,8 +3,8 @@
  * allocation per call), its buffer slots emptied once the target returns (no buffer kept alive),
  * its inline words kept for the next call, and the next call's values written in full.
  */
-import { deepStrictEqual, equal, notEqual, ok } from "node:assert/strict";
-import { DType, f32Bits, MlxBuffer, ops } from "../mod.ts";
+import { deepStrictEqual, equal, notEqual, ok, throws } from "node:assert/strict";
+import { DType, f32Bits, MlxBuffer, MlxError, ops } from "../mod.ts";
 import type { DispatchDescriptor } from "../src/encoder.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { testContext } from "./helpers.ts";
@@ -193,4 +193,33 @@ Deno.test("flashAttnVec reuses both descriptors and places its barrier between t
   const reduce = events[5] as DispatchDescriptor;
   deepStrictEqual(reduce.bindings[2], [2, 64, 2]);
   ok(heldBuffers(reduce).length === 0 && heldBuffers(events[3] as DispatchDescriptor).length === 0);
+});
+
+Deno.test("the inlined argument checks still reject bad input with the op's message and dispatch nothing", () => {
+  using ctx = testContext({ backend: "cpu" });
+  const { device, registry } = ctx;
+  const t = new RecordingTarget();
+  const a = device.alloc(64, DType.F32), short = device.alloc(32, DType.F32), half = device.alloc(32, DType.F16);
+  const ids = device.alloc(4, DType.U32), pos = device.upload(new Uint32Array(4));
+  const bad = (f: () => void, message: RegExp) =>
+    throws(f, (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument" && message.test(e.message));
+  bad(() => ops.elementwiseAdd(t, registry, a, half, a), /elementwise_add: b must be f32, got f16/);
+  bad(() => ops.elementwiseAdd(t, registry, a, a, short, 16), /elementwise_add: out holds 32 bytes, needs 64/);
+  bad(() => ops.elementwiseAdd(t, registry, a, a, a, 0), /elementwise_add: n must be an integer >= 1, got 0/);
+  bad(() => ops.siluMul(t, registry, a, a, a, 2.5), /silu_mul: n must be an integer >= 1, got 2.5/);
+  bad(() => ops.elementwiseAdd(t, registry, ids, ids, ids), /elementwise_add: dtype u32 is not supported/);
+  bad(() => ops.gelu(t, registry, a, half), /gelu: output must be f32, got f16/);
+  bad(() => ops.axpby(t, registry, a, a, a, { alpha: NaN, beta: 1 }), /axpby: alpha must be finite, got NaN/);
+  bad(() => ops.axpby(t, registry, a, a, a, { alpha: 1, beta: 1, n: 2 ** 32 }), /axpby: n must be an integer >= 1/);
+  bad(() => ops.softcap(t, registry, a, a, { cap: -0 }), /softcap: cap must be > 0, got 0/);
+  bad(() => ops.softcap(t, registry, a, a, { cap: Infinity }), /softcap: cap must be finite, got Infinity/);
+  bad(() => ops.rope(t, registry, a, a, pos, { theta: 0, headDim: 4, seqLen: 1 }), /rope: theta must be > 0/);
+  bad(
+    () => ops.rmsNorm(t, registry, a, a, a, { rows: 1, dim: 16, eps: -1e-6 }),
+    /rms_norm: eps must be >= 0, got -0.000001/,
+  );
+  bad(() => ops.sample(t, registry, a, ids, { vocab: 16, temperature: 1, seed: -1 }), /seed must be an integer/);
+  bad(() => ops.sample(t, registry, a, ids, { vocab: 16, temperature: 1, seed: 2n ** 64n }), /seed must be an integer/);
+  bad(() => ops.sample(t, registry, a, ids, { vocab: 16, temperature: 1, seed: 0.5 }), /seed must be an integer/);
+  equal(t.seen.length, 0);
 });
