@@ -11,8 +11,17 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits, kernelName } from "./common.ts";
+import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import {
+  checkBuffer,
+  checkFinite,
+  checkNonNegative,
+  checkU32,
+  dispatchReused,
+  type DispatchTarget,
+  f32Bits,
+  groupsDescriptor,
+} from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
 const qkvo = (params: string, size: number): KernelContract["slots"] => [
@@ -46,6 +55,22 @@ export const attentionContracts: readonly KernelContract[] = [
   },
 ];
 registerContracts(attentionContracts);
+
+const SDPA_F32 = kernelRef("sdpa_f32"), SDPA_BF16 = kernelRef("sdpa_bf16");
+const FLASH_F32 = kernelRef("flash_attn_vec_f32"), FLASH_F16 = kernelRef("flash_attn_vec_f16");
+const FLASH_REDUCE = kernelRef("flash_attn_vec_reduce");
+
+// Reused descriptors (see DispatchTarget): nothing is allocated per call.
+const sdpaWords = [0, 0, 0, 0, 0, 0, 0], sdpaGrid = [0, 0, 0];
+const sdpaDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, sdpaWords]);
+sdpaDescriptor.grid = sdpaGrid;
+sdpaDescriptor.threadgroup = 32;
+const flashWords = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], flashGrid = [0, 0, 1];
+const flashDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, flashWords]);
+flashDescriptor.grid = flashGrid;
+flashDescriptor.threadgroup = 32;
+const reduceWords = [0, 0, 0];
+const reduceDescriptor = groupsDescriptor([undefined, undefined, reduceWords]);
 
 function checkHeads(op: string, nHeads: number, nKvHeads: number): void {
   checkU32(op, "nHeads", nHeads);
@@ -104,12 +129,23 @@ export function sdpa(
   checkBuffer(op, "k", k, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "v", v, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "out", out, t, batch * o.nHeads * o.seqLen * o.headDim);
-  target.dispatch({
-    pipeline: registry.get(kernelName("sdpa", t)),
-    bindings: [q, k, v, out, [o.nHeads, o.nKvHeads, o.headDim, o.seqLen, o.kvSeqLen, f32Bits(scale), o.kvCapacity]],
-    grid: [batch, o.nHeads, Math.ceil(o.seqLen / 32)],
-    threadgroup: 32,
-  });
+  const d = sdpaDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(t === DType.F32 ? SDPA_F32 : SDPA_BF16);
+  b[0] = q;
+  b[1] = k;
+  b[2] = v;
+  b[3] = out;
+  sdpaWords[0] = o.nHeads;
+  sdpaWords[1] = o.nKvHeads;
+  sdpaWords[2] = o.headDim;
+  sdpaWords[3] = o.seqLen;
+  sdpaWords[4] = o.kvSeqLen;
+  sdpaWords[5] = f32Bits(scale);
+  sdpaWords[6] = o.kvCapacity;
+  sdpaGrid[0] = batch;
+  sdpaGrid[1] = o.nHeads;
+  sdpaGrid[2] = Math.ceil(o.seqLen / 32);
+  dispatchReused(target, d, 4);
 }
 
 /** Mask of {@link flashAttnVec}. */
@@ -161,7 +197,8 @@ export function flashAttnVec(
 ): void {
   const op = "flash_attn_vec";
   checkHeads(op, o.nHeads, o.nKvHeads);
-  if (![64, 128, 256, 512].includes(o.headDim)) {
+  const hd = o.headDim;
+  if (hd !== 64 && hd !== 128 && hd !== 256 && hd !== 512) {
     throw new MlxError("InvalidArgument", `${op}: headDim must be 64, 128, 256 or 512, got ${o.headDim}`);
   }
   checkU32(op, "kvSeqLen", o.kvSeqLen);
@@ -172,7 +209,7 @@ export function flashAttnVec(
   checkU32(op, "nwg", nwg);
   if (nwg > 256) throw new MlxError("InvalidArgument", `${op}: nwg must be <= 256`);
   checkFinite(op, "scale", scale);
-  checkFinite(op, "softcap", softcap, { min: 0 });
+  checkNonNegative(op, "softcap", softcap);
   const mask = o.mask ?? "causal";
   const maskCode = mask === "none" ? 0 : mask === "causal" ? 1 : mask === "sliding" ? 2 : -1;
   if (maskCode < 0) throw new MlxError("InvalidArgument", `${op}: mask must be none, causal or sliding`);
@@ -185,30 +222,36 @@ export function flashAttnVec(
   checkBuffer(op, "q", q, DType.F32, o.nHeads * o.headDim);
   checkBuffer(op, "k", k, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "v", v, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
-  checkBuffer(op, "tmp", tmp, DType.F32, flashAttnVecScratchBytes({ ...o, nwg }) / 4);
+  checkBuffer(op, "tmp", tmp, DType.F32, o.nHeads * nwg * (o.headDim + 2));
   checkBuffer(op, "out", out, DType.F32, o.nHeads * o.headDim);
-  target.dispatch({
-    pipeline: registry.get(kernelName("flash_attn_vec", kvType)),
-    bindings: [q, k, v, tmp, [
-      o.nHeads,
-      o.nKvHeads,
-      o.headDim,
-      o.kvSeqLen,
-      o.kvCapacity,
-      f32Bits(scale),
-      maskCode,
-      window,
-      f32Bits(softcap),
-      nwg,
-    ]],
-    grid: [o.nHeads, nwg, 1],
-    threadgroup: 32,
-  });
+  const d = flashDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(kvType === DType.F32 ? FLASH_F32 : FLASH_F16);
+  b[0] = q;
+  b[1] = k;
+  b[2] = v;
+  b[3] = tmp;
+  flashWords[0] = o.nHeads;
+  flashWords[1] = o.nKvHeads;
+  flashWords[2] = o.headDim;
+  flashWords[3] = o.kvSeqLen;
+  flashWords[4] = o.kvCapacity;
+  flashWords[5] = f32Bits(scale);
+  flashWords[6] = maskCode;
+  flashWords[7] = window;
+  flashWords[8] = f32Bits(softcap);
+  flashWords[9] = nwg;
+  flashGrid[0] = o.nHeads;
+  flashGrid[1] = nwg;
+  dispatchReused(target, d, 4);
   target.memoryBarrier(); // the reduce reads every workgroup's partial result
-  target.dispatch({
-    pipeline: registry.get("flash_attn_vec_reduce"),
-    bindings: [tmp, out, [o.nHeads, o.headDim, nwg]],
-    grid: o.nHeads,
-    threadgroup: Math.min(o.headDim, 256),
-  });
+  const r = reduceDescriptor;
+  r.pipeline = registry.resolve(FLASH_REDUCE);
+  r.bindings[0] = tmp;
+  r.bindings[1] = out;
+  reduceWords[0] = o.nHeads;
+  reduceWords[1] = o.headDim;
+  reduceWords[2] = nwg;
+  r.grid = o.nHeads;
+  r.threadgroup = o.headDim < 256 ? o.headDim : 256;
+  dispatchReused(target, r, 2);
 }

@@ -9,16 +9,20 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   checkBuffer,
   checkFinite,
-  checkFloatDType,
+  checkPositive,
   checkU32,
   dispatchReused,
   type DispatchTarget,
+  elementBytes,
+  elementsOf,
   f32Bits,
-  refsByDType,
+  floatKernel,
+  type FloatKernels,
+  floatKernels,
   threadsDescriptor,
 } from "./common.ts";
 
@@ -100,42 +104,55 @@ export const elementwiseContracts: readonly KernelContract[] = [
 registerContracts(elementwiseContracts);
 
 /** Kernel references by op and dtype, made once. */
-const BINARY_REFS: Record<BinaryOp, Record<string, KernelRef>> = {
-  add: refsByDType("elementwise_add", FLOATS),
-  mul: refsByDType("elementwise_mul", FLOATS),
-  silu_mul: refsByDType("silu_mul", FLOATS),
+const BINARY_KERNELS: Record<BinaryOp, FloatKernels> = {
+  add: floatKernels("elementwise_add", "elementwise_add"),
+  mul: floatKernels("elementwise_mul", "elementwise_mul"),
+  silu_mul: floatKernels("silu_mul", "silu_mul"),
 };
-const UNARY_REFS: Record<"gelu" | "silu", Record<string, KernelRef>> = {
-  gelu: refsByDType("gelu", FLOATS),
-  silu: refsByDType("silu", FLOATS),
-};
+const ADD = BINARY_KERNELS.add, MUL = BINARY_KERNELS.mul, SILU_MUL = BINARY_KERNELS.silu_mul;
+const GELU = floatKernels("gelu", "gelu"), SILU = floatKernels("silu", "silu");
 const AXPBY = kernelRef("axpby_f32");
+const STRIDED_COPY = kernelRef("strided_copy_f32");
+const SOFTCAP = kernelRef("softcap_f32");
+const DEBUG_FAULT = kernelRef("debug_fault");
 
 // Reused descriptors: a target consumes a descriptor before dispatch returns (see DispatchTarget),
-// so the hot ops allocate nothing per call.
+// so the ops allocate nothing per call.
 const binaryWords = [0];
 const binaryDescriptor = threadsDescriptor([undefined, undefined, undefined, binaryWords]);
 const unaryDescriptor = threadsDescriptor([undefined, undefined]);
 const axpbyWords = [0, 0, 0, 0];
 const axpbyDescriptor = threadsDescriptor([undefined, undefined, undefined, axpbyWords]);
+const copyWords = [0, 0, 0, 0];
+const copyGrid = [0, 0, 1], copyGroup = [0, 1, 1];
+const copyDescriptor = threadsDescriptor([undefined, undefined, copyWords]);
+const softcapWords = [0, 0];
+const softcapDescriptor = threadsDescriptor([undefined, undefined, softcapWords]);
 
 function binary(
-  op: BinaryOp,
+  kernels: FloatKernels,
   target: DispatchTarget,
   registry: KernelRegistry,
   a: MlxBuffer,
   b: MlxBuffer,
   out: MlxBuffer,
-  n: number,
+  n: number | undefined,
 ): void {
-  const name = binaryKernel(op);
-  checkFloatDType(name, a.dtype, FLOATS);
-  checkU32(name, "n", n);
-  checkBuffer(name, "a", a, a.dtype, n);
-  checkBuffer(name, "b", b, a.dtype, n);
-  checkBuffer(name, "out", out, a.dtype, n);
+  const dt = a.dtype, ref = floatKernel(kernels, dt);
+  if (n === undefined) n = elementsOf(out);
+  const need = n * elementBytes(dt);
+  if (
+    (n >>> 0) !== n || n === 0 || b.dtype !== dt || out.dtype !== dt || a.byteLength < need ||
+    b.byteLength < need || out.byteLength < need
+  ) { // one combined test on the hot path; the checks below throw with the precise message
+    const name = kernels.op;
+    checkU32(name, "n", n);
+    checkBuffer(name, "a", a, dt, n);
+    checkBuffer(name, "b", b, dt, n);
+    checkBuffer(name, "out", out, dt, n);
+  }
   const d = binaryDescriptor, bindings = d.bindings;
-  d.pipeline = registry.resolve(BINARY_REFS[op][a.dtype]);
+  d.pipeline = registry.resolve(ref);
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
@@ -152,9 +169,9 @@ export function elementwiseAdd(
   a: MlxBuffer,
   b: MlxBuffer,
   out: MlxBuffer,
-  n: number = out.length,
+  n?: number,
 ): void {
-  binary("add", target, registry, a, b, out, n);
+  binary(ADD, target, registry, a, b, out, n);
 }
 
 /** out[i] = a[i] · b[i] for i < n (default: out's length). */
@@ -164,9 +181,9 @@ export function elementwiseMul(
   a: MlxBuffer,
   b: MlxBuffer,
   out: MlxBuffer,
-  n: number = out.length,
+  n?: number,
 ): void {
-  binary("mul", target, registry, a, b, out, n);
+  binary(MUL, target, registry, a, b, out, n);
 }
 
 /**
@@ -180,25 +197,30 @@ export function siluMul(
   gate: MlxBuffer,
   up: MlxBuffer,
   out: MlxBuffer,
-  n: number = out.length,
+  n?: number,
 ): void {
-  binary("silu_mul", target, registry, gate, up, out, n);
+  binary(SILU_MUL, target, registry, gate, up, out, n);
 }
 
 function unary(
-  op: "gelu" | "silu",
+  kernels: FloatKernels,
   target: DispatchTarget,
   registry: KernelRegistry,
   input: MlxBuffer,
   output: MlxBuffer,
-  n: number,
+  n: number | undefined,
 ): void {
-  checkFloatDType(op, input.dtype, FLOATS);
-  checkU32(op, "n", n);
-  checkBuffer(op, "input", input, input.dtype, n);
-  checkBuffer(op, "output", output, input.dtype, n);
+  const dt = input.dtype, ref = floatKernel(kernels, dt);
+  if (n === undefined) n = elementsOf(output);
+  const need = n * elementBytes(dt);
+  if ((n >>> 0) !== n || n === 0 || output.dtype !== dt || input.byteLength < need || output.byteLength < need) {
+    const op = kernels.op;
+    checkU32(op, "n", n);
+    checkBuffer(op, "input", input, dt, n);
+    checkBuffer(op, "output", output, dt, n);
+  }
   const d = unaryDescriptor;
-  d.pipeline = registry.resolve(UNARY_REFS[op][input.dtype]);
+  d.pipeline = registry.resolve(ref);
   d.bindings[0] = input;
   d.bindings[1] = output;
   d.grid = n;
@@ -212,9 +234,9 @@ export function gelu(
   registry: KernelRegistry,
   input: MlxBuffer,
   output: MlxBuffer,
-  n: number = output.length,
+  n?: number,
 ): void {
-  unary("gelu", target, registry, input, output, n);
+  unary(GELU, target, registry, input, output, n);
 }
 
 /** out = x · sigmoid(x) (SiLU, the gate of SwiGLU). */
@@ -223,9 +245,9 @@ export function silu(
   registry: KernelRegistry,
   input: MlxBuffer,
   output: MlxBuffer,
-  n: number = output.length,
+  n?: number,
 ): void {
-  unary("silu", target, registry, input, output, n);
+  unary(SILU, target, registry, input, output, n);
 }
 
 /** Options of {@link stridedCopy}: a rows × cols block, strides in elements. */
@@ -259,13 +281,20 @@ export function stridedCopy(
   checkU32(op, "dstStride", ds, o.cols);
   checkBuffer(op, "src", src, DType.F32, (o.rows - 1) * ss + o.cols);
   checkBuffer(op, "dst", dst, DType.F32, (o.rows - 1) * ds + o.cols);
-  target.dispatch({
-    pipeline: registry.get("strided_copy_f32"),
-    bindings: [src, dst, [o.rows, o.cols, ss, ds]],
-    grid: [o.cols, o.rows, 1],
-    threadgroup: [Math.min(o.cols, 256), 1, 1],
-    dispatchKind: "threads",
-  });
+  const d = copyDescriptor;
+  d.pipeline = registry.resolve(STRIDED_COPY);
+  d.bindings[0] = src;
+  d.bindings[1] = dst;
+  copyWords[0] = o.rows;
+  copyWords[1] = o.cols;
+  copyWords[2] = ss;
+  copyWords[3] = ds;
+  copyGrid[0] = o.cols;
+  copyGrid[1] = o.rows;
+  copyGroup[0] = o.cols < 256 ? o.cols : 256;
+  d.grid = copyGrid;
+  d.threadgroup = copyGroup;
+  dispatchReused(target, d, 2);
 }
 
 /** out = tanh(in / cap) · cap (f32). */
@@ -276,18 +305,20 @@ export function softcap(
   output: MlxBuffer,
   options: { cap: number; n?: number },
 ): void {
-  const n = options.n ?? output.length;
-  checkFinite("softcap", "cap", options.cap, { positive: true });
+  const n = options.n ?? elementsOf(output);
+  checkPositive("softcap", "cap", options.cap);
   checkU32("softcap", "n", n);
   checkBuffer("softcap", "input", input, DType.F32, n);
   checkBuffer("softcap", "output", output, DType.F32, n);
-  target.dispatch({
-    pipeline: registry.get("softcap_f32"),
-    bindings: [input, output, [f32Bits(options.cap), n]],
-    grid: n,
-    threadgroup: Math.min(256, n),
-    dispatchKind: "threads",
-  });
+  const d = softcapDescriptor;
+  d.pipeline = registry.resolve(SOFTCAP);
+  d.bindings[0] = input;
+  d.bindings[1] = output;
+  softcapWords[0] = f32Bits(options.cap);
+  softcapWords[1] = n;
+  d.grid = n;
+  d.threadgroup = n < 256 ? n : 256;
+  dispatchReused(target, d, 2);
 }
 
 /** out = alpha · a + beta · b (f32), e.g. a scaled residual add. */
@@ -299,13 +330,19 @@ export function axpby(
   out: MlxBuffer,
   options: { alpha: number; beta: number; n?: number },
 ): void {
-  const n = options.n ?? out.length;
+  const n = options.n ?? elementsOf(out);
   checkFinite("axpby", "alpha", options.alpha);
   checkFinite("axpby", "beta", options.beta);
-  checkU32("axpby", "n", n);
-  checkBuffer("axpby", "a", a, DType.F32, n);
-  checkBuffer("axpby", "b", b, DType.F32, n);
-  checkBuffer("axpby", "out", out, DType.F32, n);
+  const need = n * 4;
+  if (
+    (n >>> 0) !== n || n === 0 || a.dtype !== DType.F32 || b.dtype !== DType.F32 || out.dtype !== DType.F32 ||
+    a.byteLength < need || b.byteLength < need || out.byteLength < need
+  ) {
+    checkU32("axpby", "n", n);
+    checkBuffer("axpby", "a", a, DType.F32, n);
+    checkBuffer("axpby", "b", b, DType.F32, n);
+    checkBuffer("axpby", "out", out, DType.F32, n);
+  }
   const d = axpbyDescriptor, bindings = d.bindings;
   d.pipeline = registry.resolve(AXPBY);
   bindings[0] = a;
@@ -332,7 +369,7 @@ export function debugFault(
 ): void {
   checkBuffer("debug_fault", "marker", marker, DType.U32, 1);
   target.dispatch({
-    pipeline: registry.get("debug_fault"),
+    pipeline: registry.resolve(DEBUG_FAULT),
     bindings: [marker, [options.fail ? 1 : 0]],
     grid: 1,
     threadgroup: 1,

@@ -12,9 +12,18 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
-import { checkBuffer, checkU32, type DispatchTarget, kernelName, overlapping } from "./common.ts";
+import {
+  checkBuffer,
+  checkU32,
+  dispatchReused,
+  dispatchReusedSlots,
+  type DispatchTarget,
+  groupsDescriptor,
+  kernelName,
+  overlapping,
+} from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
 /** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
@@ -76,6 +85,28 @@ export const matmulContracts: readonly KernelContract[] = [
   ),
 ];
 registerContracts(matmulContracts);
+
+const MATMUL_F32 = kernelRef("matmul_f32"), MATMUL_BF16 = kernelRef("matmul_bf16");
+const AFFINE = kernelRef("qmatmul_affine"), AFFINE_FAST = kernelRef("qmatmul_affine_fast");
+
+// Reused descriptors (see DispatchTarget): nothing is allocated per call. The dense product's
+// residual sits in slot 4, after its inline words.
+const denseWords = [0, 0, 0, 0], denseGrid = [0, 0, 1];
+const denseDescriptor = groupsDescriptor([undefined, undefined, undefined, denseWords, undefined]);
+denseDescriptor.grid = denseGrid;
+denseDescriptor.threadgroup = THREADS;
+const DENSE_BUFFER_SLOTS = 0b10111;
+const affineWords = [0, 0, 0, 0, 0], affineGrid = [0, 0, 1];
+const affineDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, undefined, affineWords]);
+affineDescriptor.grid = affineGrid;
+const ggmlWords = [0, 0, 0], ggmlGrid = [0, 0, 1];
+const ggmlDescriptor = groupsDescriptor([undefined, undefined, undefined, ggmlWords]);
+ggmlDescriptor.grid = ggmlGrid;
+ggmlDescriptor.threadgroup = THREADS;
+const moeWords = [0, 0, 0, 0, 0], moeGrid = [0, 0, 1];
+const moeDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, moeWords]);
+moeDescriptor.grid = moeGrid;
+moeDescriptor.threadgroup = THREADS;
 
 /** Shape of a product. */
 export interface MatmulShape {
@@ -156,12 +187,19 @@ export function matmul(
     }
   }
   const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
-  target.dispatch({
-    pipeline: registry.get(kernelName("matmul", w.dtype)),
-    bindings: [x, w, y, [s.m, s.n, s.k, epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0)], r],
-    grid: [Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS)), s.m, 1],
-    threadgroup: THREADS,
-  });
+  const d = denseDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(w.dtype === DType.F32 ? MATMUL_F32 : MATMUL_BF16);
+  b[0] = x;
+  b[1] = w;
+  b[2] = y;
+  denseWords[0] = s.m;
+  denseWords[1] = s.n;
+  denseWords[2] = s.k;
+  denseWords[3] = epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0);
+  b[4] = r;
+  denseGrid[0] = Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS));
+  denseGrid[1] = s.m;
+  dispatchReusedSlots(target, d, DENSE_BUFFER_SLOTS);
 }
 
 /** Options of {@link quantizedMatmul}. */
@@ -209,12 +247,22 @@ export function quantizedMatmul(
   checkBuffer(op, "scales", scales, DType.BF16, o.n * groups);
   checkBuffer(op, "biases", biases, DType.BF16, o.n * groups);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
-  target.dispatch({
-    pipeline: registry.get(fast ? "qmatmul_affine_fast" : "qmatmul_affine"),
-    bindings: [x, w, scales, biases, y, [o.m, o.n, o.k, o.bits, o.groupSize]],
-    grid: [Math.ceil(o.n / (fast ? OUTS_FAST : OUTS)), o.m, 1],
-    threadgroup: fast ? 256 : THREADS,
-  });
+  const d = affineDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(fast ? AFFINE_FAST : AFFINE);
+  b[0] = x;
+  b[1] = w;
+  b[2] = scales;
+  b[3] = biases;
+  b[4] = y;
+  affineWords[0] = o.m;
+  affineWords[1] = o.n;
+  affineWords[2] = o.k;
+  affineWords[3] = o.bits;
+  affineWords[4] = o.groupSize;
+  affineGrid[0] = Math.ceil(o.n / (fast ? OUTS_FAST : OUTS));
+  affineGrid[1] = o.m;
+  d.threadgroup = fast ? 256 : THREADS;
+  dispatchReused(target, d, 5);
 }
 
 /** Options of {@link quantizedMatmulGgml}. */
@@ -251,12 +299,17 @@ export function quantizedMatmulGgml(
   checkBuffer(op, "x", x, DType.F32, o.m * o.k);
   checkBytes(op, "w", w, o.n * (o.k / blk.values) * blk.bytes);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
-  target.dispatch({
-    pipeline: registry.get(kernelName(kernelName("qmatmul", o.format), variant)),
-    bindings: [x, w, y, [o.m, o.n, o.k]],
-    grid: [Math.ceil(o.n / OUTS), variant === "mv" ? 1 : o.m, 1],
-    threadgroup: THREADS,
-  });
+  const d = ggmlDescriptor, b = d.bindings;
+  d.pipeline = registry.get(kernelName(kernelName("qmatmul", o.format), variant));
+  b[0] = x;
+  b[1] = w;
+  b[2] = y;
+  ggmlWords[0] = o.m;
+  ggmlWords[1] = o.n;
+  ggmlWords[2] = o.k;
+  ggmlGrid[0] = Math.ceil(o.n / OUTS);
+  ggmlGrid[1] = variant === "mv" ? 1 : o.m;
+  dispatchReused(target, d, 3);
 }
 
 /** Options of {@link quantizedMatmulIdGgml}. */
@@ -289,19 +342,29 @@ export function quantizedMatmulIdGgml(
   o: GgmlMoeOptions,
 ): void {
   const op = "quantized_matmul_id_ggml";
-  for (const [k, v] of Object.entries({ tokens: o.tokens, topK: o.topK, n: o.n, k: o.k, experts: o.experts })) {
-    checkU32(op, k, v);
-  }
+  checkU32(op, "tokens", o.tokens);
+  checkU32(op, "topK", o.topK);
+  checkU32(op, "n", o.n);
+  checkU32(op, "k", o.k);
+  checkU32(op, "experts", o.experts);
   checkFormat(op, o.format, o.k);
   const rows = o.tokens * o.topK, blk = GGML_BLOCK[o.format];
   checkBuffer(op, "x", x, DType.F32, o.tokens * o.k);
   checkBytes(op, "w", w, o.experts * o.n * (o.k / blk.values) * blk.bytes);
   checkBuffer(op, "ids", ids, DType.U32, rows);
   checkBuffer(op, "y", y, DType.F32, rows * o.n);
-  target.dispatch({
-    pipeline: registry.get(kernelName("qmatmul_id", o.format)),
-    bindings: [x, w, ids, y, [rows, o.n, o.k, o.topK, o.experts]],
-    grid: [Math.ceil(o.n / OUTS), rows, 1],
-    threadgroup: THREADS,
-  });
+  const d = moeDescriptor, b = d.bindings;
+  d.pipeline = registry.get(kernelName("qmatmul_id", o.format));
+  b[0] = x;
+  b[1] = w;
+  b[2] = ids;
+  b[3] = y;
+  moeWords[0] = rows;
+  moeWords[1] = o.n;
+  moeWords[2] = o.k;
+  moeWords[3] = o.topK;
+  moeWords[4] = o.experts;
+  moeGrid[0] = Math.ceil(o.n / OUTS);
+  moeGrid[1] = rows;
+  dispatchReused(target, d, 4);
 }

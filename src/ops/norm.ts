@@ -13,15 +13,15 @@ import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   checkBuffer,
-  checkFinite,
-  checkFloatDType,
+  checkNonNegative,
   checkU32,
   dispatchReused,
   type DispatchTarget,
   f32Bits,
+  floatKernel,
+  floatKernels,
   groupsDescriptor,
   nextPow2,
-  refsByDType,
   type ReusedDescriptor,
 } from "./common.ts";
 
@@ -94,9 +94,9 @@ export interface NormOptions {
   eps: number;
 }
 
-const NORM_REFS = refsByDType("rms_norm", FLOATS);
-const NORM_MUL_REFS = refsByDType("rms_norm_mul", FLOATS);
-const NORM_MUL_ADD_REFS = refsByDType("rms_norm_mul_add", FLOATS);
+const NORM = floatKernels("rms_norm", "rms_norm");
+const NORM_MUL = floatKernels("rms_norm_mul", "rms_norm_mul");
+const NORM_MUL_ADD = floatKernels("rms_norm_mul_add", "rms_norm_mul_add");
 const NORM_NO_SCALE = kernelRef("rms_norm_no_scale_f32");
 const SOFTMAX = kernelRef("softmax_f32");
 
@@ -129,7 +129,7 @@ export function rowGeometry(
 function checkNorm(op: string, o: NormOptions): void {
   checkU32(op, "rows", o.rows);
   checkU32(op, "dim", o.dim);
-  checkFinite(op, "eps", o.eps, { min: 0 });
+  checkNonNegative(op, "eps", o.eps);
 }
 
 /** output = input / rms(input) · weight, per row. */
@@ -142,12 +142,12 @@ export function rmsNorm(
   o: NormOptions,
 ): void {
   checkNorm("rms_norm", o);
-  checkFloatDType("rms_norm", input.dtype, FLOATS);
+  const ref = floatKernel(NORM, input.dtype);
   checkBuffer("rms_norm", "input", input, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm", "weight", weight, input.dtype, o.dim);
   checkBuffer("rms_norm", "output", output, input.dtype, o.rows * o.dim);
   const d = normDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(NORM_REFS[input.dtype]);
+  d.pipeline = registry.resolve(ref);
   b[0] = input;
   b[1] = weight;
   b[2] = output;
@@ -168,13 +168,13 @@ export function rmsNormMul(
   o: NormOptions,
 ): void {
   checkNorm("rms_norm_mul", o);
-  checkFloatDType("rms_norm_mul", input.dtype, FLOATS);
+  const ref = floatKernel(NORM_MUL, input.dtype);
   checkBuffer("rms_norm_mul", "input", input, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm_mul", "weight", weight, input.dtype, o.dim);
   checkBuffer("rms_norm_mul", "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm_mul", "output", output, input.dtype, o.rows * o.dim);
   const d = normMulDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(NORM_MUL_REFS[input.dtype]);
+  d.pipeline = registry.resolve(ref);
   b[0] = input;
   b[1] = weight;
   b[2] = scale;
@@ -198,14 +198,14 @@ export function rmsNormMulAdd(
 ): void {
   const op = "rms_norm_mul_add";
   checkNorm(op, o);
-  checkFloatDType(op, input.dtype, FLOATS);
+  const ref = floatKernel(NORM_MUL_ADD, input.dtype);
   checkBuffer(op, "input", input, input.dtype, o.rows * o.dim);
   checkBuffer(op, "weight", weight, input.dtype, o.dim);
   checkBuffer(op, "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer(op, "residual", residual, input.dtype, o.rows * o.dim);
   checkBuffer(op, "output", output, input.dtype, o.rows * o.dim);
   const d = normMulAddDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(NORM_MUL_ADD_REFS[input.dtype]);
+  d.pipeline = registry.resolve(ref);
   b[0] = input;
   b[1] = weight;
   b[2] = scale;

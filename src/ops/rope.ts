@@ -11,8 +11,17 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { checkBuffer, checkFinite, checkU32, type DispatchTarget, f32Bits, overlapping } from "./common.ts";
+import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import {
+  checkBuffer,
+  checkPositive,
+  checkU32,
+  dispatchReusedSlots,
+  type DispatchTarget,
+  f32Bits,
+  overlapping,
+  threadsDescriptor,
+} from "./common.ts";
 
 /** Contracts of this family. */
 export const ropeContracts: readonly KernelContract[] = [
@@ -41,6 +50,19 @@ export const ropeContracts: readonly KernelContract[] = [
 ];
 registerContracts(ropeContracts);
 
+const ROPE = kernelRef("rope_f32"), ROPE_NEOX = kernelRef("rope_neox_f32");
+
+// Reused descriptors (see DispatchTarget): nothing is allocated per call. Slots 2 and 4 of the NeoX
+// bindings are inline words; dispatchReusedSlots empties the other slots after each dispatch.
+const ropeWords = [0, 0, 0], ropeGrid = [0, 0, 1], ropeGroup = [0, 1, 1];
+const ropeDescriptor = threadsDescriptor([undefined, undefined, ropeWords, undefined]);
+ropeDescriptor.grid = ropeGrid;
+ropeDescriptor.threadgroup = ropeGroup;
+const neoxWords = [0, 0, 0], neoxLayout = [0, 0, 0, 0], neoxGrid = [0, 0, 1], neoxGroup = [0, 1, 1];
+const neoxDescriptor = threadsDescriptor([undefined, undefined, neoxWords, undefined, neoxLayout, undefined]);
+neoxDescriptor.grid = neoxGrid;
+neoxDescriptor.threadgroup = neoxGroup;
+
 function checkEven(op: string, name: string, v: number): void {
   checkU32(op, name, v, 2);
   if (v % 2 !== 0) throw new MlxError("InvalidArgument", `${op}: ${name} must be even, got ${v}`);
@@ -55,20 +77,24 @@ export function rope(
   positions: MlxBuffer,
   o: { theta: number; headDim: number; seqLen: number },
 ): void {
-  checkFinite("rope", "theta", o.theta, { positive: true });
+  checkPositive("rope", "theta", o.theta);
   checkEven("rope", "headDim", o.headDim);
   checkU32("rope", "seqLen", o.seqLen);
   checkBuffer("rope", "input", input, DType.F32, o.seqLen * o.headDim);
   checkBuffer("rope", "output", output, DType.F32, o.seqLen * o.headDim);
   checkBuffer("rope", "positions", positions, DType.U32, o.seqLen);
-  const half = o.headDim / 2;
-  target.dispatch({
-    pipeline: registry.get("rope_f32"),
-    bindings: [input, output, [f32Bits(o.theta), o.headDim, o.seqLen], positions],
-    grid: [half, o.seqLen, 1],
-    threadgroup: [Math.min(half, 256), 1, 1],
-    dispatchKind: "threads",
-  });
+  const half = o.headDim / 2, d = ropeDescriptor;
+  d.pipeline = registry.resolve(ROPE);
+  d.bindings[0] = input;
+  d.bindings[1] = output;
+  ropeWords[0] = f32Bits(o.theta);
+  ropeWords[1] = o.headDim;
+  ropeWords[2] = o.seqLen;
+  d.bindings[3] = positions;
+  ropeGrid[0] = half;
+  ropeGrid[1] = o.seqLen;
+  ropeGroup[0] = half < 256 ? half : 256;
+  dispatchReusedSlots(target, d, 0b1011);
 }
 
 /** Options of {@link ropeNeox}. */
@@ -115,7 +141,7 @@ export function ropeNeox(
   o: RopeNeoxOptions,
 ): void {
   const op = "rope_neox";
-  checkFinite(op, "theta", o.theta, { positive: true });
+  checkPositive(op, "theta", o.theta);
   checkU32(op, "headDim", o.headDim);
   checkEven(op, "ropeDim", o.ropeDim);
   if (o.ropeDim > o.headDim) {
@@ -146,19 +172,21 @@ export function ropeNeox(
   }
   checkBuffer(op, "positions", positions, DType.U32, o.seqLen);
   if (o.freqFactors) checkBuffer(op, "freqFactors", o.freqFactors, DType.F32, o.ropeDim / 2);
-  const half = o.ropeDim / 2;
-  target.dispatch({
-    pipeline: registry.get("rope_neox_f32"),
-    bindings: [
-      input,
-      output,
-      [f32Bits(o.theta), o.headDim, o.ropeDim],
-      positions,
-      [o.nHeads, o.freqFactors ? 1 : 0, hs, ts],
-      o.freqFactors,
-    ],
-    grid: [half, rows, 1],
-    threadgroup: [Math.min(half, 256), 1, 1],
-    dispatchKind: "threads",
-  });
+  const half = o.ropeDim / 2, d = neoxDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(ROPE_NEOX);
+  b[0] = input;
+  b[1] = output;
+  neoxWords[0] = f32Bits(o.theta);
+  neoxWords[1] = o.headDim;
+  neoxWords[2] = o.ropeDim;
+  b[3] = positions;
+  neoxLayout[0] = o.nHeads;
+  neoxLayout[1] = o.freqFactors ? 1 : 0;
+  neoxLayout[2] = hs;
+  neoxLayout[3] = ts;
+  b[5] = o.freqFactors;
+  neoxGrid[0] = half;
+  neoxGrid[1] = rows;
+  neoxGroup[0] = half < 256 ? half : 256;
+  dispatchReusedSlots(target, d, 0b101011);
 }

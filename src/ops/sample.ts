@@ -19,8 +19,24 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, type KernelRegistry, registerContracts, type SlotSpec } from "../kernels.ts";
-import { checkBuffer, checkU32, type DispatchTarget, f32Bits, nextPow2 } from "./common.ts";
+import {
+  type KernelContract,
+  type KernelRef,
+  kernelRef,
+  type KernelRegistry,
+  registerContracts,
+  type SlotSpec,
+} from "../kernels.ts";
+import {
+  checkBuffer,
+  checkU32,
+  dispatchReusedSlots,
+  type DispatchTarget,
+  f32Bits,
+  groupsDescriptor,
+  nextPow2,
+  threadsDescriptor,
+} from "./common.ts";
 
 const R = "read", W = "write";
 const LOGIT_TYPES = [DType.F32, DType.BF16] as const;
@@ -69,6 +85,32 @@ export const sampleContracts: readonly KernelContract[] = [
 ];
 registerContracts(sampleContracts);
 
+const ARGMAX_F32 = kernelRef("argmax_f32"), ARGMAX_BF16 = kernelRef("argmax_bf16");
+const SAMPLE_F32 = kernelRef("sample_f32"), SAMPLE_BF16 = kernelRef("sample_bf16");
+const GATHER_REFS: Readonly<Record<EmbeddingFormat, KernelRef>> = {
+  f32: kernelRef("embed_gather_f32"),
+  bf16: kernelRef("embed_gather_bf16"),
+  q8_0: kernelRef("embed_gather_q8_0"),
+  q4_0: kernelRef("embed_gather_q4_0"),
+};
+const TWO32 = 2 ** 32;
+
+// Reused descriptors (see DispatchTarget): nothing is allocated per call. Slot 2 (3 for the gather)
+// holds the inline words, the cursor comes after them.
+const TOKEN_BUFFER_SLOTS = 0b1011, GATHER_BUFFER_SLOTS = 0b10111;
+const argmaxWords = [0, 0, 0, 0], argmaxGrid = [0, 1, 1], argmaxGroup = [0, 1, 1];
+const argmaxDescriptor = groupsDescriptor([undefined, undefined, argmaxWords, undefined]);
+argmaxDescriptor.grid = argmaxGrid;
+argmaxDescriptor.threadgroup = argmaxGroup;
+const sampleWords = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], sampleGrid = [0, 1, 1], sampleGroup = [0, 1, 1];
+const sampleDescriptor = groupsDescriptor([undefined, undefined, sampleWords, undefined]);
+sampleDescriptor.grid = sampleGrid;
+sampleDescriptor.threadgroup = sampleGroup;
+const gatherWords = [0, 0, 0, 0, 0], gatherGrid = [0, 0, 1], gatherGroup = [0, 1, 1];
+const gatherDescriptor = threadsDescriptor([undefined, undefined, undefined, gatherWords, undefined]);
+gatherDescriptor.grid = gatherGrid;
+gatherDescriptor.threadgroup = gatherGroup;
+
 /** Where in the ring of token ids a dispatch reads or writes. */
 export interface TokenRing {
   /** Rows (sequences) per step; default 1. */
@@ -84,13 +126,12 @@ export function tokenThreadgroupSize(vocab: number): number {
   return Math.max(32, Math.min(1024, nextPow2(Math.ceil(vocab / 4))));
 }
 
-function checkRing(op: string, ids: MlxBuffer, o: TokenRing): { rows: number; ring: number } {
-  const rows = o.rows ?? 1, ring = o.ring ?? 1;
+/** Checks the ring of `o` whose rows and ring (defaults applied) the caller passes. */
+function checkRing(op: string, ids: MlxBuffer, o: TokenRing, rows: number, ring: number): void {
   checkU32(op, "rows", rows);
   checkU32(op, "ring", ring);
   checkBuffer(op, "ids", ids, DType.U32, ring * rows);
   if (o.cursor) checkBuffer(op, "cursor", o.cursor, DType.U32, 1);
-  return { rows, ring };
 }
 
 function checkLogits(op: string, logits: MlxBuffer, rows: number, vocab: number): void {
@@ -124,15 +165,21 @@ export function argmax(
   ids: MlxBuffer,
   o: ArgmaxOptions,
 ): void {
-  const { rows, ring } = checkRing("argmax", ids, o);
+  const rows = o.rows ?? 1, ring = o.ring ?? 1;
+  checkRing("argmax", ids, o, rows, ring);
   checkLogits("argmax", logits, rows, o.vocab);
-  target.dispatch({
-    pipeline: registry.get(`argmax_${logits.dtype}`),
-    bindings: [logits, ids, [o.vocab, rows, ring, o.cursor ? 1 : 0], o.cursor],
-    grid: [rows, 1, 1],
-    threadgroup: [tokenThreadgroupSize(o.vocab), 1, 1],
-    dispatchKind: "threadgroups",
-  });
+  const d = argmaxDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(logits.dtype === DType.F32 ? ARGMAX_F32 : ARGMAX_BF16);
+  b[0] = logits;
+  b[1] = ids;
+  argmaxWords[0] = o.vocab;
+  argmaxWords[1] = rows;
+  argmaxWords[2] = ring;
+  argmaxWords[3] = o.cursor ? 1 : 0;
+  b[3] = o.cursor;
+  argmaxGrid[0] = rows;
+  argmaxGroup[0] = tokenThreadgroupSize(o.vocab);
+  dispatchReusedSlots(target, d, TOKEN_BUFFER_SLOTS);
 }
 
 /** Options of {@link sample}. */
@@ -186,7 +233,8 @@ export function sample(
   o: SampleOptions,
 ): void {
   const op = "sample";
-  const { rows, ring } = checkRing(op, ids, o);
+  const rows = o.rows ?? 1, ring = o.ring ?? 1;
+  checkRing(op, ids, o, rows, ring);
   checkLogits(op, logits, rows, o.vocab);
   const t = o.temperature;
   if (!Number.isFinite(t) || (t !== 0 && (t < 1e-5 || t > 1e5))) {
@@ -198,35 +246,38 @@ export function sample(
   if (!(topP > 0 && topP <= 1)) throw new MlxError("InvalidArgument", `${op}: topP must be in (0, 1], got ${topP}`);
   const counter = o.counter ?? 0;
   checkU32(op, "counter", counter, 0);
-  const seed = typeof o.seed === "bigint" ? o.seed : Number.isSafeInteger(o.seed) ? BigInt(o.seed) : -1n;
-  if (seed < 0n || seed >= 1n << 64n) {
+  // A number seed is split without BigInt arithmetic (no allocation per call).
+  const seed = o.seed;
+  let seedLo: number, seedHi: number;
+  if (typeof seed === "number" && Number.isSafeInteger(seed) && seed >= 0) {
+    seedHi = Math.floor(seed / TWO32);
+    seedLo = seed - seedHi * TWO32;
+  } else if (typeof seed === "bigint" && seed >= 0n && seed < 1n << 64n) {
+    seedLo = Number(seed & 0xffffffffn);
+    seedHi = Number(seed >> 32n);
+  } else {
     throw new MlxError("InvalidArgument", `${op}: seed must be an integer in [0, 2^64), got ${o.seed}`);
   }
   const c = t === 0 ? 0 : Math.fround(Math.LOG2E / t);
   const pq = Math.max(1, Math.min(TWO31, Math.round(topP * TWO31)));
-  target.dispatch({
-    pipeline: registry.get(`sample_${logits.dtype}`),
-    bindings: [
-      logits,
-      ids,
-      [
-        o.vocab,
-        rows,
-        ring,
-        o.cursor ? 1 : 0,
-        f32Bits(c),
-        topK,
-        pq,
-        Number(seed & 0xffffffffn),
-        Number(seed >> 32n),
-        counter,
-      ],
-      o.cursor,
-    ],
-    grid: [rows, 1, 1],
-    threadgroup: [tokenThreadgroupSize(o.vocab), 1, 1],
-    dispatchKind: "threadgroups",
-  });
+  const d = sampleDescriptor, b = d.bindings, w = sampleWords;
+  d.pipeline = registry.resolve(logits.dtype === DType.F32 ? SAMPLE_F32 : SAMPLE_BF16);
+  b[0] = logits;
+  b[1] = ids;
+  w[0] = o.vocab;
+  w[1] = rows;
+  w[2] = ring;
+  w[3] = o.cursor ? 1 : 0;
+  w[4] = f32Bits(c);
+  w[5] = topK;
+  w[6] = pq;
+  w[7] = seedLo;
+  w[8] = seedHi;
+  w[9] = counter;
+  b[3] = o.cursor;
+  sampleGrid[0] = rows;
+  sampleGroup[0] = tokenThreadgroupSize(o.vocab);
+  dispatchReusedSlots(target, d, TOKEN_BUFFER_SLOTS);
 }
 
 /** Options of {@link embedGather}. */
@@ -262,7 +313,8 @@ export function embedGather(
   o: EmbedGatherOptions,
 ): void {
   const op = "embed_gather";
-  const { rows, ring } = checkRing(op, ids, o);
+  const rows = o.rows ?? 1, ring = o.ring ?? 1;
+  checkRing(op, ids, o, rows, ring);
   checkU32(op, "dim", o.dim);
   checkU32(op, "vocab", o.vocab);
   const format = o.format ?? table.dtype;
@@ -282,11 +334,20 @@ export function embedGather(
     throw new MlxError("InvalidArgument", `${op}: table holds ${table.byteLength} bytes, needs ${need}`);
   }
   checkBuffer(op, "output", output, DType.F32, rows * o.dim);
-  target.dispatch({
-    pipeline: registry.get(`embed_gather_${f}`),
-    bindings: [table, ids, output, [rows, o.dim, o.vocab, ring, o.cursor ? 1 : 0], o.cursor],
-    grid: [o.dim, rows, 1],
-    threadgroup: [Math.min(256, nextPow2(o.dim)), 1, 1],
-    dispatchKind: "threads",
-  });
+  const d = gatherDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(GATHER_REFS[f]);
+  b[0] = table;
+  b[1] = ids;
+  b[2] = output;
+  gatherWords[0] = rows;
+  gatherWords[1] = o.dim;
+  gatherWords[2] = o.vocab;
+  gatherWords[3] = ring;
+  gatherWords[4] = o.cursor ? 1 : 0;
+  b[4] = o.cursor;
+  gatherGrid[0] = o.dim;
+  gatherGrid[1] = rows;
+  const p = nextPow2(o.dim);
+  gatherGroup[0] = p < 256 ? p : 256;
+  dispatchReusedSlots(target, d, GATHER_BUFFER_SLOTS);
 }
