@@ -1,6 +1,6 @@
 /* Matrix products y = x · Wᵀ (x f32 [M, K], W [N, K], y f32 [M, N]) with W dense (f32/bf16),
  * MLX affine-quantized (4/6/8 bits, groups of 32/64/128, bf16 scales and biases) or in ggml block
- * formats (Q4_0, Q8_0, Q6_K), plus the MoE variant that picks an expert's weights per output row.
+ * formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), plus the MoE variant that picks an expert's weights per output row.
  *
  * Geometry (shared with the GPU kernels): threadgroups (ceil(N / OUTS), rows) — each threadgroup
  * produces OUTS consecutive outputs of one row of x (rows = M, or tokens·top_k for MoE). The CPU
@@ -209,10 +209,19 @@ static int qmatmul_affine_fast_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy
 
 /* ---- ggml block formats ------------------------------------------------------------------------ */
 
-typedef enum { GGML_Q4_0 = 0, GGML_Q8_0 = 1, GGML_Q6_K = 2 } ggml_fmt;
+typedef enum {
+  GGML_Q4_0 = 0,
+  GGML_Q8_0 = 1,
+  GGML_Q6_K = 2,
+  GGML_Q4_1 = 3,
+  GGML_Q5_0 = 4,
+  GGML_Q5_1 = 5,
+  GGML_Q4_K = 6,
+  GGML_Q5_K = 7,
+} ggml_fmt;
 
-static const uint32_t ggml_block_values[] = {32, 32, 256};
-static const uint32_t ggml_block_bytes[] = {18, 34, 210};
+static const uint32_t ggml_block_values[] = {32, 32, 256, 32, 32, 32, 256, 256};
+static const uint32_t ggml_block_bytes[] = {18, 34, 210, 20, 22, 24, 144, 176};
 
 static inline float half_at(const uint8_t *p) {
   uint16_t h;
@@ -220,9 +229,67 @@ static inline float half_at(const uint8_t *p) {
   return mlxn_f16_to_f32(h);
 }
 
+/* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
+static inline void scale_min_k4(uint32_t j, const uint8_t *q, uint32_t *sc, uint32_t *m) {
+  if (j < 4) {
+    *sc = q[j] & 63u;
+    *m = q[j + 4] & 63u;
+  } else {
+    *sc = (q[j + 4] & 0xfu) | ((uint32_t)(q[j - 4] >> 6) << 4);
+    *m = (uint32_t)(q[j + 4] >> 4) | ((uint32_t)(q[j] >> 6) << 4);
+  }
+}
+
+/* Q4_K (d, dmin, scales[12], qs[128]) and Q5_K (the same with qh[32] before qs): sub-block j of
+ * 32 values is d·sc_j·q − dmin·m_j, q the low (even j) or high (odd j) nibbles of qs[32·(j/2)..],
+ * plus 16 when bit j of qh[l] is set (Q5_K). As ggml's dequantize_row_q4_K / _q5_K. */
+static void kquant_dequant_block(int five, const uint8_t *b, float *out) {
+  float d = half_at(b), dmin = half_at(b + 2);
+  const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+  for (uint32_t j = 0; j < 8; j++) {
+    uint32_t sc, m;
+    scale_min_k4(j, scales, &sc, &m);
+    float d1 = d * (float)sc, m1 = dmin * (float)m;
+    const uint8_t *q = qs + (j / 2) * 32;
+    for (uint32_t l = 0; l < 32; l++) {
+      uint32_t v = (j & 1u) ? (uint32_t)(q[l] >> 4) : (q[l] & 0xfu);
+      if (five) v |= ((qh[l] >> j) & 1u) << 4;
+      out[j * 32 + l] = d1 * (float)v - m1;
+    }
+  }
+}
+
+/* Q4_1 (d, m, qs[16]), Q5_0 (d, qh u32, qs[16]) and Q5_1 (d, m, qh, qs[16]): value j uses the low
+ * nibble of qs[j] and value j + 16 the high one; qh bit j is the 5th bit of value j. Q5_0
+ * subtracts 16, the _1 formats add m. */
+static void q32_dequant_block(ggml_fmt f, const uint8_t *b, float *out) {
+  float d = half_at(b), m = f == GGML_Q5_0 ? 0.0f : half_at(b + 2);
+  uint32_t qh = 0;
+  const uint8_t *qs = b + (f == GGML_Q4_1 ? 4 : f == GGML_Q5_0 ? 6 : 8);
+  if (f != GGML_Q4_1) {
+    const uint8_t *h = b + (f == GGML_Q5_0 ? 2 : 4);
+    qh = (uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) | ((uint32_t)h[3] << 24);
+  }
+  for (uint32_t j = 0; j < 16; j++) {
+    int lo = (int)((qs[j] & 0xfu) | (((qh >> j) & 1u) << 4));
+    int hi = (int)((uint32_t)(qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+    if (f == GGML_Q5_0) {
+      out[j] = (float)(lo - 16) * d;
+      out[j + 16] = (float)(hi - 16) * d;
+    } else {
+      out[j] = (float)lo * d + m;
+      out[j + 16] = (float)hi * d + m;
+    }
+  }
+}
+
 /* Dequantizes one block into out[values]. */
 static void ggml_dequant_block(ggml_fmt f, const uint8_t *b, float *out) {
-  if (f == GGML_Q4_0) {
+  if (f == GGML_Q4_K || f == GGML_Q5_K) {
+    kquant_dequant_block(f == GGML_Q5_K, b, out);
+  } else if (f == GGML_Q4_1 || f == GGML_Q5_0 || f == GGML_Q5_1) {
+    q32_dequant_block(f, b, out);
+  } else if (f == GGML_Q4_0) {
     float d = half_at(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < 16; j++) {
@@ -328,6 +395,11 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
 GGML_KERNELS(qmatmul_q4_0, GGML_Q4_0)
 GGML_KERNELS(qmatmul_q8_0, GGML_Q8_0)
 GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
+GGML_KERNELS(qmatmul_q4_1, GGML_Q4_1)
+GGML_KERNELS(qmatmul_q5_0, GGML_Q5_0)
+GGML_KERNELS(qmatmul_q5_1, GGML_Q5_1)
+GGML_KERNELS(qmatmul_q4_k, GGML_Q4_K)
+GGML_KERNELS(qmatmul_q5_k, GGML_Q5_K)
 
 /* ---- quantized_matmul_id_ggml (MoE): 0 x [tokens, K], 1 W [E, N, K/bv blocks], 2 ids u32
  *      [tokens·top_k], 3 y [tokens·top_k, N], 4 {rows = tokens·top_k, N, K, top_k, n_experts};
@@ -377,6 +449,11 @@ GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
 GGML_ID_KERNEL(qmatmul_id_q4_0, GGML_Q4_0)
 GGML_ID_KERNEL(qmatmul_id_q8_0, GGML_Q8_0)
 GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
+GGML_ID_KERNEL(qmatmul_id_q4_1, GGML_Q4_1)
+GGML_ID_KERNEL(qmatmul_id_q5_0, GGML_Q5_0)
+GGML_ID_KERNEL(qmatmul_id_q5_1, GGML_Q5_1)
+GGML_ID_KERNEL(qmatmul_id_q4_k, GGML_Q4_K)
+GGML_ID_KERNEL(qmatmul_id_q5_k, GGML_Q5_K)
 
 const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
     {"matmul_f32", "bbbco", matmul_f32_validate, matmul_f32_run},
@@ -392,5 +469,20 @@ const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
     {"qmatmul_id_q4_0", "bbbbc", qmatmul_id_q4_0_validate, qmatmul_id_q4_0_run},
     {"qmatmul_id_q8_0", "bbbbc", qmatmul_id_q8_0_validate, qmatmul_id_q8_0_run},
     {"qmatmul_id_q6_k", "bbbbc", qmatmul_id_q6_k_validate, qmatmul_id_q6_k_run},
+    {"qmatmul_q4_1_mv", "bbbc", qmatmul_q4_1_mv_validate, qmatmul_q4_1_mv_run},
+    {"qmatmul_q4_1_mm", "bbbc", qmatmul_q4_1_mm_validate, qmatmul_q4_1_mm_run},
+    {"qmatmul_q5_0_mv", "bbbc", qmatmul_q5_0_mv_validate, qmatmul_q5_0_mv_run},
+    {"qmatmul_q5_0_mm", "bbbc", qmatmul_q5_0_mm_validate, qmatmul_q5_0_mm_run},
+    {"qmatmul_q5_1_mv", "bbbc", qmatmul_q5_1_mv_validate, qmatmul_q5_1_mv_run},
+    {"qmatmul_q5_1_mm", "bbbc", qmatmul_q5_1_mm_validate, qmatmul_q5_1_mm_run},
+    {"qmatmul_q4_k_mv", "bbbc", qmatmul_q4_k_mv_validate, qmatmul_q4_k_mv_run},
+    {"qmatmul_q4_k_mm", "bbbc", qmatmul_q4_k_mm_validate, qmatmul_q4_k_mm_run},
+    {"qmatmul_q5_k_mv", "bbbc", qmatmul_q5_k_mv_validate, qmatmul_q5_k_mv_run},
+    {"qmatmul_q5_k_mm", "bbbc", qmatmul_q5_k_mm_validate, qmatmul_q5_k_mm_run},
+    {"qmatmul_id_q4_1", "bbbbc", qmatmul_id_q4_1_validate, qmatmul_id_q4_1_run},
+    {"qmatmul_id_q5_0", "bbbbc", qmatmul_id_q5_0_validate, qmatmul_id_q5_0_run},
+    {"qmatmul_id_q5_1", "bbbbc", qmatmul_id_q5_1_validate, qmatmul_id_q5_1_run},
+    {"qmatmul_id_q4_k", "bbbbc", qmatmul_id_q4_k_validate, qmatmul_id_q4_k_run},
+    {"qmatmul_id_q5_k", "bbbbc", qmatmul_id_q5_k_validate, qmatmul_id_q5_k_run},
     {0, 0, 0, 0},
 };

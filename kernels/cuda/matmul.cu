@@ -220,19 +220,74 @@ template <bool FAST> __global__ void k_affine(const mlxn_gpu_args *__restrict__ 
 }
 
 // ---- ggml blocks -------------------------------------------------------------------------------
-enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2 };
-__host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K ? 256 : 32; }
-__host__ __device__ constexpr uint32_t block_bytes(int f) { return f == Q4_0 ? 18 : f == Q8_0 ? 34 : 210; }
+enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2, Q4_1 = 3, Q5_0 = 4, Q5_1 = 5, Q4_K = 6, Q5_K = 7 };
+__host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K || f == Q4_K || f == Q5_K ? 256 : 32; }
+__host__ __device__ constexpr uint32_t block_bytes(int f) {
+  return f == Q4_0 ? 18 : f == Q8_0 ? 34 : f == Q6_K ? 210 : f == Q4_1 ? 20 : f == Q5_0 ? 22 : f == Q5_1 ? 24
+       : f == Q4_K ? 144 : 176;
+}
 
 __device__ __forceinline__ float half_at(const uint8_t *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
 
-// This lane's share of dot(x[0..k), row): Q4_0/Q8_0 lanes take whole blocks, Q6_K lanes take
-// 16-value sub-blocks (a 256-value block would leave most lanes idle).
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes.
+__device__ __forceinline__ void scale_min_k4(uint32_t j, const uint8_t *q, uint32_t &sc, uint32_t &m) {
+  if (j < 4) {
+    sc = q[j] & 63u;
+    m = q[j + 4] & 63u;
+  } else {
+    sc = (q[j + 4] & 0xfu) | ((uint32_t)(q[j - 4] >> 6) << 4);
+    m = (uint32_t)(q[j + 4] >> 4) | ((uint32_t)(q[j] >> 6) << 4);
+  }
+}
+
+// This lane's share of dot(x[0..k), row): 32-value formats' lanes take whole blocks, Q4_K/Q5_K
+// lanes 32-value sub-blocks and Q6_K lanes 16-value sub-blocks (a 256-value block would leave most
+// lanes idle).
 template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float *x, uint32_t k, uint32_t lane) {
   float acc = 0.0f;
-  if (F == Q4_0 || F == Q8_0) {
+  if (F == Q4_1 || F == Q5_0 || F == Q5_1) {
+    // d, [m], [qh u32], qs[16]: value j < 16 is the low nibble of qs[j], j + 16 the high one; qh
+    // bit j is value j's 5th bit. Q5_0 subtracts 16, the _1 formats add m.
+    constexpr uint32_t qs_at = F == Q4_1 ? 4 : F == Q5_0 ? 6 : 8, qh_at = F == Q5_0 ? 2 : 4;
+    for (uint32_t b = lane; b < k / 32; b += 32) {
+      const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
+      float d = half_at(blk), m = F == Q5_0 ? 0.0f : half_at(blk + 2);
+      uint32_t qh = 0;
+      if (F != Q4_1)
+        qh = (uint32_t)blk[qh_at] | ((uint32_t)blk[qh_at + 1] << 8) | ((uint32_t)blk[qh_at + 2] << 16) |
+             ((uint32_t)blk[qh_at + 3] << 24);
+      const float *xb = x + (uint64_t)b * 32;
+      for (uint32_t j = 0; j < 16; j++) {
+        uint32_t q = blk[qs_at + j];
+        int lo = (int)((q & 0xfu) | (((qh >> j) & 1u) << 4)), hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+        if (F == Q5_0) {
+          acc += xb[j] * ((float)(lo - 16) * d);
+          acc += xb[j + 16] * ((float)(hi - 16) * d);
+        } else {
+          acc += xb[j] * ((float)lo * d + m);
+          acc += xb[j + 16] * ((float)hi * d + m);
+        }
+      }
+    }
+  } else if (F == Q4_K || F == Q5_K) {
+    // d, dmin, scales[12], [qh[32]], qs[128]: sub-block j is d·sc_j·q − dmin·m_j, q the low (even
+    // j) or high (odd j) nibbles of qs[32·(j/2)..], plus 16 where bit j of qh[l] is set (Q5_K).
+    for (uint32_t sb = lane; sb < k / 32; sb += 32) {
+      const uint8_t *blk = row + (uint64_t)(sb / 8) * block_bytes(F);
+      uint32_t j = sb % 8, sc, mn;
+      scale_min_k4(j, blk + 4, sc, mn);
+      float d1 = half_at(blk) * (float)sc, m1 = half_at(blk + 2) * (float)mn;
+      const uint8_t *q = blk + (F == Q5_K ? 48 : 16) + (j / 2) * 32;
+      const float *xb = x + (uint64_t)sb * 32;
+      for (uint32_t l = 0; l < 32; l++) {
+        uint32_t v = (j & 1u) ? (uint32_t)(q[l] >> 4) : (q[l] & 0xfu);
+        if (F == Q5_K) v |= (((uint32_t)blk[16 + l] >> j) & 1u) << 4;
+        acc += xb[l] * (d1 * (float)v - m1);
+      }
+    }
+  } else if (F == Q4_0 || F == Q8_0) {
     for (uint32_t b = lane; b < k / 32; b += 32) {
       const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
       float d = half_at(blk);
@@ -306,8 +361,23 @@ extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
     {"qmatmul_q8_0_mm", (const void *)k_ggml<Q8_0, false>, 0},
     {"qmatmul_q6_k_mv", (const void *)k_ggml<Q6_K, true>, 0},
     {"qmatmul_q6_k_mm", (const void *)k_ggml<Q6_K, false>, 0},
+    {"qmatmul_q4_1_mv", (const void *)k_ggml<Q4_1, true>, 0},
+    {"qmatmul_q4_1_mm", (const void *)k_ggml<Q4_1, false>, 0},
+    {"qmatmul_q5_0_mv", (const void *)k_ggml<Q5_0, true>, 0},
+    {"qmatmul_q5_0_mm", (const void *)k_ggml<Q5_0, false>, 0},
+    {"qmatmul_q5_1_mv", (const void *)k_ggml<Q5_1, true>, 0},
+    {"qmatmul_q5_1_mm", (const void *)k_ggml<Q5_1, false>, 0},
+    {"qmatmul_q4_k_mv", (const void *)k_ggml<Q4_K, true>, 0},
+    {"qmatmul_q4_k_mm", (const void *)k_ggml<Q4_K, false>, 0},
+    {"qmatmul_q5_k_mv", (const void *)k_ggml<Q5_K, true>, 0},
+    {"qmatmul_q5_k_mm", (const void *)k_ggml<Q5_K, false>, 0},
     {"qmatmul_id_q4_0", (const void *)k_ggml_id<Q4_0>, 0},
     {"qmatmul_id_q8_0", (const void *)k_ggml_id<Q8_0>, 0},
     {"qmatmul_id_q6_k", (const void *)k_ggml_id<Q6_K>, 0},
+    {"qmatmul_id_q4_1", (const void *)k_ggml_id<Q4_1>, 0},
+    {"qmatmul_id_q5_0", (const void *)k_ggml_id<Q5_0>, 0},
+    {"qmatmul_id_q5_1", (const void *)k_ggml_id<Q5_1>, 0},
+    {"qmatmul_id_q4_k", (const void *)k_ggml_id<Q4_K>, 0},
+    {"qmatmul_id_q5_k", (const void *)k_ggml_id<Q5_K>, 0},
     {nullptr, nullptr, 0},
 };

@@ -1,8 +1,8 @@
 /**
  * Matrix products y = x · Wᵀ: x f32 [M, K], W [N, K], y f32 [M, N]. Dense (f32 or bf16 weights),
  * MLX affine-quantized (4/6/8 bits; the fast kernel when N % 8 = 0, K % 256 = 0 and 4 or 8 bits, as
- * the seed selects its SIMD kernel), ggml blocks (Q4_0, Q8_0, Q6_K; mat-vec for M ≤ 8, else
- * mat-mat) and the MoE variant with per-row experts. Formats: src/quant.ts.
+ * the seed selects its SIMD kernel), ggml blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K;
+ * mat-vec for M ≤ 8, else mat-mat) and the MoE variant with per-row experts. Formats: src/quant.ts.
  * Geometry: threadgroups (ceil(N / outputs per group), rows), 128 threads.
  *
  * @module
@@ -26,7 +26,7 @@ const enum Epilogue {
   Residual = 1,
   SwiGlu = 2,
 }
-const FORMATS: readonly GgmlFormat[] = ["q4_0", "q8_0", "q6_k"];
+const FORMATS: readonly GgmlFormat[] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"];
 
 const contract = (name: string, slots: KernelContract["slots"]): KernelContract => ({
   name,

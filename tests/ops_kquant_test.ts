@@ -1,0 +1,140 @@
+/**
+ * The ggml formats real model files ship beyond Q4_0/Q8_0/Q6_K (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K):
+ * mat-vec, mat-mat and MoE-id products against float64 products of the independently dequantized
+ * weights (src/quant.ts), on bytes from the upstream quantizers and on random block bytes (every
+ * scale, min and high-bit pattern, which quantized smooth data rarely reaches).
+ *
+ * Tolerance: K products accumulated in f32 give (K + 4)·u·Σ|x·w| (u = 2⁻²⁴). The kernels form each
+ * weight as d·q + m or d·sc·q − dmin·m in f32, so a weight may round near the magnitude of its terms
+ * rather than its own: the bound adds 4·u·Σ|x|·max|w| of the row for that.
+ */
+import { deepStrictEqual, throws } from "node:assert/strict";
+import { dequantizeGgml, DType, GGML_BLOCK, type GgmlFormat, MlxError, ops, quantizeGgml } from "../mod.ts";
+import { assertClose, randomValues, rng, testContext } from "./helpers.ts";
+import { refMatmul } from "./reference.ts";
+
+const U = 2 ** -24;
+const NEW_FORMATS: readonly GgmlFormat[] = ["q4_1", "q5_0", "q5_1", "q4_k", "q5_k"];
+
+/** Offsets of each block's f16 fields (d, and m/dmin where the format has one). */
+const HALF_FIELDS: Readonly<Record<string, readonly number[]>> = {
+  q4_1: [0, 2],
+  q5_0: [0],
+  q5_1: [0, 2],
+  q4_k: [0, 2],
+  q5_k: [0, 2],
+};
+
+/**
+ * Random block bytes: every quant, scale and high bit uniform, the f16 fields finite with magnitudes
+ * in [2⁻⁸, 2⁻⁶) and random signs (a negative d or dmin is legal in the format).
+ */
+function randomBlocks(format: GgmlFormat, n: number, k: number, seed: number): Uint8Array {
+  const blk = GGML_BLOCK[format], r = rng(seed);
+  const out = Uint8Array.from({ length: n * (k / blk.values) * blk.bytes }, () => Math.floor(r() * 256));
+  for (let at = 0; at < out.length; at += blk.bytes) {
+    for (const off of HALF_FIELDS[format]) {
+      const bits = (r() < 0.5 ? 0x8000 : 0) | ((15 - 8 + Math.floor(r() * 2)) << 10) | Math.floor(r() * 1024);
+      out[at + off] = bits & 0xff;
+      out[at + off + 1] = bits >> 8;
+    }
+  }
+  return out;
+}
+
+function checkRows(x: ArrayLike<number>, w: Float64Array, m: number, n: number, k: number) {
+  const ref = refMatmul(x, w, m, n, k);
+  const slack = new Float64Array(m * n);
+  for (let j = 0; j < n; j++) {
+    let wmax = 0;
+    for (let t = 0; t < k; t++) wmax = Math.max(wmax, Math.abs(w[j * k + t]));
+    for (let i = 0; i < m; i++) {
+      let xs = 0;
+      for (let t = 0; t < k; t++) xs += Math.abs(x[i * k + t]);
+      slack[i * n + j] = 4 * U * xs * wmax;
+    }
+  }
+  return { ref, slack };
+}
+
+function assertProduct(
+  got: ArrayLike<number>,
+  x: ArrayLike<number>,
+  w: Float64Array,
+  shape: { m: number; n: number; k: number },
+  what: string,
+) {
+  const { m, n, k } = shape;
+  const { ref, slack } = checkRows(x, w, m, n, k);
+  assertClose(got, ref.y, (i) => (k + 4) * U * ref.mag[i] + slack[i] + 1e-30, what);
+}
+
+Deno.test("ggml Q4_1/Q5_0/Q5_1/Q4_K/Q5_K matmul: mat-vec and mat-mat match the float64 reference", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  for (const format of NEW_FORMATS) {
+    const bv = GGML_BLOCK[format].values;
+    const shapes: [number, number, number][] = [[1, 7, bv], [5, 9, 2 * bv], [10, 3, 3 * bv]];
+    for (const [m, n, k] of shapes) {
+      for (const source of ["quantized", "random bytes"]) {
+        await t.step(`${format} ${source} m=${m} n=${n} k=${k}`, () => {
+          const xv = randomValues(m * k, m * 13 + k);
+          const blocks = source === "quantized"
+            ? quantizeGgml(randomValues(n * k, n * 17 + k), n, k, format)
+            : randomBlocks(format, n, k, n * 19 + k + m);
+          using x = device.upload(xv), w = device.upload(blocks);
+          using yAuto = device.alloc(m * n * 4, DType.F32), yMm = device.alloc(m * n * 4, DType.F32);
+          using enc = device.commandEncoder();
+          ops.quantizedMatmulGgml(enc, registry, x, w, yAuto, { m, n, k, format });
+          ops.quantizedMatmulGgml(enc, registry, x, w, yMm, { m, n, k, format, variant: "mm" });
+          enc.commitAndWait();
+          assertProduct(yAuto.read(), xv, dequantizeGgml(blocks, n, k, format), { m, n, k }, format);
+          // Same per-lane arithmetic, different work split: bit-equal.
+          deepStrictEqual(yMm.readBytes(), yAuto.readBytes());
+        });
+      }
+    }
+  }
+});
+
+Deno.test("ggml Q4_1/Q5_0/Q5_1/Q4_K/Q5_K MoE: each output row uses its token and its expert", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  for (const format of NEW_FORMATS) {
+    await t.step(format, () => {
+      const k = 2 * GGML_BLOCK[format].values, tokens = 3, topK = 2, experts = 4, n = 6;
+      const xv = randomValues(tokens * k, k + 3);
+      const blocks = randomBlocks(format, experts * n, k, k + 5); // experts stacked along N
+      const ids = new Uint32Array([3, 0, 1, 1, 2, 3]);
+      using x = device.upload(xv), w = device.upload(blocks), idb = device.upload(ids);
+      using y = device.alloc(tokens * topK * n * 4, DType.F32);
+      using enc = device.commandEncoder();
+      ops.quantizedMatmulIdGgml(enc, registry, x, w, idb, y, { tokens, topK, n, k, experts, format });
+      enc.commitAndWait();
+      const deq = dequantizeGgml(blocks, experts * n, k, format), got = y.read();
+      for (let r = 0; r < tokens * topK; r++) {
+        const t0 = Math.floor(r / topK);
+        assertProduct(
+          got.subarray(r * n, (r + 1) * n),
+          xv.subarray(t0 * k, (t0 + 1) * k),
+          deq.subarray(ids[r] * n * k, (ids[r] + 1) * n * k),
+          { m: 1, n, k },
+          `${format} row ${r}`,
+        );
+      }
+    });
+  }
+});
+
+Deno.test("ggml K-quant matmul rejects K that is not a whole number of 256-value blocks", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  using x = device.alloc(4 * 128, DType.F32), w = device.alloc(144, DType.U8), y = device.alloc(4, DType.F32);
+  for (const format of ["q4_k", "q5_k"] as GgmlFormat[]) {
+    using enc = device.commandEncoder();
+    throws(
+      () => ops.quantizedMatmulGgml(enc, registry, x, w, y, { m: 1, n: 1, k: 128, format }),
+      (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument" && /multiple of 256/.test(e.message),
+    );
+  }
+});
