@@ -138,3 +138,35 @@ Deno.test("ggml K-quant matmul rejects K that is not a whole number of 256-value
     );
   }
 });
+
+Deno.test("dense matmul with f16 weights: plain, residual and SwiGLU epilogues", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 1025]]) {
+    await t.step(`m=${m} n=${n} k=${k}`, () => {
+      const xv = randomValues(m * k, m + 3 * k), wv = randomValues(2 * n * k, n + k, DType.F16);
+      const rv = randomValues(m * n, n + 1);
+      using x = device.upload(xv), w = device.upload(wv, DType.F16), r = device.upload(rv);
+      const f32 = (count: number) => device.alloc(count * 4, DType.F32);
+      using y = f32(m * n), withRes = f32(m * n), glu = f32(m * n), gu = f32(m * 2 * n), pair = f32(m * n);
+      using sum = f32(m * n);
+      using enc = device.commandEncoder();
+      ops.matmul(enc, registry, x, w, y, { m, n, k }); // W's first n rows
+      ops.matmul(enc, registry, x, w, withRes, { m, n, k, residual: r });
+      ops.matmul(enc, registry, x, w, glu, { m, n, k, swiglu: true });
+      ops.matmul(enc, registry, x, w, gu, { m, n: 2 * n, k });
+      enc.memoryBarrier();
+      ops.elementwiseAdd(enc, registry, r, y, sum);
+      for (let i = 0; i < m; i++) {
+        const row = gu.slice(i * 2 * n * 4, 2 * n * 4);
+        ops.siluMul(enc, registry, row.slice(0, n * 4), row.slice(n * 4, n * 4), pair.slice(i * n * 4, n * 4), n);
+      }
+      enc.commitAndWait();
+      const ref = refMatmul(xv, wv.subarray(0, n * k), m, n, k);
+      assertClose(y.read(), ref.y, (i) => (k + 4) * U * ref.mag[i] + 1e-30, "f16 matmul");
+      // The epilogues equal the unfused sequences bit for bit, as for f32 and bf16 weights.
+      deepStrictEqual(withRes.readBytes(), sum.readBytes());
+      deepStrictEqual(glu.readBytes(), pair.readBytes());
+    });
+  }
+});

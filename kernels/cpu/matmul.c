@@ -1,4 +1,4 @@
-/* Matrix products y = x · Wᵀ (x f32 [M, K], W [N, K], y f32 [M, N]) with W dense (f32/bf16),
+/* Matrix products y = x · Wᵀ (x f32 [M, K], W [N, K], y f32 [M, N]) with W dense (f32/bf16/f16),
  * MLX affine-quantized (4/6/8 bits, groups of 32/64/128, bf16 scales and biases) or in ggml block
  * formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), plus the MoE variant that picks an expert's weights per output row.
  *
@@ -107,6 +107,7 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
 
 DENSE_KERNEL(f32, MLXN_T_F32)
 DENSE_KERNEL(bf16, MLXN_T_BF16)
+DENSE_KERNEL(f16, MLXN_T_F16)
 
 /* ---- MLX affine: 0 x, 1 packed W, 2 scales bf16 [N, K/gs], 3 biases bf16, 4 y,
  *      5 {M, N, K, bits, group_size}; w = scale · q + bias -------------------------------------
@@ -458,6 +459,7 @@ GGML_ID_KERNEL(qmatmul_id_q5_k, GGML_Q5_K)
 const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
     {"matmul_f32", "bbbco", matmul_f32_validate, matmul_f32_run},
     {"matmul_bf16", "bbbco", matmul_bf16_validate, matmul_bf16_run},
+    {"matmul_f16", "bbbco", matmul_f16_validate, matmul_f16_run},
     {"qmatmul_affine", "bbbbbc", qmatmul_affine_validate, qmatmul_affine_run},
     {"qmatmul_affine_fast", "bbbbbc", qmatmul_affine_fast_validate, qmatmul_affine_fast_run},
     {"qmatmul_q4_0_mv", "bbbc", qmatmul_q4_0_mv_validate, qmatmul_q4_0_mv_run},

@@ -353,6 +353,7 @@ template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ arg
 extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
     {"matmul_f32", (const void *)k_matmul<T_F32>, 0},
     {"matmul_bf16", (const void *)k_matmul<T_BF16>, 0},
+    {"matmul_f16", (const void *)k_matmul<T_F16>, 0},
     {"qmatmul_affine", (const void *)k_affine<false>, 0},
     {"qmatmul_affine_fast", (const void *)k_affine<true>, 0},
     {"qmatmul_q4_0_mv", (const void *)k_ggml<Q4_0, true>, 0},

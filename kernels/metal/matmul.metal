@@ -33,6 +33,7 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)
+DENSE(matmul_f16, half)
 
 inline uint affine_q(device const uchar *row, uint k, uint bits) {
   if (bits == 8) return row[k];

@@ -1,5 +1,5 @@
 /**
- * Matrix products y = x · Wᵀ: x f32 [M, K], W [N, K], y f32 [M, N]. Dense (f32 or bf16 weights),
+ * Matrix products y = x · Wᵀ: x f32 [M, K], W [N, K], y f32 [M, N]. Dense (f32, bf16 or f16 weights),
  * MLX affine-quantized (4/6/8 bits; the fast kernel when N % 8 = 0, K % 256 = 0 and 4 or 8 bits, as
  * the seed selects its SIMD kernel), ggml blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K;
  * mat-vec for M ≤ 8, else mat-mat) and the MoE variant with per-row experts. Formats: src/quant.ts.
@@ -36,7 +36,7 @@ const contract = (name: string, slots: KernelContract["slots"]): KernelContract 
 
 /** Contracts of this family. */
 export const matmulContracts: readonly KernelContract[] = [
-  ...["f32", "bf16"].map((t) =>
+  ...["f32", "bf16", "f16"].map((t) =>
     contract(`matmul_${t}`, [
       { name: "x", kind: "buffer", access: R },
       { name: "w", kind: "buffer", access: R, constantIf: { slot: 3, word: 3, mask: MODE_CONSTANT_WEIGHTS } },
@@ -126,7 +126,7 @@ export interface DenseMatmulOptions extends MatmulShape {
 }
 
 /**
- * y = x · Wᵀ with dense f32 or bf16 weights (projections, embeddings, lm-head), optionally with a
+ * y = x · Wᵀ with dense f32, bf16 or f16 weights (projections, embeddings, lm-head), optionally with a
  * fused epilogue: a residual add or SwiGLU (see {@link DenseMatmulOptions}).
  */
 export function matmul(
@@ -138,8 +138,8 @@ export function matmul(
   s: DenseMatmulOptions,
 ): void {
   checkShape("matmul", s);
-  if (w.dtype !== DType.F32 && w.dtype !== DType.BF16) {
-    throw new MlxError("InvalidArgument", `matmul: weights must be f32 or bf16, got ${w.dtype}`);
+  if (w.dtype !== DType.F32 && w.dtype !== DType.BF16 && w.dtype !== DType.F16) {
+    throw new MlxError("InvalidArgument", `matmul: weights must be f32 or bf16, got ${w.dtype} (f16 is accepted too)`);
   }
   const r = s.residual, swiglu = s.swiglu === true;
   if (r && swiglu) {
