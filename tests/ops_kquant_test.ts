@@ -8,8 +8,22 @@
  * weight as d·q + m or d·sc·q − dmin·m in f32, so a weight may round near the magnitude of its terms
  * rather than its own: the bound adds 4·u·Σ|x|·max|w| of the row for that.
  */
-import { deepStrictEqual, throws } from "node:assert/strict";
-import { dequantizeGgml, DType, GGML_BLOCK, type GgmlFormat, MlxError, ops, quantizeGgml } from "../mod.ts";
+import { deepStrictEqual, equal, throws } from "node:assert/strict";
+import {
+  type AffineGroupSize,
+  type AffineQuantBits,
+  type AffineQuantized,
+  type AffineScaleDtype,
+  dequantizeAffine,
+  dequantizeGgml,
+  DType,
+  GGML_BLOCK,
+  type GgmlFormat,
+  MlxError,
+  ops,
+  quantizeAffine,
+  quantizeGgml,
+} from "../mod.ts";
 import { assertClose, randomValues, rng, testContext } from "./helpers.ts";
 import { refMatmul } from "./reference.ts";
 
@@ -169,4 +183,103 @@ Deno.test("dense matmul with f16 weights: plain, residual and SwiGLU epilogues",
       deepStrictEqual(glu.readBytes(), pair.readBytes());
     });
   }
+});
+
+function uploadScales(device: ReturnType<typeof testContext>["device"], qz: AffineQuantized) {
+  const dt = (qz.scaleDtype ?? "bf16") as DType;
+  return { sc: device.upload(qz.scales, dt), bi: device.upload(qz.biases, dt) };
+}
+
+Deno.test("MLX affine matmul: 2/3/5 bits and f16/f32 scales match the float64 reference", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const cases: [AffineQuantBits, AffineGroupSize, AffineScaleDtype][] = [];
+  for (const bits of [2, 3, 5] as AffineQuantBits[]) {
+    for (const gs of [32, 64, 128] as AffineGroupSize[]) cases.push([bits, gs, "bf16"]);
+  }
+  for (const bits of [2, 3, 4, 5, 6, 8] as AffineQuantBits[]) {
+    cases.push([bits, 64, "f16"], [bits, 32, "f32"]);
+  }
+  for (const [bits, gs, dtype] of cases) {
+    for (const [m, n, k] of [[1, 7, 256], [3, 16, 384]]) {
+      await t.step(`${bits}-bit g${gs} ${dtype} m=${m} n=${n} k=${k}`, () => {
+        const xv = randomValues(m * k, 5 * k + m + bits), wv = randomValues(n * k, n * k + bits + gs);
+        const qz = quantizeAffine(wv, n, k, bits, gs, { dtype });
+        using x = device.upload(xv), w = device.upload(qz.weights), y = device.alloc(m * n * 4, DType.F32);
+        const { sc, bi } = uploadScales(device, qz);
+        using _s = sc, _b = bi;
+        using enc = device.commandEncoder();
+        ops.quantizedMatmul(enc, registry, x, w, sc, bi, y, { m, n, k, bits, groupSize: gs });
+        enc.commitAndWait();
+        assertProduct(y.read(), xv, dequantizeAffine(qz), { m, n, k }, `${bits}-bit ${dtype}`);
+      });
+    }
+  }
+});
+
+Deno.test("MLX affine MoE (gather): each output row uses its token and its expert", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  for (const [bits, gs, dtype] of [[3, 32, "bf16"], [4, 64, "f16"], [5, 128, "f32"], [8, 32, "bf16"]] as const) {
+    await t.step(`${bits}-bit g${gs} ${dtype}`, () => {
+      const k = 256, tokens = 3, topK = 2, experts = 4, n = 5;
+      const xv = randomValues(tokens * k, k + bits), wv = randomValues(experts * n * k, k + gs);
+      const qz = quantizeAffine(wv, experts * n, k, bits, gs, { dtype }); // experts stacked along N
+      const ids = new Uint32Array([2, 0, 3, 3, 1, 2]);
+      using x = device.upload(xv), w = device.upload(qz.weights), idb = device.upload(ids);
+      const { sc, bi } = uploadScales(device, qz);
+      using _s = sc, _b = bi;
+      using y = device.alloc(tokens * topK * n * 4, DType.F32);
+      using enc = device.commandEncoder();
+      const o = { tokens, topK, n, k, experts, bits, groupSize: gs };
+      ops.quantizedMatmulAffineGather(enc, registry, x, w, sc, bi, idb, y, o);
+      enc.commitAndWait();
+      const deq = dequantizeAffine(qz), got = y.read();
+      for (let r = 0; r < tokens * topK; r++) {
+        const t0 = Math.floor(r / topK);
+        assertProduct(
+          got.subarray(r * n, (r + 1) * n),
+          xv.subarray(t0 * k, (t0 + 1) * k),
+          deq.subarray(ids[r] * n * k, (ids[r] + 1) * n * k),
+          { m: 1, n, k },
+          `row ${r}`,
+        );
+      }
+    });
+  }
+  await t.step("an expert id out of range fails the command buffer", () => {
+    const k = 64, n = 4;
+    const qz = quantizeAffine(randomValues(2 * n * k, 9), 2 * n, k, 4, 32);
+    using x = device.upload(randomValues(k, 1)), w = device.upload(qz.weights);
+    const { sc, bi } = uploadScales(device, qz);
+    using _s = sc, _b = bi;
+    using bad = device.upload(new Uint32Array([2])), y = device.alloc(n * 4, DType.F32);
+    using enc = device.commandEncoder();
+    const o = { tokens: 1, topK: 1, n, k, experts: 2, bits: 4 as const, groupSize: 32 as const };
+    ops.quantizedMatmulAffineGather(enc, registry, x, w, sc, bi, bad, y, o);
+    throws(
+      () => enc.commitAndWait(),
+      (e: unknown) =>
+        e instanceof MlxError && e.code === "CommandBufferError" && /qmatmul_affine_gather/.test(e.message),
+    );
+  });
+});
+
+Deno.test("MLX affine ops reject bad widths, mixed scale dtypes and the fast kernel off its rules", () => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  using x = device.alloc(4 * 256, DType.F32), w = device.alloc(256, DType.U8), y = device.alloc(64, DType.F32);
+  using s16 = device.alloc(64, DType.F16), sb16 = device.alloc(64, DType.BF16);
+  using enc = device.commandEncoder();
+  const bad = (fn: () => void, re: RegExp) =>
+    throws(fn, (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument" && re.test(e.message));
+  const o = { m: 1, n: 1, k: 256, groupSize: 64 as const };
+  bad(() => ops.quantizedMatmul(enc, registry, x, w, s16, s16, y, { ...o, bits: 7 as 8 }), /bits must be 2, 3, 4, 5/);
+  bad(() => ops.quantizedMatmul(enc, registry, x, w, s16, sb16, y, { ...o, bits: 4 }), /share one dtype/);
+  bad(() => ops.quantizedMatmul(enc, registry, x, w, w, w, y, { ...o, bits: 4 }), /one dtype of f32, f16 or bf16/);
+  bad(
+    () => ops.quantizedMatmul(enc, registry, x, w, s16, s16, y, { ...o, n: 8, bits: 4, variant: "fast" }),
+    /bf16 scales/,
+  );
+  equal(enc.dispatchCount, 0);
 });

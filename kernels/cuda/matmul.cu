@@ -219,6 +219,63 @@ template <bool FAST> __global__ void k_affine(const mlxn_gpu_args *__restrict__ 
   if (lane == 0) buf<float>(a, 4)[(uint64_t)row * n_ + n] = acc;
 }
 
+// ---- MLX affine, any width and scale dtype (as kernels/cpu/matmul.c: a row is one little-endian
+// bit stream, code j at bit j·bits; scale type 0 f32, 1 f16, 2 bf16) ---------------------------
+__device__ __forceinline__ uint32_t affine_code(const uint8_t *row, uint32_t k, uint32_t bits) {
+  uint64_t at = (uint64_t)k * bits;
+  uint32_t shift = (uint32_t)(at & 7u), v = row[at >> 3];
+  if (shift + bits > 8) v |= (uint32_t)row[(at >> 3) + 1] << 8; // a code spans at most 2 bytes
+  return (v >> shift) & ((1u << bits) - 1u);
+}
+
+__device__ __forceinline__ float load_scale(const void *p, uint64_t i, uint32_t t) {
+  return t == T_F32 ? load<T_F32>(p, i) : t == T_F16 ? load<T_F16>(p, i) : load<T_BF16>(p, i);
+}
+
+// Lane `lane`'s share of one output; scales/biases of the row start at group 0 of sc/bi.
+__device__ float affine_general_lane(const float *x, const uint8_t *w, const void *sc, const void *bi, uint64_t s0,
+                                     uint32_t k, uint32_t bits, uint32_t gs, uint32_t t, uint32_t lane) {
+  float acc = 0.0f;
+  for (uint32_t i = lane; i < k; i += 32) {
+    uint32_t g = i / gs;
+    acc += x[i] * (load_scale(sc, s0 + g, t) * (float)affine_code(w, i, bits) + load_scale(bi, s0 + g, t));
+  }
+  return acc;
+}
+
+__global__ void k_affine_general(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  uint32_t m = arg_u32(a, 5, 0), n_ = arg_u32(a, 5, 4), k = arg_u32(a, 5, 8);
+  uint32_t bits = arg_u32(a, 5, 12), gs = arg_u32(a, 5, 16), t = arg_u32(a, 5, 20);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), row = blockIdx.y, lane = lane_id();
+  if (n >= n_ || row >= m) return;
+  const uint8_t *w = buf<const uint8_t>(a, 1) + (uint64_t)n * (k / 8 * bits);
+  float acc = affine_general_lane(buf<const float>(a, 0) + (uint64_t)row * k, w, buf<const void>(a, 2),
+                                  buf<const void>(a, 3), (uint64_t)n * (k / gs), k, bits, gs, t, lane);
+  acc = warp_sum(acc);
+  if (lane == 0) buf<float>(a, 4)[(uint64_t)row * n_ + n] = acc;
+}
+
+__global__ void k_affine_gather(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  uint32_t rows = arg_u32(a, 6, 0), n_ = arg_u32(a, 6, 4), k = arg_u32(a, 6, 8);
+  uint32_t top_k = arg_u32(a, 6, 12), experts = arg_u32(a, 6, 16);
+  uint32_t bits = arg_u32(a, 6, 20), gs = arg_u32(a, 6, 24), t = arg_u32(a, 6, 28);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), r = blockIdx.y, lane = lane_id();
+  if (n >= n_ || r >= rows) return;
+  uint32_t e = buf<const uint32_t>(a, 4)[r];
+  if (e >= experts) { // data-dependent: the dispatch fails, the command buffer reports it
+    if (lane == 0) fault(a);
+    return;
+  }
+  uint64_t wr = (uint64_t)e * n_ + n;
+  const uint8_t *w = buf<const uint8_t>(a, 1) + wr * (k / 8 * bits);
+  float acc = affine_general_lane(buf<const float>(a, 0) + (uint64_t)(r / top_k) * k, w, buf<const void>(a, 2),
+                                  buf<const void>(a, 3), wr * (k / gs), k, bits, gs, t, lane);
+  acc = warp_sum(acc);
+  if (lane == 0) buf<float>(a, 5)[(uint64_t)r * n_ + n] = acc;
+}
+
 // ---- ggml blocks -------------------------------------------------------------------------------
 enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2, Q4_1 = 3, Q5_0 = 4, Q5_1 = 5, Q4_K = 6, Q5_K = 7 };
 __host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K || f == Q4_K || f == Q5_K ? 256 : 32; }
@@ -356,6 +413,8 @@ extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
     {"matmul_f16", (const void *)k_matmul<T_F16>, 0},
     {"qmatmul_affine", (const void *)k_affine<false>, 0},
     {"qmatmul_affine_fast", (const void *)k_affine<true>, 0},
+    {"qmatmul_affine_general", (const void *)k_affine_general, 0},
+    {"qmatmul_affine_gather", (const void *)k_affine_gather, 0},
     {"qmatmul_q4_0_mv", (const void *)k_ggml<Q4_0, true>, 0},
     {"qmatmul_q4_0_mm", (const void *)k_ggml<Q4_0, false>, 0},
     {"qmatmul_q8_0_mv", (const void *)k_ggml<Q8_0, true>, 0},

@@ -75,6 +75,69 @@ inline uint affine_q(device const uchar *row, uint k, uint bits) {
 AFFINE(qmatmul_affine, 4, false)
 AFFINE(qmatmul_affine_fast, 8, true)
 
+// MLX affine, any width and scale dtype (as kernels/cpu/matmul.c): a row is one little-endian bit
+// stream, code j at bit j·bits; scales/biases bound as ushort words, scale type 0 f32 (two words),
+// 1 f16, 2 bf16.
+struct affine_general_params { uint m; uint n; uint k; uint bits; uint group_size; uint scale_type; };
+struct affine_gather_params {
+  uint rows; uint n; uint k; uint top_k; uint n_experts; uint bits; uint group_size; uint scale_type;
+};
+
+inline uint affine_code(device const uchar *row, uint k, uint bits) {
+  ulong at = ulong(k) * bits;
+  uint shift = uint(at & 7u), v = row[at >> 3];
+  if (shift + bits > 8) v |= uint(row[(at >> 3) + 1]) << 8; // a code spans at most 2 bytes
+  return (v >> shift) & ((1u << bits) - 1u);
+}
+
+inline float load_scale(device const ushort *p, ulong i, uint t) {
+  if (t == 0) return as_type<float>(uint(p[2 * i]) | (uint(p[2 * i + 1]) << 16));
+  if (t == 1) return float(as_type<half>(p[i]));
+  return bf16_to_f32(p[i]);
+}
+
+inline float affine_general_lane(device const float *x, device const uchar *w, device const ushort *sc,
+                                 device const ushort *bi, ulong s0, uint k, uint bits, uint gs, uint t, uint lane) {
+  float acc = 0.0f;
+  for (uint i = lane; i < k; i += 32) {
+    uint g = i / gs;
+    acc += x[i] * (load_scale(sc, s0 + g, t) * float(affine_code(w, i, bits)) + load_scale(bi, s0 + g, t));
+  }
+  return acc;
+}
+
+kernel void qmatmul_affine_general(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],
+                                   device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],
+                                   device float *y [[buffer(4)]], constant affine_general_params &p [[buffer(5)]],
+                                   MM_TAIL) {
+  uint n = gid.x * 4 + sg, row = gid.y;
+  if (n >= p.n || row >= p.m) return;
+  device const uchar *wr = w + ulong(n) * (p.k / 8 * p.bits);
+  float acc = affine_general_lane(x + ulong(row) * p.k, wr, sc, bi, ulong(n) * (p.k / p.group_size), p.k, p.bits,
+                                  p.group_size, p.scale_type, lane);
+  acc = simd_sum(acc);
+  if (lane == 0) y[ulong(row) * p.n + n] = acc;
+}
+
+kernel void qmatmul_affine_gather(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],
+                                  device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],
+                                  device const uint *ids [[buffer(4)]], device float *y [[buffer(5)]],
+                                  constant affine_gather_params &p [[buffer(6)]], MM_TAIL) {
+  uint n = gid.x * 4 + sg, r = gid.y;
+  if (n >= p.n || r >= p.rows) return;
+  uint e = ids[r];
+  if (e >= p.n_experts) {
+    if (lane == 0) report_fault(fault_word, tag);
+    return;
+  }
+  ulong wrow = ulong(e) * p.n + n;
+  device const uchar *wr = w + wrow * (p.k / 8 * p.bits);
+  float acc = affine_general_lane(x + ulong(r / p.top_k) * p.k, wr, sc, bi, wrow * (p.k / p.group_size), p.k, p.bits,
+                                  p.group_size, p.scale_type, lane);
+  acc = simd_sum(acc);
+  if (lane == 0) y[ulong(r) * p.n + n] = acc;
+}
+
 inline float half_at(device const uchar *b) { return float(as_type<half>(ushort(b[0] | (b[1] << 8)))); }
 
 // ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes.

@@ -13,7 +13,7 @@ import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
+import { type AffineQuantBits, GGML_BLOCK, type GgmlFormat } from "../quant.ts";
 import { checkBuffer, checkU32, type DispatchTarget, overlapping } from "./common.ts";
 
 const R = "read" as const, W = "write" as const;
@@ -55,6 +55,23 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "params{m,n,k,bits,group_size}", kind: "bytes", size: 20 },
     ])
   ),
+  contract("qmatmul_affine_general", [
+    { name: "x", kind: "buffer", access: R },
+    { name: "w", kind: "buffer", access: R },
+    { name: "scales", kind: "buffer", access: R },
+    { name: "biases", kind: "buffer", access: R },
+    { name: "y", kind: "buffer", access: W },
+    { name: "params{m,n,k,bits,group_size,scale_type}", kind: "bytes", size: 24 },
+  ]),
+  contract("qmatmul_affine_gather", [
+    { name: "x", kind: "buffer", access: R },
+    { name: "w", kind: "buffer", access: R },
+    { name: "scales", kind: "buffer", access: R },
+    { name: "biases", kind: "buffer", access: R },
+    { name: "ids", kind: "buffer", access: R },
+    { name: "y", kind: "buffer", access: W },
+    { name: "params{rows,n,k,top_k,n_experts,bits,group_size,scale_type}", kind: "bytes", size: 32 },
+  ]),
   ...FORMATS.flatMap((f) =>
     ["mv", "mm"].map((v) =>
       contract(`qmatmul_${f}_${v}`, [
@@ -166,20 +183,46 @@ export function matmul(
 
 /** Options of {@link quantizedMatmul}. */
 export interface AffineMatmulOptions extends MatmulShape {
-  /** Bits per weight. */
-  bits: 4 | 6 | 8;
+  /** Bits per weight (MLX's widths). */
+  bits: AffineQuantBits;
   /** Values per scale/bias. */
   groupSize: 32 | 64 | 128;
   /** Force a kernel; by default the fast one whenever its shape rules hold. */
   variant?: "scalar" | "fast";
 }
 
-/** Whether the fast affine kernel applies (the seed's rule for its SIMD kernel). */
+/** Whether the fast affine kernel applies (the seed's rule for its SIMD kernel; bf16 scales). */
 export function affineFastApplies(o: AffineMatmulOptions): boolean {
   return o.n % 8 === 0 && o.k % 256 === 0 && (o.bits === 4 || o.bits === 8);
 }
 
-/** y = x · Wᵀ with MLX affine-quantized W (w = scale·q + bias). */
+/** The general affine kernels' scale type word: mlxn_ftype (0 f32, 1 f16, 2 bf16). */
+const SCALE_TYPE: Readonly<Record<string, number>> = { f32: 0, f16: 1, bf16: 2 };
+
+/** Checks bits, group size and the scales/biases pair; returns the general kernels' scale type. */
+function checkAffine(op: string, bits: number, groupSize: number, k: number, scales: MlxBuffer, biases: MlxBuffer) {
+  if (![2, 3, 4, 5, 6, 8].includes(bits)) {
+    throw new MlxError("InvalidArgument", `${op}: bits must be 2, 3, 4, 5, 6 or 8, got ${bits}`);
+  }
+  if (groupSize !== 32 && groupSize !== 64 && groupSize !== 128) {
+    throw new MlxError("InvalidArgument", `${op}: groupSize must be 32, 64 or 128`);
+  }
+  if (k % groupSize !== 0) throw new MlxError("InvalidArgument", `${op}: k must be a multiple of groupSize`);
+  const type = SCALE_TYPE[scales.dtype];
+  if (type === undefined || biases.dtype !== scales.dtype) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: scales and biases must share one dtype of f32, f16 or bf16 (got ${scales.dtype} and ${biases.dtype})`,
+    );
+  }
+  return type;
+}
+
+/**
+ * y = x · Wᵀ with MLX affine-quantized W (w = scale·q + bias). Scales and biases are bf16, f16 or
+ * f32 (MLX stores them in the weights' dtype); 4, 6 and 8 bits with bf16 scales take the seed's
+ * kernels, every other combination a general kernel.
+ */
 export function quantizedMatmul(
   target: DispatchTarget,
   registry: KernelRegistry,
@@ -192,23 +235,30 @@ export function quantizedMatmul(
 ): void {
   const op = "quantized_matmul";
   checkShape(op, o);
-  if (o.bits !== 4 && o.bits !== 6 && o.bits !== 8) {
-    throw new MlxError("InvalidArgument", `${op}: bits must be 4, 6 or 8`);
-  }
-  if (o.groupSize !== 32 && o.groupSize !== 64 && o.groupSize !== 128) {
-    throw new MlxError("InvalidArgument", `${op}: groupSize must be 32, 64 or 128`);
-  }
-  if (o.k % o.groupSize !== 0) throw new MlxError("InvalidArgument", `${op}: k must be a multiple of groupSize`);
-  const fast = o.variant === "fast" || (o.variant === undefined && affineFastApplies(o));
-  if (fast && !affineFastApplies(o)) {
-    throw new MlxError("InvalidArgument", `${op}: the fast kernel needs n % 8 = 0, k % 256 = 0 and 4 or 8 bits`);
+  const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
+  const seed = scales.dtype === DType.BF16 && (o.bits === 4 || o.bits === 6 || o.bits === 8);
+  const fast = o.variant === "fast" || (o.variant === undefined && seed && affineFastApplies(o));
+  if (fast && !(seed && affineFastApplies(o))) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: the fast kernel needs n % 8 = 0, k % 256 = 0, 4 or 8 bits and bf16 scales`,
+    );
   }
   const groups = o.k / o.groupSize;
   checkBuffer(op, "x", x, DType.F32, o.m * o.k);
   checkBytes(op, "w", w, (o.n * o.k * o.bits) / 8);
-  checkBuffer(op, "scales", scales, DType.BF16, o.n * groups);
-  checkBuffer(op, "biases", biases, DType.BF16, o.n * groups);
+  checkBuffer(op, "scales", scales, scales.dtype, o.n * groups);
+  checkBuffer(op, "biases", biases, scales.dtype, o.n * groups);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
+  if (!seed) {
+    target.dispatch({
+      pipeline: registry.get("qmatmul_affine_general"),
+      bindings: [x, w, scales, biases, y, [o.m, o.n, o.k, o.bits, o.groupSize, scaleType]],
+      grid: [Math.ceil(o.n / OUTS), o.m, 1],
+      threadgroup: THREADS,
+    });
+    return;
+  }
   target.dispatch({
     pipeline: registry.get(fast ? "qmatmul_affine_fast" : "qmatmul_affine"),
     bindings: [x, w, scales, biases, y, [o.m, o.n, o.k, o.bits, o.groupSize]],
@@ -301,6 +351,60 @@ export function quantizedMatmulIdGgml(
   target.dispatch({
     pipeline: registry.get(`qmatmul_id_${o.format}`),
     bindings: [x, w, ids, y, [rows, o.n, o.k, o.topK, o.experts]],
+    grid: [Math.ceil(o.n / OUTS), rows, 1],
+    threadgroup: THREADS,
+  });
+}
+
+/** Options of {@link quantizedMatmulAffineGather}. */
+export interface AffineMoeOptions {
+  /** Tokens (rows of x). */
+  tokens: number;
+  /** Experts per token. */
+  topK: number;
+  /** Output columns per expert. */
+  n: number;
+  /** Columns of x. */
+  k: number;
+  /** Experts stacked in W, scales and biases. */
+  experts: number;
+  /** Bits per weight. */
+  bits: AffineQuantBits;
+  /** Values per scale/bias. */
+  groupSize: 32 | 64 | 128;
+}
+
+/**
+ * MoE expert-routed product with MLX affine weights (MLX's gather_qmm): W, scales and biases stack
+ * `experts` matrices ([E, N, K·bits/8] bytes, [E, N, K/groupSize] bf16/f16/f32); ids u32
+ * [tokens·topK]; output row r = x[r / topK] · W[ids[r]]ᵀ. An id ≥ experts fails the command buffer.
+ */
+export function quantizedMatmulAffineGather(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  ids: MlxBuffer,
+  y: MlxBuffer,
+  o: AffineMoeOptions,
+): void {
+  const op = "quantized_matmul_affine_gather";
+  for (const [k, v] of Object.entries({ tokens: o.tokens, topK: o.topK, n: o.n, k: o.k, experts: o.experts })) {
+    checkU32(op, k, v);
+  }
+  const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
+  const rows = o.tokens * o.topK, groups = o.k / o.groupSize;
+  checkBuffer(op, "x", x, DType.F32, o.tokens * o.k);
+  checkBytes(op, "w", w, (o.experts * o.n * o.k * o.bits) / 8);
+  checkBuffer(op, "scales", scales, scales.dtype, o.experts * o.n * groups);
+  checkBuffer(op, "biases", biases, scales.dtype, o.experts * o.n * groups);
+  checkBuffer(op, "ids", ids, DType.U32, rows);
+  checkBuffer(op, "y", y, DType.F32, rows * o.n);
+  target.dispatch({
+    pipeline: registry.get("qmatmul_affine_gather"),
+    bindings: [x, w, scales, biases, ids, y, [rows, o.n, o.k, o.topK, o.experts, o.bits, o.groupSize, scaleType]],
     grid: [Math.ceil(o.n / OUTS), rows, 1],
     threadgroup: THREADS,
   });
