@@ -283,3 +283,76 @@ Deno.test("MLX affine ops reject bad widths, mixed scale dtypes and the fast ker
   );
   equal(enc.dispatchCount, 0);
 });
+
+/** ggml normal-mode rope in float64: pairs (2i, 2i+1), i < ropeDim/2; dims ≥ ropeDim copied. */
+function refRopeNorm(
+  x: ArrayLike<number>,
+  pos: ArrayLike<number>,
+  o: { theta: number; headDim: number; ropeDim: number; nHeads: number; seqLen: number },
+  ff?: ArrayLike<number>,
+): Float64Array {
+  const { headDim: hd, ropeDim: rd, nHeads } = o, out = Float64Array.from(x);
+  for (let r = 0; r < o.seqLen * nHeads; r++) {
+    for (let i = 0; i < rd / 2; i++) {
+      const ang = pos[Math.floor(r / nHeads)] * o.theta ** (-2 * i / rd) / (ff ? ff[i] : 1);
+      const x0 = x[r * hd + 2 * i], x1 = x[r * hd + 2 * i + 1];
+      out[r * hd + 2 * i] = x0 * Math.cos(ang) - x1 * Math.sin(ang);
+      out[r * hd + 2 * i + 1] = x0 * Math.sin(ang) + x1 * Math.cos(ang);
+    }
+  }
+  return out;
+}
+
+Deno.test("rope_norm (ggml normal mode): adjacent pairs, partial rotation, freq factors, strided output", async (t) => {
+  using ctx = testContext();
+  const { device, registry } = ctx;
+  const cases = [
+    { headDim: 64, ropeDim: 64, nHeads: 1, seqLen: 1, ff: false },
+    { headDim: 80, ropeDim: 32, nHeads: 3, seqLen: 7, ff: false },
+    { headDim: 128, ropeDim: 128, nHeads: 4, seqLen: 5, ff: true },
+    { headDim: 6, ropeDim: 4, nHeads: 2, seqLen: 3, ff: true },
+  ];
+  for (const c of cases) {
+    await t.step(JSON.stringify(c), () => {
+      const theta = 500000, rows = c.seqLen * c.nHeads;
+      const xv = randomValues(rows * c.headDim, rows + 2 * c.headDim);
+      const pos = Uint32Array.from({ length: c.seqLen }, (_, i) => 5 + i * 13);
+      const ffv = c.ff ? randomValues(c.ropeDim / 2, 7, DType.F32, 1, 8) : undefined;
+      using x = device.upload(xv), p = device.upload(pos);
+      using ff = ffv ? device.upload(ffv) : undefined;
+      using y = device.alloc(rows * c.headDim * 4, DType.F32);
+      // Head-major strided output (a [heads, seqLen, headDim] cache), as a KV cache write.
+      using cache = device.alloc(rows * c.headDim * 4, DType.F32);
+      using enc = device.commandEncoder();
+      ops.ropeNorm(enc, registry, x, y, p, { ...c, theta, freqFactors: ff });
+      ops.ropeNorm(enc, registry, x, cache, p, {
+        ...c,
+        theta,
+        freqFactors: ff,
+        outHeadStride: c.seqLen * c.headDim,
+        outTokenStride: c.headDim,
+      });
+      enc.commitAndWait();
+      const want = refRopeNorm(xv, pos, { ...c, theta }, ffv);
+      // f32 angle (pow, product, division: a few ulps of it) and f32 sin/cos, as for rope_neox.
+      const tol = (k: number) => {
+        const r = Math.floor(k / c.headDim), d = k % c.headDim;
+        if (d >= c.ropeDim) return 0; // pass-through: copied exactly
+        const i = Math.floor(d / 2);
+        const ang = pos[Math.floor(r / c.nHeads)] * theta ** (-2 * i / c.ropeDim) / (ffv ? ffv[i] : 1);
+        const mag = Math.abs(xv[r * c.headDim + 2 * i]) + Math.abs(xv[r * c.headDim + 2 * i + 1]);
+        return mag * (16 * ang + 8) * U;
+      };
+      const got = y.read();
+      assertClose(got, want, tol, "rope_norm");
+      const headMajor = cache.read(), back = new Float32Array(rows * c.headDim);
+      for (let tok = 0; tok < c.seqLen; tok++) {
+        for (let h = 0; h < c.nHeads; h++) {
+          const src = (h * c.seqLen + tok) * c.headDim, dst = (tok * c.nHeads + h) * c.headDim;
+          back.set(headMajor.subarray(src, src + c.headDim), dst);
+        }
+      }
+      deepStrictEqual(back, got);
+    });
+  }
+});
