@@ -1,12 +1,14 @@
 /**
- * The ggml formats real model files ship beyond Q4_0/Q8_0/Q6_K (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K):
- * mat-vec, mat-mat and MoE-id products against float64 products of the independently dequantized
- * weights (src/quant.ts), on bytes from the upstream quantizers and on random block bytes (every
+ * The weight formats and rope mode real model files need beyond the seed's: ggml Q4_1, Q5_0, Q5_1,
+ * Q4_K and Q5_K (mat-vec, mat-mat, MoE-id), dense f16 weights with the matmul epilogues, MLX affine
+ * with 2/3/5 bits and f16/f32 scales plus its MoE gather product, and ggml's normal-mode rope. Each
+ * is checked against a float64 reference: products of the independently dequantized weights
+ * (src/quant.ts) on bytes from the upstream quantizers and, for ggml, on random block bytes (every
  * scale, min and high-bit pattern, which quantized smooth data rarely reaches).
  *
- * Tolerance: K products accumulated in f32 give (K + 4)·u·Σ|x·w| (u = 2⁻²⁴). The kernels form each
- * weight as d·q + m or d·sc·q − dmin·m in f32, so a weight may round near the magnitude of its terms
- * rather than its own: the bound adds 4·u·Σ|x|·max|w| of the row for that.
+ * Product tolerance: K products accumulated in f32 give (K + 4)·u·Σ|x·w| (u = 2⁻²⁴). The kernels
+ * form each weight as d·q + m, scale·q + bias or d·sc·q − dmin·m in f32, so a weight may round near
+ * the magnitude of its terms rather than its own: the bound adds 4·u·Σ|x|·max|w| of the row for that.
  */
 import { deepStrictEqual, equal, throws } from "node:assert/strict";
 import {
