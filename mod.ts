@@ -120,6 +120,7 @@ export type { StridedCopyOptions } from "./src/ops/elementwise.ts";
 export type { RopeNeoxOptions } from "./src/ops/rope.ts";
 export type {
   AffineMatmulOptions,
+  AffineMoeOptions,
   DenseMatmulOptions,
   GgmlMatmulOptions,
   GgmlMoeOptions,

@@ -29,12 +29,17 @@ export {
 } from "./quant/ggml.ts";
 
 /** The ggml block formats the quantized matmul kernels take. */
-export type GgmlFormat = "q4_0" | "q8_0" | "q6_k";
+export type GgmlFormat = "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0" | "q4_k" | "q5_k" | "q6_k";
 
 /** Values and bytes per block of each kernel format ({@link GGML_FORMATS} lists every format). */
 export const GGML_BLOCK: Readonly<Record<GgmlFormat, GgmlBlockLayout>> = Object.freeze({
   q4_0: GGML_FORMATS.q4_0,
+  q4_1: GGML_FORMATS.q4_1,
+  q5_0: GGML_FORMATS.q5_0,
+  q5_1: GGML_FORMATS.q5_1,
   q8_0: GGML_FORMATS.q8_0,
+  q4_k: GGML_FORMATS.q4_k,
+  q5_k: GGML_FORMATS.q5_k,
   q6_k: GGML_FORMATS.q6_k,
 });
 

@@ -87,7 +87,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
     {
       name: "matmul with u8 weights",
       code: IA,
-      message: /weights must be f32 or bf16, got u8/,
+      message: /weights must be f32, bf16 or f16, got u8/,
       run: withEnc((e, c, b) => ops.matmul(e, c.registry, b.f32, b.u8, b.out, { m: 1, n: 1, k: 4 })),
     },
     {
@@ -107,15 +107,15 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       ),
     },
     {
-      name: "affine 5 bits",
+      name: "affine 7 bits",
       code: IA,
-      message: /bits must be 4, 6 or 8/,
+      message: /bits must be 2, 3, 4, 5, 6 or 8/,
       run: withEnc((e, c, b) =>
         ops.quantizedMatmul(e, c.registry, b.f32, b.u8, b.bf16, b.bf16, b.out, {
           m: 1,
           n: 1,
           k: 32,
-          bits: 5 as 4,
+          bits: 7 as 4,
           groupSize: 32,
         })
       ),

@@ -1,6 +1,6 @@
-/* Matrix products y = x · Wᵀ (x f32 [M, K], W [N, K], y f32 [M, N]) with W dense (f32/bf16),
+/* Matrix products y = x · Wᵀ (x f32 [M, K], W [N, K], y f32 [M, N]) with W dense (f32/bf16/f16),
  * MLX affine-quantized (4/6/8 bits, groups of 32/64/128, bf16 scales and biases) or in ggml block
- * formats (Q4_0, Q8_0, Q6_K), plus the MoE variant that picks an expert's weights per output row.
+ * formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), plus the MoE variant that picks an expert's weights per output row.
  *
  * Geometry (shared with the GPU kernels): threadgroups (ceil(N / OUTS), rows) — each threadgroup
  * produces OUTS consecutive outputs of one row of x (rows = M, or tokens·top_k for MoE). The CPU
@@ -118,6 +118,7 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
 
 DENSE_KERNEL(f32, MLXN_T_F32)
 DENSE_KERNEL(bf16, MLXN_T_BF16)
+DENSE_KERNEL(f16, MLXN_T_F16)
 
 /* ---- MLX affine: 0 x, 1 packed W, 2 scales bf16 [N, K/gs], 3 biases bf16, 4 y,
  *      5 {M, N, K, bits, group_size}; w = scale · q + bias -------------------------------------
@@ -218,12 +219,143 @@ static int qmatmul_affine_fast_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy
   return 0;
 }
 
+/* ---- MLX affine, any width and scale dtype: 0 x, 1 packed W, 2 scales, 3 biases, 4 y,
+ *      5 {M, N, K, bits, group_size, scale type}; the gather (MoE) form: 0 x [tokens, K],
+ *      1 W [E, N, K·bits/8], 2 scales [E, N, K/gs], 3 biases, 4 ids u32 [rows], 5 y [rows, N],
+ *      6 {rows, N, K, top_k, n_experts, bits, group_size, scale type}; output row r uses token
+ *      r / top_k and expert ids[r] (MLX's gather_qmm with sorted-free indices).
+ * bits 2, 3, 4, 5, 6 or 8; scale type 0 f32, 1 f16, 2 bf16 (MLX stores scales and biases in the
+ * weights' dtype). A row is one little-endian bit stream, code j at bit j·bits (MLX's u32 words for
+ * 2/4/8 bits and its 3-, 5- and 3-byte packs for 3, 5 and 6 bits are all this stream). */
+
+static inline uint32_t affine_code(const uint8_t *row, uint32_t k, uint32_t bits) {
+  uint64_t at = (uint64_t)k * bits;
+  uint32_t shift = (uint32_t)(at & 7u), v = row[at >> 3];
+  if (shift + bits > 8) v |= (uint32_t)row[(at >> 3) + 1] << 8; /* a code spans at most 2 bytes */
+  return (v >> shift) & ((1u << bits) - 1u);
+}
+
+static int affine_general_check(mm_params p, uint32_t bits, uint32_t gs, uint32_t t, char *err, size_t cap) {
+  if (bits < 2 || bits > 8 || bits == 7)
+    return mlxn_kfail(err, cap, "bits must be 2, 3, 4, 5, 6 or 8, got %u", bits);
+  if (gs != 32 && gs != 64 && gs != 128) return mlxn_kfail(err, cap, "group size must be 32, 64 or 128, got %u", gs);
+  if (p.k % gs) return mlxn_kfail(err, cap, "K=%u must be a multiple of the group size %u", p.k, gs);
+  if (t > MLXN_T_BF16) return mlxn_kfail(err, cap, "scale type must be 0 (f32), 1 (f16) or 2 (bf16), got %u", t);
+  return 0;
+}
+
+static float affine_general_dot(const float *x, const uint8_t *row, const uint8_t *sc, const uint8_t *bi,
+                                uint32_t k, uint32_t bits, uint32_t gs, mlxn_ftype t) {
+  float acc = 0.0f;
+  for (uint32_t g = 0; g < k / gs; g++) {
+    float scale = mlxn_load(sc, g, t), bias = mlxn_load(bi, g, t);
+    for (uint32_t i = g * gs; i < (g + 1) * gs; i++) acc += x[i] * (scale * (float)affine_code(row, i, bits) + bias);
+  }
+  return acc;
+}
+
+static int qmatmul_affine_general_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 5, 24, err, cap);
+  mm_params p = read_mm(a, 5);
+  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16), t = mlxn_arg_u32(a, 5, 20);
+  if (check_mm(a, p, OUTS, err, cap) || affine_general_check(p, bits, gs, t, err, cap)) return 1;
+  uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), w_bytes = MLXN_SIZE(p.n, (uint64_t)p.k / 8 * bits);
+  uint64_t s_bytes = MLXN_SIZE(p.n, p.k / gs, mlxn_ftype_size((mlxn_ftype)t)), y_bytes = MLXN_SIZE(p.m, p.n, 4);
+  MLXN_NEED_BUF(a, 0, x_bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, w_bytes, err, cap);
+  MLXN_NEED_BUF(a, 2, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 3, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 4, y_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 0, x_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 1, w_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 2, s_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), mlxn_ftype_size((mlxn_ftype)t), err, cap);
+  return 0;
+}
+
+static int qmatmul_affine_general_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  mm_params p = read_mm(a, 5);
+  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
+  mlxn_ftype t = (mlxn_ftype)mlxn_arg_u32(a, 5, 20);
+  if (gy >= p.m) return 0;
+  uint64_t row_bytes = (uint64_t)p.k / 8 * bits, sbytes = (uint64_t)(p.k / gs) * mlxn_ftype_size(t);
+  const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;
+  float *y = (float *)a->ptr[4] + (uint64_t)gy * p.n;
+  for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++)
+    y[n] = affine_general_dot(x, a->ptr[1] + n * row_bytes, a->ptr[2] + n * sbytes, a->ptr[3] + n * sbytes, p.k,
+                              bits, gs, t);
+  return 0;
+}
+
+static int qmatmul_affine_gather_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, 6, 32, err, cap);
+  uint32_t rows = mlxn_arg_u32(a, 6, 0), n = mlxn_arg_u32(a, 6, 4), k = mlxn_arg_u32(a, 6, 8);
+  uint32_t top_k = mlxn_arg_u32(a, 6, 12), experts = mlxn_arg_u32(a, 6, 16);
+  uint32_t bits = mlxn_arg_u32(a, 6, 20), gs = mlxn_arg_u32(a, 6, 24), t = mlxn_arg_u32(a, 6, 28);
+  if (!rows || !n || !k || !top_k || !experts)
+    return mlxn_kfail(err, cap, "rows, N, K, top_k and n_experts must be > 0");
+  if (rows % top_k) return mlxn_kfail(err, cap, "rows=%u must be a multiple of top_k=%u", rows, top_k);
+  mm_params p = {rows, n, k};
+  if (affine_general_check(p, bits, gs, t, err, cap)) return 1;
+  if ((uint64_t)a->groups[0] * OUTS < n || a->groups[1] < rows)
+    return mlxn_kfail(err, cap, "grid does not cover N=%u, rows=%u", n, rows);
+  uint64_t x_bytes = MLXN_SIZE(rows / top_k, k, 4), w_bytes = MLXN_SIZE(experts, n, (uint64_t)k / 8 * bits);
+  uint64_t s_bytes = MLXN_SIZE(experts, n, (uint64_t)(k / gs) * mlxn_ftype_size((mlxn_ftype)t));
+  uint64_t id_bytes = MLXN_SIZE(rows, 4), y_bytes = MLXN_SIZE(rows, n, 4);
+  MLXN_NEED_BUF(a, 0, x_bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, w_bytes, err, cap);
+  MLXN_NEED_BUF(a, 2, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 3, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 4, id_bytes, err, cap);
+  MLXN_NEED_BUF(a, 5, y_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 5, y_bytes, 0, x_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 5, y_bytes, 1, w_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 5, y_bytes, 2, s_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 5, y_bytes, 3, s_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 5, y_bytes, 4, id_bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 4, 5), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), mlxn_ftype_size((mlxn_ftype)t), err, cap);
+  return 0;
+}
+
+static int qmatmul_affine_gather_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  uint32_t rows = mlxn_arg_u32(a, 6, 0), n = mlxn_arg_u32(a, 6, 4), k = mlxn_arg_u32(a, 6, 8);
+  uint32_t top_k = mlxn_arg_u32(a, 6, 12), experts = mlxn_arg_u32(a, 6, 16);
+  uint32_t bits = mlxn_arg_u32(a, 6, 20), gs = mlxn_arg_u32(a, 6, 24);
+  mlxn_ftype t = (mlxn_ftype)mlxn_arg_u32(a, 6, 28);
+  if (gy >= rows) return 0;
+  uint32_t e = ((const uint32_t *)a->ptr[4])[gy];
+  if (e >= experts) return 1; /* data-dependent: reported as a failed dispatch */
+  uint64_t row_bytes = (uint64_t)k / 8 * bits, sbytes = (uint64_t)(k / gs) * mlxn_ftype_size(t);
+  const float *x = (const float *)a->ptr[0] + (uint64_t)(gy / top_k) * k;
+  float *y = (float *)a->ptr[5] + (uint64_t)gy * n;
+  for (uint32_t o = gx * OUTS; o < n && o < (gx + 1) * OUTS; o++) {
+    uint64_t wr = (uint64_t)e * n + o;
+    y[o] = affine_general_dot(x, a->ptr[1] + wr * row_bytes, a->ptr[2] + wr * sbytes, a->ptr[3] + wr * sbytes, k,
+                              bits, gs, t);
+  }
+  return 0;
+}
+
 /* ---- ggml block formats ------------------------------------------------------------------------ */
 
-typedef enum { GGML_Q4_0 = 0, GGML_Q8_0 = 1, GGML_Q6_K = 2 } ggml_fmt;
+typedef enum {
+  GGML_Q4_0 = 0,
+  GGML_Q8_0 = 1,
+  GGML_Q6_K = 2,
+  GGML_Q4_1 = 3,
+  GGML_Q5_0 = 4,
+  GGML_Q5_1 = 5,
+  GGML_Q4_K = 6,
+  GGML_Q5_K = 7,
+} ggml_fmt;
 
-static const uint32_t ggml_block_values[] = {32, 32, 256};
-static const uint32_t ggml_block_bytes[] = {18, 34, 210};
+static const uint32_t ggml_block_values[] = {32, 32, 256, 32, 32, 32, 256, 256};
+static const uint32_t ggml_block_bytes[] = {18, 34, 210, 20, 22, 24, 144, 176};
 
 static inline float half_at(const uint8_t *p) {
   uint16_t h;
@@ -231,9 +363,67 @@ static inline float half_at(const uint8_t *p) {
   return mlxn_f16_to_f32(h);
 }
 
+/* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
+static inline void scale_min_k4(uint32_t j, const uint8_t *q, uint32_t *sc, uint32_t *m) {
+  if (j < 4) {
+    *sc = q[j] & 63u;
+    *m = q[j + 4] & 63u;
+  } else {
+    *sc = (q[j + 4] & 0xfu) | ((uint32_t)(q[j - 4] >> 6) << 4);
+    *m = (uint32_t)(q[j + 4] >> 4) | ((uint32_t)(q[j] >> 6) << 4);
+  }
+}
+
+/* Q4_K (d, dmin, scales[12], qs[128]) and Q5_K (the same with qh[32] before qs): sub-block j of
+ * 32 values is d·sc_j·q − dmin·m_j, q the low (even j) or high (odd j) nibbles of qs[32·(j/2)..],
+ * plus 16 when bit j of qh[l] is set (Q5_K). As ggml's dequantize_row_q4_K / _q5_K. */
+static void kquant_dequant_block(int five, const uint8_t *b, float *out) {
+  float d = half_at(b), dmin = half_at(b + 2);
+  const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+  for (uint32_t j = 0; j < 8; j++) {
+    uint32_t sc, m;
+    scale_min_k4(j, scales, &sc, &m);
+    float d1 = d * (float)sc, m1 = dmin * (float)m;
+    const uint8_t *q = qs + (j / 2) * 32;
+    for (uint32_t l = 0; l < 32; l++) {
+      uint32_t v = (j & 1u) ? (uint32_t)(q[l] >> 4) : (q[l] & 0xfu);
+      if (five) v |= ((qh[l] >> j) & 1u) << 4;
+      out[j * 32 + l] = d1 * (float)v - m1;
+    }
+  }
+}
+
+/* Q4_1 (d, m, qs[16]), Q5_0 (d, qh u32, qs[16]) and Q5_1 (d, m, qh, qs[16]): value j uses the low
+ * nibble of qs[j] and value j + 16 the high one; qh bit j is the 5th bit of value j. Q5_0
+ * subtracts 16, the _1 formats add m. */
+static void q32_dequant_block(ggml_fmt f, const uint8_t *b, float *out) {
+  float d = half_at(b), m = f == GGML_Q5_0 ? 0.0f : half_at(b + 2);
+  uint32_t qh = 0;
+  const uint8_t *qs = b + (f == GGML_Q4_1 ? 4 : f == GGML_Q5_0 ? 6 : 8);
+  if (f != GGML_Q4_1) {
+    const uint8_t *h = b + (f == GGML_Q5_0 ? 2 : 4);
+    qh = (uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) | ((uint32_t)h[3] << 24);
+  }
+  for (uint32_t j = 0; j < 16; j++) {
+    int lo = (int)((qs[j] & 0xfu) | (((qh >> j) & 1u) << 4));
+    int hi = (int)((uint32_t)(qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+    if (f == GGML_Q5_0) {
+      out[j] = (float)(lo - 16) * d;
+      out[j + 16] = (float)(hi - 16) * d;
+    } else {
+      out[j] = (float)lo * d + m;
+      out[j + 16] = (float)hi * d + m;
+    }
+  }
+}
+
 /* Dequantizes one block into out[values]. */
 static void ggml_dequant_block(ggml_fmt f, const uint8_t *b, float *out) {
-  if (f == GGML_Q4_0) {
+  if (f == GGML_Q4_K || f == GGML_Q5_K) {
+    kquant_dequant_block(f == GGML_Q5_K, b, out);
+  } else if (f == GGML_Q4_1 || f == GGML_Q5_0 || f == GGML_Q5_1) {
+    q32_dequant_block(f, b, out);
+  } else if (f == GGML_Q4_0) {
     float d = half_at(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < 16; j++) {
@@ -339,6 +529,11 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
 GGML_KERNELS(qmatmul_q4_0, GGML_Q4_0)
 GGML_KERNELS(qmatmul_q8_0, GGML_Q8_0)
 GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
+GGML_KERNELS(qmatmul_q4_1, GGML_Q4_1)
+GGML_KERNELS(qmatmul_q5_0, GGML_Q5_0)
+GGML_KERNELS(qmatmul_q5_1, GGML_Q5_1)
+GGML_KERNELS(qmatmul_q4_k, GGML_Q4_K)
+GGML_KERNELS(qmatmul_q5_k, GGML_Q5_K)
 
 /* ---- quantized_matmul_id_ggml (MoE): 0 x [tokens, K], 1 W [E, N, K/bv blocks], 2 ids u32
  *      [tokens·top_k], 3 y [tokens·top_k, N], 4 {rows = tokens·top_k, N, K, top_k, n_experts};
@@ -388,12 +583,20 @@ GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
 GGML_ID_KERNEL(qmatmul_id_q4_0, GGML_Q4_0)
 GGML_ID_KERNEL(qmatmul_id_q8_0, GGML_Q8_0)
 GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
+GGML_ID_KERNEL(qmatmul_id_q4_1, GGML_Q4_1)
+GGML_ID_KERNEL(qmatmul_id_q5_0, GGML_Q5_0)
+GGML_ID_KERNEL(qmatmul_id_q5_1, GGML_Q5_1)
+GGML_ID_KERNEL(qmatmul_id_q4_k, GGML_Q4_K)
+GGML_ID_KERNEL(qmatmul_id_q5_k, GGML_Q5_K)
 
 const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
     {"matmul_f32", "bbbco", matmul_f32_validate, matmul_f32_run},
     {"matmul_bf16", "bbbco", matmul_bf16_validate, matmul_bf16_run},
+    {"matmul_f16", "bbbco", matmul_f16_validate, matmul_f16_run},
     {"qmatmul_affine", "bbbbbc", qmatmul_affine_validate, qmatmul_affine_run},
     {"qmatmul_affine_fast", "bbbbbc", qmatmul_affine_fast_validate, qmatmul_affine_fast_run},
+    {"qmatmul_affine_general", "bbbbbc", qmatmul_affine_general_validate, qmatmul_affine_general_run},
+    {"qmatmul_affine_gather", "bbbbbbc", qmatmul_affine_gather_validate, qmatmul_affine_gather_run},
     {"qmatmul_q4_0_mv", "bbbc", qmatmul_q4_0_mv_validate, qmatmul_q4_0_mv_run},
     {"qmatmul_q4_0_mm", "bbbc", qmatmul_q4_0_mm_validate, qmatmul_q4_0_mm_run},
     {"qmatmul_q8_0_mv", "bbbc", qmatmul_q8_0_mv_validate, qmatmul_q8_0_mv_run},
@@ -403,5 +606,20 @@ const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[] = {
     {"qmatmul_id_q4_0", "bbbbc", qmatmul_id_q4_0_validate, qmatmul_id_q4_0_run},
     {"qmatmul_id_q8_0", "bbbbc", qmatmul_id_q8_0_validate, qmatmul_id_q8_0_run},
     {"qmatmul_id_q6_k", "bbbbc", qmatmul_id_q6_k_validate, qmatmul_id_q6_k_run},
+    {"qmatmul_q4_1_mv", "bbbc", qmatmul_q4_1_mv_validate, qmatmul_q4_1_mv_run},
+    {"qmatmul_q4_1_mm", "bbbc", qmatmul_q4_1_mm_validate, qmatmul_q4_1_mm_run},
+    {"qmatmul_q5_0_mv", "bbbc", qmatmul_q5_0_mv_validate, qmatmul_q5_0_mv_run},
+    {"qmatmul_q5_0_mm", "bbbc", qmatmul_q5_0_mm_validate, qmatmul_q5_0_mm_run},
+    {"qmatmul_q5_1_mv", "bbbc", qmatmul_q5_1_mv_validate, qmatmul_q5_1_mv_run},
+    {"qmatmul_q5_1_mm", "bbbc", qmatmul_q5_1_mm_validate, qmatmul_q5_1_mm_run},
+    {"qmatmul_q4_k_mv", "bbbc", qmatmul_q4_k_mv_validate, qmatmul_q4_k_mv_run},
+    {"qmatmul_q4_k_mm", "bbbc", qmatmul_q4_k_mm_validate, qmatmul_q4_k_mm_run},
+    {"qmatmul_q5_k_mv", "bbbc", qmatmul_q5_k_mv_validate, qmatmul_q5_k_mv_run},
+    {"qmatmul_q5_k_mm", "bbbc", qmatmul_q5_k_mm_validate, qmatmul_q5_k_mm_run},
+    {"qmatmul_id_q4_1", "bbbbc", qmatmul_id_q4_1_validate, qmatmul_id_q4_1_run},
+    {"qmatmul_id_q5_0", "bbbbc", qmatmul_id_q5_0_validate, qmatmul_id_q5_0_run},
+    {"qmatmul_id_q5_1", "bbbbc", qmatmul_id_q5_1_validate, qmatmul_id_q5_1_run},
+    {"qmatmul_id_q4_k", "bbbbc", qmatmul_id_q4_k_validate, qmatmul_id_q4_k_run},
+    {"qmatmul_id_q5_k", "bbbbc", qmatmul_id_q5_k_validate, qmatmul_id_q5_k_run},
     {0, 0, 0, 0},
 };

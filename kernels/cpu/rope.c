@@ -87,8 +87,8 @@ static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   return 0;
 }
 
-static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
-  (void)gz; (void)s;
+/* Pair i of a row is (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (adjacent: ggml's normal mode). */
+static int rope_heads_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, int adjacent) {
   float theta = mlxn_arg_f32(a, 2, 0);
   uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
   uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
@@ -109,9 +109,10 @@ static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint
       if (has_ff) freq = freq / ff[i];
       float ang = (float)pos[r / heads] * freq;
       float c = cosf(ang), sn = sinf(ang);
-      float x0 = in[row + i], x1 = in[row + i + half];
-      out[orow + i] = x0 * c - x1 * sn;
-      out[orow + i + half] = x0 * sn + x1 * c;
+      uint32_t i0 = adjacent ? 2 * i : i, i1 = adjacent ? 2 * i + 1 : i + half;
+      float x0 = in[row + i0], x1 = in[row + i1];
+      out[orow + i0] = x0 * c - x1 * sn;
+      out[orow + i1] = x0 * sn + x1 * c;
       /* Thread i also copies the unrotated tail, striding by the number of pair threads. */
       for (uint32_t d = rd + i; d < hd; d += half) out[orow + d] = in[row + d];
     }
@@ -119,8 +120,21 @@ static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint
   return 0;
 }
 
+static int rope_neox_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  return rope_heads_run(a, gx, gy, 0);
+}
+
+/* ---- rope_norm_f32: ggml's normal mode (llama-architecture GGUFs), the bindings and geometry of
+ * rope_neox_f32 with adjacent pairs (2i, 2i+1), i < rope_dim/2. */
+static int rope_norm_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)gz; (void)s;
+  return rope_heads_run(a, gx, gy, 1);
+}
+
 const mlxn_cpu_kernel mlxn_cpu_rope_kernels[] = {
     {"rope_f32", "bbcb", rope_f32_validate, rope_f32_run},
     {"rope_neox_f32", "bbcbco", rope_neox_f32_validate, rope_neox_f32_run},
+    {"rope_norm_f32", "bbcbco", rope_neox_f32_validate, rope_norm_f32_run},
     {0, 0, 0, 0},
 };

@@ -219,20 +219,132 @@ template <bool FAST> __global__ void k_affine(const mlxn_gpu_args *__restrict__ 
   if (lane == 0) buf<float>(a, 4)[(uint64_t)row * n_ + n] = acc;
 }
 
+// ---- MLX affine, any width and scale dtype (as kernels/cpu/matmul.c: a row is one little-endian
+// bit stream, code j at bit j·bits; scale type 0 f32, 1 f16, 2 bf16) ---------------------------
+__device__ __forceinline__ uint32_t affine_code(const uint8_t *row, uint32_t k, uint32_t bits) {
+  uint64_t at = (uint64_t)k * bits;
+  uint32_t shift = (uint32_t)(at & 7u), v = row[at >> 3];
+  if (shift + bits > 8) v |= (uint32_t)row[(at >> 3) + 1] << 8; // a code spans at most 2 bytes
+  return (v >> shift) & ((1u << bits) - 1u);
+}
+
+__device__ __forceinline__ float load_scale(const void *p, uint64_t i, uint32_t t) {
+  return t == T_F32 ? load<T_F32>(p, i) : t == T_F16 ? load<T_F16>(p, i) : load<T_BF16>(p, i);
+}
+
+// Lane `lane`'s share of one output; scales/biases of the row start at group 0 of sc/bi.
+__device__ float affine_general_lane(const float *x, const uint8_t *w, const void *sc, const void *bi, uint64_t s0,
+                                     uint32_t k, uint32_t bits, uint32_t gs, uint32_t t, uint32_t lane) {
+  float acc = 0.0f;
+  for (uint32_t i = lane; i < k; i += 32) {
+    uint32_t g = i / gs;
+    acc += x[i] * (load_scale(sc, s0 + g, t) * (float)affine_code(w, i, bits) + load_scale(bi, s0 + g, t));
+  }
+  return acc;
+}
+
+__global__ void k_affine_general(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  uint32_t m = arg_u32(a, 5, 0), n_ = arg_u32(a, 5, 4), k = arg_u32(a, 5, 8);
+  uint32_t bits = arg_u32(a, 5, 12), gs = arg_u32(a, 5, 16), t = arg_u32(a, 5, 20);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), row = blockIdx.y, lane = lane_id();
+  if (n >= n_ || row >= m) return;
+  const uint8_t *w = buf<const uint8_t>(a, 1) + (uint64_t)n * (k / 8 * bits);
+  float acc = affine_general_lane(buf<const float>(a, 0) + (uint64_t)row * k, w, buf<const void>(a, 2),
+                                  buf<const void>(a, 3), (uint64_t)n * (k / gs), k, bits, gs, t, lane);
+  acc = warp_sum(acc);
+  if (lane == 0) buf<float>(a, 4)[(uint64_t)row * n_ + n] = acc;
+}
+
+__global__ void k_affine_gather(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  uint32_t rows = arg_u32(a, 6, 0), n_ = arg_u32(a, 6, 4), k = arg_u32(a, 6, 8);
+  uint32_t top_k = arg_u32(a, 6, 12), experts = arg_u32(a, 6, 16);
+  uint32_t bits = arg_u32(a, 6, 20), gs = arg_u32(a, 6, 24), t = arg_u32(a, 6, 28);
+  uint32_t n = blockIdx.x * WARPS + warp_id(), r = blockIdx.y, lane = lane_id();
+  if (n >= n_ || r >= rows) return;
+  uint32_t e = buf<const uint32_t>(a, 4)[r];
+  if (e >= experts) { // data-dependent: the dispatch fails, the command buffer reports it
+    if (lane == 0) fault(a);
+    return;
+  }
+  uint64_t wr = (uint64_t)e * n_ + n;
+  const uint8_t *w = buf<const uint8_t>(a, 1) + wr * (k / 8 * bits);
+  float acc = affine_general_lane(buf<const float>(a, 0) + (uint64_t)(r / top_k) * k, w, buf<const void>(a, 2),
+                                  buf<const void>(a, 3), wr * (k / gs), k, bits, gs, t, lane);
+  acc = warp_sum(acc);
+  if (lane == 0) buf<float>(a, 5)[(uint64_t)r * n_ + n] = acc;
+}
+
 // ---- ggml blocks -------------------------------------------------------------------------------
-enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2 };
-__host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K ? 256 : 32; }
-__host__ __device__ constexpr uint32_t block_bytes(int f) { return f == Q4_0 ? 18 : f == Q8_0 ? 34 : 210; }
+enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2, Q4_1 = 3, Q5_0 = 4, Q5_1 = 5, Q4_K = 6, Q5_K = 7 };
+__host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K || f == Q4_K || f == Q5_K ? 256 : 32; }
+__host__ __device__ constexpr uint32_t block_bytes(int f) {
+  return f == Q4_0 ? 18 : f == Q8_0 ? 34 : f == Q6_K ? 210 : f == Q4_1 ? 20 : f == Q5_0 ? 22 : f == Q5_1 ? 24
+       : f == Q4_K ? 144 : 176;
+}
 
 __device__ __forceinline__ float half_at(const uint8_t *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
 
-// This lane's share of dot(x[0..k), row): Q4_0/Q8_0 lanes take whole blocks, Q6_K lanes take
-// 16-value sub-blocks (a 256-value block would leave most lanes idle).
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes.
+__device__ __forceinline__ void scale_min_k4(uint32_t j, const uint8_t *q, uint32_t &sc, uint32_t &m) {
+  if (j < 4) {
+    sc = q[j] & 63u;
+    m = q[j + 4] & 63u;
+  } else {
+    sc = (q[j + 4] & 0xfu) | ((uint32_t)(q[j - 4] >> 6) << 4);
+    m = (uint32_t)(q[j + 4] >> 4) | ((uint32_t)(q[j] >> 6) << 4);
+  }
+}
+
+// This lane's share of dot(x[0..k), row): 32-value formats' lanes take whole blocks, Q4_K/Q5_K
+// lanes 32-value sub-blocks and Q6_K lanes 16-value sub-blocks (a 256-value block would leave most
+// lanes idle).
 template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float *x, uint32_t k, uint32_t lane) {
   float acc = 0.0f;
-  if (F == Q4_0 || F == Q8_0) {
+  if (F == Q4_1 || F == Q5_0 || F == Q5_1) {
+    // d, [m], [qh u32], qs[16]: value j < 16 is the low nibble of qs[j], j + 16 the high one; qh
+    // bit j is value j's 5th bit. Q5_0 subtracts 16, the _1 formats add m.
+    constexpr uint32_t qs_at = F == Q4_1 ? 4 : F == Q5_0 ? 6 : 8, qh_at = F == Q5_0 ? 2 : 4;
+    for (uint32_t b = lane; b < k / 32; b += 32) {
+      const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
+      float d = half_at(blk), m = F == Q5_0 ? 0.0f : half_at(blk + 2);
+      uint32_t qh = 0;
+      if (F != Q4_1)
+        qh = (uint32_t)blk[qh_at] | ((uint32_t)blk[qh_at + 1] << 8) | ((uint32_t)blk[qh_at + 2] << 16) |
+             ((uint32_t)blk[qh_at + 3] << 24);
+      const float *xb = x + (uint64_t)b * 32;
+      for (uint32_t j = 0; j < 16; j++) {
+        uint32_t q = blk[qs_at + j];
+        int lo = (int)((q & 0xfu) | (((qh >> j) & 1u) << 4)), hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+        if (F == Q5_0) {
+          acc += xb[j] * ((float)(lo - 16) * d);
+          acc += xb[j + 16] * ((float)(hi - 16) * d);
+        } else {
+          acc += xb[j] * ((float)lo * d + m);
+          acc += xb[j + 16] * ((float)hi * d + m);
+        }
+      }
+    }
+  } else if (F == Q4_K || F == Q5_K) {
+    // d, dmin, scales[12], [qh[32]], qs[128]: sub-block j is d·sc_j·q − dmin·m_j, q the low (even
+    // j) or high (odd j) nibbles of qs[32·(j/2)..], plus 16 where bit j of qh[l] is set (Q5_K).
+    for (uint32_t sb = lane; sb < k / 32; sb += 32) {
+      const uint8_t *blk = row + (uint64_t)(sb / 8) * block_bytes(F);
+      uint32_t j = sb % 8, sc, mn;
+      scale_min_k4(j, blk + 4, sc, mn);
+      float d1 = half_at(blk) * (float)sc, m1 = half_at(blk + 2) * (float)mn;
+      const uint8_t *q = blk + (F == Q5_K ? 48 : 16) + (j / 2) * 32;
+      const float *xb = x + (uint64_t)sb * 32;
+      for (uint32_t l = 0; l < 32; l++) {
+        uint32_t v = (j & 1u) ? (uint32_t)(q[l] >> 4) : (q[l] & 0xfu);
+        if (F == Q5_K) v |= (((uint32_t)blk[16 + l] >> j) & 1u) << 4;
+        acc += xb[l] * (d1 * (float)v - m1);
+      }
+    }
+  } else if (F == Q4_0 || F == Q8_0) {
     for (uint32_t b = lane; b < k / 32; b += 32) {
       const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
       float d = half_at(blk);
@@ -298,16 +410,34 @@ template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ arg
 extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
     {"matmul_f32", (const void *)k_matmul<T_F32>, 0},
     {"matmul_bf16", (const void *)k_matmul<T_BF16>, 0},
+    {"matmul_f16", (const void *)k_matmul<T_F16>, 0},
     {"qmatmul_affine", (const void *)k_affine<false>, 0},
     {"qmatmul_affine_fast", (const void *)k_affine<true>, 0},
+    {"qmatmul_affine_general", (const void *)k_affine_general, 0},
+    {"qmatmul_affine_gather", (const void *)k_affine_gather, 0},
     {"qmatmul_q4_0_mv", (const void *)k_ggml<Q4_0, true>, 0},
     {"qmatmul_q4_0_mm", (const void *)k_ggml<Q4_0, false>, 0},
     {"qmatmul_q8_0_mv", (const void *)k_ggml<Q8_0, true>, 0},
     {"qmatmul_q8_0_mm", (const void *)k_ggml<Q8_0, false>, 0},
     {"qmatmul_q6_k_mv", (const void *)k_ggml<Q6_K, true>, 0},
     {"qmatmul_q6_k_mm", (const void *)k_ggml<Q6_K, false>, 0},
+    {"qmatmul_q4_1_mv", (const void *)k_ggml<Q4_1, true>, 0},
+    {"qmatmul_q4_1_mm", (const void *)k_ggml<Q4_1, false>, 0},
+    {"qmatmul_q5_0_mv", (const void *)k_ggml<Q5_0, true>, 0},
+    {"qmatmul_q5_0_mm", (const void *)k_ggml<Q5_0, false>, 0},
+    {"qmatmul_q5_1_mv", (const void *)k_ggml<Q5_1, true>, 0},
+    {"qmatmul_q5_1_mm", (const void *)k_ggml<Q5_1, false>, 0},
+    {"qmatmul_q4_k_mv", (const void *)k_ggml<Q4_K, true>, 0},
+    {"qmatmul_q4_k_mm", (const void *)k_ggml<Q4_K, false>, 0},
+    {"qmatmul_q5_k_mv", (const void *)k_ggml<Q5_K, true>, 0},
+    {"qmatmul_q5_k_mm", (const void *)k_ggml<Q5_K, false>, 0},
     {"qmatmul_id_q4_0", (const void *)k_ggml_id<Q4_0>, 0},
     {"qmatmul_id_q8_0", (const void *)k_ggml_id<Q8_0>, 0},
     {"qmatmul_id_q6_k", (const void *)k_ggml_id<Q6_K>, 0},
+    {"qmatmul_id_q4_1", (const void *)k_ggml_id<Q4_1>, 0},
+    {"qmatmul_id_q5_0", (const void *)k_ggml_id<Q5_0>, 0},
+    {"qmatmul_id_q5_1", (const void *)k_ggml_id<Q5_1>, 0},
+    {"qmatmul_id_q4_k", (const void *)k_ggml_id<Q4_K>, 0},
+    {"qmatmul_id_q5_k", (const void *)k_ggml_id<Q5_K>, 0},
     {nullptr, nullptr, 0},
 };

@@ -18,7 +18,8 @@ __global__ void k_rope(const mlxn_gpu_args *__restrict__ args) {
   out[j + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-__global__ void k_rope_neox(const mlxn_gpu_args *__restrict__ args) {
+// Pair i of a row: (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (ADJACENT: ggml's normal mode).
+template <bool ADJACENT> __global__ void k_rope_heads(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   uint32_t i = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
   float theta = arg_f32(a, 2, 0);
@@ -33,14 +34,16 @@ __global__ void k_rope_neox(const mlxn_gpu_args *__restrict__ args) {
   uint64_t orow = (uint64_t)(r / heads) * arg_u32(a, 4, 12) + (uint64_t)(r % heads) * arg_u32(a, 4, 8);
   const float *in = buf<const float>(a, 0);
   float *out = buf<float>(a, 1);
-  float x0 = in[row + i], x1 = in[row + i + half];
-  out[orow + i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  out[orow + i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  const uint32_t i0 = ADJACENT ? 2 * i : i, i1 = ADJACENT ? 2 * i + 1 : i + half;
+  float x0 = in[row + i0], x1 = in[row + i1];
+  out[orow + i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  out[orow + i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
   for (uint32_t d = rd + i; d < hd; d += half) out[orow + d] = in[row + d]; // unrotated tail
 }
 
 extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[] = {
     {"rope_f32", (const void *)k_rope, 0},
-    {"rope_neox_f32", (const void *)k_rope_neox, 0},
+    {"rope_neox_f32", (const void *)k_rope_heads<false>, 0},
+    {"rope_norm_f32", (const void *)k_rope_heads<true>, 0},
     {nullptr, nullptr, 0},
 };

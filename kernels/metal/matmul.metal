@@ -33,6 +33,7 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)
+DENSE(matmul_f16, half)
 
 inline uint affine_q(device const uchar *row, uint k, uint bits) {
   if (bits == 8) return row[k];
@@ -74,10 +75,131 @@ inline uint affine_q(device const uchar *row, uint k, uint bits) {
 AFFINE(qmatmul_affine, 4, false)
 AFFINE(qmatmul_affine_fast, 8, true)
 
+// MLX affine, any width and scale dtype (as kernels/cpu/matmul.c): a row is one little-endian bit
+// stream, code j at bit j·bits; scales/biases bound as ushort words, scale type 0 f32 (two words),
+// 1 f16, 2 bf16.
+struct affine_general_params { uint m; uint n; uint k; uint bits; uint group_size; uint scale_type; };
+struct affine_gather_params {
+  uint rows; uint n; uint k; uint top_k; uint n_experts; uint bits; uint group_size; uint scale_type;
+};
+
+inline uint affine_code(device const uchar *row, uint k, uint bits) {
+  ulong at = ulong(k) * bits;
+  uint shift = uint(at & 7u), v = row[at >> 3];
+  if (shift + bits > 8) v |= uint(row[(at >> 3) + 1]) << 8; // a code spans at most 2 bytes
+  return (v >> shift) & ((1u << bits) - 1u);
+}
+
+inline float load_scale(device const ushort *p, ulong i, uint t) {
+  if (t == 0) return as_type<float>(uint(p[2 * i]) | (uint(p[2 * i + 1]) << 16));
+  if (t == 1) return float(as_type<half>(p[i]));
+  return bf16_to_f32(p[i]);
+}
+
+inline float affine_general_lane(device const float *x, device const uchar *w, device const ushort *sc,
+                                 device const ushort *bi, ulong s0, uint k, uint bits, uint gs, uint t, uint lane) {
+  float acc = 0.0f;
+  for (uint i = lane; i < k; i += 32) {
+    uint g = i / gs;
+    acc += x[i] * (load_scale(sc, s0 + g, t) * float(affine_code(w, i, bits)) + load_scale(bi, s0 + g, t));
+  }
+  return acc;
+}
+
+kernel void qmatmul_affine_general(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],
+                                   device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],
+                                   device float *y [[buffer(4)]], constant affine_general_params &p [[buffer(5)]],
+                                   MM_TAIL) {
+  uint n = gid.x * 4 + sg, row = gid.y;
+  if (n >= p.n || row >= p.m) return;
+  device const uchar *wr = w + ulong(n) * (p.k / 8 * p.bits);
+  float acc = affine_general_lane(x + ulong(row) * p.k, wr, sc, bi, ulong(n) * (p.k / p.group_size), p.k, p.bits,
+                                  p.group_size, p.scale_type, lane);
+  acc = simd_sum(acc);
+  if (lane == 0) y[ulong(row) * p.n + n] = acc;
+}
+
+kernel void qmatmul_affine_gather(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],
+                                  device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],
+                                  device const uint *ids [[buffer(4)]], device float *y [[buffer(5)]],
+                                  constant affine_gather_params &p [[buffer(6)]], MM_TAIL) {
+  uint n = gid.x * 4 + sg, r = gid.y;
+  if (n >= p.n || r >= p.rows) return;
+  uint e = ids[r];
+  if (e >= p.n_experts) {
+    if (lane == 0) report_fault(fault_word, tag);
+    return;
+  }
+  ulong wrow = ulong(e) * p.n + n;
+  device const uchar *wr = w + wrow * (p.k / 8 * p.bits);
+  float acc = affine_general_lane(x + ulong(r / p.top_k) * p.k, wr, sc, bi, wrow * (p.k / p.group_size), p.k, p.bits,
+                                  p.group_size, p.scale_type, lane);
+  acc = simd_sum(acc);
+  if (lane == 0) y[ulong(r) * p.n + n] = acc;
+}
+
 inline float half_at(device const uchar *b) { return float(as_type<half>(ushort(b[0] | (b[1] << 8)))); }
 
-// This lane's share of dot(x[0..k), row) for a ggml format (0 Q4_0, 1 Q8_0, 2 Q6_K).
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes.
+inline uint2 scale_min_k4(uint j, device const uchar *q) {
+  if (j < 4) return uint2(q[j] & 63u, q[j + 4] & 63u);
+  return uint2((q[j + 4] & 0xfu) | (uint(q[j - 4] >> 6) << 4), uint(q[j + 4] >> 4) | (uint(q[j] >> 6) << 4));
+}
+
+// Q4_1 (d, m, qs), Q5_0 (d, qh, qs), Q5_1 (d, m, qh, qs): value j < 16 is the low nibble of qs[j],
+// value j + 16 the high one; qh bit j is value j's 5th bit. Q5_0 subtracts 16, the _1 formats add m.
+inline float q32_lane_dot(uint f, device const uchar *row, device const float *x, uint k, uint lane) {
+  uint bb = f == 3 ? 20 : f == 4 ? 22 : 24, qs_at = f == 3 ? 4 : f == 4 ? 6 : 8, qh_at = f == 4 ? 2 : 4;
+  float acc = 0.0f;
+  for (uint b = lane; b < k / 32; b += 32) {
+    device const uchar *blk = row + ulong(b) * bb;
+    float d = half_at(blk), m = f == 4 ? 0.0f : half_at(blk + 2);
+    uint qh = 0;
+    if (f != 3)
+      qh = uint(blk[qh_at]) | (uint(blk[qh_at + 1]) << 8) | (uint(blk[qh_at + 2]) << 16) | (uint(blk[qh_at + 3]) << 24);
+    device const float *xb = x + b * 32;
+    for (uint j = 0; j < 16; j++) {
+      uchar q = blk[qs_at + j];
+      int lo = int((q & 0xfu) | (((qh >> j) & 1u) << 4)), hi = int(uint(q >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      if (f == 4) {
+        acc += xb[j] * (float(lo - 16) * d);
+        acc += xb[j + 16] * (float(hi - 16) * d);
+      } else {
+        acc += xb[j] * (float(lo) * d + m);
+        acc += xb[j + 16] * (float(hi) * d + m);
+      }
+    }
+  }
+  return acc;
+}
+
+// Q4_K (d, dmin, scales[12], qs[128]) and Q5_K (qh[32] before qs): lanes take 32-value sub-blocks;
+// sub-block j is d·sc_j·q − dmin·m_j, q the low (even j) or high (odd j) nibbles of qs[32·(j/2)..],
+// plus 16 where bit j of qh[l] is set.
+inline float kquant_lane_dot(bool five, device const uchar *row, device const float *x, uint k, uint lane) {
+  uint bb = five ? 176 : 144;
+  float acc = 0.0f;
+  for (uint sb = lane; sb < k / 32; sb += 32) {
+    device const uchar *blk = row + ulong(sb / 8) * bb;
+    uint j = sb % 8;
+    uint2 sm = scale_min_k4(j, blk + 4);
+    float d1 = half_at(blk) * float(sm.x), m1 = half_at(blk + 2) * float(sm.y);
+    device const uchar *q = blk + (five ? 48 : 16) + (j / 2) * 32;
+    device const float *xb = x + ulong(sb) * 32;
+    for (uint l = 0; l < 32; l++) {
+      uint v = (j & 1u) ? uint(q[l] >> 4) : (q[l] & 0xfu);
+      if (five) v |= ((uint(blk[16 + l]) >> j) & 1u) << 4;
+      acc += xb[l] * (d1 * float(v) - m1);
+    }
+  }
+  return acc;
+}
+
+// This lane's share of dot(x[0..k), row) for a ggml format (0 Q4_0, 1 Q8_0, 2 Q6_K, 3 Q4_1, 4 Q5_0,
+// 5 Q5_1, 6 Q4_K, 7 Q5_K).
 inline float ggml_lane_dot(uint f, device const uchar *row, device const float *x, uint k, uint lane) {
+  if (f >= 3 && f <= 5) return q32_lane_dot(f, row, x, k, lane);
+  if (f >= 6) return kquant_lane_dot(f == 7, row, x, k, lane);
   float acc = 0.0f;
   if (f < 2) {
     uint bb = f == 0 ? 18 : 34;
@@ -112,7 +234,18 @@ inline float ggml_lane_dot(uint f, device const uchar *row, device const float *
   return acc;
 }
 
-inline uint ggml_row_bytes(uint f, uint k) { return f == 2 ? (k / 256) * 210 : (k / 32) * (f == 0 ? 18 : 34); }
+inline uint ggml_row_bytes(uint f, uint k) {
+  switch (f) {
+  case 0: return (k / 32) * 18;
+  case 1: return (k / 32) * 34;
+  case 2: return (k / 256) * 210;
+  case 3: return (k / 32) * 20;
+  case 4: return (k / 32) * 22;
+  case 5: return (k / 32) * 24;
+  case 6: return (k / 256) * 144;
+  default: return (k / 256) * 176;
+  }
+}
 
 #define GGML(NAME, F, MV)                                                                            \
   kernel void NAME(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],        \
@@ -132,6 +265,16 @@ GGML(qmatmul_q8_0_mv, 1, true)
 GGML(qmatmul_q8_0_mm, 1, false)
 GGML(qmatmul_q6_k_mv, 2, true)
 GGML(qmatmul_q6_k_mm, 2, false)
+GGML(qmatmul_q4_1_mv, 3, true)
+GGML(qmatmul_q4_1_mm, 3, false)
+GGML(qmatmul_q5_0_mv, 4, true)
+GGML(qmatmul_q5_0_mm, 4, false)
+GGML(qmatmul_q5_1_mv, 5, true)
+GGML(qmatmul_q5_1_mm, 5, false)
+GGML(qmatmul_q4_k_mv, 6, true)
+GGML(qmatmul_q4_k_mm, 6, false)
+GGML(qmatmul_q5_k_mv, 7, true)
+GGML(qmatmul_q5_k_mm, 7, false)
 
 #define GGML_ID(NAME, F)                                                                             \
   kernel void NAME(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],        \
@@ -151,3 +294,8 @@ GGML(qmatmul_q6_k_mm, 2, false)
 GGML_ID(qmatmul_id_q4_0, 0)
 GGML_ID(qmatmul_id_q8_0, 1)
 GGML_ID(qmatmul_id_q6_k, 2)
+GGML_ID(qmatmul_id_q4_1, 3)
+GGML_ID(qmatmul_id_q5_0, 4)
+GGML_ID(qmatmul_id_q5_1, 5)
+GGML_ID(qmatmul_id_q4_k, 6)
+GGML_ID(qmatmul_id_q5_k, 7)

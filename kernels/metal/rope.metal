@@ -15,19 +15,32 @@ kernel void rope_f32(device const float *in [[buffer(0)]], device float *out [[b
 
 struct neox_params { float theta; uint head_dim; uint rope_dim; };
 struct neox_heads { uint n_heads; uint has_freq_factors; uint out_head_stride; uint out_token_stride; };
-kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                          constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
-                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
-  uint i = gid.x * tpg.x + lid.x, r = gid.y * tpg.y + lid.y, half_dim = p.rope_dim / 2;
-  if (i >= half_dim || i >= grid.x || r >= grid.y) return;
+// Pair i of a row: (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (adjacent: ggml's normal mode).
+inline void rope_heads(device const float *in, device float *out, constant neox_params &p, device const uint *pos,
+                       constant neox_heads &h, device const float *ff, uint i, uint r, uint2 grid2, bool adjacent) {
+  uint half_dim = p.rope_dim / 2;
+  if (i >= half_dim || i >= grid2.x || r >= grid2.y) return;
   float freq = precise::pow(p.theta, -2.0f * float(i) / float(p.rope_dim));
   if (h.has_freq_factors) freq = freq / ff[i];
   float ang = float(pos[r / h.n_heads]) * freq;
   float c = precise::cos(ang), s = precise::sin(ang);
   ulong row = ulong(r) * p.head_dim;
   ulong orow = ulong(r / h.n_heads) * h.out_token_stride + ulong(r % h.n_heads) * h.out_head_stride;
-  float x0 = in[row + i], x1 = in[row + i + half_dim];
-  out[orow + i] = x0 * c - x1 * s;
-  out[orow + i + half_dim] = x0 * s + x1 * c;
+  uint i0 = adjacent ? 2 * i : i, i1 = adjacent ? 2 * i + 1 : i + half_dim;
+  float x0 = in[row + i0], x1 = in[row + i1];
+  out[orow + i0] = x0 * c - x1 * s;
+  out[orow + i1] = x0 * s + x1 * c;
   for (uint d = p.rope_dim + i; d < p.head_dim; d += half_dim) out[orow + d] = in[row + d];
+}
+
+kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
+                          constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
+                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
+  rope_heads(in, out, p, pos, h, ff, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, false);
+}
+
+kernel void rope_norm_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
+                          constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
+                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
+  rope_heads(in, out, p, pos, h, ff, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, true);
 }

@@ -1,8 +1,8 @@
 /**
- * Matrix products y = x · Wᵀ: x f32 [M, K], W [N, K], y f32 [M, N]. Dense (f32 or bf16 weights),
+ * Matrix products y = x · Wᵀ: x f32 [M, K], W [N, K], y f32 [M, N]. Dense (f32, bf16 or f16 weights),
  * MLX affine-quantized (4/6/8 bits; the fast kernel when N % 8 = 0, K % 256 = 0 and 4 or 8 bits, as
- * the seed selects its SIMD kernel), ggml blocks (Q4_0, Q8_0, Q6_K; mat-vec for M ≤ 8, else
- * mat-mat) and the MoE variant with per-row experts. Formats: src/quant.ts.
+ * the seed selects its SIMD kernel), ggml blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K;
+ * mat-vec for M ≤ 8, else mat-mat) and the MoE variant with per-row experts. Formats: src/quant.ts.
  * Geometry: threadgroups (ceil(N / outputs per group), rows), 128 threads.
  *
  * @module
@@ -13,7 +13,7 @@ import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { CapturedOpKind } from "../graph/op_kind.ts";
 import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { GGML_BLOCK, type GgmlFormat } from "../quant.ts";
+import { type AffineQuantBits, GGML_BLOCK, type GgmlFormat } from "../quant.ts";
 import {
   checkBuffer,
   checkU32,
@@ -35,7 +35,7 @@ const enum Epilogue {
   Residual = 1,
   SwiGlu = 2,
 }
-const FORMATS: readonly GgmlFormat[] = ["q4_0", "q8_0", "q6_k"];
+const FORMATS: readonly GgmlFormat[] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"];
 
 const contract = (name: string, slots: KernelContract["slots"]): KernelContract => ({
   name,
@@ -45,7 +45,7 @@ const contract = (name: string, slots: KernelContract["slots"]): KernelContract 
 
 /** Contracts of this family. */
 export const matmulContracts: readonly KernelContract[] = [
-  ...["f32", "bf16"].map((t) =>
+  ...["f32", "bf16", "f16"].map((t) =>
     contract(`matmul_${t}`, [
       { name: "x", kind: "buffer", access: R },
       { name: "w", kind: "buffer", access: R, constantIf: { slot: 3, word: 3, mask: MODE_CONSTANT_WEIGHTS } },
@@ -64,6 +64,23 @@ export const matmulContracts: readonly KernelContract[] = [
       { name: "params{m,n,k,bits,group_size}", kind: "bytes", size: 20 },
     ])
   ),
+  contract("qmatmul_affine_general", [
+    { name: "x", kind: "buffer", access: R },
+    { name: "w", kind: "buffer", access: R },
+    { name: "scales", kind: "buffer", access: R },
+    { name: "biases", kind: "buffer", access: R },
+    { name: "y", kind: "buffer", access: W },
+    { name: "params{m,n,k,bits,group_size,scale_type}", kind: "bytes", size: 24 },
+  ]),
+  contract("qmatmul_affine_gather", [
+    { name: "x", kind: "buffer", access: R },
+    { name: "w", kind: "buffer", access: R },
+    { name: "scales", kind: "buffer", access: R },
+    { name: "biases", kind: "buffer", access: R },
+    { name: "ids", kind: "buffer", access: R },
+    { name: "y", kind: "buffer", access: W },
+    { name: "params{rows,n,k,top_k,n_experts,bits,group_size,scale_type}", kind: "bytes", size: 32 },
+  ]),
   ...FORMATS.flatMap((f) =>
     ["mv", "mm"].map((v) =>
       contract(`qmatmul_${f}_${v}`, [
@@ -86,7 +103,9 @@ export const matmulContracts: readonly KernelContract[] = [
 ];
 registerContracts(matmulContracts);
 
-const MATMUL_F32 = kernelRef("matmul_f32"), MATMUL_BF16 = kernelRef("matmul_bf16");
+const MATMUL_F32 = kernelRef("matmul_f32"),
+  MATMUL_BF16 = kernelRef("matmul_bf16"),
+  MATMUL_F16 = kernelRef("matmul_f16");
 const AFFINE = kernelRef("qmatmul_affine"), AFFINE_FAST = kernelRef("qmatmul_affine_fast");
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. The dense product's
@@ -157,7 +176,7 @@ export interface DenseMatmulOptions extends MatmulShape {
 }
 
 /**
- * y = x · Wᵀ with dense f32 or bf16 weights (projections, embeddings, lm-head), optionally with a
+ * y = x · Wᵀ with dense f32, bf16 or f16 weights (projections, embeddings, lm-head), optionally with a
  * fused epilogue: a residual add or SwiGLU (see {@link DenseMatmulOptions}).
  */
 export function matmul(
@@ -169,8 +188,8 @@ export function matmul(
   s: DenseMatmulOptions,
 ): void {
   checkShape("matmul", s);
-  if (w.dtype !== DType.F32 && w.dtype !== DType.BF16) {
-    throw new MlxError("InvalidArgument", `matmul: weights must be f32 or bf16, got ${w.dtype}`);
+  if (w.dtype !== DType.F32 && w.dtype !== DType.BF16 && w.dtype !== DType.F16) {
+    throw new MlxError("InvalidArgument", `matmul: weights must be f32, bf16 or f16, got ${w.dtype}`);
   }
   const r = s.residual, swiglu = s.swiglu === true;
   if (r && swiglu) {
@@ -188,7 +207,7 @@ export function matmul(
   }
   const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
   const d = denseDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(w.dtype === DType.F32 ? MATMUL_F32 : MATMUL_BF16);
+  d.pipeline = registry.resolve(w.dtype === DType.F32 ? MATMUL_F32 : w.dtype === DType.BF16 ? MATMUL_BF16 : MATMUL_F16);
   b[0] = x;
   b[1] = w;
   b[2] = y;
@@ -204,20 +223,46 @@ export function matmul(
 
 /** Options of {@link quantizedMatmul}. */
 export interface AffineMatmulOptions extends MatmulShape {
-  /** Bits per weight. */
-  bits: 4 | 6 | 8;
+  /** Bits per weight (MLX's widths). */
+  bits: AffineQuantBits;
   /** Values per scale/bias. */
   groupSize: 32 | 64 | 128;
   /** Force a kernel; by default the fast one whenever its shape rules hold. */
   variant?: "scalar" | "fast";
 }
 
-/** Whether the fast affine kernel applies (the seed's rule for its SIMD kernel). */
+/** Whether the fast affine kernel applies (the seed's rule for its SIMD kernel; bf16 scales). */
 export function affineFastApplies(o: AffineMatmulOptions): boolean {
   return o.n % 8 === 0 && o.k % 256 === 0 && (o.bits === 4 || o.bits === 8);
 }
 
-/** y = x · Wᵀ with MLX affine-quantized W (w = scale·q + bias). */
+/** The general affine kernels' scale type word: mlxn_ftype (0 f32, 1 f16, 2 bf16). */
+const SCALE_TYPE: Readonly<Record<string, number>> = { f32: 0, f16: 1, bf16: 2 };
+
+/** Checks bits, group size and the scales/biases pair; returns the general kernels' scale type. */
+function checkAffine(op: string, bits: number, groupSize: number, k: number, scales: MlxBuffer, biases: MlxBuffer) {
+  if (![2, 3, 4, 5, 6, 8].includes(bits)) {
+    throw new MlxError("InvalidArgument", `${op}: bits must be 2, 3, 4, 5, 6 or 8, got ${bits}`);
+  }
+  if (groupSize !== 32 && groupSize !== 64 && groupSize !== 128) {
+    throw new MlxError("InvalidArgument", `${op}: groupSize must be 32, 64 or 128`);
+  }
+  if (k % groupSize !== 0) throw new MlxError("InvalidArgument", `${op}: k must be a multiple of groupSize`);
+  const type = SCALE_TYPE[scales.dtype];
+  if (type === undefined || biases.dtype !== scales.dtype) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: scales and biases must share one dtype of f32, f16 or bf16 (got ${scales.dtype} and ${biases.dtype})`,
+    );
+  }
+  return type;
+}
+
+/**
+ * y = x · Wᵀ with MLX affine-quantized W (w = scale·q + bias). Scales and biases are bf16, f16 or
+ * f32 (MLX stores them in the weights' dtype); 4, 6 and 8 bits with bf16 scales take the seed's
+ * kernels, every other combination a general kernel.
+ */
 export function quantizedMatmul(
   target: DispatchTarget,
   registry: KernelRegistry,
@@ -230,23 +275,30 @@ export function quantizedMatmul(
 ): void {
   const op = "quantized_matmul";
   checkShape(op, o);
-  if (o.bits !== 4 && o.bits !== 6 && o.bits !== 8) {
-    throw new MlxError("InvalidArgument", `${op}: bits must be 4, 6 or 8`);
-  }
-  if (o.groupSize !== 32 && o.groupSize !== 64 && o.groupSize !== 128) {
-    throw new MlxError("InvalidArgument", `${op}: groupSize must be 32, 64 or 128`);
-  }
-  if (o.k % o.groupSize !== 0) throw new MlxError("InvalidArgument", `${op}: k must be a multiple of groupSize`);
-  const fast = o.variant === "fast" || (o.variant === undefined && affineFastApplies(o));
-  if (fast && !affineFastApplies(o)) {
-    throw new MlxError("InvalidArgument", `${op}: the fast kernel needs n % 8 = 0, k % 256 = 0 and 4 or 8 bits`);
+  const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
+  const seed = scales.dtype === DType.BF16 && (o.bits === 4 || o.bits === 6 || o.bits === 8);
+  const fast = o.variant === "fast" || (o.variant === undefined && seed && affineFastApplies(o));
+  if (fast && !(seed && affineFastApplies(o))) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: the fast kernel needs n % 8 = 0, k % 256 = 0, 4 or 8 bits and bf16 scales`,
+    );
   }
   const groups = o.k / o.groupSize;
   checkBuffer(op, "x", x, DType.F32, o.m * o.k);
   checkBytes(op, "w", w, (o.n * o.k * o.bits) / 8);
-  checkBuffer(op, "scales", scales, DType.BF16, o.n * groups);
-  checkBuffer(op, "biases", biases, DType.BF16, o.n * groups);
+  checkBuffer(op, "scales", scales, scales.dtype, o.n * groups);
+  checkBuffer(op, "biases", biases, scales.dtype, o.n * groups);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
+  if (!seed) {
+    target.dispatch({
+      pipeline: registry.get("qmatmul_affine_general"),
+      bindings: [x, w, scales, biases, y, [o.m, o.n, o.k, o.bits, o.groupSize, scaleType]],
+      grid: [Math.ceil(o.n / OUTS), o.m, 1],
+      threadgroup: THREADS,
+    });
+    return;
+  }
   const d = affineDescriptor, b = d.bindings;
   d.pipeline = registry.resolve(fast ? AFFINE_FAST : AFFINE);
   b[0] = x;
@@ -367,4 +419,58 @@ export function quantizedMatmulIdGgml(
   moeGrid[0] = Math.ceil(o.n / OUTS);
   moeGrid[1] = rows;
   dispatchReused(target, d, 4);
+}
+
+/** Options of {@link quantizedMatmulAffineGather}. */
+export interface AffineMoeOptions {
+  /** Tokens (rows of x). */
+  tokens: number;
+  /** Experts per token. */
+  topK: number;
+  /** Output columns per expert. */
+  n: number;
+  /** Columns of x. */
+  k: number;
+  /** Experts stacked in W, scales and biases. */
+  experts: number;
+  /** Bits per weight. */
+  bits: AffineQuantBits;
+  /** Values per scale/bias. */
+  groupSize: 32 | 64 | 128;
+}
+
+/**
+ * MoE expert-routed product with MLX affine weights (MLX's gather_qmm): W, scales and biases stack
+ * `experts` matrices ([E, N, K·bits/8] bytes, [E, N, K/groupSize] bf16/f16/f32); ids u32
+ * [tokens·topK]; output row r = x[r / topK] · W[ids[r]]ᵀ. An id ≥ experts fails the command buffer.
+ */
+export function quantizedMatmulAffineGather(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  ids: MlxBuffer,
+  y: MlxBuffer,
+  o: AffineMoeOptions,
+): void {
+  const op = "quantized_matmul_affine_gather";
+  for (const [k, v] of Object.entries({ tokens: o.tokens, topK: o.topK, n: o.n, k: o.k, experts: o.experts })) {
+    checkU32(op, k, v);
+  }
+  const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
+  const rows = o.tokens * o.topK, groups = o.k / o.groupSize;
+  checkBuffer(op, "x", x, DType.F32, o.tokens * o.k);
+  checkBytes(op, "w", w, (o.experts * o.n * o.k * o.bits) / 8);
+  checkBuffer(op, "scales", scales, scales.dtype, o.experts * o.n * groups);
+  checkBuffer(op, "biases", biases, scales.dtype, o.experts * o.n * groups);
+  checkBuffer(op, "ids", ids, DType.U32, rows);
+  checkBuffer(op, "y", y, DType.F32, rows * o.n);
+  target.dispatch({
+    pipeline: registry.get("qmatmul_affine_gather"),
+    bindings: [x, w, scales, biases, ids, y, [rows, o.n, o.k, o.topK, o.experts, o.bits, o.groupSize, scaleType]],
+    grid: [Math.ceil(o.n / OUTS), rows, 1],
+    threadgroup: THREADS,
+  });
 }

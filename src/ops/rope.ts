@@ -2,7 +2,8 @@
  * Rotary position embeddings (f32): `rope` rotates adjacent pairs (2i, 2i+1) of one head laid out
  * [seq, headDim]; `ropeNeox` rotates pairs (i, i + ropeDim/2) of [seq · heads, headDim] rows,
  * passes dims ≥ ropeDim through, optionally divides each frequency by a freq factor, and may write
- * its rows at strides (straight into a KV cache).
+ * its rows at strides (straight into a KV cache); `ropeNorm` is the same with adjacent pairs (ggml's
+ * normal mode).
  *
  * @module
  */
@@ -35,8 +36,8 @@ export const ropeContracts: readonly KernelContract[] = [
       { name: "positions", kind: "buffer", access: "read" },
     ],
   },
-  {
-    name: "rope_neox_f32",
+  ...["rope_neox_f32", "rope_norm_f32"].map((name): KernelContract => ({
+    name,
     opKind: CapturedOpKind.Rope,
     slots: [
       { name: "input", kind: "buffer", access: "read" },
@@ -46,11 +47,11 @@ export const ropeContracts: readonly KernelContract[] = [
       { name: "params{n_heads,has_freq_factors,out_head_stride,out_token_stride}", kind: "bytes", size: 16 },
       { name: "freq_factors", kind: "buffer", access: "read", optional: true },
     ],
-  },
+  })),
 ];
 registerContracts(ropeContracts);
 
-const ROPE = kernelRef("rope_f32"), ROPE_NEOX = kernelRef("rope_neox_f32");
+const ROPE = kernelRef("rope_f32"), ROPE_NEOX = kernelRef("rope_neox_f32"), ROPE_NORM = kernelRef("rope_norm_f32");
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. Slots 2 and 4 of the NeoX
 // bindings are inline words; dispatchReusedSlots empties the other slots after each dispatch.
@@ -140,7 +141,34 @@ export function ropeNeox(
   positions: MlxBuffer,
   o: RopeNeoxOptions,
 ): void {
-  const op = "rope_neox";
+  ropeHeads("rope_neox", target, registry, input, output, positions, o);
+}
+
+/**
+ * ggml's normal-mode rope (what llama.cpp uses for llama-architecture GGUFs): as {@link ropeNeox}
+ * (rows, positions, partial rotation, freq factors, strided output) but rotating adjacent pairs
+ * (2i, 2i+1) for i < ropeDim/2, at angle positions[t] · theta^(−2i/ropeDim) / freqFactors[i].
+ */
+export function ropeNorm(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  positions: MlxBuffer,
+  o: RopeNeoxOptions,
+): void {
+  ropeHeads("rope_norm", target, registry, input, output, positions, o);
+}
+
+function ropeHeads(
+  op: "rope_neox" | "rope_norm",
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  positions: MlxBuffer,
+  o: RopeNeoxOptions,
+): void {
   checkPositive(op, "theta", o.theta);
   checkU32(op, "headDim", o.headDim);
   checkEven(op, "ropeDim", o.ropeDim);
@@ -173,7 +201,7 @@ export function ropeNeox(
   checkBuffer(op, "positions", positions, DType.U32, o.seqLen);
   if (o.freqFactors) checkBuffer(op, "freqFactors", o.freqFactors, DType.F32, o.ropeDim / 2);
   const half = o.ropeDim / 2, d = neoxDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(ROPE_NEOX);
+  d.pipeline = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM);
   b[0] = input;
   b[1] = output;
   neoxWords[0] = f32Bits(o.theta);
