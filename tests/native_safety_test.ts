@@ -348,3 +348,22 @@ Deno.test("buffer bindings at offsets that are not a multiple of the element siz
     }
   });
 });
+
+Deno.test("the flash-attention reduce refuses blocks larger than its CUDA kernel can launch", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const heads = 2, hd = 64, nwg = 4;
+  using tmp = device.alloc(heads * nwg * (hd + 2) * 4, DType.F32), out = device.alloc(heads * hd * 4, DType.F32);
+  const d = (tg: number): RawDispatch => ({
+    kernel: "flash_attn_vec_reduce",
+    buffers: { 0: tmp, 1: out },
+    bytes: { 2: [heads, hd, nwg] },
+    kind: "groups",
+    grid: [heads, 1, 1],
+    tg: [tg, 1, 1],
+  });
+  equal(encodeOnly(device, d(256)).rc, Status.OK);
+  const refused = encodeOnly(device, d(1024));
+  ok(refused.rc !== Status.OK, "1024 threads accepted");
+  match(refused.message, /at most 256 threads.*ops\.flashAttnVec/);
+});
