@@ -11,6 +11,7 @@ import { type DispatchDescriptor, DType as D, type MlxBuffer, type MlxDevice, Ml
 import { f32Bits } from "../src/ops/common.ts";
 import { assertClose, randomValues, testContext } from "./helpers.ts";
 import {
+  neoxAngle,
   refAdd,
   refArgmax,
   refAttentionDecode,
@@ -153,16 +154,42 @@ function q8Blocks(values: number[], k: number): Uint8Array {
   return out;
 }
 
-function matmulDenseCase(swiglu: boolean): Case {
-  const m = 2, n = 9, k = 70, outs = swiglu ? 2 : 4;
+/** Q4_1 blocks (scale 1.0, min 0) of rows × k values in [0, 15]: value j in the low nibble of
+ * qs[j], value j + 16 in the high one. */
+function q41Blocks(values: number[], k: number): Uint8Array {
+  const rows = values.length / k, out = new Uint8Array(rows * (k / 32) * 20);
+  let o = 0;
+  for (let r = 0; r < rows; r++) {
+    for (let b = 0; b < k / 32; b++) {
+      out[o + 1] = 0x3c; // d = f16 1.0; m = 0
+      const v = (j: number) => values[r * k + b * 32 + j];
+      for (let j = 0; j < 16; j++) out[o + 4 + j] = v(j) | (v(j + 16) << 4);
+      o += 20;
+    }
+  }
+  return out;
+}
+
+/** Rows of `bits`-wide codes as one little-endian bit stream each (code j at bit j·bits). */
+function bitStream(codes: number[], k: number, bits: number): Uint8Array {
+  const rowBytes = k / 8 * bits, out = new Uint8Array(codes.length / k * rowBytes);
+  codes.forEach((c, i) => {
+    const at = Math.floor(i / k) * rowBytes * 8 + (i % k) * bits;
+    for (let b = 0; b < bits; b++) if ((c >> b) & 1) out[(at + b) >> 3] |= 1 << ((at + b) & 7);
+  });
+  return out;
+}
+
+function matmulDenseCase(swiglu: boolean, dtype: "f32" | "f16" = "f32"): Case {
+  const m = 2, n = 9, k = 70, outs = swiglu ? 2 : 4, kernel = `matmul_${dtype}`;
   return {
-    kernel: "matmul_f32",
+    kernel,
     unit: "groups",
     extent: [Math.ceil(n / outs), m, 1],
     canonical: { tg: [128, 1, 1], tgMemory: 0 },
     make(device) {
-      const xv = f32(m * k, 31), wv = f32((swiglu ? 2 : 1) * n * k, 32);
-      const x = device.upload(xv), w = device.upload(wv), y = nanBuffer(device, m * n);
+      const xv = f32(m * k, 31), wv = randomValues((swiglu ? 2 : 1) * n * k, 32, dtype);
+      const x = device.upload(xv), w = device.upload(wv, dtype), y = nanBuffer(device, m * n);
       let want: ArrayLike<number>;
       if (swiglu) {
         const g = refMatmul(xv, wv.subarray(0, n * k), m, n, k).y, u = refMatmul(xv, wv.subarray(n * k), m, n, k).y;
@@ -173,7 +200,7 @@ function matmulDenseCase(swiglu: boolean): Case {
       }
       return {
         bindings: [x, w, y, [m, n, k, swiglu ? 2 : 0], undefined],
-        check: () => close(y.read() as Float32Array, want, `matmul_f32${swiglu ? " swiglu" : ""}`),
+        check: () => close(y.read() as Float32Array, want, `${kernel}${swiglu ? " swiglu" : ""}`),
         buffers: [x, w, y],
       };
     },
@@ -202,16 +229,17 @@ function affineCase(fast: boolean): Case {
   };
 }
 
-function ggmlCase(kernel: "qmatmul_q8_0_mv" | "qmatmul_q8_0_mm"): Case {
-  const m = 2, n = 6, k = 64;
+function ggmlCase(kernel: `qmatmul_${"q8_0" | "q4_1"}_${"mv" | "mm"}`): Case {
+  const m = 2, n = 6, k = 64, q41 = kernel.includes("q4_1");
   return {
     kernel,
     unit: "groups",
     extent: [Math.ceil(n / 4), kernel.endsWith("mv") ? 1 : m, 1],
     canonical: { tg: [128, 1, 1], tgMemory: 0 },
     make(device) {
-      const xv = f32(m * k, 51), q = ints(n * k, 52, -20, 20);
-      const x = device.upload(xv), w = device.upload(q8Blocks(q, k), D.U8), y = nanBuffer(device, m * n);
+      const xv = f32(m * k, 51), q = q41 ? ints(n * k, 52, 0, 15) : ints(n * k, 52, -20, 20);
+      const blocks = q41 ? q41Blocks(q, k) : q8Blocks(q, k);
+      const x = device.upload(xv), w = device.upload(blocks, D.U8), y = nanBuffer(device, m * n);
       const want = refMatmul(xv, q, m, n, k).y;
       return {
         bindings: [x, w, y, [m, n, k]],
@@ -244,6 +272,95 @@ const moeCase: Case = {
     };
   },
 };
+
+/** MLX affine at 3 bits with f16 scales (1.0) and biases (−2): w = q − 2. */
+const AFFINE_GENERAL = { k: 64, gs: 32, bits: 3, one: 0x3c00, minusTwo: 0xc000 };
+
+const affineGeneralCase: Case = {
+  kernel: "qmatmul_affine_general",
+  unit: "groups",
+  extent: [2, 2, 1],
+  canonical: { tg: [128, 1, 1], tgMemory: 0 },
+  make(device) {
+    const { k, gs, bits } = AFFINE_GENERAL, m = 2, n = 7;
+    const xv = f32(m * k, 141), q = ints(n * k, 142, 0, 7);
+    const x = device.upload(xv), w = device.upload(bitStream(q, k, bits), D.U8);
+    const sc = device.upload(new Uint16Array(n * k / gs).fill(AFFINE_GENERAL.one), D.U16);
+    const bi = device.upload(new Uint16Array(n * k / gs).fill(AFFINE_GENERAL.minusTwo), D.U16);
+    const y = nanBuffer(device, m * n);
+    const want = refMatmul(xv, q.map((v) => v - 2), m, n, k).y;
+    return {
+      bindings: [x, w, sc, bi, y, [m, n, k, bits, gs, 1]],
+      check: () => close(y.read() as Float32Array, want, "qmatmul_affine_general"),
+      buffers: [x, w, sc, bi, y],
+    };
+  },
+};
+
+const affineGatherCase: Case = {
+  kernel: "qmatmul_affine_gather",
+  unit: "groups",
+  extent: [2, 4, 1],
+  canonical: { tg: [128, 1, 1], tgMemory: 0 },
+  make(device) {
+    const { k, gs, bits } = AFFINE_GENERAL, tokens = 2, topK = 2, rows = 4, experts = 3, n = 5, ids = [2, 0, 1, 2];
+    const xv = f32(tokens * k, 151), q = ints(experts * n * k, 152, 0, 7);
+    const x = device.upload(xv), w = device.upload(bitStream(q, k, bits), D.U8);
+    const sc = device.upload(new Uint16Array(experts * n * k / gs).fill(AFFINE_GENERAL.one), D.U16);
+    const bi = device.upload(new Uint16Array(experts * n * k / gs).fill(AFFINE_GENERAL.minusTwo), D.U16);
+    const idb = device.upload(Uint32Array.from(ids), D.U32), y = nanBuffer(device, rows * n);
+    const want = new Float64Array(rows * n);
+    for (let r = 0; r < rows; r++) {
+      const t = Math.floor(r / topK), e = ids[r], wq = q.slice(e * n * k, (e + 1) * n * k).map((v) => v - 2);
+      want.set(refMatmul(xv.subarray(t * k, (t + 1) * k), wq, 1, n, k).y, r * n);
+    }
+    return {
+      bindings: [x, w, sc, bi, idb, y, [rows, n, k, topK, experts, bits, gs, 1]],
+      check: () => close(y.read() as Float32Array, want, "qmatmul_affine_gather"),
+      buffers: [x, w, sc, bi, idb, y],
+    };
+  },
+};
+
+/** ggml's normal-mode rope over [seq·heads, hd]: pairs (2i, 2i + 1), i < ropeDim/2; dims ≥ ropeDim
+ * copied. */
+function refRopeNorm(
+  x: ArrayLike<number>,
+  positions: ArrayLike<number>,
+  o: { theta: number; headDim: number; ropeDim: number; nHeads: number; seqLen: number },
+): Float64Array {
+  const { headDim: hd, ropeDim: rd, nHeads } = o, out = Float64Array.from(x);
+  for (let r = 0; r < o.seqLen * nHeads; r++) {
+    for (let i = 0; i < rd / 2; i++) {
+      const ang = neoxAngle(positions[Math.floor(r / nHeads)], i, o.theta, rd);
+      const x0 = x[r * hd + 2 * i], x1 = x[r * hd + 2 * i + 1];
+      out[r * hd + 2 * i] = x0 * Math.cos(ang) - x1 * Math.sin(ang);
+      out[r * hd + 2 * i + 1] = x0 * Math.sin(ang) + x1 * Math.cos(ang);
+    }
+  }
+  return out;
+}
+
+function ropeHeadsCase(kernel: "rope_neox_f32" | "rope_norm_f32"): Case {
+  return {
+    kernel,
+    unit: "threads",
+    extent: [4, 6, 1],
+    canonical: { tg: [4, 1, 1], tgMemory: 0 },
+    defined: (threads) => Math.min(6, threads[1]) * 16,
+    make(device) {
+      const o = { theta: 10000, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 3 };
+      const xv = f32(6 * 16, 111), pos = [2, 5, 7];
+      const x = device.upload(xv), out = nanBuffer(device, 6 * 16), p = device.upload(Uint32Array.from(pos), D.U32);
+      const want = kernel === "rope_neox_f32" ? refRopeNeox(xv, pos, o) : refRopeNorm(xv, pos, o);
+      return {
+        bindings: [x, out, [f32Bits(10000), 16, 8], p, [2, 0, 16, 32], undefined],
+        check: (limit) => close(out.read() as Float32Array, want, kernel, limit),
+        buffers: [x, out, p],
+      };
+    },
+  };
+}
 
 const sdpaCase: Case = {
   kernel: "sdpa_f32",
@@ -347,24 +464,7 @@ const CASES: Case[] = [
       };
     },
   },
-  {
-    kernel: "rope_neox_f32",
-    unit: "threads",
-    extent: [4, 6, 1],
-    canonical: { tg: [4, 1, 1], tgMemory: 0 },
-    defined: (threads) => Math.min(6, threads[1]) * 16,
-    make(device) {
-      const o = { theta: 10000, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 3 };
-      const xv = f32(6 * 16, 111), pos = [2, 5, 7];
-      const x = device.upload(xv), out = nanBuffer(device, 6 * 16), p = device.upload(Uint32Array.from(pos), D.U32);
-      const want = refRopeNeox(xv, pos, o);
-      return {
-        bindings: [x, out, [f32Bits(10000), 16, 8], p, [2, 0, 16, 32], undefined],
-        check: (limit) => close(out.read() as Float32Array, want, "rope_neox_f32", limit),
-        buffers: [x, out, p],
-      };
-    },
-  },
+  ropeHeadsCase("rope_neox_f32"),
   matmulDenseCase(false),
   matmulDenseCase(true),
   affineCase(false),
@@ -407,6 +507,14 @@ const CASES: Case[] = [
       };
     },
   },
+  // Later additions go last: a case's property seed is its index.
+  ropeHeadsCase("rope_norm_f32"),
+  matmulDenseCase(false, "f16"),
+  matmulDenseCase(true, "f16"),
+  affineGeneralCase,
+  affineGatherCase,
+  ggmlCase("qmatmul_q4_1_mv"),
+  ggmlCase("qmatmul_q4_1_mm"),
 ];
 
 /** The grid of a geometry: the shape that exactly covers the case's work, then the delta. */
@@ -537,7 +645,20 @@ Deno.test("geometries the GPU kernels do not assume are refused with the geometr
     }
   };
   await t.step("matmul kernels: one simdgroup per output, 128 threads", () => {
-    for (const k of ["matmul_f32", "qmatmul_affine", "qmatmul_q8_0_mv", "qmatmul_q8_0_mm", "qmatmul_id_q8_0"]) {
+    for (
+      const k of [
+        "matmul_f32",
+        "matmul_f16",
+        "qmatmul_affine",
+        "qmatmul_affine_general",
+        "qmatmul_affine_gather",
+        "qmatmul_q8_0_mv",
+        "qmatmul_q8_0_mm",
+        "qmatmul_q4_1_mv",
+        "qmatmul_q4_1_mm",
+        "qmatmul_id_q8_0",
+      ]
+    ) {
       mustRefuse(byName(k), { tg: [1, 1, 1] }, /threadgroup must be \(128, 1, 1\)/);
       mustRefuse(byName(k), { tg: [32, 4, 1] }, /threadgroup must be \(128, 1, 1\)/);
     }
@@ -562,6 +683,7 @@ Deno.test("geometries the GPU kernels do not assume are refused with the geometr
     mustRefuse(byName("rope_f32"), { delta: -1, deltaDim: 0 }, /grid/);
     mustRefuse(byName("rope_f32"), { delta: -1, deltaDim: 1 }, /grid/);
     mustRefuse(byName("rope_neox_f32"), { delta: -1, deltaDim: 0 }, /grid/);
+    mustRefuse(byName("rope_norm_f32"), { delta: -1, deltaDim: 0 }, /grid/);
   });
 });
 

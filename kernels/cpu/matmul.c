@@ -272,7 +272,7 @@ static int qmatmul_affine_general_validate(const mlxn_kargs *a, char *err, size_
   MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), mlxn_ftype_size((mlxn_ftype)t), err, cap);
-  return 0;
+  return need_mm_tg(a, 128, "ops.quantizedMatmul", err, cap);
 }
 
 static int qmatmul_affine_general_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
@@ -318,7 +318,7 @@ static int qmatmul_affine_gather_validate(const mlxn_kargs *a, char *err, size_t
   MLXN_NO_OVERLAP(a, 5, y_bytes, 4, id_bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 4, 5), 4, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), mlxn_ftype_size((mlxn_ftype)t), err, cap);
-  return 0;
+  return need_mm_tg(a, 128, "ops.quantizedMatmulAffineGather", err, cap);
 }
 
 static int qmatmul_affine_gather_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {

@@ -56,16 +56,18 @@ static int rope_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t 
  * h·out_head_stride of `out` (dense: head_dim and n_heads·head_dim; a KV cache laid out [heads,
  * capacity, head_dim] at a position: capacity·head_dim and head_dim, so rope writes K in place). */
 
-static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+/* Shared by rope_neox_f32 and rope_norm_f32 (same bindings and geometry); `op` names the kernel in
+ * refusals. */
+static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 2, 12, err, cap);
   MLXN_NEED_BYTES(a, 4, 16, err, cap);
   float theta = mlxn_arg_f32(a, 2, 0);
   uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
   uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
-  if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "rope_neox: theta must be finite and > 0");
+  if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "%s: theta must be finite and > 0", op);
   if (rd == 0 || rd % 2 || rd > hd)
-    return mlxn_kfail(err, cap, "rope_neox: rope_dim must be even, > 0 and <= head_dim (%u), got %u", hd, rd);
-  if (heads == 0) return mlxn_kfail(err, cap, "rope_neox: n_heads must be > 0");
+    return mlxn_kfail(err, cap, "%s: rope_dim must be even, > 0 and <= head_dim (%u), got %u", op, hd, rd);
+  if (heads == 0) return mlxn_kfail(err, cap, "%s: n_heads must be > 0", op);
   /* Each pair thread also copies every (rope_dim/2)-th pass-through dimension: all must run. */
   if (mlxn_need_grid(a, 0, rd / 2, "rotated pair (rope_dim / 2)", err, cap)) return 1;
   uint64_t rows = a->grid[1];
@@ -85,6 +87,14 @@ static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   if (has_ff) MLXN_NEED_BUF(a, 5, MLXN_SIZE(rd / 2, 4), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 3, 5), 4, err, cap);
   return 0;
+}
+
+static int rope_neox_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  return rope_heads_validate(a, "rope_neox", err, cap);
+}
+
+static int rope_norm_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  return rope_heads_validate(a, "rope_norm", err, cap);
 }
 
 /* Pair i of a row is (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (adjacent: ggml's normal mode). */
@@ -135,6 +145,6 @@ static int rope_norm_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint
 const mlxn_cpu_kernel mlxn_cpu_rope_kernels[] = {
     {"rope_f32", "bbcb", rope_f32_validate, rope_f32_run},
     {"rope_neox_f32", "bbcbco", rope_neox_f32_validate, rope_neox_f32_run},
-    {"rope_norm_f32", "bbcbco", rope_neox_f32_validate, rope_norm_f32_run},
+    {"rope_norm_f32", "bbcbco", rope_norm_f32_validate, rope_norm_f32_run},
     {0, 0, 0, 0},
 };

@@ -108,16 +108,18 @@ seeds.rms_norm_no_scale_f32 = dispatch(
 );
 seeds.softmax_f32 = dispatch("softmax_f32", [1024, 1024, [64]], [2, 2, 1], [64, 1, 1], "groups", ROW_TG_MEMORY);
 seeds.rope_f32 = dispatch("rope_f32", [1024, 1024, [f32Bits(1e4), 64, 4], 16], [32, 4, 1], [32, 1, 1], "threads");
-seeds.rope_neox_f32 = dispatch(
-  "rope_neox_f32",
-  [2048, 2048, [f32Bits(1e4), 64, 32], 16, [2, 1, 64, 128], 64],
-  [16, 8, 1],
-  [16, 1, 1],
-  "threads",
-);
+for (const op of ["rope_neox_f32", "rope_norm_f32"]) {
+  seeds[op] = dispatch(
+    op,
+    [2048, 2048, [f32Bits(1e4), 64, 32], 16, [2, 1, 64, 128], 64],
+    [16, 8, 1],
+    [16, 1, 1],
+    "threads",
+  );
+}
 
 // Matrix products: M = 2, N = 8.
-for (const [t, size] of [["f32", 4], ["bf16", 2]] as const) {
+for (const [t, size] of [["f32", 4], ["bf16", 2], ["f16", 2]] as const) {
   const K = 32, x = 2 * K * 4, w = 8 * K * size, y = 2 * 8 * 4;
   seeds[`matmul_${t}`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 0]], [2, 2, 1], MM_TG);
   seeds[`matmul_${t}_residual`] = dispatch(`matmul_${t}`, [x, w, y, [2, 8, K, 1], y], [2, 2, 1], MM_TG);
@@ -138,7 +140,33 @@ seeds.qmatmul_affine_fast = dispatch(
   [1, 2, 1],
   [256, 1, 1],
 );
-for (const [f, bv, bb] of [["q4_0", 32, 18], ["q8_0", 32, 34], ["q6_k", 256, 210]] as const) {
+// Any width and scale dtype (0 f32, 1 f16, 2 bf16), and its MoE gather (2 tokens, top_k 2, 2 experts).
+for (const [bits, st, ss] of [[2, 0, 4], [3, 1, 2], [5, 2, 2], [6, 1, 2]] as const) {
+  const K = 64, gs = 32, s = 8 * (K / gs) * ss;
+  seeds[`qmatmul_affine_general_${bits}`] = dispatch(
+    "qmatmul_affine_general",
+    [2 * K * 4, 8 * K / 8 * bits, s, s, 64, [2, 8, K, bits, gs, st]],
+    [2, 2, 1],
+    MM_TG,
+  );
+  seeds[`qmatmul_affine_gather_${bits}`] = dispatch(
+    "qmatmul_affine_gather",
+    [2 * K * 4, 2 * 8 * K / 8 * bits, 2 * s, 2 * s, 16, 4 * 8 * 4, [4, 8, K, 2, 2, bits, gs, st]],
+    [2, 4, 1],
+    MM_TG,
+  );
+}
+const GGML_FORMATS = [
+  ["q4_0", 32, 18],
+  ["q8_0", 32, 34],
+  ["q6_k", 256, 210],
+  ["q4_1", 32, 20],
+  ["q5_0", 32, 22],
+  ["q5_1", 32, 24],
+  ["q4_k", 256, 144],
+  ["q5_k", 256, 176],
+] as const;
+for (const [f, bv, bb] of GGML_FORMATS) {
   const K = bv, x = 2 * K * 4, w = 8 * bb, y = 64;
   seeds[`qmatmul_${f}_mv`] = dispatch(`qmatmul_${f}_mv`, [x, w, y, [2, 8, K]], [2, 1, 1], MM_TG);
   seeds[`qmatmul_${f}_mm`] = dispatch(`qmatmul_${f}_mm`, [x, w, y, [2, 8, K]], [2, 2, 1], MM_TG);
