@@ -3,7 +3,7 @@
  * launches follow commit order and completions launch order, a command buffer's status changes only
  * at its completion, a completion's error is sticky on its command buffer, and device close waits
  * for everything in flight. Prints "queue pipeline: ok" and exits 0, or says what failed and exits 1.
- * Built and run by tests/queue_pipeline_test.ts. */
+ * Built and run by tests/split_queue_test.ts. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
