@@ -93,6 +93,9 @@ struct mlxn_cmdbuf {
   int32_t error_code;
   char error[512];
   uint64_t t_start, t_end;
+  /* Owned by a launch/complete backend from launch to complete (CUDA: its in-flight slot, or -1
+   * when the launch enqueued nothing). */
+  int32_t backend_slot;
 };
 
 /* Growable arrays of a command buffer, recycled through the device so that steady-state encoding
@@ -108,6 +111,9 @@ typedef struct cb_storage {
 } cb_storage;
 
 #define MLXN_SPARE_STORAGE 4
+
+/* Most command buffers a launch/complete backend may have in flight (see queue.c). */
+#define MLXN_MAX_IN_FLIGHT 4
 
 /* ---- device ----------------------------------------------------------------------------------- */
 
@@ -133,6 +139,22 @@ struct mlxn_device {
   uint64_t wait_spin_ns, idle_spin_ns;
   cb_storage spare[MLXN_SPARE_STORAGE];
   uint32_t n_spare;
+
+  /* Pipelined running, optional: a backend that can enqueue work and wait for it later sets all
+   * three in mlxn_backend_open (NULL launch: the queue calls mlxn_backend_run). launch enqueues the
+   * command buffer's work and returns at once (or records an error in cb); complete waits for it
+   * and fills what mlxn_backend_run would (timings, error). queue.c states the guarantees. */
+  void (*launch)(mlxn_device *dev, mlxn_cmdbuf *cb);
+  void (*complete)(mlxn_device *dev, mlxn_cmdbuf *cb);
+  uint32_t max_in_flight; /* 1..MLXN_MAX_IN_FLIGHT */
+  /* queue.c: launched, not yet completed command buffers (a ring, oldest at flight_head). Written
+   * under mu; n_flight is also polled without it. */
+  pthread_cond_t flight_cv;
+  mlxn_cmdbuf *flight[MLXN_MAX_IN_FLIGHT];
+  uint32_t flight_head;
+  _Atomic uint32_t n_flight;
+  _Atomic int launcher_done; /* the queue thread has stopped: the completion thread drains and stops */
+  pthread_t completion_thread;
 };
 
 /* Buffer handles: generation (12 bits) << 20 | slot index + 1 (20 bits). Slots are process-wide
@@ -210,7 +232,8 @@ int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_
 int mlxn_backend_host_visible(mlxn_device *dev);
 /* Whether the backend implements kernel k. */
 int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k);
-/* Executes a decoded command buffer on the queue thread and returns when it is done: sets
+/* Executes a decoded command buffer on the queue thread and returns when it is done (backends that
+ * set dev->launch use that and dev->complete instead; see struct mlxn_device): sets
  * cb->t_start/t_end, per-dispatch times where available, and cb->error_code/error on failure.
  * The buffers a command buffer binds stay alive until this returns; their table entries may be
  * read under dev->mu (the table can move while the host allocates). */

@@ -1,6 +1,22 @@
-/* Native core: the command queue. One thread runs committed command buffers in commit order (the
- * order a Metal command queue or a CUDA stream guarantees) through the backend, then releases the
- * buffers they bound (deferred frees happen here) and wakes their waiters. */
+/* Native core: the command queue. Committed command buffers run in commit order (the order a Metal
+ * command queue or a CUDA stream guarantees) through the backend; then the buffers they bound are
+ * released (deferred frees happen here) and their waiters woken.
+ *
+ * Two ways to run, chosen by the backend in mlxn_backend_open:
+ *  - run (the default): the queue thread calls mlxn_backend_run, which returns when the command
+ *    buffer is done, and completes it at once.
+ *  - launch/complete (dev->launch, dev->complete, dev->max_in_flight): the queue thread launches a
+ *    command buffer as soon as it is committed and goes on to the next one; a completion thread
+ *    waits for each launched one and completes it. So command buffer k+1 is launched while k runs.
+ * Invariants of the launch/complete mode:
+ *  - at most max_in_flight command buffers are launched and not yet completed (the one being
+ *    launched counts): a backend sizes its per-flight resources by it;
+ *  - launch is called in commit order, complete in launch order, each exactly once per command
+ *    buffer, launch always before complete; launch runs only on the queue thread, complete only on
+ *    the completion thread;
+ *  - a command buffer's buffer references, status and waiters are touched only at completion,
+ *    exactly as in the run mode, so waits, deferred frees and errors see no difference;
+ *  - mlxn_queue_stop returns only when every committed command buffer is completed. */
 #define _GNU_SOURCE
 #include <sched.h>
 
@@ -19,6 +35,72 @@ int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns) {
 }
 
 static int queue_has_work(void *arg) { return atomic_load(&((mlxn_device *)arg)->queued) > 0; }
+static int flight_has_work(void *arg) {
+  mlxn_device *dev = arg;
+  return atomic_load(&dev->n_flight) > 0 || atomic_load(&dev->launcher_done);
+}
+static int flight_has_room(void *arg) {
+  mlxn_device *dev = arg;
+  return atomic_load(&dev->n_flight) < dev->max_in_flight;
+}
+
+/* Completes a command buffer whose backend work is done: releases its buffer references (deferred
+ * frees happen here), sets its status and wakes its waiters. cb may be freed by its owner after. */
+static void finish(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  pthread_mutex_lock(&dev->mu);
+  for (uint32_t i = 0; i < cb->n_refs; i++) mlxn_buffer_release_locked(dev, cb->refs[i]);
+  cb->n_refs = 0;
+  pthread_mutex_unlock(&dev->mu);
+  pthread_mutex_lock(&cb->mu);
+  cb->status = cb->error_code ? MLXN_CB_ERROR : MLXN_CB_COMPLETED;
+  pthread_cond_broadcast(&cb->cv);
+  pthread_mutex_unlock(&cb->mu);
+}
+
+/* Launch/complete mode, queue thread: launches cb once fewer than max_in_flight are in flight and
+ * hands it to the completion thread. Called without dev->mu. */
+static void launch(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  if (!flight_has_room(dev)) mlxn_spin_until(flight_has_room, dev, dev->idle_spin_ns);
+  pthread_mutex_lock(&dev->mu);
+  while (!flight_has_room(dev)) pthread_cond_wait(&dev->flight_cv, &dev->mu);
+  pthread_mutex_unlock(&dev->mu);
+  dev->launch(dev, cb); /* only this thread adds to the flight ring: the room cannot vanish */
+  pthread_mutex_lock(&dev->mu);
+  uint32_t n = atomic_load(&dev->n_flight);
+  dev->flight[(dev->flight_head + n) % MLXN_MAX_IN_FLIGHT] = cb;
+  atomic_store(&dev->n_flight, n + 1);
+  pthread_cond_broadcast(&dev->flight_cv);
+  pthread_mutex_unlock(&dev->mu);
+}
+
+static void *completion_main(void *arg) {
+  mlxn_device *dev = arg;
+  pthread_mutex_lock(&dev->mu);
+  for (;;) {
+    if (!flight_has_work(dev)) {
+      /* Nothing launched: poll briefly (a launch usually follows), then sleep. */
+      pthread_mutex_unlock(&dev->mu);
+      mlxn_spin_until(flight_has_work, dev, dev->idle_spin_ns);
+      pthread_mutex_lock(&dev->mu);
+    }
+    while (!flight_has_work(dev)) pthread_cond_wait(&dev->flight_cv, &dev->mu);
+    if (atomic_load(&dev->n_flight) == 0) break; /* the queue thread has stopped and all is completed */
+    mlxn_cmdbuf *cb = dev->flight[dev->flight_head];
+    pthread_mutex_unlock(&dev->mu);
+
+    dev->complete(dev, cb); /* waits for cb's work; its backend resources are free after */
+
+    pthread_mutex_lock(&dev->mu);
+    dev->flight_head = (dev->flight_head + 1) % MLXN_MAX_IN_FLIGHT;
+    atomic_fetch_sub(&dev->n_flight, 1);
+    pthread_cond_broadcast(&dev->flight_cv); /* room for the next launch */
+    pthread_mutex_unlock(&dev->mu);
+    finish(dev, cb);
+    pthread_mutex_lock(&dev->mu);
+  }
+  pthread_mutex_unlock(&dev->mu);
+  return NULL;
+}
 
 static void *queue_main(void *arg) {
   mlxn_device *dev = arg;
@@ -38,19 +120,17 @@ static void *queue_main(void *arg) {
     atomic_fetch_sub(&dev->queued, 1);
     pthread_mutex_unlock(&dev->mu);
 
-    mlxn_backend_run(dev, cb);
+    if (dev->launch) {
+      launch(dev, cb);
+    } else {
+      mlxn_backend_run(dev, cb);
+      finish(dev, cb);
+    }
 
     pthread_mutex_lock(&dev->mu);
-    /* Completed: buffers it bound may now be freed (their deferred frees happen here). */
-    for (uint32_t i = 0; i < cb->n_refs; i++) mlxn_buffer_release_locked(dev, cb->refs[i]);
-    cb->n_refs = 0;
-    pthread_mutex_unlock(&dev->mu);
-    pthread_mutex_lock(&cb->mu);
-    cb->status = cb->error_code ? MLXN_CB_ERROR : MLXN_CB_COMPLETED;
-    pthread_cond_broadcast(&cb->cv);
-    pthread_mutex_unlock(&cb->mu); /* cb may be freed by its owner from here on */
-    pthread_mutex_lock(&dev->mu);
   }
+  atomic_store(&dev->launcher_done, 1); /* the completion thread drains what is in flight, then stops */
+  pthread_cond_broadcast(&dev->flight_cv);
   pthread_mutex_unlock(&dev->mu);
   return NULL;
 }
@@ -65,7 +145,25 @@ void mlxn_queue_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb) {
 }
 
 int mlxn_queue_start(mlxn_device *dev) {
-  return pthread_create(&dev->queue_thread, NULL, queue_main, dev) == 0 ? 0 : -1;
+  if (dev->launch && (!dev->complete || dev->max_in_flight < 1 || dev->max_in_flight > MLXN_MAX_IN_FLIGHT))
+    return -1; /* a backend bug: refuse rather than overrun the flight ring */
+  if (pthread_cond_init(&dev->flight_cv, NULL) != 0) return -1;
+  if (dev->launch && pthread_create(&dev->completion_thread, NULL, completion_main, dev) != 0) {
+    pthread_cond_destroy(&dev->flight_cv);
+    return -1;
+  }
+  if (pthread_create(&dev->queue_thread, NULL, queue_main, dev) != 0) {
+    if (dev->launch) { /* no launcher: let the completion thread stop */
+      pthread_mutex_lock(&dev->mu);
+      atomic_store(&dev->launcher_done, 1);
+      pthread_cond_broadcast(&dev->flight_cv);
+      pthread_mutex_unlock(&dev->mu);
+      pthread_join(dev->completion_thread, NULL);
+    }
+    pthread_cond_destroy(&dev->flight_cv);
+    return -1;
+  }
+  return 0;
 }
 
 void mlxn_queue_stop(mlxn_device *dev) {
@@ -73,5 +171,7 @@ void mlxn_queue_stop(mlxn_device *dev) {
   dev->closing = 1;
   pthread_cond_broadcast(&dev->queue_cv);
   pthread_mutex_unlock(&dev->mu);
-  pthread_join(dev->queue_thread, NULL);
+  pthread_join(dev->queue_thread, NULL);                  /* every committed one is launched or run */
+  if (dev->launch) pthread_join(dev->completion_thread, NULL); /* and every launched one completed */
+  pthread_cond_destroy(&dev->flight_cv);
 }

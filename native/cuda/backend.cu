@@ -9,8 +9,25 @@
 // graph (by topology) is relaunched without per-node updates. MLXN_FLAG_NO_GRAPHS launches the kernels in
 // order on the stream instead. Data-dependent kernel failures set a device fault word that the
 // host checks after each command buffer; CUDA errors carry their CUDA error names.
+//
+// Pipelining: the core launches command buffer k+1 while k runs (mlxn_cuda_launch enqueues and
+// returns; mlxn_cuda_complete waits). Everything the GPU or a pending copy may still read or write
+// for one command buffer lives in its in-flight slot (flight_slot): dispatch records, start/stop
+// events, fault word and its host mirror, and its own graph cache with the argument blocks those
+// graphs are bound to. Each slot keeps its own cached graphs rather than sharing one graph whose
+// arguments are re-uploaded per command buffer: the pinned host mirror of an argument block is read
+// by the copy when the stream reaches it, so rewriting it for k+1 while k's copy is still queued
+// would race; and per-slot graphs keep the fast path (a steady loop alternates slots, each seeing
+// the same topology and nearly the same arguments, so no rebuilds and no per-node updates).
+// Slot invariants: slots are used round-robin in launch order; the core keeps at most
+// MLXN_CUDA_IN_FLIGHT launched and not completed and completes in launch order, so the slot a launch
+// takes was completed (its stop event waited for) before; only the launch thread touches a slot's
+// graphs and arguments, and the completion thread reads a slot only between its launch and the
+// launch after its completion. All work is on one stream, so device-side order is commit order.
 #include <cuda_runtime.h>
+#include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -80,30 +97,57 @@ struct cached_graph {
   uint64_t last_used = 0;
 };
 
+// What one command buffer in flight owns (see the slot invariants at the top).
+struct flight_slot {
+  std::vector<mlxn_cuda_dispatch> dispatches; // filled before launch, read and timed at completion
+  uint32_t n = 0;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  unsigned int *fault = nullptr;      // device word: tag + 1 of a failed dispatch
+  unsigned int *fault_host = nullptr; // pinned; the fault word copied back behind the work
+  std::vector<cached_graph> cache;
+  arg_block stream_args;                  // arguments of plain stream launches
+  std::vector<cudaEvent_t> stream_events; // dispatch timing of plain stream launches
+  const cudaEvent_t *events = nullptr;    // before/after each dispatch of the launched work, when timed
+  bool anchor = false;                    // this launch recorded the pending clock anchor
+  std::atomic<bool> busy{false};          // launched, not yet completed
+};
+
 struct cuda_state {
   int ordinal = 0;
   cudaDeviceProp prop{};
   cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  unsigned int *fault = nullptr; // device word: tag + 1 of a failed dispatch
-  std::vector<cached_graph> cache;
+  flight_slot slots[MLXN_CUDA_IN_FLIGHT];
+  uint32_t next_slot = 0; // launch thread only
+  // GPU-to-host clock: anchors[anchor_cur] completed at host time anchor_host (CLOCK_MONOTONIC ns);
+  // a GPU event's host time is anchor_host + its elapsed time after that anchor. Elapsed times are
+  // floats in ms, so the anchor moves forward about once a second: a launch records the other
+  // anchor event (anchor_pending) and the completion of that launch moves anchor_cur to it.
+  cudaEvent_t anchors[2] = {nullptr, nullptr};
+  std::atomic<int> anchor_cur{0};
+  std::atomic<bool> anchor_pending{false};
+  uint64_t anchor_host = 0; // the completion thread's, except while nothing is in flight
+  uint64_t anchor_launch_host = 0; // launch thread only
   uint64_t uses = 0;
   uint64_t graph_builds = 0, graph_reuses = 0, node_updates = 0; // node_updates: nodes whose arguments changed
   // Host time of the queue thread per phase, ns: packing arguments, building or updating graphs,
   // launching (cudaGraphLaunch / cudaLaunchKernel). For finding where submit cost goes.
   uint64_t pack_ns = 0, graph_ns = 0, launch_ns = 0;
   bool pdl = false; // programmatic dependent launch in graphs (compute capability 9.0+)
-  // Per-command-buffer work arrays, kept between command buffers (no allocation in steady state).
-  std::vector<mlxn_cuda_dispatch> dispatches;
+  // Launch thread's work arrays, kept between command buffers (no allocation in steady state).
   std::vector<node_shape> shape;
   std::vector<mlxn_gpu_args> args;
-  arg_block stream_args;                  // arguments of plain stream launches
-  std::vector<cudaEvent_t> stream_events; // dispatch timing of plain stream launches
   // Kernel of each name, keyed by the name's address (the core's kernel tables are static).
   std::unordered_map<const char *, const mlxn_cuda_kernel *> kernel_of;
 };
 
 static const size_t CACHE_SIZE = 8;
+
+// The core's clock (mlxn_now_ns): command-buffer times are on it.
+static uint64_t host_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static uint64_t now_ns() {
   return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -124,15 +168,27 @@ extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
     return MLXN_E_DEVICE;
   }
   cuda_state *s = new cuda_state();
-  if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaGetDeviceProperties(&s->prop, 0)) != cudaSuccess ||
-      (e = cudaStreamCreate(&s->stream)) != cudaSuccess || (e = cudaEventCreate(&s->start)) != cudaSuccess ||
-      (e = cudaEventCreate(&s->stop)) != cudaSuccess ||
-      (e = cudaMalloc(reinterpret_cast<void **>(&s->fault), sizeof(unsigned int))) != cudaSuccess ||
-      (e = cudaMemset(s->fault, 0, sizeof(unsigned int))) != cudaSuccess) {
+  e = cudaSetDevice(0);
+  if (e == cudaSuccess) e = cudaGetDeviceProperties(&s->prop, 0);
+  if (e == cudaSuccess) e = cudaStreamCreate(&s->stream);
+  for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaEventCreate(&s->anchors[i]);
+  for (flight_slot &f : s->slots) {
+    if (e == cudaSuccess) e = cudaEventCreate(&f.start);
+    if (e == cudaSuccess) e = cudaEventCreate(&f.stop);
+    if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void **>(&f.fault), sizeof(unsigned int));
+    if (e == cudaSuccess) e = cudaMemset(f.fault, 0, sizeof(unsigned int));
+    if (e == cudaSuccess) e = cudaMallocHost(reinterpret_cast<void **>(&f.fault_host), sizeof(unsigned int));
+    if (e == cudaSuccess) *f.fault_host = 0;
+    if (e == cudaSuccess) f.cache.reserve(CACHE_SIZE);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(s->anchors[0], s->stream);
+  if (e == cudaSuccess) e = cudaEventSynchronize(s->anchors[0]);
+  if (e != cudaSuccess) {
     int rc = cuda_error(e, "opening the CUDA device", err, cap);
-    delete s;
+    mlxn_cuda_close(s);
     return rc;
   }
+  s->anchor_host = s->anchor_launch_host = host_ns(); // the stream was idle: the anchor just completed
   s->pdl = s->prop.major >= 9;
   *state = s;
   return 0;
@@ -157,13 +213,19 @@ extern "C" void mlxn_cuda_close(void *state) {
   cuda_state *s = static_cast<cuda_state *>(state);
   if (!s) return;
   cudaSetDevice(s->ordinal);
-  for (cached_graph &g : s->cache) drop_graph(g);
-  for (cudaEvent_t e : s->stream_events) cudaEventDestroy(e);
-  free_args(s->stream_args);
-  cudaFree(s->fault);
-  cudaEventDestroy(s->start);
-  cudaEventDestroy(s->stop);
-  cudaStreamDestroy(s->stream);
+  if (s->stream) cudaStreamSynchronize(s->stream); // the core completed everything; belt and braces
+  for (flight_slot &f : s->slots) {
+    for (cached_graph &g : f.cache) drop_graph(g);
+    for (cudaEvent_t e : f.stream_events) cudaEventDestroy(e);
+    free_args(f.stream_args);
+    if (f.fault) cudaFree(f.fault);
+    if (f.fault_host) cudaFreeHost(f.fault_host);
+    if (f.start) cudaEventDestroy(f.start);
+    if (f.stop) cudaEventDestroy(f.stop);
+  }
+  for (cudaEvent_t e : s->anchors)
+    if (e) cudaEventDestroy(e);
+  if (s->stream) cudaStreamDestroy(s->stream);
   delete s;
 }
 
@@ -208,12 +270,18 @@ extern "C" int mlxn_cuda_has_kernel(const char *name) { return find_kernel(name)
 
 extern "C" mlxn_cuda_dispatch *mlxn_cuda_dispatches(void *state, uint32_t n) {
   cuda_state *s = static_cast<cuda_state *>(state);
+  flight_slot &f = s->slots[s->next_slot];
+  if (f.busy.load(std::memory_order_acquire)) return nullptr; // never: the core bounds what is in flight
   try {
-    if (s->dispatches.size() < n) s->dispatches.resize(n);
+    if (f.dispatches.size() < n) f.dispatches.resize(n);
   } catch (...) {
     return nullptr;
   }
-  return s->dispatches.data();
+  return f.dispatches.data();
+}
+
+extern "C" mlxn_cuda_dispatch *mlxn_cuda_slot_dispatches(void *state, int32_t slot) {
+  return static_cast<cuda_state *>(state)->slots[slot].dispatches.data();
 }
 
 // The outcome of running one command buffer.
@@ -233,7 +301,7 @@ static bool cuda_ok(cudaError_t e, run_status &st, const char *what) {
 }
 
 // Packs a decoded dispatch into the kernel's argument block.
-static bool pack_args(const mlxn_cuda_dispatch &d, const cuda_state *s, mlxn_gpu_args &g, run_status &st) {
+static bool pack_args(const mlxn_cuda_dispatch &d, const flight_slot &f, mlxn_gpu_args &g, run_status &st) {
   memset(&g, 0, sizeof g); // unused slots and padding compare equal between command buffers
   uint32_t used = 0;
   for (uint32_t i = 0; d.signature[i] && i < MLXN_GPU_SLOTS; i++) {
@@ -258,7 +326,7 @@ static bool pack_args(const mlxn_cuda_dispatch &d, const cuda_state *s, mlxn_gpu
     g.groups[i] = d.groups[i];
   }
   g.tag = d.tag;
-  g.fault = reinterpret_cast<unsigned long long>(s->fault);
+  g.fault = reinterpret_cast<unsigned long long>(f.fault);
   return true;
 }
 
@@ -390,9 +458,10 @@ static bool build_graph(cached_graph &g, bool pdl, bool timing, run_status &cb) 
 // The executable graph for this command buffer: a cached one of the same topology, or a new one,
 // with the command buffer's arguments in its host mirror. Sets [*lo, *hi) to the arguments that
 // must be copied to the device. NULL on failure (cb holds the error).
-static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
-                               const std::vector<mlxn_gpu_args> &args, size_t *lo, size_t *hi) {
-  for (cached_graph &g : s->cache) {
+static cached_graph *graph_for(cuda_state *s, flight_slot &f, uint32_t flags, run_status &cb,
+                               const std::vector<node_shape> &shape, const std::vector<mlxn_gpu_args> &args,
+                               size_t *lo, size_t *hi) {
+  for (cached_graph &g : f.cache) {
     if (!g.exec || g.shape.size() != shape.size() || !(g.shape == shape)) continue;
     // Same topology: the nodes stay; the arguments that changed are copied (one span).
     *lo = shape.size();
@@ -408,12 +477,12 @@ static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, co
     return &g;
   }
   cached_graph *slot = nullptr;
-  if (s->cache.size() < CACHE_SIZE) {
-    s->cache.emplace_back();
-    slot = &s->cache.back();
-  } else { // evict the least recently used
-    slot = &s->cache[0];
-    for (cached_graph &g : s->cache)
+  if (f.cache.size() < CACHE_SIZE) {
+    f.cache.emplace_back();
+    slot = &f.cache.back();
+  } else { // evict the least recently used (of this slot: none of its graphs is in flight)
+    slot = &f.cache[0];
+    for (cached_graph &g : f.cache)
       if (g.last_used < slot->last_used) slot = &g;
     drop_graph(*slot);
   }
@@ -442,94 +511,184 @@ static cached_graph *graph_for(cuda_state *s, uint32_t flags, run_status &cb, co
 }
 
 // Runs the command buffer as a graph; returns it (for its timing events), or NULL on failure.
-static cached_graph *run_graph(cuda_state *s, uint32_t flags, run_status &cb, const std::vector<node_shape> &shape,
-                               const std::vector<mlxn_gpu_args> &args) {
+static cached_graph *run_graph(cuda_state *s, flight_slot &f, uint32_t flags, run_status &cb,
+                               const std::vector<node_shape> &shape, const std::vector<mlxn_gpu_args> &args) {
   uint64_t t = now_ns();
   size_t lo = 0, hi = 0;
-  cached_graph *g = graph_for(s, flags, cb, shape, args, &lo, &hi);
+  cached_graph *g = graph_for(s, f, flags, cb, shape, args, &lo, &hi);
   uint64_t t_launch = now_ns();
   s->graph_ns += t_launch - t;
   if (!g) return nullptr;
   g->last_used = ++s->uses;
   // Device time starts here: finding or building the graph above is host work; the argument copy
   // is part of running the command buffer.
-  if (cuda_ok(cudaEventRecord(s->start, s->stream), cb, "cudaEventRecord") && upload_args(s, g->args, lo, hi, cb))
+  if (cuda_ok(cudaEventRecord(f.start, s->stream), cb, "cudaEventRecord") && upload_args(s, g->args, lo, hi, cb))
     cuda_ok(cudaGraphLaunch(g->exec, s->stream), cb, "cudaGraphLaunch");
   s->launch_ns += now_ns() - t_launch;
   return g;
 }
 
-extern "C" int mlxn_cuda_run(void *state, uint32_t flags, mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
-                             uint32_t *failed, char *err, size_t cap) {
+// Enqueues the slot's n dispatches (already in f.dispatches) and the events and fault copy behind
+// them. Returns the first error; the caller then waits for the stream (nothing left pending).
+static int launch_slot(cuda_state *s, flight_slot &f, uint32_t flags, run_status &st) {
+  const uint32_t n = f.n;
+  const mlxn_cuda_dispatch *d = f.dispatches.data();
+  std::vector<node_shape> &shape = s->shape;
+  std::vector<mlxn_gpu_args> &args = s->args;
+  f.events = nullptr;
+  try {
+    shape.resize(n);
+    args.resize(n);
+  } catch (...) {
+    st.code = MLXN_E_OUT_OF_MEMORY;
+    snprintf(st.err, st.cap, "out of memory while launching the command buffer");
+    return st.code;
+  }
+  uint64_t t_pack = now_ns();
+  for (uint32_t i = 0; i < n; i++) {
+    if (!pack_args(d[i], f, args[i], st)) return st.code;
+    shape[i] = shape_of(s, d[i]);
+  }
+  s->pack_ns += now_ns() - t_pack;
+  // Move the clock anchor forward about once a second (see cuda_state), before this slot's start.
+  uint64_t now = host_ns();
+  if (now - s->anchor_launch_host > 1000000000ull) {
+    bool idle = true; // nothing in flight: the completion thread is not using the anchor
+    for (const flight_slot &o : s->slots) idle = idle && !o.busy.load(std::memory_order_acquire);
+    if (idle) { // the stream is (all but) empty: an anchor waited for now is exact to a few µs
+      int cur = s->anchor_cur.load(std::memory_order_relaxed);
+      if (!cuda_ok(cudaEventRecord(s->anchors[cur], s->stream), st, "cudaEventRecord") ||
+          !cuda_ok(cudaEventSynchronize(s->anchors[cur]), st, "cudaEventSynchronize"))
+        return st.code;
+      s->anchor_host = s->anchor_launch_host = host_ns();
+    } else if (!s->anchor_pending.load(std::memory_order_acquire)) { // resolved when this slot completes
+      int next = 1 - s->anchor_cur.load(std::memory_order_relaxed);
+      if (!cuda_ok(cudaEventRecord(s->anchors[next], s->stream), st, "cudaEventRecord")) return st.code;
+      f.anchor = true;
+      s->anchor_launch_host = now;
+      s->anchor_pending.store(true, std::memory_order_release);
+    }
+  }
+  if (n == 0 || (flags & MLXN_FLAG_NO_GRAPHS)) {
+    if (!cuda_ok(cudaEventRecord(f.start, s->stream), st, "cudaEventRecord")) return st.code;
+  }
+  const bool timing = (flags & MLXN_FLAG_DISPATCH_TIMING) != 0;
+  if (n > 0) {
+    if (flags & MLXN_FLAG_NO_GRAPHS) { // plain in-order launches: every dispatch serialised
+      if (timing && !make_events(f.stream_events, 2 * (size_t)n, st)) return st.code;
+      if (!reserve_args(f.stream_args, n, st)) return st.code;
+      memcpy(f.stream_args.host, args.data(), n * sizeof(mlxn_gpu_args));
+      uint64_t t = now_ns();
+      upload_args(s, f.stream_args, 0, n, st);
+      for (uint32_t i = 0; i < n && st.code == 0; i++) {
+        kernel_param kp;
+        cudaKernelNodeParams p = node_params(shape[i], f.stream_args.dev + i, &kp);
+        if (timing) cuda_ok(cudaEventRecord(f.stream_events[2 * i], s->stream), st, "cudaEventRecord");
+        cuda_ok(cudaLaunchKernel(p.func, p.gridDim, p.blockDim, p.kernelParams, p.sharedMemBytes, s->stream), st,
+                "cudaLaunchKernel");
+        if (timing) cuda_ok(cudaEventRecord(f.stream_events[2 * i + 1], s->stream), st, "cudaEventRecord");
+      }
+      s->launch_ns += now_ns() - t;
+      if (timing) f.events = f.stream_events.data();
+    } else {
+      cached_graph *g = run_graph(s, f, flags, st, shape, args);
+      if (g && timing) f.events = g->events.data();
+    }
+  }
+  if (st.code != 0) return st.code;
+  // The fault word comes back behind the work on the same stream: reading it needs no device-wide
+  // synchronisation (a plain cudaMemcpy would also wait for the command buffers launched after).
+  if (cuda_ok(cudaMemcpyAsync(f.fault_host, f.fault, sizeof(unsigned int), cudaMemcpyDeviceToHost, s->stream), st,
+              "copying the fault word"))
+    cuda_ok(cudaEventRecord(f.stop, s->stream), st, "cudaEventRecord");
+  return st.code;
+}
+
+extern "C" int mlxn_cuda_launch(void *state, uint32_t flags, uint32_t n, int32_t *slot, char *err, size_t cap) {
   cuda_state *s = static_cast<cuda_state *>(state);
+  run_status st;
+  st.err = err;
+  st.cap = cap;
+  err[0] = 0;
+  *slot = -1;
+  cudaSetDevice(s->ordinal);
+  flight_slot &f = s->slots[s->next_slot];
+  if (f.busy.load(std::memory_order_acquire)) { // the core broke its bound: refuse rather than race
+    snprintf(err, cap, "internal error: CUDA in-flight slot %u is still in use", s->next_slot);
+    return MLXN_E_STATE;
+  }
+  f.n = n;
+  if (launch_slot(s, f, flags, st) != 0) {
+    // Nothing may stay pending on this slot's memory: wait for what was enqueued, and give the
+    // clock anchor back if this launch had taken it.
+    cudaStreamSynchronize(s->stream);
+    if (f.anchor) {
+      f.anchor = false;
+      s->anchor_pending.store(false, std::memory_order_release);
+    }
+    *f.fault_host = 0;
+    cudaMemset(f.fault, 0, sizeof(unsigned int));
+    return st.code;
+  }
+  f.busy.store(true, std::memory_order_release);
+  *slot = (int32_t)s->next_slot;
+  s->next_slot = (s->next_slot + 1) % MLXN_CUDA_IN_FLIGHT;
+  return 0;
+}
+
+extern "C" int mlxn_cuda_complete(void *state, uint32_t flags, int32_t slot, uint64_t *t_start, uint64_t *gpu_ns,
+                                  uint32_t *failed, char *err, size_t cap) {
+  cuda_state *s = static_cast<cuda_state *>(state);
+  flight_slot &f = s->slots[slot];
   run_status st;
   st.err = err;
   st.cap = cap;
   err[0] = 0;
   *gpu_ns = 0;
   cudaSetDevice(s->ordinal);
-  std::vector<node_shape> &shape = s->shape;
-  std::vector<mlxn_gpu_args> &args = s->args;
-  shape.resize(n);
-  args.resize(n);
-  uint64_t t_pack = now_ns();
-  for (uint32_t i = 0; i < n; i++) {
-    if (!pack_args(d[i], s, args[i], st)) return st.code;
-    shape[i] = shape_of(s, d[i]);
-  }
-  s->pack_ns += now_ns() - t_pack;
-  if (n == 0 || (flags & MLXN_FLAG_NO_GRAPHS)) {
-    if (!cuda_ok(cudaEventRecord(s->start, s->stream), st, "cudaEventRecord")) return st.code;
-  }
-  const bool timing = (flags & MLXN_FLAG_DISPATCH_TIMING) != 0;
-  const cudaEvent_t *events = nullptr; // before/after each dispatch, when timing
-  if (n > 0) {
-    if (flags & MLXN_FLAG_NO_GRAPHS) { // plain in-order launches: every dispatch serialised
-      if (timing && !make_events(s->stream_events, 2 * (size_t)n, st)) return st.code;
-      if (!reserve_args(s->stream_args, n, st)) return st.code;
-      memcpy(s->stream_args.host, args.data(), n * sizeof(mlxn_gpu_args));
-      uint64_t t = now_ns();
-      upload_args(s, s->stream_args, 0, n, st);
-      for (uint32_t i = 0; i < n && st.code == 0; i++) {
-        kernel_param kp;
-        cudaKernelNodeParams p = node_params(shape[i], s->stream_args.dev + i, &kp);
-        if (timing) cuda_ok(cudaEventRecord(s->stream_events[2 * i], s->stream), st, "cudaEventRecord");
-        cuda_ok(cudaLaunchKernel(p.func, p.gridDim, p.blockDim, p.kernelParams, p.sharedMemBytes, s->stream), st,
-                "cudaLaunchKernel");
-        if (timing) cuda_ok(cudaEventRecord(s->stream_events[2 * i + 1], s->stream), st, "cudaEventRecord");
-      }
-      s->launch_ns += now_ns() - t;
-      events = s->stream_events.data();
-    } else {
-      cached_graph *g = run_graph(s, flags, st, shape, args);
-      if (g && timing) events = g->events.data();
-    }
-  }
-  cuda_ok(cudaEventRecord(s->stop, s->stream), st, "cudaEventRecord");
-  cuda_ok(cudaEventSynchronize(s->stop), st, "executing the command buffer");
+  const uint32_t n = f.n;
+  mlxn_cuda_dispatch *d = f.dispatches.data();
+  cuda_ok(cudaEventSynchronize(f.stop), st, "executing the command buffer");
+  uint64_t done = host_ns();
   float ms = 0.0f;
-  if (st.code == 0 && cudaEventElapsedTime(&ms, s->start, s->stop) == cudaSuccess) *gpu_ns = (uint64_t)(ms * 1e6);
-  if (st.code == 0 && timing && events) {
+  if (st.code == 0 && cudaEventElapsedTime(&ms, f.start, f.stop) == cudaSuccess) *gpu_ns = (uint64_t)(ms * 1e6);
+  // The GPU start on the host clock (fallback: the end as seen now, less the device time).
+  int cur = s->anchor_cur.load(std::memory_order_relaxed);
+  float since = 0.0f;
+  if (st.code == 0 && cudaEventElapsedTime(&since, s->anchors[cur], f.start) == cudaSuccess && since >= 0.0f)
+    *t_start = s->anchor_host + (uint64_t)((double)since * 1e6);
+  else
+    *t_start = done - *gpu_ns;
+  if (f.anchor) { // this launch recorded the next anchor, which completed before f.start
+    float step = 0.0f;
+    if (cudaEventElapsedTime(&step, s->anchors[cur], s->anchors[1 - cur]) == cudaSuccess && step >= 0.0f) {
+      s->anchor_host += (uint64_t)((double)step * 1e6);
+      s->anchor_cur.store(1 - cur, std::memory_order_relaxed);
+    }
+    f.anchor = false;
+    s->anchor_pending.store(false, std::memory_order_release);
+  }
+  if (st.code == 0 && (flags & MLXN_FLAG_DISPATCH_TIMING) && f.events) {
     for (uint32_t i = 0; i < n; i++) {
       float a = 0.0f, b = 0.0f;
-      cudaEventElapsedTime(&a, s->start, events[2 * i]);
-      cudaEventElapsedTime(&b, s->start, events[2 * i + 1]);
+      cudaEventElapsedTime(&a, f.start, f.events[2 * i]);
+      cudaEventElapsedTime(&b, f.start, f.events[2 * i + 1]);
       d[i].start_ns = (uint64_t)(a * 1e6);
       d[i].end_ns = (uint64_t)(b * 1e6);
     }
   }
-  unsigned int fault = 0;
-  if (cuda_ok(cudaMemcpy(&fault, s->fault, sizeof fault, cudaMemcpyDeviceToHost), st, "reading the fault word") &&
-      fault != 0) {
-    cudaMemset(s->fault, 0, sizeof fault);
+  unsigned int fault = st.code == 0 ? *f.fault_host : 0;
+  if (fault != 0) {
+    *f.fault_host = 0;
+    // On the stream, so ordered before this slot's next use (launched only after this returns).
+    cudaMemsetAsync(f.fault, 0, sizeof fault, s->stream);
     uint32_t tag = fault - 1, index = 0;
     while (index < n && d[index].tag != tag) index++;
     *failed = index;
-    if (st.code == 0) {
-      st.code = MLXN_E_EXECUTION;
-      snprintf(err, cap, "dispatch %u (tag %u, kernel %s) failed while executing", index, tag,
-               index < n ? d[index].kernel : "?");
-    }
+    st.code = MLXN_E_EXECUTION;
+    snprintf(err, cap, "dispatch %u (tag %u, kernel %s) failed while executing", index, tag,
+             index < n ? d[index].kernel : "?");
   }
+  f.busy.store(false, std::memory_order_release);
   return st.code;
 }

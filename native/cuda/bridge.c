@@ -25,6 +25,9 @@ static void quiesce_at_exit(void) {
 
 static void register_exit_guard(void) { atexit(quiesce_at_exit); }
 
+static void launch_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb);
+static void complete_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb);
+
 int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
   (void)threads;
   char err[512];
@@ -35,6 +38,9 @@ int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
    * sleeping after 30–50 µs, which saves a thread wake-up (tens of µs on a VM) per command buffer. */
   dev->wait_spin_ns = 2000000u;
   dev->idle_spin_ns = 2000000u;
+  dev->launch = launch_command_buffer;
+  dev->complete = complete_command_buffer;
+  dev->max_in_flight = MLXN_CUDA_IN_FLIGHT;
   return 0;
 }
 
@@ -76,27 +82,25 @@ int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
   return mlxn_cuda_has_kernel(k->name);
 }
 
-static void run_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb);
-
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
+/* The core's launch/complete hooks (see native/core/queue.c): a launch enqueues the command buffer
+ * on the CUDA stream and returns; its completion waits for it. `running` counts launched command
+ * buffers until their completion, so the exit guard waits for their GPU work. */
+static void launch_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  cb->backend_slot = -1;
   atomic_fetch_add(&running, 1); /* counted before the check, so the exit handler cannot miss it */
-  if (atomic_load(&exiting)) {
-    cb->t_start = cb->t_end = mlxn_now_ns();
-    cb->error_code = MLXN_E_STATE;
-    strcpy(cb->error, "the process is exiting: the command buffer was not run");
-  } else {
-    run_command_buffer(dev, cb);
+  int32_t rc = MLXN_E_STATE;
+  const char *why = "the process is exiting: the command buffer was not run";
+  mlxn_cuda_dispatch *ds = NULL;
+  if (!atomic_load(&exiting)) {
+    ds = mlxn_cuda_dispatches(dev->backend, cb->n_dispatches ? cb->n_dispatches : 1);
+    rc = MLXN_E_OUT_OF_MEMORY;
+    why = "out of memory while launching the command buffer";
   }
-  atomic_fetch_sub(&running, 1);
-}
-
-static void run_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  cb->t_start = mlxn_now_ns();
-  mlxn_cuda_dispatch *ds = mlxn_cuda_dispatches(dev->backend, cb->n_dispatches ? cb->n_dispatches : 1);
   if (!ds) {
-    cb->error_code = MLXN_E_OUT_OF_MEMORY;
-    strcpy(cb->error, "out of memory while launching the command buffer");
-    cb->t_end = mlxn_now_ns();
+    cb->t_start = cb->t_end = mlxn_now_ns();
+    cb->error_code = rc;
+    snprintf(cb->error, sizeof cb->error, "%s", why);
+    atomic_fetch_sub(&running, 1);
     return;
   }
   for (uint32_t g = 0, i = 0; g < cb->n_groups; g++) {
@@ -120,15 +124,39 @@ static void run_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb) {
       o->group = g;
     }
   }
-  uint64_t gpu_ns = 0;
+  int32_t slot = -1;
+  rc = mlxn_cuda_launch(dev->backend, dev->flags, cb->n_dispatches, &slot, cb->error, sizeof cb->error);
+  if (rc != 0) {
+    cb->t_start = cb->t_end = mlxn_now_ns();
+    cb->error_code = rc;
+    atomic_fetch_sub(&running, 1);
+    return;
+  }
+  cb->backend_slot = slot;
+}
+
+static void complete_command_buffer(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  if (cb->backend_slot < 0) return; /* the launch failed and recorded why */
+  uint64_t t_start = 0, gpu_ns = 0;
   uint32_t failed = UINT32_MAX;
-  int rc = mlxn_cuda_run(dev->backend, dev->flags, ds, cb->n_dispatches, &gpu_ns, &failed, cb->error, sizeof cb->error);
+  int rc = mlxn_cuda_complete(dev->backend, dev->flags, cb->backend_slot, &t_start, &gpu_ns, &failed, cb->error,
+                              sizeof cb->error);
   if (rc != 0) cb->error_code = rc;
-  cb->t_end = cb->t_start + gpu_ns;
+  cb->t_start = t_start;
+  cb->t_end = t_start + gpu_ns;
   if (rc == 0 && (dev->flags & MLXN_FLAG_DISPATCH_TIMING)) {
+    const mlxn_cuda_dispatch *ds = mlxn_cuda_slot_dispatches(dev->backend, cb->backend_slot);
     for (uint32_t i = 0; i < cb->n_dispatches; i++) {
-      atomic_store(&cb->dispatches[i].t_start, cb->t_start + ds[i].start_ns);
-      atomic_store(&cb->dispatches[i].t_end, cb->t_start + ds[i].end_ns);
+      atomic_store(&cb->dispatches[i].t_start, t_start + ds[i].start_ns);
+      atomic_store(&cb->dispatches[i].t_end, t_start + ds[i].end_ns);
     }
   }
+  cb->backend_slot = -1;
+  atomic_fetch_sub(&running, 1);
+}
+
+/* The core's default path; this backend sets launch/complete, so the queue does not call it. */
+void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
+  launch_command_buffer(dev, cb);
+  complete_command_buffer(dev, cb);
 }

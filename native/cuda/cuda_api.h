@@ -33,12 +33,23 @@ void *mlxn_cuda_alloc(uint64_t nbytes);
 void mlxn_cuda_free(void *mem);
 int mlxn_cuda_copy(uint8_t *mem, uint8_t *host, uint64_t len, int to_device, char *err, size_t cap);
 int mlxn_cuda_has_kernel(const char *name);
-/* Room for n dispatches, owned by the device state and reused by the next call (NULL: no memory). */
+/* Command buffers that may be launched and not yet completed at once (the core's max_in_flight). */
+#define MLXN_CUDA_IN_FLIGHT 2
+
+/* Room for the next launch's n dispatches, owned by its in-flight slot (NULL: no memory). */
 mlxn_cuda_dispatch *mlxn_cuda_dispatches(void *state, uint32_t n);
-/* Runs n dispatches (flags: MLXN_FLAG_*), waits, reports device time; on a failed dispatch returns
- * MLXN_E_EXECUTION with *failed = its index. */
-int mlxn_cuda_run(void *state, uint32_t flags, mlxn_cuda_dispatch *d, uint32_t n, uint64_t *gpu_ns,
-                  uint32_t *failed, char *err, size_t cap);
+/* Enqueues the n dispatches written to mlxn_cuda_dispatches (flags: MLXN_FLAG_*) and returns without
+ * waiting. On success *slot is the in-flight slot to pass to mlxn_cuda_complete, exactly once, in
+ * launch order; on failure *slot is -1 and nothing is left pending. */
+int mlxn_cuda_launch(void *state, uint32_t flags, uint32_t n, int32_t *slot, char *err, size_t cap);
+/* Waits for a launched slot: *t_start is the GPU start on the core's clock (CLOCK_MONOTONIC ns),
+ * *gpu_ns the device time, and with MLXN_FLAG_DISPATCH_TIMING the slot's dispatch records get their
+ * times; on a failed dispatch returns MLXN_E_EXECUTION with *failed = its index. The slot is free
+ * for a later launch once this returns. */
+int mlxn_cuda_complete(void *state, uint32_t flags, int32_t slot, uint64_t *t_start, uint64_t *gpu_ns,
+                       uint32_t *failed, char *err, size_t cap);
+/* A slot's dispatch records (valid until the slot's next launch). */
+mlxn_cuda_dispatch *mlxn_cuda_slot_dispatches(void *state, int32_t slot);
 
 #ifdef __cplusplus
 }
