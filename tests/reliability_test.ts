@@ -591,7 +591,10 @@ Deno.test("soak: 10 000 sessions — finished, abandoned, async — leave no nat
       } MiB`,
   );
   deepStrictEqual(after, before);
-  ok(growthMb < 64, `RSS grew by ${growthMb.toFixed(1)} MiB`);
+  // Under ASan freed memory waits in a quarantine of up to 256 MiB, so RSS says nothing about leaks
+  // there (it swung by ±110 MiB with the order of the test files); the live-object counts above still do.
+  const asan = (Deno.env.get("LD_PRELOAD") ?? "").includes("asan");
+  if (!asan) ok(growthMb < 64, `RSS grew by ${growthMb.toFixed(1)} MiB`);
 });
 
 Deno.test("garbage-collected buffers are never freed while a command buffer uses them", async () => {
