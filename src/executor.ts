@@ -171,8 +171,8 @@ export class GraphExecutor {
     if (!Number.isSafeInteger(size) || size < 0) {
       throw new MlxError("InvalidArgument", `planCacheSize must be a non-negative integer, got ${size}`);
     }
-    // MLXN_PLAN_CACHE=0 (read by config.ts as `planCache`) forbids the cache whatever the option says.
-    const envAllows = (env as Readonly<{ planCache?: boolean }>).planCache ?? true;
+    // MLXN_PLAN_CACHE=0 forbids the cache whatever the option says.
+    const envAllows = env.planCache;
     this.options = Object.freeze({
       fusion: env.fusion && (options.fusion ?? true),
       reorder: env.reorder && (options.reorder ?? true),
