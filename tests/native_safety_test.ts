@@ -4,8 +4,8 @@
  * many reuses of a slot, and NULL arguments to getters. Each is refused with a clear error; nothing
  * runs out of bounds.
  */
-import { equal, match, ok, throws } from "node:assert/strict";
-import { DType, type MlxBuffer, type MlxDevice, MlxError } from "../mod.ts";
+import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
+import { type CommandEncoder, DType, type MlxBuffer, type MlxDevice, MlxError, ops } from "../mod.ts";
 import { Live, Op, recordHeader, Status } from "../src/native/abi.ts";
 import { lastErrorText } from "../src/native/status.ts";
 import { testContext } from "./helpers.ts";
@@ -366,4 +366,37 @@ Deno.test("the flash-attention reduce refuses blocks larger than its CUDA kernel
   const refused = encodeOnly(device, d(1024));
   ok(refused.rc !== Status.OK, "1024 threads accepted");
   match(refused.message, /at most 256 threads.*ops\.flashAttnVec/);
+});
+
+Deno.test("kernels refuse an output that partly overlaps an input (exact in place stays allowed)", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const K = device.kernels;
+  const run = (encode: (enc: CommandEncoder) => void) => {
+    using enc = device.commandEncoder();
+    encode(enc);
+    enc.commitAndWait();
+  };
+  const refused = (encode: (enc: CommandEncoder) => void) =>
+    throws(() => run(encode), (e: unknown) => {
+      ok(e instanceof MlxError, String(e));
+      match(e.message, /overlaps slot \d+ \(input\)/);
+      return true;
+    });
+  using buf = device.upload(new Float32Array([0, 0, 0, 1e-30, 1, 0.5, 0.9, 0.2, 0, 0]));
+  const f32 = (off: number, len: number) => buf.slice(off, len, { dtype: DType.F32 });
+  // argmax: the ids ring inside the logits it reads.
+  refused((e) => ops.argmax(e, K, f32(0, 32), buf.slice(16, 8, { dtype: DType.U32 }), { vocab: 4, rows: 2 }));
+  // softmax: output shifted by two values into its input; in place exactly is computed right.
+  refused((e) => ops.softmax(e, K, f32(0, 32), f32(8, 32), { rows: 2, cols: 4 }));
+  using row = device.upload(new Float32Array([1, 1, 1, 1]));
+  run((e) => ops.softmax(e, K, row, row, { rows: 1, cols: 4 }));
+  deepStrictEqual(Array.from(row.read() as Float32Array), [0.25, 0.25, 0.25, 0.25]);
+  // strided copy onto an overlapping destination.
+  refused((e) => ops.stridedCopy(e, K, f32(0, 24), f32(8, 24), { rows: 3, cols: 2 }));
+  // element-wise add: shifted output refused, in place accepted.
+  refused((e) => ops.elementwiseAdd(e, K, f32(0, 16), f32(16, 16), f32(4, 16)));
+  using v = device.upload(new Float32Array([1, 2, 3, 4]));
+  run((e) => ops.elementwiseAdd(e, K, v, v, v));
+  deepStrictEqual(Array.from(v.read() as Float32Array), [2, 4, 6, 8]);
 });

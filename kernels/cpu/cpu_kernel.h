@@ -180,6 +180,18 @@ static inline int mlxn_ranges_overlap(const uint8_t *p, uint64_t n, const uint8_
                         out, in);                                                                  \
   } while (0)
 
+/* Fails when the output slot's first `bytes` overlap the input slot's first `bytes` other than
+ * exactly (the same first byte): element-wise kernels may run in place, never shifted. */
+#define MLXN_IN_PLACE_OR_DISJOINT(a, out, in, bytes, err, cap)                                      \
+  do {                                                                                             \
+    if ((a)->ptr[out] != (a)->ptr[in] && mlxn_ranges_overlap((a)->ptr[out], (bytes), (a)->ptr[in], (bytes))) \
+      return mlxn_kfail(err, cap,                                                                  \
+                        "slot %d (output) partly overlaps slot %d (input); threads would read "     \
+                        "values others already overwrote: write in place exactly (the same view) "  \
+                        "or to a separate buffer",                                                 \
+                        out, in);                                                                  \
+  } while (0)
+
 /* ---- 16-bit float conversions (round to nearest even, NaN preserved) ----------------------- */
 
 static inline float mlxn_f16_to_f32(uint16_t h) {

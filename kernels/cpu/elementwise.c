@@ -26,6 +26,8 @@ static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t 
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_BUF(a, 2, bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, 2), mlxn_ftype_size(t), err, cap);
+  MLXN_IN_PLACE_OR_DISJOINT(a, 2, 0, bytes, err, cap);
+  MLXN_IN_PLACE_OR_DISJOINT(a, 2, 1, bytes, err, cap);
   return 0;
 }
 
@@ -125,6 +127,7 @@ static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap)
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ss), cols), 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ds), cols), 4), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
+  MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap);
   return 0;
 }
 

@@ -134,6 +134,7 @@ static int softmax_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
+  MLXN_IN_PLACE_OR_DISJOINT(a, 1, 0, bytes, err, cap);
   return mlxn_need_row_tg(a, "ops.softmax (rowGeometry)", err, cap);
 }
 

@@ -208,7 +208,10 @@ static int argmax_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_
   uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
   uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
   if (ring_validate(a, 1, 3, rows, ring, has_cursor, err, cap)) return 1;
-  return logits_validate(a, rows, vocab, t, err, cap);
+  if (logits_validate(a, rows, vocab, t, err, cap)) return 1;
+  MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap); /* ids written, logits read */
+  MLXN_NO_OVERLAP(a, 1, a->len[1], 3, a->len[3], err, cap); /* ids written, cursor read */
+  return 0;
 }
 
 static int argmax_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, mlxn_ftype t) {
@@ -362,7 +365,10 @@ static int sample_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_
   if (top_p == 0 || top_p > 0x80000000u)
     return mlxn_kfail(err, cap, "top_p (Q31) must be in [1, 2^31], got %u", top_p);
   if (ring_validate(a, 1, 3, rows, ring, has_cursor, err, cap)) return 1;
-  return logits_validate(a, rows, vocab, t, err, cap);
+  if (logits_validate(a, rows, vocab, t, err, cap)) return 1;
+  MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap); /* ids written, logits read */
+  MLXN_NO_OVERLAP(a, 1, a->len[1], 3, a->len[3], err, cap); /* ids written, cursor read */
+  return 0;
 }
 
 static int sample_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, mlxn_ftype t) {
