@@ -169,3 +169,13 @@ export {
   type MlxQuantizedLayer,
 } from "./src/io/mlx_checkpoint.ts";
 export { type LlamaConfig, llamaConfigFromGguf, llamaConfigFromMlx } from "./src/io/model_config.ts";
+export {
+  generate,
+  type GenerateOptions,
+  type GenerateResult,
+  type LlamaModel,
+  loadLlama,
+  type LoadLlamaOptions,
+  type TokenSelection,
+} from "./src/model/mod.ts";
+export { type RandomLlamaShape, writeRandomLlamaGguf } from "./src/model/random_gguf.ts";

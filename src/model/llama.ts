@@ -1,0 +1,325 @@
+/**
+ * A llama-architecture model loaded from a GGUF file or an MLX checkpoint directory and run with the
+ * graph executor, one token per pass: per layer RMS_NORM → MUL(weight), the Q/K/V projections
+ * (stacked into one product where they share a format), rope (normal mode for GGUF, NeoX for MLX,
+ * with the file's freq factors; K rotated straight into the KV cache, V copied there), decode
+ * attention over the cache, the output projection + residual, RMS_NORM → MUL, gate/up + SwiGLU, the
+ * down projection + residual; then the final norm and the lm-head (or the tied embedding). Each
+ * projection's kernel follows its tensor type (src/model/linear.ts).
+ *
+ * @module
+ */
+
+import type { MlxBuffer } from "../buffer.ts";
+import type { DecodeStep } from "../decode_loop.ts";
+import type { MlxDevice } from "../device.ts";
+import { MlxError } from "../errors.ts";
+import type { GraphSession } from "../executor.ts";
+import type { LlamaConfig } from "../io/model_config.ts";
+import { flashAttnVecScratchBytes } from "../ops/attention.ts";
+import { ropeNeox, ropeNorm } from "../ops/rope.ts";
+import { argmax, embedGather, sample } from "../ops/sample.ts";
+import type { Linear } from "./linear.ts";
+import { type EmbeddingTable, type LinearPart, openWeights, type RopeMode } from "./weights.ts";
+
+/** How a pass picks the next token on the device: greedy (argmax) or seeded sampling. */
+export interface TokenSelection {
+  /** Softmax temperature; 0 or omitted: argmax. */
+  readonly temperature?: number;
+  /** Keep the k most likely tokens (0: all). */
+  readonly topK?: number;
+  /** Nucleus share in (0, 1]. */
+  readonly topP?: number;
+  /** Sampling seed (default 0). */
+  readonly seed?: number;
+}
+
+/** Options of {@link loadLlama}. */
+export interface LoadLlamaOptions {
+  /** KV-cache positions (default: the model's context length, at most 4096). */
+  readonly ctx?: number;
+}
+
+/** Head dimensions the decode attention kernel takes. */
+const HEAD_DIMS = [64, 128, 256, 512];
+
+interface Layer {
+  attnNorm: MlxBuffer;
+  ffnNorm: MlxBuffer;
+  qkv: LinearPart[];
+  o: Linear;
+  gateUp: LinearPart[];
+  down: Linear;
+  kCache: MlxBuffer;
+  vCache: MlxBuffer;
+}
+
+/** A loaded llama model on a device. Dispose it (`using`) to free its buffers. */
+export class LlamaModel {
+  /** The hyperparameters. */
+  readonly config: LlamaConfig;
+  /** Rope pairing of this model's layout. */
+  readonly ropeMode: RopeMode;
+  /** KV-cache positions. */
+  readonly ctx: number;
+  /** The device the weights live on. */
+  readonly device: MlxDevice;
+  /** Where the weights came from. */
+  readonly source: string;
+  /** The logits of the last pass, f32 [vocab]. */
+  readonly logits: MlxBuffer;
+  /** Weight formats by projection role (for reports), e.g. `{ attn_q: "q4_k", output: "q6_k" }`. */
+  readonly formats: Readonly<Record<string, string>>;
+  /** Device bytes of the weights. */
+  readonly weightBytes: number;
+
+  readonly #layers: Layer[] = [];
+  readonly #embedding: EmbeddingTable;
+  readonly #lmHead: Linear;
+  readonly #outNorm: MlxBuffer;
+  readonly #ones: MlxBuffer;
+  readonly #freqFactors: MlxBuffer | undefined;
+  readonly #act: Record<string, MlxBuffer>;
+  readonly #owned: { dispose(): void }[] = [];
+
+  /** @internal Use {@link loadLlama}. */
+  constructor(device: MlxDevice, path: string, options: LoadLlamaOptions = {}) {
+    this.device = device;
+    this.source = path;
+    const w = openWeights(path);
+    try {
+      const c = this.config = w.config;
+      this.ropeMode = w.ropeMode;
+      if (!HEAD_DIMS.includes(c.headDim)) {
+        throw new MlxError(
+          "Unsupported",
+          `${path}: head dimension ${c.headDim} is not supported (decode attention takes ${HEAD_DIMS.join(", ")})`,
+        );
+      }
+      const ctx = this.ctx = options.ctx ?? Math.min(c.contextLength, 4096);
+      if (!Number.isSafeInteger(ctx) || ctx < 1) {
+        throw new MlxError("InvalidArgument", `ctx must be a positive integer, got ${ctx}`);
+      }
+      const own = <T extends { dispose(): void }>(x: T): T => {
+        this.#owned.push(x);
+        return x;
+      };
+      const f32 = (n: number) => own(device.alloc(n * 4, "f32"));
+      const upload = (v: Float32Array) => own(device.upload(v, "f32"));
+      const formats: Record<string, string> = {};
+      const note = (role: string, parts: readonly { linear: Linear }[]) => {
+        const f = parts.map((p) => p.linear.format).join("+");
+        formats[role] = formats[role] && formats[role] !== f ? `${formats[role]}|${f}` : f;
+      };
+      const kvElems = c.kvHeads * ctx * c.headDim;
+      for (let i = 0; i < c.layers; i++) {
+        const qkv = w.projections(device, i, ["q", "k", "v"]);
+        qkv.forEach((p) => own(p.linear));
+        const [o] = w.projections(device, i, ["o"]);
+        own(o.linear);
+        const gateUp = w.projections(device, i, ["gate", "up"]);
+        gateUp.forEach((p) => own(p.linear));
+        const [down] = w.projections(device, i, ["down"]);
+        own(down.linear);
+        note("qkv", qkv);
+        note("attn_output", [o]);
+        note("gate_up", gateUp);
+        note("down", [down]);
+        this.#layers.push({
+          attnNorm: upload(w.layerVector(device, i, "attn_norm")),
+          ffnNorm: upload(w.layerVector(device, i, "ffn_norm")),
+          qkv,
+          o: o.linear,
+          gateUp,
+          down: down.linear,
+          kCache: f32(kvElems),
+          vCache: f32(kvElems),
+        });
+      }
+      this.#embedding = w.embedding(device);
+      own(this.#embedding.table);
+      this.#lmHead = own(w.lmHead(device));
+      formats.embedding = this.#embedding.format;
+      formats.output = this.#lmHead.format;
+      this.formats = Object.freeze(formats);
+      this.#outNorm = upload(w.outputNorm(device));
+      const ff = w.freqFactors();
+      this.#freqFactors = ff ? upload(ff) : undefined;
+      this.#ones = upload(new Float32Array(c.hiddenSize).fill(1));
+      const qRows = c.heads * c.headDim, kvRows = c.kvHeads * c.headDim;
+      const qkvBuf = f32(qRows + 2 * kvRows);
+      this.#act = {
+        x: f32(c.hiddenSize),
+        t: f32(c.hiddenSize),
+        h: f32(c.hiddenSize),
+        qkv: qkvBuf,
+        q: qkvBuf.slice(0, qRows * 4),
+        k: qkvBuf.slice(qRows * 4, kvRows * 4),
+        v: qkvBuf.slice((qRows + kvRows) * 4, kvRows * 4),
+        qr: f32(qRows),
+        attn: f32(qRows),
+        o: f32(c.hiddenSize),
+        gu: f32(2 * c.intermediateSize),
+        ff: f32(c.intermediateSize),
+        d: f32(c.hiddenSize),
+        tmp: own(device.alloc(flashAttnVecScratchBytes({ nHeads: c.heads, headDim: c.headDim as 64 }), "f32")),
+        positions: own(device.upload(Uint32Array.from({ length: ctx }, (_, i) => i), "u32")),
+        ids: own(device.alloc(4, "u32")),
+      };
+      this.logits = f32(c.vocabSize);
+      this.weightBytes = this.#layers.reduce(
+        (t, L) => t + [...L.qkv, ...L.gateUp].reduce((a, p) => a + p.linear.bytes, 0) + L.o.bytes + L.down.bytes,
+        this.#embedding.table.byteLength + this.#lmHead.bytes,
+      );
+    } catch (e) {
+      this.dispose();
+      throw e;
+    } finally {
+      w.close();
+    }
+  }
+
+  /**
+   * Encodes one token's pass: the embedding row of the id in `ids` (u32, on the device) at
+   * `position`, every layer, and the logits. `barrier` is called between dependent steps.
+   */
+  encodeForward(s: GraphSession, ids: MlxBuffer, position: number, barrier: () => void): void {
+    const c = this.config, a = this.#act, reg = this.device.kernels;
+    if (!Number.isSafeInteger(position) || position < 0 || position >= this.ctx) {
+      throw new MlxError(
+        "InvalidArgument",
+        `token position ${position} is outside the KV cache of ${this.ctx} positions: load the model with a larger ctx`,
+      );
+    }
+    const { hiddenSize: hidden, headDim, heads, kvHeads, intermediateSize: ffn } = c;
+    const norm = { rows: 1, dim: hidden, eps: c.rmsEps };
+    const positions = a.positions.slice(position * 4, 4);
+    const rope = {
+      theta: c.ropeTheta,
+      headDim,
+      ropeDim: c.ropeDim,
+      seqLen: 1,
+      freqFactors: this.#freqFactors,
+    };
+    const rotate = this.ropeMode === "norm" ? ropeNorm : ropeNeox;
+    embedGather(s, reg, this.#embedding.table, ids, a.x, {
+      dim: hidden,
+      vocab: c.vocabSize,
+      format: this.#embedding.format,
+    });
+    for (const L of this.#layers) {
+      barrier();
+      s.rmsNorm(a.x, this.#ones, a.t, norm); // RMS_NORM then MUL(weight): the pattern the fuse pass merges
+      barrier();
+      s.elementwiseMul(a.t, L.attnNorm, a.h);
+      barrier();
+      for (const p of L.qkv) p.linear.run(s, a.h, a.qkv.slice(p.row * 4, p.linear.n * 4));
+      barrier();
+      // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
+      const row = (cache: MlxBuffer) =>
+        cache.slice(position * headDim * 4, ((kvHeads - 1) * this.ctx + 1) * headDim * 4);
+      rotate(s, reg, a.q, a.qr, positions, { ...rope, nHeads: heads });
+      rotate(s, reg, a.k, row(L.kCache), positions, { ...rope, nHeads: kvHeads, outHeadStride: this.ctx * headDim });
+      s.stridedCopy(a.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: this.ctx * headDim });
+      barrier();
+      s.flashAttnVec(a.qr, L.kCache, L.vCache, a.tmp, a.attn, {
+        nHeads: heads,
+        nKvHeads: kvHeads,
+        headDim: headDim as 64,
+        kvSeqLen: position + 1,
+        kvCapacity: this.ctx,
+      });
+      barrier();
+      L.o.addInto(s, a.attn, a.x, a.o, barrier);
+      barrier();
+      s.rmsNorm(a.x, this.#ones, a.t, norm);
+      barrier();
+      s.elementwiseMul(a.t, L.ffnNorm, a.h);
+      barrier();
+      if (L.gateUp.length === 1) L.gateUp[0].linear.gluInto(s, a.h, a.ff, a.gu, barrier);
+      else {
+        for (const p of L.gateUp) p.linear.run(s, a.h, a.gu.slice(p.row * 4, p.linear.n * 4));
+        barrier();
+        s.siluMul(a.gu.slice(0, ffn * 4), a.gu.slice(ffn * 4, ffn * 4), a.ff);
+      }
+      barrier();
+      L.down.addInto(s, a.ff, a.x, a.d, barrier);
+    }
+    barrier();
+    s.rmsNorm(a.x, this.#ones, a.t, norm);
+    barrier();
+    s.elementwiseMul(a.t, this.#outNorm, a.h);
+    barrier();
+    this.#lmHead.run(s, a.h, this.logits);
+  }
+
+  /**
+   * One pass of a `DecodeLoop`: the input id from `step.input`, the forward pass at `step.position`,
+   * and the chosen id into `step.output` (argmax, or seeded sampling with counter = position).
+   */
+  encodeTokenStep(s: GraphSession, step: DecodeStep, select: TokenSelection = {}): void {
+    const barrier = () => s.barrier();
+    this.encodeForward(s, step.input, step.position, barrier);
+    barrier();
+    const vocab = this.config.vocabSize, reg = this.device.kernels, temperature = select.temperature ?? 0;
+    if (temperature === 0) argmax(s, reg, this.logits, step.output, { vocab });
+    else {
+      sample(s, reg, this.logits, step.output, {
+        vocab,
+        temperature,
+        topK: select.topK,
+        topP: select.topP,
+        seed: select.seed ?? 0,
+        counter: step.position,
+      });
+    }
+  }
+
+  /**
+   * Runs token `id` at `position` in a session of `exec` (waiting for it) and returns a copy of the
+   * logits: the plain path for prompts and checks.
+   */
+  forward(exec: { begin(): GraphSession }, id: number, position: number): Float32Array {
+    if (!Number.isSafeInteger(id) || id < 0 || id >= this.config.vocabSize) {
+      throw new MlxError("InvalidArgument", `token id ${id} is outside the vocabulary of ${this.config.vocabSize}`);
+    }
+    this.#act.ids.write(new Uint32Array([id]));
+    const s = exec.begin();
+    try {
+      this.encodeForward(s, this.#act.ids, position, () => s.barrier());
+    } catch (e) {
+      s.dispose();
+      throw e;
+    }
+    s.finish({ label: `token ${position}` });
+    return this.logits.read() as Float32Array;
+  }
+
+  /** Zeroes the KV caches (a new sequence). */
+  resetCache(): void {
+    const zeros = new Float32Array(this.config.kvHeads * this.ctx * this.config.headDim);
+    for (const L of this.#layers) {
+      L.kCache.write(zeros);
+      L.vCache.write(zeros);
+    }
+  }
+
+  /** Frees every buffer. Disposing twice is harmless. */
+  dispose(): void {
+    for (const x of this.#owned.splice(0)) x.dispose();
+  }
+
+  /** Same as {@link LlamaModel.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/**
+ * Loads a llama-architecture model: `path` is a GGUF file or an MLX checkpoint directory
+ * (config.json + *.safetensors). Needs --allow-read. Unsupported architectures, tensor types or
+ * shapes, missing tensors and truncated or corrupt files throw an MlxError that says what to do.
+ */
+export function loadLlama(device: MlxDevice, path: string, options: LoadLlamaOptions = {}): LlamaModel {
+  return new LlamaModel(device, path, options);
+}
