@@ -176,6 +176,7 @@ export {
   type LlamaModel,
   loadLlama,
   type LoadLlamaOptions,
+  type RopeMode,
   type TokenSelection,
 } from "./src/model/mod.ts";
 export { type RandomLlamaShape, writeRandomLlamaGguf } from "./src/model/random_gguf.ts";

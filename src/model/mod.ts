@@ -8,3 +8,4 @@
 export { generate, type GenerateOptions, type GenerateResult } from "./generate.ts";
 export { LlamaModel, loadLlama, type LoadLlamaOptions, type TokenSelection } from "./llama.ts";
 export type { Linear } from "./linear.ts";
+export type { RopeMode } from "./weights.ts";

@@ -141,8 +141,11 @@ export interface TinyLlamaSpec {
   ffn: number;
   vocab: number;
   seed: number;
-  /** ggml type of a weight by GGUF role (`attn_q`, `ffn_down`, `token_embd`, `output`, …) and layer (−1: global). */
-  typeOf: (role: string, layer: number) => string;
+  /**
+   * ggml type of a weight by GGUF role (`attn_q`, `ffn_down`, `token_embd`, `output`, …) and layer
+   * (−1: global); default f32.
+   */
+  typeOf?: (role: string, layer: number) => string;
   /** Leave out output.weight (the lm-head is the embedding). */
   tied?: boolean;
   /** Write rope_freqs.weight with these divisors. */
@@ -153,6 +156,8 @@ export interface TinyLlamaSpec {
   rmsEps?: number;
   /** Metadata overrides or additions (value `undefined` removes a key). */
   extraKvs?: WriteKv[];
+  /** Edits the tensor list before writing (drop, retype or reshape a tensor). */
+  edit?: (tensors: WriteTensor[]) => void;
 }
 
 /** A tiny deterministic PRNG (mulberry32) in [0, 1). */
@@ -233,7 +238,7 @@ export function writeTinyLlamaGguf(spec: TinyLlamaSpec): Uint8Array {
     const parts = name.split(".");
     const layer = parts[0] === "blk" ? Number(parts[1]) : -1;
     const role = parts[0] === "blk" ? parts[2] : parts[0];
-    const type = ne.length === 1 ? "f32" : spec.typeOf(role, layer);
+    const type = ne.length === 1 ? "f32" : spec.typeOf?.(role, layer) ?? "f32";
     tensors.push({ name, type, ne, data: ggmlBytesOf(values, ne.length === 2 ? ne[1] : 1, ne[0], type) });
   }
   if (spec.freqFactors) {
@@ -244,5 +249,6 @@ export function writeTinyLlamaGguf(spec: TinyLlamaSpec): Uint8Array {
       data: new Uint8Array(spec.freqFactors.slice().buffer),
     });
   }
+  spec.edit?.(tensors);
   return writeGguf(kvs, tensors);
 }
