@@ -14,10 +14,10 @@
  * Greedy ids must equal the reference's argmax wherever its top-two margin exceeds twice the
  * tolerance.
  */
-import { equal, match, ok, throws } from "node:assert/strict";
-import { generate, GraphExecutor, loadLlama, MlxError } from "../mod.ts";
-import { GgufValueType } from "../src/io/gguf.ts";
-import { openDevice, runDeno } from "./helpers.ts";
+import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
+import { generate, GraphExecutor, loadLlama, MlxError, writeRandomLlamaGguf } from "../mod.ts";
+import { GgufFile, GgufValueType } from "../src/io/gguf.ts";
+import { openDevice, rng, runDeno } from "./helpers.ts";
 import { type TinyLlamaSpec, writeTinyLlamaGguf } from "./helpers/gguf_writer.ts";
 import { writeTinyLlamaMlx } from "./helpers/safetensors_writer.ts";
 import { ReferenceLlama, type RefWeights, refWeightsFromGguf, refWeightsFromMlx } from "./model_reference.ts";
@@ -85,6 +85,26 @@ function mlxDir(): string {
   }
   return path;
 }
+
+Deno.test("an MLX checkpoint with llama3 rope scaling applies its frequency divisors", () => {
+  const path = `${dir}/mlx_llama3`;
+  // theta 500000 over 64 dims spans wavelengths 6 … 3e5: original context 64 puts some below the
+  // high-frequency bound (kept), some above the low one (divided by 8) and some in the blended band.
+  const scaling = {
+    rope_type: "llama3",
+    factor: 8,
+    low_freq_factor: 1,
+    high_freq_factor: 4,
+    original_max_position_embeddings: 64,
+  };
+  writeTinyLlamaMlx(path, { ...BASE, layers: 1, seed: 13, ropeTheta: 500000 }, { bits: 4, groupSize: 64 }, undefined, {
+    rope_scaling: scaling,
+  });
+  const w = refWeightsFromMlx(path);
+  const f = w.freqFactors!;
+  ok(f.includes(1) && f.includes(8) && f.some((v) => v > 1 && v < 8), `divisors ${f}`);
+  checkModel(path, w, [1, 2, 3, 4, 5, 6, 7, 8], 3);
+});
 
 function checkLogits(got: ArrayLike<number>, want: Float64Array, what: string): void {
   equal(got.length, want.length, what);
@@ -332,5 +352,102 @@ Deno.test("MLX checkpoints: a missing layer, an unsupported model type and bad r
   throws(
     () => loadLlama(device, `${dir}/no_such_model`),
     (e) => e instanceof MlxError && /no model at/.test(e.message),
+  );
+});
+
+Deno.test("random byte flips and truncations of a model file give a loaded model or an MlxError, nothing else", () => {
+  const good = writeTinyLlamaGguf(CHEAP);
+  const headerEnd = GgufFile.open(good).header.dataOffset; // flips land in metadata and tensor infos
+  const r = rng(2026);
+  using device = openDevice();
+  const path = `${dir}/fuzz.gguf`;
+  const outcomes = { loaded: 0, errors: 0, dataFlipsLoaded: 0 };
+  for (let i = 0; i < 60; i++) {
+    let bytes = good.slice();
+    const kind = i % 3; // 0: truncated, 1: header bits flipped, 2: tensor data bits flipped
+    if (kind === 0) bytes = bytes.slice(0, Math.floor(r() * bytes.length));
+    const [from, to] = kind === 1 ? [0, headerEnd] : [headerEnd, bytes.length];
+    for (let f = 0; kind > 0 && f < 1 + (i % 4); f++) {
+      bytes[from + Math.floor(r() * (to - from))] ^= 1 << Math.floor(r() * 8);
+    }
+    Deno.writeFileSync(path, bytes);
+    try {
+      loadLlama(device, path, { ctx: 4 }).dispose();
+      outcomes.loaded++;
+      if (i % 3 === 2) outcomes.dataFlipsLoaded++;
+    } catch (e) {
+      ok(e instanceof MlxError, `case ${i}: ${e}`);
+      ok(e.message.length > 20, e.message);
+      outcomes.errors++;
+    }
+  }
+  // Weight bytes are not validated at load (any bits are some weights); the header always is.
+  ok(outcomes.errors >= 30 && outcomes.dataFlipsLoaded === 20, JSON.stringify(outcomes));
+});
+
+Deno.test("the random-weight GGUF writer's bf16 and Q4_K_M files load and decode finite logits", () => {
+  using device = openDevice();
+  const exec = new GraphExecutor(device);
+  for (const weights of ["bf16", "q4_k_m"] as const) {
+    const path = `${dir}/random_${weights}.gguf`;
+    const shape = { layers: 2, hidden: 256, heads: 2, kvHeads: 1, ffn: 512, vocab: 512, weights };
+    const bytes = writeRandomLlamaGguf(path, shape);
+    equal(bytes, Deno.statSync(path).size);
+    using model = loadLlama(device, path, { ctx: 8 });
+    equal(model.config.hiddenSize, 256);
+    equal(model.config.headDim, 128);
+    equal(model.formats.qkv, weights === "bf16" ? "bf16" : "q4_k+q6_k");
+    equal(model.formats.down, weights === "bf16" ? "bf16" : "q6_k");
+    const r = generate(model, exec, { promptIds: [1, 2], tokens: 4 });
+    ok(r.lastLogits.every(Number.isFinite), `${weights}: non-finite logits`);
+    const spread = Math.max(...r.lastLogits) - Math.min(...r.lastLogits);
+    ok(spread > 0.1 && spread < 1e3, `${weights}: logits spread ${spread}`);
+    ok(r.tokens.every((t) => t >= 0 && t < 512));
+  }
+});
+
+Deno.test("seeded sampling in generate repeats for a seed and differs across seeds", () => {
+  const path = gguf("q4_k_m", Q4_K_M);
+  using device = openDevice();
+  const exec = new GraphExecutor(device);
+  using model = loadLlama(device, path, { ctx: 16 });
+  const run = (seed: number) =>
+    generate(model, exec, { promptIds: [5], tokens: 10, select: { temperature: 1.5, seed } }).tokens;
+  const a = run(1);
+  deepStrictEqual(run(1), a);
+  ok([2, 3, 4].some((s) => run(s).join() !== a.join()), "three other seeds gave the same ids");
+  const greedy = generate(model, exec, { promptIds: [5], tokens: 10 }).tokens;
+  ok(a.join() !== greedy.join(), "sampling at temperature 1.5 gave the greedy ids");
+});
+
+Deno.test("examples/generate.ts: --help, bad flags exit 2 with the usage; a bad model path exits 1 with the reason", async () => {
+  const script = new URL("../examples/generate.ts", import.meta.url).pathname;
+  const flags = ["run", "--no-prompt", "--allow-ffi", "--allow-read", "--allow-env", script];
+  const help = await runDeno([...flags, "--help"]);
+  equal(help.code, 0);
+  match(help.stdout, /--model PATH/);
+  for (const args of [[], ["--model", "m.gguf", "--tokens", "0"], ["--bogus"], ["--model", "m", "--prompt-ids", "a"]]) {
+    const r = await runDeno([...flags, ...args]);
+    equal(r.code, 2, `${args}: ${r.stderr}`);
+    match(r.stderr, /^generate: .+\n\nUsage: /);
+  }
+  const missing = await runDeno([...flags, "--model", `${dir}/none.gguf`]);
+  equal(missing.code, 1);
+  match(missing.stderr, /^generate: cannot load .*none\.gguf \(InvalidArgument\): no model at/);
+  ok(!/^\s+at /m.test(missing.stderr), missing.stderr);
+});
+
+Deno.test("the README's Run a model file section names every flag of examples/generate.ts", async () => {
+  const script = new URL("../examples/generate.ts", import.meta.url).pathname;
+  const help = (await runDeno(["run", "--no-prompt", "--allow-read", "--allow-env", script, "--help"])).stdout;
+  const readme = await Deno.readTextFile(new URL("../README.md", import.meta.url));
+  const at = readme.indexOf("### Run a model file");
+  ok(at >= 0, "README has no Run a model file section");
+  const section = readme.slice(at, readme.indexOf("\n## ", at));
+  const names = (text: string) => [...new Set(text.match(/--[a-z][a-z-]*/g) ?? [])].sort();
+  const permissions = ["--allow-ffi", "--allow-read", "--allow-env", "--allow-write", "--help"];
+  deepStrictEqual(
+    names(section).filter((f) => !permissions.includes(f)),
+    names(help).filter((f) => !permissions.includes(f)),
   );
 });

@@ -100,6 +100,7 @@ export function refWeightsFromMlx(dir: string): RefWeights {
   return {
     config: cfg,
     rope: "neox",
+    freqFactors: config.rope_scaling ? llama3Divisors(cfg, config.rope_scaling) : undefined,
     embed: layer("model.embed_tokens"),
     layers: Array.from({ length: cfg.layers }, (_, i) => ({
       attnNorm: floats(`${L(i, "input_layernorm")}.weight`),
@@ -115,6 +116,25 @@ export function refWeightsFromMlx(dir: string): RefWeights {
     outNorm: floats("model.norm.weight"),
     lmHead: f.has("lm_head.weight") || f.has("lm_head.scales") ? layer("lm_head") : layer("model.embed_tokens"),
   };
+}
+
+/**
+ * Llama 3 rope scaling as Hugging Face's `_compute_llama3_parameters` adjusts the inverse
+ * frequencies, returned as divisors of the plain frequencies (plain / adjusted).
+ */
+function llama3Divisors(c: LlamaConfig, s: Record<string, number>): Float64Array {
+  const d = c.ropeDim, factor = s.factor, low = s.low_freq_factor, high = s.high_freq_factor;
+  const old = s.original_max_position_embeddings;
+  return Float64Array.from({ length: d / 2 }, (_, i) => {
+    const inv = 1 / Math.pow(c.ropeTheta, (2 * i) / d);
+    const wavelen = (2 * Math.PI) / inv;
+    let adjusted = wavelen > old / low ? inv / factor : inv;
+    if (!(wavelen < old / high) && !(wavelen > old / low)) {
+      const smooth = (old / wavelen - low) / (high - low);
+      adjusted = ((1 - smooth) * adjusted) / factor + smooth * adjusted;
+    }
+    return inv / adjusted;
+  });
 }
 
 function matvec(w: Float64Array, x: Float64Array, n: number, k: number): Float64Array {

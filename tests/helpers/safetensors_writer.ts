@@ -83,6 +83,7 @@ export function writeTinyLlamaMlx(
   spec: TinyLlamaSpec,
   base: { bits: AffineQuantBits; groupSize: AffineGroupSize },
   quantOf: (name: string) => MlxLayerQuant = () => base,
+  extraConfig: Record<string, unknown> = {},
 ): void {
   const tensors: WriteSafetensor[] = [];
   const quantization: Record<string, unknown> = { group_size: base.groupSize, bits: base.bits };
@@ -121,6 +122,7 @@ export function writeTinyLlamaMlx(
     max_position_embeddings: 64,
     tie_word_embeddings: spec.tied ?? false,
     quantization,
+    ...extraConfig,
   };
   Deno.mkdirSync(dir, { recursive: true });
   Deno.writeTextFileSync(`${dir}/config.json`, JSON.stringify(config, null, 2));
