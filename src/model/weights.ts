@@ -14,10 +14,11 @@ import type { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { LOADABLE_GGML_TYPES } from "../io/ggml_types.ts";
 import { GgufFile, type GgufTensorInfo } from "../io/gguf.ts";
-import { MlxCheckpoint } from "../io/mlx_checkpoint.ts";
+import { MlxCheckpoint, type MlxQuantizedBuffers, type MlxQuantizedLayer } from "../io/mlx_checkpoint.ts";
 import { type LlamaConfig, llamaConfigFromGguf, llamaConfigFromMlx } from "../io/model_config.ts";
 import { type ByteSource, fileSource } from "../io/source.ts";
 import type { GgmlFormat } from "../quant.ts";
+import { dequantizeAffine } from "../quant/affine.ts";
 import { dequantizeGgml } from "../quant/ggml.ts";
 import { bf16Value, f16Value } from "../quant/float32.ts";
 import { affineLinear, denseLinear, ggmlLinear, type Linear } from "./linear.ts";
@@ -150,6 +151,18 @@ function uploadRanges(
     throw e;
   }
   return buffer;
+}
+
+/** A quantized layer's buffers, disposed together. */
+function disposable(q: MlxQuantizedBuffers): MlxQuantizedBuffers & Disposable {
+  return {
+    ...q,
+    [Symbol.dispose]() {
+      q.weights.dispose();
+      q.scales.dispose();
+      q.biases.dispose();
+    },
+  };
 }
 
 /** f32 values of f32 / f16 / bf16 little-endian bytes. */
@@ -475,8 +488,7 @@ class MlxWeights implements WeightSource {
       if (layer.n !== vocab || layer.k !== hidden) {
         throw shapeError(this.label, `${prefix}.weight`, [layer.n, layer.k], [vocab, hidden], "rows, unpacked inputs");
       }
-      const values = Float32Array.from(this.#ckpt.dequantizeLayer(prefix));
-      return { table: device.upload(values, "f32", [vocab, hidden]), format: "f32" };
+      return { table: this.#dequantizedTable(device, prefix, layer), format: "f32" };
     }
     const t = this.#ckpt.tensor(`${prefix}.weight`);
     if (t.shape.length !== 2 || t.shape[0] !== vocab || t.shape[1] !== hidden) {
@@ -490,6 +502,41 @@ class MlxWeights implements WeightSource {
     }
     using raw = this.#ckpt.upload(device, t.name, { asBytes: true });
     return { table: device.upload(floatsOf(raw.readBytes(), "f16", t.name), "f32", [vocab, hidden]), format: "f32" };
+  }
+
+  /**
+   * An exact f32 table of a quantized embedding: the layer goes to the device as stored, and rows
+   * come back a slice at a time to be dequantized on the host (host memory stays at one slice).
+   */
+  #dequantizedTable(device: MlxDevice, prefix: string, layer: MlxQuantizedLayer): MlxBuffer {
+    const { n: vocab, k: hidden, bits, groupSize, scaleDtype } = layer;
+    using q = disposable(this.#ckpt.uploadQuantizedLayer(device, prefix));
+    const table = device.alloc(vocab * hidden * 4, "f32", [vocab, hidden]);
+    try {
+      const rowBytes = (hidden * bits) / 8, groups = hidden / groupSize, scaleBytes = scaleDtype === "f32" ? 4 : 2;
+      const rowsPerSlice = Math.max(1, Math.floor((4 << 20) / (hidden * 4)));
+      const part = (b: MlxBuffer, r: number, rows: number, per: number) => b.slice(r * per, rows * per).readBytes();
+      const typed = (bytes: Uint8Array) =>
+        scaleDtype === "f32" ? new Float32Array(bytes.buffer) : new Uint16Array(bytes.buffer);
+      for (let r = 0; r < vocab; r += rowsPerSlice) {
+        const rows = Math.min(rowsPerSlice, vocab - r);
+        const values = dequantizeAffine({
+          bits,
+          groupSize,
+          n: rows,
+          k: hidden,
+          weights: part(q.weights, r, rows, rowBytes),
+          scaleDtype,
+          scales: typed(part(q.scales, r, rows, groups * scaleBytes)),
+          biases: typed(part(q.biases, r, rows, groups * scaleBytes)),
+        });
+        table.write(Float32Array.from(values), r * hidden);
+      }
+    } catch (e) {
+      table.dispose();
+      throw e;
+    }
+    return table;
   }
 
   lmHead(device: MlxDevice): Linear {
