@@ -47,8 +47,12 @@ interface Layer {
   attnNorm: MlxBuffer;
   ffnNorm: MlxBuffer;
   qkv: LinearPart[];
+  /** Each qkv part's rows of the stacked output (views made once, not per pass). */
+  qkvOut: MlxBuffer[];
   o: Linear;
   gateUp: LinearPart[];
+  /** Each gate/up part's rows of the stacked output. */
+  gateUpOut: MlxBuffer[];
   down: Linear;
   kCache: MlxBuffer;
   vCache: MlxBuffer;
@@ -129,8 +133,10 @@ export class LlamaModel {
           attnNorm: upload(w.layerVector(device, i, "attn_norm")),
           ffnNorm: upload(w.layerVector(device, i, "ffn_norm")),
           qkv,
+          qkvOut: [],
           o: o.linear,
           gateUp,
+          gateUpOut: [],
           down: down.linear,
           kCache: f32(kvElems),
           vCache: f32(kvElems),
@@ -166,6 +172,10 @@ export class LlamaModel {
         positions: own(device.upload(Uint32Array.from({ length: ctx }, (_, i) => i), "u32")),
         ids: own(device.alloc(4, "u32")),
       };
+      for (const L of this.#layers) {
+        L.qkvOut = L.qkv.map((p) => qkvBuf.slice(p.row * 4, p.linear.n * 4));
+        L.gateUpOut = L.gateUp.map((p) => this.#act.gu.slice(p.row * 4, p.linear.n * 4));
+      }
       this.logits = f32(c.vocabSize);
       this.weightBytes = this.#layers.reduce(
         (t, L) => t + [...L.qkv, ...L.gateUp].reduce((a, p) => a + p.linear.bytes, 0) + L.o.bytes + L.down.bytes,
@@ -213,7 +223,7 @@ export class LlamaModel {
       barrier();
       s.elementwiseMul(a.t, L.attnNorm, a.h);
       barrier();
-      for (const p of L.qkv) p.linear.run(s, a.h, a.qkv.slice(p.row * 4, p.linear.n * 4));
+      L.qkv.forEach((p, i) => p.linear.run(s, a.h, L.qkvOut[i]));
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
       const row = (cache: MlxBuffer) =>
@@ -238,7 +248,7 @@ export class LlamaModel {
       barrier();
       if (L.gateUp.length === 1) L.gateUp[0].linear.gluInto(s, a.h, a.ff, a.gu, barrier);
       else {
-        for (const p of L.gateUp) p.linear.run(s, a.h, a.gu.slice(p.row * 4, p.linear.n * 4));
+        L.gateUp.forEach((p, i) => p.linear.run(s, a.h, L.gateUpOut[i]));
         barrier();
         s.siluMul(a.gu.slice(0, ffn * 4), a.gu.slice(ffn * 4, ffn * 4), a.ff);
       }
