@@ -18,9 +18,9 @@
 /* The scripted backend: complete(k) blocks until the test has released k completions. */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static uint64_t launched[MAX_EVENTS], completed[MAX_EVENTS]; /* serials, in call order */
+static const mlxn_command *launched[MAX_EVENTS], *completed[MAX_EVENTS]; /* in call order */
 static uint32_t n_launched, n_completed, released, in_flight, max_in_flight_seen;
-static uint64_t fail_serial; /* complete sets an execution error on this one */
+static const mlxn_command *fail_cmd; /* complete sets an execution error on this one */
 static int failures;
 
 #define CHECK(cond, ...)                                                                                    \
@@ -33,10 +33,10 @@ static int failures;
     }                                                                                                    \
   } while (0)
 
-static void fake_launch(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  (void)dev;
+static void fake_launch(void *state, mlxn_command *cmd) {
+  (void)state;
   pthread_mutex_lock(&mu);
-  if (n_launched < MAX_EVENTS) launched[n_launched] = cb->serial;
+  if (n_launched < MAX_EVENTS) launched[n_launched] = cmd;
   n_launched++;
   in_flight++;
   if (in_flight > max_in_flight_seen) max_in_flight_seen = in_flight;
@@ -44,64 +44,45 @@ static void fake_launch(mlxn_device *dev, mlxn_cmdbuf *cb) {
   pthread_mutex_unlock(&mu);
 }
 
-static void fake_complete(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  (void)dev;
+static void fake_complete(void *state, mlxn_command *cmd) {
+  (void)state;
   pthread_mutex_lock(&mu);
   while (released <= n_completed) pthread_cond_wait(&cv, &mu);
-  if (n_completed < MAX_EVENTS) completed[n_completed] = cb->serial;
+  if (n_completed < MAX_EVENTS) completed[n_completed] = cmd;
   n_completed++;
   in_flight--;
-  cb->t_start = mlxn_now_ns();
-  cb->t_end = cb->t_start + 1;
-  if (cb->serial == fail_serial) {
-    cb->error_code = MLXN_E_EXECUTION;
-    snprintf(cb->error, sizeof cb->error, "scripted failure");
-  }
+  cmd->t_start = mlxn_now_ns();
+  cmd->t_end = cmd->t_start + 1;
+  if (cmd == fail_cmd) mlxn_command_fail(cmd, MLXN_E_EXECUTION, "scripted failure");
   pthread_cond_broadcast(&cv);
   pthread_mutex_unlock(&mu);
 }
 
-int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
-  (void)threads;
-  dev->launch = fake_launch;
-  dev->complete = fake_complete;
-  dev->max_in_flight = DEPTH;
-  return 0;
-}
-void mlxn_backend_close(mlxn_device *dev) { (void)dev; }
-uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
-  (void)dev;
-  return (uint32_t)snprintf(buf, cap, "{\"backend\":\"scripted\"}");
-}
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
-  (void)dev;
-  (void)handle;
-  return calloc(1, nbytes ? nbytes : 1);
-}
-void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
-  (void)dev;
-  (void)handle;
-  free(mem);
-}
-int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device) {
-  (void)dev;
-  if (to_device) memcpy(mem, host, len);
-  else memcpy(host, mem, len);
+static int32_t fake_open(void **state, uint32_t flags, uint32_t threads, mlxn_backend_config *config, char *err,
+                         size_t cap) {
+  (void)flags, (void)threads, (void)err, (void)cap;
+  *state = NULL;
+  config->max_in_flight = DEPTH;
   return MLXN_OK;
 }
-int mlxn_backend_host_visible(mlxn_device *dev) {
-  (void)dev;
-  return 1;
+static uint32_t fake_info(void *state, char *buf, uint32_t cap) {
+  (void)state;
+  return (uint32_t)snprintf(buf, cap, "\"name\":\"scripted\"");
 }
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
-  (void)dev;
-  (void)k;
-  return 1;
+static const void *fake_kernel(void *state, const char *name, const char *signature) {
+  (void)state, (void)signature;
+  return name; /* every kernel: any non-NULL object */
 }
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) { /* unused: launch/complete are set */
-  fake_launch(dev, cb);
-  fake_complete(dev, cb);
-}
+
+/* Only the required hooks and launch/complete: memory, copies and close are the core's defaults. */
+const mlxn_backend_ops mlxn_backend = {
+    .name = "scripted",
+    .open = fake_open,
+    .info = fake_info,
+    .kernel = fake_kernel,
+    .launch = fake_launch,
+    .complete = fake_complete,
+};
 
 /* Waits until at least `n` launches (and `c` completions) happened; 0 after 10 s (a hang, not a
  * speed check). */
@@ -144,7 +125,7 @@ int main(void) {
   }
   mlxn_cmdbuf *cb[6];
   for (int i = 0; i < 6; i++) cb[i] = mlxn_cmdbuf_new(dev);
-  fail_serial = cb[1]->serial;
+  fail_cmd = &cb[1]->cmd;
 
   /* Three committed, none released: two are launched, the first still runs, none completed. */
   for (int i = 0; i < 3; i++) CHECK(mlxn_cmdbuf_commit(cb[i]) == MLXN_OK, "commit %d", i);
@@ -180,8 +161,8 @@ int main(void) {
 
   CHECK(max_in_flight_seen == DEPTH, "at most %d in flight, saw %u", DEPTH, max_in_flight_seen);
   for (uint32_t i = 0; i < 5; i++) {
-    CHECK(launched[i] == cb[i]->serial, "launch %u out of commit order", i);
-    CHECK(completed[i] == cb[i]->serial, "completion %u out of launch order", i);
+    CHECK(launched[i] == &cb[i]->cmd, "launch %u out of commit order", i);
+    CHECK(completed[i] == &cb[i]->cmd, "completion %u out of launch order", i);
   }
   for (int i = 0; i < 6; i++) mlxn_cmdbuf_free(cb[i]);
   if (failures) return 1;
