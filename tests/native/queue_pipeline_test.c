@@ -2,7 +2,10 @@
  * command buffer k+1 is launched while k is still running, at most max_in_flight are in flight,
  * launches follow commit order and completions launch order, a command buffer's status changes only
  * at its completion, a completion's error is sticky on its command buffer, and device close waits
- * for everything in flight. Prints "queue pipeline: ok" and exits 0, or says what failed and exits 1.
+ * for everything in flight. Also what the core supplies to every backend: the defaults of the hooks
+ * a backend leaves out (host memory), the device-info members and slot limit every backend shares,
+ * and the one message of a failed dispatch. Prints "queue pipeline: ok" and exits 0, or says what
+ * failed and exits 1.
  * Built and run by tests/split_queue_test.ts. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -117,12 +120,86 @@ static void *close_device(void *dev) {
   return NULL;
 }
 
+/* The scripted backend has no alloc, free or copy hook: buffers are the core's host memory. */
+static void check_default_memory(mlxn_device *dev) {
+  uint32_t buf = mlxn_buffer_alloc(dev, 64);
+  CHECK(buf != 0, "alloc without an alloc hook");
+  const uint8_t *host = mlxn_buffer_contents(dev, buf);
+  CHECK(host != NULL, "a backend without device memory has host-addressable buffers");
+  int zero = 1;
+  for (int i = 0; host && i < 64; i++) zero &= host[i] == 0;
+  CHECK(zero, "a new buffer is zero-filled");
+  uint8_t in[16], out[16] = {0};
+  for (int i = 0; i < 16; i++) in[i] = (uint8_t)(3 * i + 1);
+  CHECK(mlxn_buffer_write(dev, buf, 8, in, 16) == MLXN_OK && mlxn_buffer_read(dev, buf, 8, out, 16) == MLXN_OK,
+        "write and read without a copy hook");
+  CHECK(memcmp(in, out, 16) == 0 && host && memcmp(host + 8, in, 16) == 0, "the bytes written are read back");
+  CHECK(mlxn_buffer_free(dev, buf) == MLXN_OK, "free without a free hook");
+}
+
+/* The core writes the members every backend shares; maxSlots is the one slot limit, and no kernel
+ * the device offers declares more slots than that. */
+static void check_info_and_slots(mlxn_device *dev) {
+  char info[1024];
+  mlxn_device_info(dev, (uint8_t *)info, sizeof info);
+  char want[64];
+  snprintf(want, sizeof want, "\"maxSlots\":%d,", MLXN_KERNEL_SLOTS);
+  CHECK(strstr(info, want) != NULL, "device info reports %s: %s", want, info);
+  const char *head = "{\"backend\":\"scripted\",\"name\":\"scripted\",";
+  CHECK(strncmp(info, head, strlen(head)) == 0, "backend members first: %s", info);
+  CHECK(strstr(info, "\"maxThreadsPerGroup\":") && strstr(info, "\"serial\":false}"), "shared members: %s", info);
+  uint32_t kernels = 0;
+  for (uint32_t p = 1;; p++) {
+    char sig[64];
+    uint32_t n = mlxn_pipeline_signature(dev, p, (uint8_t *)sig, sizeof sig);
+    if (n == 0) break;
+    kernels++;
+    CHECK(n <= MLXN_KERNEL_SLOTS, "pipeline %u declares %u slots, more than maxSlots", p, n);
+  }
+  CHECK(kernels > 0 && mlxn_pipeline_get(dev, (const uint8_t *)"debug_fault") != 0, "the scripted backend has every kernel");
+}
+
+/* A failed dispatch reads the same from every backend, and the first error of a command buffer is
+ * the one it reports. */
+static void check_failure_messages(void) {
+  mlxn_dispatch ds[2];
+  memset(ds, 0, sizeof ds);
+  ds[0].name = "add_f32";
+  ds[0].tag = 7;
+  ds[1].name = "rms_norm_f32";
+  ds[1].tag = 9;
+  mlxn_command cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.dispatches = ds;
+  cmd.n_dispatches = 2;
+  mlxn_command_fault(&cmd, 9 + 1);
+  CHECK(cmd.error_code == MLXN_E_EXECUTION, "a fault is an execution error");
+  CHECK(strcmp(cmd.error, "dispatch 1 (tag 9, kernel rms_norm_f32) failed while executing") == 0, "fault: %s",
+        cmd.error);
+  mlxn_command_dispatch_failed(&cmd, 0, "later");
+  CHECK(strcmp(cmd.error, "dispatch 1 (tag 9, kernel rms_norm_f32) failed while executing") == 0,
+        "the first error stays: %s", cmd.error);
+  memset(&cmd.error, 0, sizeof cmd.error);
+  cmd.error_code = 0;
+  mlxn_command_dispatch_failed(&cmd, 0, "a barrier not every thread reaches");
+  CHECK(strcmp(cmd.error, "dispatch 0 (tag 7, kernel add_f32) failed while executing: a barrier not every thread "
+                          "reaches") == 0,
+        "detail: %s", cmd.error);
+  cmd.error_code = 0;
+  mlxn_command_fault(&cmd, 100 + 1);
+  CHECK(strcmp(cmd.error, "dispatch 2 (tag 100, kernel ?) failed while executing") == 0, "unknown tag: %s",
+        cmd.error);
+}
+
 int main(void) {
   mlxn_device *dev = mlxn_device_open(0, 1);
   if (!dev) {
     fprintf(stderr, "FAIL: device open\n");
     return 1;
   }
+  check_default_memory(dev);
+  check_info_and_slots(dev);
+  check_failure_messages();
   mlxn_cmdbuf *cb[6];
   for (int i = 0; i < 6; i++) cb[i] = mlxn_cmdbuf_new(dev);
   fail_cmd = &cb[1]->cmd;
