@@ -129,10 +129,12 @@ static void metal_free(void *state, void *mem, void *object) {
 static const void *metal_kernel(void *state, const char *name, const char *signature) {
   metal_state *s = state;
   (void)signature;
-  NSString *key = [NSString stringWithUTF8String:name];
-  if (key == nil || ![s->functions containsObject:key]) return NULL;
-  [s->kernels addObject:key];
-  return key;
+  @autoreleasepool { // the host's thread may have no pool; s->kernels keeps the key alive after it
+    NSString *key = [NSString stringWithUTF8String:name];
+    if (key == nil || ![s->functions containsObject:key]) return NULL;
+    [s->kernels addObject:key];
+    return key;
+  }
 }
 
 // The cached pipeline of a kernel (built on first use; labelled with the kernel's name).

@@ -87,7 +87,7 @@ static void pin_library(void) {
     (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE); /* handle kept on purpose */
 }
 
-/* Default polling before sleeping (see mlxn_device.wait_spin_ns): short, because on the CPU backend
+/* Default polling before sleeping (see mlxn_backend_config): short, because on the CPU backend
  * the work being waited for runs on these very cores. */
 #define WAIT_SPIN_NS 30000u
 #define IDLE_SPIN_NS 50000u
