@@ -27,14 +27,12 @@ _Static_assert(sizeof(mlxn_kargs) == sizeof(mlxn_kernel_args) &&
                    offsetof(mlxn_kargs, tg_memory) == offsetof(mlxn_kernel_args, tg_memory),
                "mlxn_kargs and mlxn_kernel_args have one layout");
 
-/* The dispatch's arguments seen as the contract's type: the layouts are one (asserted above), and
- * may_alias tells the compiler that this pointer reads an mlxn_kernel_args. A copy instead cost the
- * decoder ~10% per dispatch; the cast goes once mlxn_kargs is mlxn_kernel_args itself. */
-typedef mlxn_kargs __attribute__((may_alias)) mlxn_kargs_view;
-
-/* Non-zero, with the reason in why, when the contract refuses the dispatch's arguments. */
+/* Non-zero, with the reason in why, when the contract refuses the dispatch's arguments. validate()
+ * reads them as its own type, of the layout asserted above; it is compiled in its own translation
+ * units (no LTO), only reads, and the core never reads them as mlxn_kargs. A copy instead cost the
+ * decoder ~10% per dispatch. The cast goes once mlxn_kargs is mlxn_kernel_args itself. */
 static inline int mlxn_contract_refuses(const mlxn_contract *c, const mlxn_kernel_args *args, char *why, size_t cap) {
-  return c->validate((const mlxn_kargs_view *)(const void *)args, why, cap);
+  return c->validate((const mlxn_kargs *)(const void *)args, why, cap);
 }
 
 #endif /* MLXN_CORE_CONTRACT_H */
