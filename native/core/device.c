@@ -113,6 +113,14 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   pthread_mutex_init(&dev->mu, NULL);
   pthread_cond_init(&dev->queue_cv, NULL);
   dev->ops = &mlxn_backend;
+  if (!dev->ops->open || !dev->ops->info || !dev->ops->kernel || (!dev->ops->run && !dev->ops->launch)) {
+    pthread_mutex_destroy(&dev->mu);
+    pthread_cond_destroy(&dev->queue_cv);
+    free(dev);
+    mlxn_set_error(MLXN_E_DEVICE, "the %s backend of this library lacks a required hook (open, info, kernel, run or "
+                                  "launch): rebuild it from one source tree", mlxn_backend.name ? mlxn_backend.name : "?");
+    return NULL;
+  }
   mlxn_backend_config config = {WAIT_SPIN_NS, IDLE_SPIN_NS, 0};
   char err[512] = "";
   int32_t rc = dev->ops->open(&dev->backend, flags, threads, &config, err, sizeof err);

@@ -196,8 +196,7 @@ void mlxn_queue_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb) {
 }
 
 int mlxn_queue_start(mlxn_device *dev) {
-  if (dev->max_in_flight > MLXN_MAX_IN_FLIGHT || (!dev->ops->run && !dev->ops->launch))
-    return -1; /* a backend bug: refuse rather than overrun the flight ring or call nothing */
+  if (dev->max_in_flight > MLXN_MAX_IN_FLIGHT) return -1; /* a backend bug: refuse rather than overrun the ring */
   if (pthread_cond_init(&dev->flight_cv, NULL) != 0) return -1;
   if (dev->max_in_flight > 0 && pthread_create(&dev->completion_thread, NULL, completion_main, dev) != 0) {
     pthread_cond_destroy(&dev->flight_cv);
