@@ -3,7 +3,7 @@
 #   make demo    the main job (decode demo on the best available backend)
 #   make test    the whole test suite (builds everything it needs first)
 #   make bench   deno bench
-#   make check   fmt --check, lint, type check, doc lint
+#   make check   native layering, fmt --check, lint, type check, doc lint
 #
 # Needs only node/npm, make and a C compiler: Deno is installed into .tools/ from npm when it is not
 # on PATH; the native library is built with clang when present, else cc.
@@ -37,7 +37,7 @@ endif
 CPU_LIB := build/libmlxn_cpu.$(SO)
 CORE_SRC := $(wildcard native/core/*.c) $(wildcard kernels/cpu/*.c)
 CPU_SRC := $(CORE_SRC) $(wildcard native/cpu/*.c)
-CPU_HDR := native/mlxn.h native/core/internal.h kernels/cpu/cpu_kernel.h
+CPU_HDR := native/mlxn.h native/core/internal.h native/core/backend.h native/core/contract.h kernels/cpu/cpu_kernel.h
 
 DENO_TEST_FLAGS := --allow-ffi --allow-read --allow-env --allow-run --allow-write
 
@@ -76,6 +76,7 @@ check: $(DENO_DEP)
 	$(DENO) check mod.ts build.ts examples/ tests/ bench/
 	$(DENO) doc --lint mod.ts build.ts
 	$(DENO) publish --dry-run --allow-dirty
+	bash scripts/check_layering.sh
 
 fmt: $(DENO_DEP)
 	$(DENO) fmt

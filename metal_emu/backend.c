@@ -1,4 +1,4 @@
-/* The emulated Metal backend: implements the native core's hooks (native/core/internal.h) by running
+/* The emulated Metal backend: fills in the native core's backend table (native/core/backend.h) by running
  * the MSL kernels, compiled as C++ by metal_emu/msl_front.ts, with Metal's execution model
  * (runtime.h). Bindings follow objc/mlxn_metal.m exactly: slot i of the kernel contract is
  * [[buffer(i)]] (inline bytes as a private copy, an unbound optional slot as the fault word), the
@@ -10,24 +10,26 @@
  * bytes) and fails a dispatch whose output differs: a race on threadgroup memory or between
  * threadgroups, or a read of uninitialised threadgroup memory. */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../native/core/internal.h"
+#include "../native/core/backend.h"
 #include "runtime.h"
 
 /* The extra argument slots every MSL kernel receives (kernels/metal/common.metal). */
 enum { SLOT_GRID = 28, SLOT_TAG = 29, SLOT_FAULT = 30 };
 
-#define KERNEL_MAP_SIZE 512u /* power of two, more than twice the kernel count */
+#define MAX_KERNELS 512u
 
-typedef struct kernel_map_entry {
-  const mlxn_cpu_kernel *contract;
+/* This backend's object for a kernel (mlxn_dispatch.kernel): its MSL and the slots it may declare. */
+typedef struct kernel_entry {
   const mlxn_emu_kernel *msl;
   uint32_t allowed; /* [[buffer(n)]] indices the host binds for this contract */
-} kernel_map_entry;
+} kernel_entry;
 
 typedef struct dispatch_consts {
   uint32_t grid[4];
@@ -36,7 +38,7 @@ typedef struct dispatch_consts {
 
 typedef struct emu_job {
   mlxn_emu_launch *launches;
-  decoded_dispatch *dispatches; /* launches[i] runs dispatches[i] */
+  mlxn_dispatch *dispatches; /* launches[i] runs dispatches[i] */
   uint64_t *prefix; /* prefix[i] = threadgroups before launch i */
   uint32_t count;
   uint64_t total;
@@ -49,7 +51,9 @@ typedef struct emu_job {
 } emu_job;
 
 typedef struct emu_state {
-  kernel_map_entry map[KERNEL_MAP_SIZE];
+  kernel_entry kernels[MAX_KERNELS];
+  uint32_t n_kernels;
+  uint32_t flags; /* the device's MLXN_FLAG_* */
   uint32_t n_workers;
   mlxn_emu_worker **workers; /* [0] is the queue thread's */
   pthread_t *helpers;
@@ -70,49 +74,18 @@ typedef struct emu_state {
   int check;
 } emu_state;
 
-static uint32_t map_slot(const mlxn_cpu_kernel *k) {
-  uintptr_t p = (uintptr_t)k;
-  return (uint32_t)((p >> 4) ^ (p >> 13)) & (KERNEL_MAP_SIZE - 1);
-}
-
-static const kernel_map_entry *map_find(const emu_state *s, const mlxn_cpu_kernel *k) {
-  for (uint32_t i = map_slot(k), n = 0; n < KERNEL_MAP_SIZE; i = (i + 1) & (KERNEL_MAP_SIZE - 1), n++) {
-    if (s->map[i].contract == k) return &s->map[i];
-    if (s->map[i].contract == NULL) return NULL;
-  }
-  return NULL;
-}
-
-/* Pairs every contract of the kernel table with the MSL kernel of the same name. */
-static void map_build(emu_state *s) {
-  for (const mlxn_cpu_kernel *const *fam = mlxn_cpu_kernel_families; *fam; fam++) {
-    for (const mlxn_cpu_kernel *k = *fam; k->name; k++) {
-      const mlxn_emu_kernel *msl = NULL;
-      for (const mlxn_emu_kernel *e = mlxn_emu_kernels; e->name; e++)
-        if (strcmp(e->name, k->name) == 0) msl = e;
-      if (!msl) continue;
-      uint32_t i = map_slot(k);
-      while (s->map[i].contract != NULL) i = (i + 1) & (KERNEL_MAP_SIZE - 1);
-      size_t nsig = strlen(k->signature);
-      s->map[i].contract = k;
-      s->map[i].msl = msl;
-      s->map[i].allowed = (nsig >= 32 ? 0xffffffffu : (1u << nsig) - 1u) | (1u << SLOT_GRID) | (1u << SLOT_TAG) |
-                          (1u << SLOT_FAULT);
-    }
-  }
-}
-
 /* ---- worker pool ------------------------------------------------------------------------------------ */
 
-static void atomic_min_u64(_Atomic uint64_t *p, uint64_t v) {
-  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
-  while (v < cur && !atomic_compare_exchange_weak(p, &cur, v)) {
+/* Dispatch times are plain fields of mlxn_dispatch, shared by the threads running its threadgroups. */
+static void atomic_min_u64(uint64_t *p, uint64_t v) {
+  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 }
 
-static void atomic_max_u64(_Atomic uint64_t *p, uint64_t v) {
-  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
-  while (v > cur && !atomic_compare_exchange_weak(p, &cur, v)) {
+static void atomic_max_u64(uint64_t *p, uint64_t v) {
+  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 }
 
@@ -172,7 +145,7 @@ static void *helper_main(void *arg) {
 }
 
 /* Runs launches[0..count) as one concurrent group; returns the failed launch's index + 1, or 0. */
-static uint32_t run_concurrent(emu_state *s, mlxn_emu_launch *launches, decoded_dispatch *dispatches, uint32_t count,
+static uint32_t run_concurrent(emu_state *s, mlxn_emu_launch *launches, mlxn_dispatch *dispatches, uint32_t count,
                                uint64_t *prefix, int order, uint8_t fill) {
   emu_job *job = &s->job;
   job->launches = launches;
@@ -211,46 +184,45 @@ static int needs_threadgroup_floats(const char *name) {
 }
 
 /* Fills the launch of a decoded dispatch; returns 0 or writes why the binding is impossible. */
-static int bind_dispatch(emu_state *s, const decoded_dispatch *d, mlxn_emu_launch *l, dispatch_consts *c, char *err,
+static int bind_dispatch(emu_state *s, const mlxn_dispatch *d, mlxn_emu_launch *l, dispatch_consts *c, char *err,
                          size_t cap) {
-  const kernel_map_entry *e = map_find(s, d->kernel);
-  if (!e) return snprintf(err, cap, "kernel %s is missing from the Metal library", d->kernel->name), -1;
+  const kernel_entry *e = d->kernel;
   const mlxn_emu_kernel *k = e->msl;
   uint32_t stray = k->buffers & ~e->allowed;
   if (stray) {
     return snprintf(err, cap,
                     "kernel %s declares [[buffer(%d)]], a slot the host never binds for this contract (%zu slots)",
-                    d->kernel->name, __builtin_ctz(stray), strlen(d->kernel->signature)),
+                    d->name, __builtin_ctz(stray), strlen(d->signature)),
            -1;
   }
   uint64_t threads = (uint64_t)d->args.tg[0] * d->args.tg[1] * d->args.tg[2];
   if (threads > MLXN_MAX_THREADS_PER_GROUP) {
-    return snprintf(err, cap, "kernel %s: %llu threads per threadgroup exceed this pipeline's %d", d->kernel->name,
+    return snprintf(err, cap, "kernel %s: %llu threads per threadgroup exceed this pipeline's %d", d->name,
                     (unsigned long long)threads, MLXN_MAX_THREADS_PER_GROUP),
            -1;
   }
   uint64_t tgmem = d->args.tg_memory;
-  if (needs_threadgroup_floats(d->kernel->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
+  if (needs_threadgroup_floats(d->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
   tgmem = (tgmem + 15) & ~(uint64_t)15;
   if (k->tg_slots & ~1u) {
     return snprintf(err, cap, "kernel %s declares [[threadgroup(%d)]]: the host sets threadgroup memory index 0 only",
-                    d->kernel->name, __builtin_ctz(k->tg_slots & ~1u)),
+                    d->name, __builtin_ctz(k->tg_slots & ~1u)),
            -1;
   }
   if ((k->tg_slots & 1u) && tgmem == 0) {
     return snprintf(err, cap, "kernel %s declares [[threadgroup(0)]] but the dispatch sets no threadgroup memory",
-                    d->kernel->name),
+                    d->name),
            -1;
   }
   if (tgmem > MLXN_MAX_TG_MEMORY) {
-    return snprintf(err, cap, "kernel %s: %llu bytes of threadgroup memory exceed the device's %d", d->kernel->name,
+    return snprintf(err, cap, "kernel %s: %llu bytes of threadgroup memory exceed the device's %d", d->name,
                     (unsigned long long)tgmem, MLXN_MAX_TG_MEMORY),
            -1;
   }
   memset(l->buffers, 0, sizeof l->buffers);
-  const char *sig = d->kernel->signature;
-  for (uint32_t slot = 0; sig[slot] && slot < MLXN_CPU_KERNEL_SLOTS; slot++) {
-    if (sig[slot] == 'c' || d->entry[slot] != 0) l->buffers[slot] = d->args.ptr[slot];
+  const char *sig = d->signature;
+  for (uint32_t slot = 0; sig[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
+    if (sig[slot] == 'c' || d->args.ptr[slot]) l->buffers[slot] = d->args.ptr[slot];
     else l->buffers[slot] = (void *)&s->fault; /* an unbound optional slot: never read */
   }
   c->grid[0] = d->args.grid[0];
@@ -273,13 +245,13 @@ static int bind_dispatch(emu_state *s, const decoded_dispatch *d, mlxn_emu_launc
 /* ---- the checker: the same dispatch in two schedules must write the same bytes --------------------- */
 
 typedef struct snapshot {
-  uint8_t *bytes[MLXN_CPU_KERNEL_SLOTS];
+  uint8_t *bytes[MLXN_KERNEL_SLOTS];
 } snapshot;
 
-static int snapshot_take(const decoded_dispatch *d, snapshot *sn) {
+static int snapshot_take(const mlxn_dispatch *d, snapshot *sn) {
   memset(sn, 0, sizeof *sn);
-  for (uint32_t slot = 0; d->kernel->signature[slot] && slot < MLXN_CPU_KERNEL_SLOTS; slot++) {
-    if (d->kernel->signature[slot] == 'c' || d->entry[slot] == 0) continue;
+  for (uint32_t slot = 0; d->signature[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
+    if (d->signature[slot] == 'c' || !d->args.ptr[slot]) continue;
     sn->bytes[slot] = malloc(d->args.len[slot] ? (size_t)d->args.len[slot] : 1);
     if (!sn->bytes[slot]) return -1;
     memcpy(sn->bytes[slot], d->args.ptr[slot], (size_t)d->args.len[slot]);
@@ -288,11 +260,11 @@ static int snapshot_take(const decoded_dispatch *d, snapshot *sn) {
 }
 
 static void snapshot_free(snapshot *sn) {
-  for (int i = 0; i < MLXN_CPU_KERNEL_SLOTS; i++) free(sn->bytes[i]);
+  for (int i = 0; i < MLXN_KERNEL_SLOTS; i++) free(sn->bytes[i]);
 }
 
 /* Runs one dispatch in both schedules; returns 0, or -1 with the reason in err. */
-static int run_checked(emu_state *s, decoded_dispatch *d, mlxn_emu_launch *l, char *err, size_t cap) {
+static int run_checked(emu_state *s, mlxn_dispatch *d, mlxn_emu_launch *l, char *err, size_t cap) {
   snapshot before, first;
   uint64_t prefix[2];
   int rc = -1;
@@ -309,14 +281,14 @@ static int run_checked(emu_state *s, decoded_dispatch *d, mlxn_emu_launch *l, ch
     snprintf(err, cap, "out of memory in the checker");
     goto out;
   }
-  for (int slot = 0; slot < MLXN_CPU_KERNEL_SLOTS; slot++)
+  for (int slot = 0; slot < MLXN_KERNEL_SLOTS; slot++)
     if (before.bytes[slot]) memcpy(d->args.ptr[slot], before.bytes[slot], (size_t)d->args.len[slot]);
   if (run_concurrent(s, l, d, 1, prefix, MLXN_EMU_ORDER_REVERSE, 0xff) != 0) {
     snprintf(err, cap, "%s", s->job.err);
     goto out;
   }
   rc = 0;
-  for (int slot = 0; slot < MLXN_CPU_KERNEL_SLOTS && rc == 0; slot++) {
+  for (int slot = 0; slot < MLXN_KERNEL_SLOTS && rc == 0; slot++) {
     if (!first.bytes[slot] || memcmp(first.bytes[slot], d->args.ptr[slot], (size_t)d->args.len[slot]) == 0) continue;
     uint64_t at = 0;
     while (first.bytes[slot][at] == d->args.ptr[slot][at]) at++;
@@ -349,65 +321,53 @@ static int grow(emu_state *s, uint32_t n) {
   return 0;
 }
 
-static void fail_dispatch(mlxn_cmdbuf *cb, uint32_t index, const char *why) {
-  if (cb->error_code != 0) return;
-  cb->error_code = MLXN_E_EXECUTION;
-  snprintf(cb->error, sizeof cb->error, "dispatch %u (tag %u, kernel %s) failed while executing: %s", index,
-           cb->dispatches[index].tag, cb->dispatches[index].kernel->name, why);
-}
-
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  emu_state *s = dev->backend;
-  cb->t_start = mlxn_now_ns();
+static void emu_run(void *state, mlxn_command *cmd) {
+  emu_state *s = state;
+  cmd->t_start = mlxn_now_ns();
   char err[384];
-  if (grow(s, cb->n_dispatches) != 0) {
-    cb->error_code = MLXN_E_OUT_OF_MEMORY;
-    strcpy(cb->error, "out of memory while executing the command buffer");
-    cb->t_end = mlxn_now_ns();
+  if (grow(s, cmd->n_dispatches) != 0) {
+    mlxn_command_fail(cmd, MLXN_E_OUT_OF_MEMORY, "out of memory while executing the command buffer");
+    cmd->t_end = mlxn_now_ns();
     return;
   }
-  /* Bindings are resolved under dev->mu (the buffer table may move while the host allocates). */
-  pthread_mutex_lock(&dev->mu);
-  for (uint32_t i = 0; i < cb->n_dispatches && cb->error_code == 0; i++) {
-    if (bind_dispatch(s, &cb->dispatches[i], &s->launches[i], &s->consts[i], err, sizeof err) != 0)
-      fail_dispatch(cb, i, err);
+  /* Bindings come from the dispatches alone: no device state is read while the host goes on. */
+  for (uint32_t i = 0; i < cmd->n_dispatches && cmd->error_code == 0; i++) {
+    if (bind_dispatch(s, &cmd->dispatches[i], &s->launches[i], &s->consts[i], err, sizeof err) != 0)
+      mlxn_command_dispatch_failed(cmd, i, err);
   }
-  pthread_mutex_unlock(&dev->mu);
-  int serial = (dev->flags & MLXN_FLAG_SERIAL) != 0;
-  for (uint32_t g = 0; g < cb->n_groups && cb->error_code == 0; g++) {
-    uint32_t first = cb->group_starts[g];
-    uint32_t end = g + 1 < cb->n_groups ? cb->group_starts[g + 1] : cb->n_dispatches;
+  int serial = (s->flags & MLXN_FLAG_SERIAL) != 0;
+  for (uint32_t first = 0, end; first < cmd->n_dispatches && cmd->error_code == 0; first = end) {
+    for (end = first + 1; end < cmd->n_dispatches && cmd->dispatches[end].group == cmd->dispatches[first].group;)
+      end++;
     if (s->check) {
-      for (uint32_t i = first; i < end && cb->error_code == 0; i++)
-        if (run_checked(s, &cb->dispatches[i], &s->launches[i], err, sizeof err) != 0) fail_dispatch(cb, i, err);
+      for (uint32_t i = first; i < end && cmd->error_code == 0; i++)
+        if (run_checked(s, &cmd->dispatches[i], &s->launches[i], err, sizeof err) != 0)
+          mlxn_command_dispatch_failed(cmd, i, err);
       continue;
     }
     /* A Serial encoder (MLXN_CONCURRENCY=0) runs each dispatch after the previous one. */
-    for (uint32_t i = first; i < end && cb->error_code == 0; i = serial ? i + 1 : end) {
+    for (uint32_t i = first; i < end && cmd->error_code == 0; i = serial ? i + 1 : end) {
       uint32_t count = serial ? 1 : end - first;
-      uint32_t failed = run_concurrent(s, &s->launches[i], &cb->dispatches[i], count, s->prefix, MLXN_EMU_ORDER_FORWARD, 0xff);
-      if (failed) fail_dispatch(cb, i + failed - 1, s->job.err);
+      uint32_t failed =
+          run_concurrent(s, &s->launches[i], &cmd->dispatches[i], count, s->prefix, MLXN_EMU_ORDER_FORWARD, 0xff);
+      if (failed) mlxn_command_dispatch_failed(cmd, i + failed - 1, s->job.err);
     }
   }
-  cb->t_end = mlxn_now_ns();
+  cmd->t_end = mlxn_now_ns();
   uint32_t fault = atomic_exchange(&s->fault, 0);
-  if (fault != 0 && cb->error_code == 0) {
-    uint32_t tag = fault - 1, index = 0;
-    while (index < cb->n_dispatches && cb->dispatches[index].tag != tag) index++;
-    cb->error_code = MLXN_E_EXECUTION;
-    snprintf(cb->error, sizeof cb->error, "dispatch %u (tag %u, kernel %s) failed while executing", index, tag,
-             index < cb->n_dispatches ? cb->dispatches[index].kernel->name : "?");
-  }
+  if (fault != 0) mlxn_command_fault(cmd, fault);
 }
 
-int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
+static int32_t emu_open(void **state, uint32_t flags, uint32_t threads, mlxn_backend_config *config, char *err,
+                        size_t cap) {
+  (void)config;
   if (threads == 0) { /* one worker per core, at most 16 (each holds 1024 fiber stacks) */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     threads = n > 16 ? 16 : n > 0 ? (uint32_t)n : 1;
   }
   emu_state *s = calloc(1, sizeof *s);
-  if (!s) return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory opening the emulated Metal device"), -1;
-  map_build(s);
+  if (!s) return snprintf(err, cap, "out of memory opening the emulated Metal device"), MLXN_E_OUT_OF_MEMORY;
+  s->flags = flags;
   const char *check = getenv("MLXN_EMU_CHECK");
   s->check = check && strcmp(check, "1") == 0;
   pthread_mutex_init(&s->mu, NULL);
@@ -422,7 +382,7 @@ int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
     free(s->workers);
     free(s->helpers);
     free(s);
-    return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory opening the emulated Metal device"), -1;
+    return snprintf(err, cap, "out of memory opening the emulated Metal device"), MLXN_E_OUT_OF_MEMORY;
   }
   s->n_workers = 1;
   for (uint32_t i = 1; i < threads; i++) {
@@ -443,12 +403,12 @@ int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
     s->workers[s->n_workers++] = w;
     s->n_helpers++;
   }
-  dev->backend = s;
-  return 0;
+  *state = s;
+  return MLXN_OK;
 }
 
-void mlxn_backend_close(mlxn_device *dev) {
-  emu_state *s = dev->backend;
+static void emu_close(void *state) {
+  emu_state *s = state;
   if (!s) return;
   pthread_mutex_lock(&s->mu);
   s->stop = 1;
@@ -466,45 +426,38 @@ void mlxn_backend_close(mlxn_device *dev) {
   pthread_cond_destroy(&s->done_cv);
   pthread_mutex_destroy(&s->job.err_mu);
   free(s);
-  dev->backend = NULL;
 }
 
-uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
-  emu_state *s = dev->backend;
-  return (uint32_t)snprintf(
-      buf, cap,
-      "{\"backend\":\"metal-emu\",\"name\":\"emulated Metal (%u threads%s)\",\"threads\":%u,"
-      "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,\"maxSlots\":%d,"
-      "\"unifiedMemory\":true,\"serial\":%s,\"perDispatchTiming\":true,\"simdWidth\":%u,\"checker\":%s}",
-      s->n_workers, s->check ? ", checker" : "", s->n_workers, MLXN_MAX_THREADS_PER_GROUP, MLXN_MAX_TG_MEMORY,
-      MLXN_MAX_INLINE_BYTES, SLOT_GRID, (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false", MLXN_EMU_SIMD_WIDTH,
-      s->check ? "true" : "false");
+static uint32_t emu_info(void *state, char *buf, uint32_t cap) {
+  emu_state *s = state;
+  return (uint32_t)snprintf(buf, cap,
+                            "\"name\":\"emulated Metal (%u threads%s)\",\"threads\":%u,\"unifiedMemory\":true,"
+                            "\"perDispatchTiming\":true,\"simdWidth\":%u,\"checker\":%s",
+                            s->n_workers, s->check ? ", checker" : "", s->n_workers, MLXN_EMU_SIMD_WIDTH,
+                            s->check ? "true" : "false");
 }
 
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
-  (void)dev;
-  (void)handle;
-  return calloc(1, (size_t)nbytes);
+/* Pairs a contract with the MSL kernel of the same name (NULL: the library has none). */
+static const void *emu_kernel(void *state, const char *name, const char *signature) {
+  emu_state *s = state;
+  const mlxn_emu_kernel *msl = NULL;
+  for (const mlxn_emu_kernel *e = mlxn_emu_kernels; e->name && !msl; e++)
+    if (strcmp(e->name, name) == 0) msl = e;
+  if (!msl || s->n_kernels >= MAX_KERNELS) return NULL;
+  kernel_entry *k = &s->kernels[s->n_kernels++];
+  size_t nsig = strlen(signature);
+  k->msl = msl;
+  k->allowed = (nsig >= 32 ? 0xffffffffu : (1u << nsig) - 1u) | (1u << SLOT_GRID) | (1u << SLOT_TAG) |
+               (1u << SLOT_FAULT);
+  return k;
 }
 
-void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
-  (void)dev;
-  (void)handle;
-  free(mem);
-}
-
-int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device) {
-  (void)dev;
-  if (to_device) memcpy(mem, host, (size_t)len);
-  else memcpy(host, mem, (size_t)len);
-  return MLXN_OK;
-}
-
-int mlxn_backend_host_visible(mlxn_device *dev) {
-  (void)dev;
-  return 1;
-}
-
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
-  return map_find(dev->backend, k) != NULL;
-}
+/* Host memory, the core's defaults: no alloc, free or copy hook. */
+const mlxn_backend_ops mlxn_backend = {
+    .name = "metal-emu",
+    .open = emu_open,
+    .close = emu_close,
+    .info = emu_info,
+    .kernel = emu_kernel,
+    .run = emu_run,
+};

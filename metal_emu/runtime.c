@@ -7,7 +7,6 @@
 #endif
 #include "runtime.h"
 
-#include "../kernels/cpu/cpu_kernel.h"
 #include "../native/mlxn.h"
 
 #include <stddef.h>
@@ -209,8 +208,37 @@ __attribute__((visibility("hidden"))) void *mlxn_emu_threadgroup_variable(unsign
 
 /* The conversions clang emits for `half` (__fp16) on targets without them in hardware: IEEE
  * binary16, round to nearest even, as the GPU converts. */
-__attribute__((visibility("hidden"))) float __gnu_h2f_ieee(uint16_t h) { return mlxn_f16_to_f32(h); }
-__attribute__((visibility("hidden"))) uint16_t __gnu_f2h_ieee(float f) { return mlxn_f32_to_f16(f); }
+__attribute__((visibility("hidden"))) float __gnu_h2f_ieee(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0) { /* zero or subnormal: man · 2^-24, exact in f32 */
+    float v = (float)man * 0x1p-24f;
+    memcpy(&bits, &v, 4);
+    bits |= sign;
+  } else if (exp == 0x1fu) { /* Inf or NaN (payload kept) */
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127u - 15u) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+__attribute__((visibility("hidden"))) uint16_t __gnu_f2h_ieee(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN, quieted */
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                      /* rounds to >= 65520: Inf */
+  if (a < 0x38800000u) { /* below 2^-14: a multiple of 2^-24, rounded to nearest even */
+    float v;
+    memcpy(&v, &a, 4);
+    v *= 0x1p24f;                   /* exact: a power-of-two scale */
+    v = (v + 0x1p23f) - 0x1p23f;    /* rounds to an integer, ties to even (the default rounding mode) */
+    return (uint16_t)(sign | (uint32_t)v); /* 1024 is the smallest normal's encoding */
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u); /* round to nearest even at bit 13 */
+  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
 
 /* ---- the scheduler --------------------------------------------------------------------------------- */
 

@@ -1,4 +1,4 @@
-// Metal backend: implements the native core's hooks (native/core/internal.h) on Apple's Metal.
+// Metal backend: fills in the native core's backend table (native/core/backend.h) on Apple's Metal.
 // Manual retain/release (no ARC): every +1 object from new…/alloc is released explicitly.
 //
 // Device: MTLCreateSystemDefaultDevice and one command queue. Buffers: MTLStorageModeShared,
@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../native/core/internal.h"
+#include "../native/core/backend.h"
 #include "mlxn_metal_source.h" // generated: static const char mlxn_metal_source[]
 
 // Extra argument slots every MSL kernel receives (see kernels/metal/common.metal).
@@ -28,8 +28,10 @@ typedef struct metal_state {
   id<MTLLibrary> library;
   NSMutableDictionary *pipelines; // kernel name → id<MTLComputePipelineState>
   NSSet *functions;               // names the library defines
+  NSMutableArray *kernels;        // the name of each kernel handed to the core (mlxn_dispatch.kernel)
   id<MTLBuffer> fault;            // one u32: tag + 1 of a dispatch that failed at run time
   BOOL dispatch_counters;         // MTLCounterSamplingPointAtDispatchBoundary supported
+  uint32_t flags;                 // the device's MLXN_FLAG_*
 } metal_state;
 
 // Kernels that reduce through threadgroup memory need blockDim floats of it at least.
@@ -37,13 +39,15 @@ static BOOL needs_threadgroup_floats(const char *name) {
   return strncmp(name, "rms_norm", 8) == 0 || strcmp(name, "softmax_f32") == 0;
 }
 
-int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
+static int32_t metal_open(void **state, uint32_t flags, uint32_t threads, mlxn_backend_config *config, char *err,
+                          size_t cap) {
   (void)threads;
+  (void)config;
   @autoreleasepool {
     id<MTLDevice> device = MTLCreateSystemDefaultDevice();
     if (device == nil) {
-      mlxn_set_error(MLXN_E_DEVICE, "no Metal device (MTLCreateSystemDefaultDevice returned nil)");
-      return -1;
+      snprintf(err, cap, "no Metal device (MTLCreateSystemDefaultDevice returned nil)");
+      return MLXN_E_DEVICE;
     }
     NSError *error = nil;
     MTLCompileOptions *options = [[MTLCompileOptions alloc] init];
@@ -53,96 +57,89 @@ int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
                                                     error:&error];
     [options release];
     if (library == nil) {
-      mlxn_set_error(MLXN_E_DEVICE, "compiling the Metal kernels failed: %s",
-                     error ? [[error localizedDescription] UTF8String] : "unknown error");
+      snprintf(err, cap, "compiling the Metal kernels failed: %s",
+               error ? [[error localizedDescription] UTF8String] : "unknown error");
       [device release];
-      return -1;
+      return MLXN_E_DEVICE;
     }
     metal_state *s = calloc(1, sizeof *s);
     if (!s) {
       [library release];
       [device release];
-      mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory opening the Metal device");
-      return -1;
+      snprintf(err, cap, "out of memory opening the Metal device");
+      return MLXN_E_OUT_OF_MEMORY;
     }
+    s->flags = flags;
     s->device = device;
     s->queue = [device newCommandQueue];
     s->queue.label = @"mlx-native";
     s->library = library;
     s->pipelines = [[NSMutableDictionary alloc] init];
     s->functions = [[NSSet alloc] initWithArray:library.functionNames];
+    s->kernels = [[NSMutableArray alloc] init];
     s->fault = [device newBufferWithLength:sizeof(uint32_t) options:MTLResourceStorageModeShared];
     memset([s->fault contents], 0, sizeof(uint32_t));
     s->dispatch_counters = [device supportsCounterSampling:MTLCounterSamplingPointAtDispatchBoundary];
-    dev->backend = s;
+    *state = s;
   }
-  return 0;
+  return MLXN_OK;
 }
 
-void mlxn_backend_close(mlxn_device *dev) {
-  metal_state *s = dev->backend;
+static void metal_close(void *state) {
+  metal_state *s = state;
   if (!s) return;
   [s->fault release];
+  [s->kernels release];
   [s->functions release];
   [s->pipelines release];
   [s->library release];
   [s->queue release];
   [s->device release];
   free(s);
-  dev->backend = NULL;
 }
 
-uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
-  metal_state *s = dev->backend;
+static uint32_t metal_info(void *state, char *buf, uint32_t cap) {
+  metal_state *s = state;
   @autoreleasepool {
-    return (uint32_t)snprintf(
-        buf, cap,
-        "{\"backend\":\"metal\",\"name\":\"%s\",\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,"
-        "\"maxInlineBytes\":%d,\"maxSlots\":%d,\"unifiedMemory\":%s,\"serial\":%s,\"perDispatchTiming\":false,"
-        "\"counterSamplingAtDispatchBoundary\":%s}",
-        [s->device.name UTF8String], MLXN_MAX_THREADS_PER_GROUP, MLXN_MAX_TG_MEMORY, MLXN_MAX_INLINE_BYTES,
-        SLOT_GRID, s->device.hasUnifiedMemory ? "true" : "false", (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false",
-        s->dispatch_counters ? "true" : "false");
+    return (uint32_t)snprintf(buf, cap,
+                              "\"name\":\"%s\",\"unifiedMemory\":%s,\"perDispatchTiming\":false,"
+                              "\"counterSamplingAtDispatchBoundary\":%s",
+                              [s->device.name UTF8String], s->device.hasUnifiedMemory ? "true" : "false",
+                              s->dispatch_counters ? "true" : "false");
   }
 }
 
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
-  metal_state *s = dev->backend;
+static void *metal_alloc(void *state, uint64_t nbytes, void **object) {
+  metal_state *s = state;
   id<MTLBuffer> b = [s->device newBufferWithLength:(NSUInteger)nbytes options:MTLResourceStorageModeShared];
   if (b == nil) return NULL;
   memset([b contents], 0, (size_t)nbytes); // zero-filled, like every backend
-  *handle = b;                             // +1, released by mlxn_backend_free
+  *object = b;                             // +1, released by metal_free
   return [b contents];
 }
 
-void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
-  (void)dev;
+static void metal_free(void *state, void *mem, void *object) {
+  (void)state;
   (void)mem;
-  [(id<MTLBuffer>)handle release];
+  [(id<MTLBuffer>)object release];
 }
 
-int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device) {
-  (void)dev;
-  if (to_device) memcpy(mem, host, (size_t)len);
-  else memcpy(host, mem, (size_t)len);
-  return MLXN_OK;
-}
-
-int mlxn_backend_host_visible(mlxn_device *dev) {
-  (void)dev;
-  return 1;
-}
-
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
-  metal_state *s = dev->backend;
-  @autoreleasepool {
-    return [s->functions containsObject:[NSString stringWithUTF8String:k->name]] ? 1 : 0;
+// This backend's object for a kernel: its name as an NSString (held by s->kernels), when the library
+// defines a function of that name.
+static const void *metal_kernel(void *state, const char *name, const char *signature) {
+  metal_state *s = state;
+  (void)signature;
+  @autoreleasepool { // the host's thread may have no pool; s->kernels keeps the key alive after it
+    NSString *key = [NSString stringWithUTF8String:name];
+    if (key == nil || ![s->functions containsObject:key]) return NULL;
+    [s->kernels addObject:key];
+    return key;
   }
 }
 
 // The cached pipeline of a kernel (built on first use; labelled with the kernel's name).
-static id<MTLComputePipelineState> pipeline_for(metal_state *s, const char *name, char *err, size_t cap) {
-  NSString *key = [NSString stringWithUTF8String:name];
+static id<MTLComputePipelineState> pipeline_for(metal_state *s, NSString *key, const char *name, char *err,
+                                                size_t cap) {
   id<MTLComputePipelineState> p = [s->pipelines objectForKey:key];
   if (p != nil) return p;
   id<MTLFunction> fn = [s->library newFunctionWithName:key];
@@ -167,29 +164,29 @@ static id<MTLComputePipelineState> pipeline_for(metal_state *s, const char *name
   return p;
 }
 
-// Encodes one dispatch. Caller holds dev->mu (buffer entries are read).
-static BOOL encode_dispatch(mlxn_device *dev, metal_state *s, id<MTLComputeCommandEncoder> enc,
-                            const decoded_dispatch *d, mlxn_cmdbuf *cb) {
-  id<MTLComputePipelineState> p = pipeline_for(s, d->kernel->name, cb->error, sizeof cb->error);
+// Encodes one dispatch; NO with the error recorded in cmd.
+static BOOL encode_dispatch(metal_state *s, id<MTLComputeCommandEncoder> enc, const mlxn_dispatch *d,
+                            mlxn_command *cmd) {
+  char err[256];
+  id<MTLComputePipelineState> p = pipeline_for(s, (NSString *)d->kernel, d->name, err, sizeof err);
   if (p == nil) {
-    cb->error_code = MLXN_E_EXECUTION;
+    mlxn_command_fail(cmd, MLXN_E_EXECUTION, "%s", err);
     return NO;
   }
   NSUInteger threads = (NSUInteger)d->args.tg[0] * d->args.tg[1] * d->args.tg[2];
   if (threads > p.maxTotalThreadsPerThreadgroup) {
-    cb->error_code = MLXN_E_EXECUTION;
-    snprintf(cb->error, sizeof cb->error, "kernel %s: %lu threads per threadgroup exceed this pipeline's %lu",
-             d->kernel->name, (unsigned long)threads, (unsigned long)p.maxTotalThreadsPerThreadgroup);
+    mlxn_command_fail(cmd, MLXN_E_EXECUTION, "kernel %s: %lu threads per threadgroup exceed this pipeline's %lu",
+                      d->name, (unsigned long)threads, (unsigned long)p.maxTotalThreadsPerThreadgroup);
     return NO;
   }
   [enc setComputePipelineState:p];
-  const char *sig = d->kernel->signature;
-  for (uint32_t slot = 0; sig[slot] && slot < MLXN_CPU_KERNEL_SLOTS; slot++) {
+  const char *sig = d->signature;
+  for (uint32_t slot = 0; sig[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
     if (sig[slot] == 'c') {
       [enc setBytes:d->args.ptr[slot] length:(NSUInteger)d->args.len[slot] atIndex:slot];
-    } else if (d->entry[slot] != 0) {
-      const buffer_entry *e = &dev->buffers[d->entry[slot] - 1];
-      [enc setBuffer:(id<MTLBuffer>)e->handle offset:(NSUInteger)(d->args.ptr[slot] - e->data) atIndex:slot];
+    } else if (d->args.ptr[slot]) { // a bound buffer: its MTLBuffer, at the view's offset in it
+      id<MTLBuffer> b = (id<MTLBuffer>)d->object[slot];
+      [enc setBuffer:b offset:(NSUInteger)(d->args.ptr[slot] - (uint8_t *)[b contents]) atIndex:slot];
     } else {
       [enc setBuffer:s->fault offset:0 atIndex:slot]; // an unbound optional slot: never read
     }
@@ -199,7 +196,7 @@ static BOOL encode_dispatch(mlxn_device *dev, metal_state *s, id<MTLComputeComma
   [enc setBytes:&d->tag length:sizeof d->tag atIndex:SLOT_TAG];
   [enc setBuffer:s->fault offset:0 atIndex:SLOT_FAULT];
   NSUInteger tgmem = d->args.tg_memory;
-  if (needs_threadgroup_floats(d->kernel->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
+  if (needs_threadgroup_floats(d->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
   if (tgmem > 0) [enc setThreadgroupMemoryLength:(tgmem + 15) & ~(NSUInteger)15 atIndex:0];
   // The decoder normalised both dispatch kinds to whole threadgroups plus the exact thread grid,
   // which each kernel receives and checks: dispatchThreadgroups covers both.
@@ -208,43 +205,46 @@ static BOOL encode_dispatch(mlxn_device *dev, metal_state *s, id<MTLComputeComma
   return YES;
 }
 
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  metal_state *s = dev->backend;
-  cb->t_start = mlxn_now_ns();
+// One MTLCommandBuffer, one compute encoder; a buffer barrier where the group index changes.
+static void metal_run(void *state, mlxn_command *cmd) {
+  metal_state *s = state;
+  cmd->t_start = mlxn_now_ns();
   @autoreleasepool {
-    id<MTLCommandBuffer> cmd = [s->queue commandBuffer];
-    cmd.label = @"mlx-native command buffer";
-    MTLDispatchType type = (dev->flags & MLXN_FLAG_SERIAL) ? MTLDispatchTypeSerial : MTLDispatchTypeConcurrent;
-    id<MTLComputeCommandEncoder> enc = [cmd computeCommandEncoderWithDispatchType:type];
+    id<MTLCommandBuffer> cb = [s->queue commandBuffer];
+    cb.label = @"mlx-native command buffer";
+    MTLDispatchType type = (s->flags & MLXN_FLAG_SERIAL) ? MTLDispatchTypeSerial : MTLDispatchTypeConcurrent;
+    id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoderWithDispatchType:type];
     BOOL ok = YES;
-    pthread_mutex_lock(&dev->mu);
-    for (uint32_t g = 0, i = 0; ok && g < cb->n_groups; g++) {
-      if (g > 0) [enc memoryBarrierWithScope:MTLBarrierScopeBuffers];
-      uint32_t end = g + 1 < cb->n_groups ? cb->group_starts[g + 1] : cb->n_dispatches;
-      for (; ok && i < end; i++) ok = encode_dispatch(dev, s, enc, &cb->dispatches[i], cb);
+    for (uint32_t i = 0; ok && i < cmd->n_dispatches; i++) {
+      if (i > 0 && cmd->dispatches[i].group != cmd->dispatches[i - 1].group)
+        [enc memoryBarrierWithScope:MTLBarrierScopeBuffers];
+      ok = encode_dispatch(s, enc, &cmd->dispatches[i], cmd);
     }
-    pthread_mutex_unlock(&dev->mu);
     [enc endEncoding];
     // Committed even after an encoding failure: a command buffer is never left pending.
-    [cmd commit];
-    [cmd waitUntilCompleted];
-    if (cmd.status == MTLCommandBufferStatusError && cb->error_code == 0) {
-      cb->error_code = MLXN_E_EXECUTION;
-      snprintf(cb->error, sizeof cb->error, "Metal command buffer failed: %s",
-               cmd.error ? [[cmd.error localizedDescription] UTF8String] : "unknown error");
-    }
-    CFTimeInterval gpu = cmd.GPUEndTime - cmd.GPUStartTime;
-    cb->t_end = cb->t_start + (uint64_t)(gpu > 0 ? gpu * 1e9 : 0);
+    [cb commit];
+    [cb waitUntilCompleted];
+    if (cb.status == MTLCommandBufferStatusError)
+      mlxn_command_fail(cmd, MLXN_E_EXECUTION, "Metal command buffer failed: %s",
+                        cb.error ? [[cb.error localizedDescription] UTF8String] : "unknown error");
+    CFTimeInterval gpu = cb.GPUEndTime - cb.GPUStartTime;
+    cmd->t_end = cmd->t_start + (uint64_t)(gpu > 0 ? gpu * 1e9 : 0);
     uint32_t *fault = (uint32_t *)[s->fault contents];
     if (*fault != 0) {
-      uint32_t tag = *fault - 1, index = 0;
+      mlxn_command_fault(cmd, *fault);
       *fault = 0;
-      while (index < cb->n_dispatches && cb->dispatches[index].tag != tag) index++;
-      if (cb->error_code == 0) {
-        cb->error_code = MLXN_E_EXECUTION;
-        snprintf(cb->error, sizeof cb->error, "dispatch %u (tag %u, kernel %s) failed while executing", index, tag,
-                 index < cb->n_dispatches ? cb->dispatches[index].kernel->name : "?");
-      }
     }
   }
 }
+
+// Shared storage mode: host-addressable memory, copied with the core's default (memcpy).
+const mlxn_backend_ops mlxn_backend = {
+    .name = "metal",
+    .open = metal_open,
+    .close = metal_close,
+    .info = metal_info,
+    .kernel = metal_kernel,
+    .run = metal_run,
+    .alloc = metal_alloc,
+    .free = metal_free,
+};

@@ -1,5 +1,6 @@
 /* Native core: the ABI entry points — device, buffer table, pipelines, command-buffer lifecycle,
- * errors, live counts. Backend specifics go through the hooks of internal.h. */
+ * errors, live counts. Backend specifics go through the backend's table (backend.h); the defaults
+ * of its optional hooks are here. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -60,6 +61,19 @@ uint64_t mlxn_now_ns(void) {
 
 static void slot_release(uint32_t index);
 static uint64_t new_device_id(void);
+static int resolve_kernels(mlxn_device *dev);
+
+/* ---- the optional backend hooks' defaults (host memory) --------------------------------------- */
+
+static void backend_free(mlxn_device *dev, void *mem, void *object) {
+  if (dev->ops->free) dev->ops->free(dev->backend, mem, object);
+  else free(mem);
+}
+
+static void backend_close(mlxn_device *dev) {
+  if (dev->ops->close) dev->ops->close(dev->backend);
+  dev->backend = NULL;
+}
 
 /* A device owns threads (queue, workers) that run this library's code. Deno unloads an FFI library
  * when its runtime is torn down, which happens at a normal script end while a device is still open;
@@ -73,7 +87,7 @@ static void pin_library(void) {
     (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE); /* handle kept on purpose */
 }
 
-/* Default polling before sleeping (see mlxn_device.wait_spin_ns): short, because on the CPU backend
+/* Default polling before sleeping (see mlxn_backend_config): short, because on the CPU backend
  * the work being waited for runs on these very cores. */
 #define WAIT_SPIN_NS 30000u
 #define IDLE_SPIN_NS 50000u
@@ -98,20 +112,39 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
   dev->next_serial = 1;
   pthread_mutex_init(&dev->mu, NULL);
   pthread_cond_init(&dev->queue_cv, NULL);
-  dev->wait_spin_ns = WAIT_SPIN_NS;
-  dev->idle_spin_ns = IDLE_SPIN_NS;
-  if (mlxn_backend_open(dev, threads) != 0) {
+  dev->ops = &mlxn_backend;
+  if (!dev->ops->open || !dev->ops->info || !dev->ops->kernel || (!dev->ops->run && !dev->ops->launch)) {
     pthread_mutex_destroy(&dev->mu);
     pthread_cond_destroy(&dev->queue_cv);
     free(dev);
-    return NULL; /* the backend set the error */
+    mlxn_set_error(MLXN_E_DEVICE, "the %s backend of this library lacks a required hook (open, info, kernel, run or "
+                                  "launch): rebuild it from one source tree", mlxn_backend.name ? mlxn_backend.name : "?");
+    return NULL;
   }
-  if (mlxn_queue_start(dev) != 0) {
-    mlxn_backend_close(dev);
+  mlxn_backend_config config = {WAIT_SPIN_NS, IDLE_SPIN_NS, 0};
+  char err[512] = "";
+  int32_t rc = dev->ops->open(&dev->backend, flags, threads, &config, err, sizeof err);
+  if (rc != MLXN_OK) {
     pthread_mutex_destroy(&dev->mu);
     pthread_cond_destroy(&dev->queue_cv);
     free(dev);
-    mlxn_set_error(MLXN_E_DEVICE, "could not start the command queue thread");
+    mlxn_set_error(rc, "%s", err[0] ? err : "the backend could not open its device");
+    return NULL;
+  }
+  dev->wait_spin_ns = config.wait_spin_ns;
+  dev->idle_spin_ns = config.idle_spin_ns;
+  dev->max_in_flight = config.max_in_flight;
+  const char *problem = dev->max_in_flight > MLXN_MAX_IN_FLIGHT ? "the backend asked for too many command buffers in flight"
+                        : resolve_kernels(dev) != 0          ? "out of memory opening the device"
+                        : mlxn_queue_start(dev) != 0         ? "could not start the command queue thread"
+                                                             : NULL;
+  if (problem) {
+    backend_close(dev);
+    free(dev->kernels);
+    pthread_mutex_destroy(&dev->mu);
+    pthread_cond_destroy(&dev->queue_cv);
+    free(dev);
+    mlxn_set_error(MLXN_E_DEVICE, "%s", problem);
     return NULL;
   }
   mlxn_live_add(MLXN_LIVE_DEVICES, 1);
@@ -128,8 +161,8 @@ static void detach_locked(mlxn_device *dev, mlxn_cmdbuf *cb) {
   cb->n_refs = 0;
   if (cb->status == MLXN_CB_ENCODING) {
     cb->status = MLXN_CB_ERROR;
-    cb->error_code = MLXN_E_STATE;
-    snprintf(cb->error, sizeof cb->error,
+    cb->cmd.error_code = MLXN_E_STATE;
+    snprintf(cb->cmd.error, sizeof cb->cmd.error,
              "the device was closed before this command buffer was committed; open a new device and encode again");
   }
   cb->dev = NULL;
@@ -150,7 +183,7 @@ void mlxn_device_close(mlxn_device *dev) {
   for (uint32_t i = 0; i < dev->n_buffers; i++) {
     buffer_entry *e = &dev->buffers[i];
     if (e->data) {
-      mlxn_backend_free(dev, e->data, e->handle);
+      backend_free(dev, e->data, e->handle);
       mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
       mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
       slot_release(i);
@@ -164,7 +197,8 @@ void mlxn_device_close(mlxn_device *dev) {
     mlxn_storage_adopt(&tmp, &dev->spare[i]);
     mlxn_storage_free(&tmp);
   }
-  mlxn_backend_close(dev);
+  backend_close(dev);
+  free(dev->kernels);
   pthread_mutex_destroy(&dev->mu);
   pthread_cond_destroy(&dev->queue_cv);
   free(dev);
@@ -173,8 +207,14 @@ void mlxn_device_close(mlxn_device *dev) {
 
 uint32_t mlxn_device_info(mlxn_device *dev, uint8_t *buf, uint32_t cap) {
   if (!dev) return 0;
-  char text[1024];
-  mlxn_backend_info(dev, text, sizeof text);
+  char own[768], text[1024];
+  uint32_t n = dev->ops->info(dev->backend, own, sizeof own);
+  if (n >= sizeof own) own[0] = 0; /* cut short: better without the backend's members than invalid JSON */
+  snprintf(text, sizeof text,
+           "{\"backend\":\"%s\",%s%s\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,"
+           "\"maxSlots\":%d,\"serial\":%s}",
+           dev->ops->name, own, own[0] ? "," : "", MLXN_MAX_THREADS_PER_GROUP, MLXN_MAX_TG_MEMORY,
+           MLXN_MAX_INLINE_BYTES, MLXN_KERNEL_SLOTS, (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false");
   return copy_text(text, buf, cap);
 }
 
@@ -268,7 +308,7 @@ const char *mlxn_handle_problem(const mlxn_device *dev, uint32_t handle) {
 
 static void recycle_locked(mlxn_device *dev, uint32_t index) {
   buffer_entry *e = &dev->buffers[index];
-  mlxn_backend_free(dev, e->data, e->handle);
+  backend_free(dev, e->data, e->handle);
   e->handle = NULL;
   mlxn_live_add(MLXN_LIVE_BUFFERS, -1);
   mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, -(int64_t)e->size);
@@ -291,12 +331,12 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "buffer of %llu bytes is larger than any device",
                           (unsigned long long)nbytes), 0;
   void *handle = NULL;
-  uint8_t *data = mlxn_backend_alloc(dev, nbytes, &handle); /* zero-filled: no cold-run garbage */
+  uint8_t *data = dev->ops->alloc ? dev->ops->alloc(dev->backend, nbytes, &handle) : calloc(1, (size_t)nbytes); /* zero-filled: no cold-run garbage */
   if (!data)
     return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "could not allocate %llu bytes", (unsigned long long)nbytes), 0;
   uint32_t index, gen;
   if (slot_take(dev->id, &index, &gen) != 0) {
-    mlxn_backend_free(dev, data, handle);
+    backend_free(dev, data, handle);
     return 0;
   }
   pthread_mutex_lock(&dev->mu);
@@ -307,7 +347,7 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
     if (!nb) {
       pthread_mutex_unlock(&dev->mu);
       slot_release(index);
-      mlxn_backend_free(dev, data, handle);
+      backend_free(dev, data, handle);
       return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory growing the buffer table"), 0;
     }
     memset(nb + dev->cap_buffers, 0, (size_t)(cap - dev->cap_buffers) * sizeof *nb);
@@ -349,7 +389,7 @@ void *mlxn_buffer_contents(mlxn_device *dev, uint32_t handle) {
   if (!dev) return NULL;
   pthread_mutex_lock(&dev->mu);
   buffer_entry *e = mlxn_buffer_lookup(dev, handle, NULL);
-  void *p = e && mlxn_backend_host_visible(dev) ? e->data : NULL;
+  void *p = e && !dev->ops->device_memory ? e->data : NULL;
   pthread_mutex_unlock(&dev->mu);
   return p;
 }
@@ -374,7 +414,15 @@ static int32_t buffer_copy(mlxn_device *dev, uint32_t handle, uint64_t offset, u
   }
   uint8_t *data = e->data;
   pthread_mutex_unlock(&dev->mu);
-  return len ? mlxn_backend_copy(dev, data + offset, host, len, to_device) : MLXN_OK;
+  if (len == 0) return MLXN_OK;
+  if (!dev->ops->copy) {
+    if (to_device) memcpy(data + offset, host, (size_t)len);
+    else memcpy(host, data + offset, (size_t)len);
+    return MLXN_OK;
+  }
+  char err[512] = "";
+  int32_t rc = dev->ops->copy(dev->backend, data + offset, host, len, to_device, err, sizeof err);
+  return rc == MLXN_OK ? MLXN_OK : mlxn_set_error(rc, "%s", err[0] ? err : "the buffer copy failed");
 }
 
 int32_t mlxn_buffer_write(mlxn_device *dev, uint32_t handle, uint64_t offset, const uint8_t *src,
@@ -389,47 +437,57 @@ int32_t mlxn_buffer_read(mlxn_device *dev, uint32_t handle, uint64_t offset, uin
 
 /* ---- pipelines -------------------------------------------------------------------------------- */
 
-/* Pipeline handles number the kernels of all families in table order, from 1. The flat table is
- * built once so that SET_PIPELINE is an array index, not a search. */
+/* Pipeline handles number the kernel contracts in table order, from 1. The flat table is built once
+ * so that SET_PIPELINE is an array index, not a search. */
 #define MAX_KERNELS 512
-static const mlxn_cpu_kernel *kernel_table[MAX_KERNELS + 1];
+static const mlxn_contract *kernel_table[MAX_KERNELS + 1];
 static mlxn_slot_masks kernel_masks[MAX_KERNELS + 1];
 static uint32_t kernel_count;
 static pthread_once_t kernel_once = PTHREAD_ONCE_INIT;
 
-static void build_kernel_table(void) {
-  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
-    for (const mlxn_cpu_kernel *k = *f; k->name && kernel_count < MAX_KERNELS; k++) {
-      mlxn_slot_masks *m = &kernel_masks[++kernel_count];
-      kernel_table[kernel_count] = k;
-      m->nslots = (uint32_t)strlen(k->signature);
-      for (uint32_t i = 0; i < m->nslots; i++) {
-        m->all |= 1u << i;
-        if (k->signature[i] != 'o') m->required |= 1u << i;
-        if (k->signature[i] == 'c') m->bytes |= 1u << i;
-      }
-    }
+static void add_contract(const mlxn_contract *k) {
+  size_t nslots = strlen(k->signature);
+  /* A contract the table cannot hold, or with more slots than a dispatch carries, gets no handle:
+   * it is a build error of the contracts, and every backend then reports the kernel as unknown. */
+  if (kernel_count >= MAX_KERNELS || nslots > MLXN_KERNEL_SLOTS) return;
+  mlxn_slot_masks *m = &kernel_masks[++kernel_count];
+  kernel_table[kernel_count] = k;
+  m->nslots = (uint32_t)nslots;
+  for (uint32_t i = 0; i < m->nslots; i++) {
+    m->all |= 1u << i;
+    if (k->signature[i] != 'o') m->required |= 1u << i;
+    if (k->signature[i] == 'c') m->bytes |= 1u << i;
+  }
 }
 
-const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks) {
+static void build_kernel_table(void) { mlxn_contracts_each(add_contract); }
+
+const mlxn_contract *mlxn_pipeline_contract(uint32_t handle, const mlxn_slot_masks **masks) {
   pthread_once(&kernel_once, build_kernel_table);
   if (handle == 0 || handle > kernel_count) return NULL;
   if (masks) *masks = &kernel_masks[handle];
   return kernel_table[handle];
 }
 
-static const mlxn_cpu_kernel *kernel_at(uint32_t handle) { return mlxn_pipeline_kernel(handle, NULL); }
+/* Asks the backend, once per device, for its object of every kernel (NULL: it has none). */
+static int resolve_kernels(mlxn_device *dev) {
+  pthread_once(&kernel_once, build_kernel_table);
+  dev->kernels = calloc(kernel_count + 1, sizeof *dev->kernels);
+  if (!dev->kernels) return -1;
+  for (uint32_t i = 1; i <= kernel_count; i++)
+    dev->kernels[i] = dev->ops->kernel(dev->backend, kernel_table[i]->name, kernel_table[i]->signature);
+  return 0;
+}
 
 uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
   if (!dev || !name) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device or name"), 0;
-  pthread_once(&kernel_once, build_kernel_table);
   for (uint32_t i = 1; i <= kernel_count; i++)
-    if (strcmp(kernel_table[i]->name, (const char *)name) == 0 && mlxn_backend_has_kernel(dev, kernel_table[i])) return i;
+    if (dev->kernels[i] && strcmp(kernel_table[i]->name, (const char *)name) == 0) return i;
   return mlxn_set_error(MLXN_E_BAD_HANDLE, "no kernel named '%.200s' in this backend", (const char *)name), 0;
 }
 
 uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *buf, uint32_t cap) {
-  const mlxn_cpu_kernel *k = dev ? kernel_at(pipeline) : NULL;
+  const mlxn_contract *k = dev ? mlxn_pipeline_contract(pipeline, NULL) : NULL;
   return k ? copy_text(k->signature, buf, cap) : 0;
 }
 
@@ -459,13 +517,13 @@ mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
 
 int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
-  if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->error[0] ? cb->error : DEVICE_CLOSED);
+  if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->cmd.error[0] ? cb->cmd.error : DEVICE_CLOSED);
   if (cb->status != MLXN_CB_ENCODING)
     return mlxn_set_error(cb->status == MLXN_CB_ERROR ? MLXN_E_STREAM : MLXN_E_STATE,
                           cb->status == MLXN_CB_ERROR
                               ? "command buffer already failed: %s"
                               : "command buffer was already committed; encode into a new one%s",
-                          cb->status == MLXN_CB_ERROR ? cb->error : "");
+                          cb->status == MLXN_CB_ERROR ? cb->cmd.error : "");
   int32_t rc;
   if (len % 4 != 0 || (len > 0 && !stream)) {
     cb->error_offset = 0;
@@ -478,8 +536,8 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
   if (rc != MLXN_OK) {
     /* A half-decoded (or dropped) chunk means the command buffer must never run: sticky error. */
     cb->status = MLXN_CB_ERROR;
-    cb->error_code = rc;
-    copy_text(last_error, (uint8_t *)cb->error, sizeof cb->error);
+    cb->cmd.error_code = rc;
+    copy_text(last_error, (uint8_t *)cb->cmd.error, sizeof cb->cmd.error);
   }
   return rc;
 }
@@ -488,9 +546,9 @@ uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) { return cb ? cb->error_offse
 
 int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
-  if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->error[0] ? cb->error : DEVICE_CLOSED);
+  if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->cmd.error[0] ? cb->cmd.error : DEVICE_CLOSED);
   if (cb->status == MLXN_CB_ERROR)
-    return mlxn_set_error(cb->error_code, "cannot commit a command buffer that failed to encode: %s", cb->error);
+    return mlxn_set_error(cb->cmd.error_code, "cannot commit a command buffer that failed to encode: %s", cb->cmd.error);
   if (cb->status != MLXN_CB_ENCODING)
     return mlxn_set_error(MLXN_E_STATE, "command buffer was already committed");
   mlxn_device *dev = cb->dev;
@@ -514,8 +572,8 @@ int32_t mlxn_cmdbuf_wait(mlxn_cmdbuf *cb) {
     return mlxn_set_error(MLXN_E_STATE, "command buffer was never committed; commit it before waiting");
   }
   while (cb->status == MLXN_CB_COMMITTED) pthread_cond_wait(&cb->cv, &cb->mu);
-  int32_t rc = cb->status == MLXN_CB_ERROR ? cb->error_code : MLXN_OK;
-  if (rc != MLXN_OK) mlxn_set_error(rc, "%s", cb->error);
+  int32_t rc = cb->status == MLXN_CB_ERROR ? cb->cmd.error_code : MLXN_OK;
+  if (rc != MLXN_OK) mlxn_set_error(rc, "%s", cb->cmd.error);
   pthread_mutex_unlock(&cb->mu);
   return rc;
 }
@@ -531,7 +589,7 @@ int32_t mlxn_cmdbuf_status(mlxn_cmdbuf *cb) {
 uint32_t mlxn_cmdbuf_error(mlxn_cmdbuf *cb, uint8_t *buf, uint32_t cap) {
   if (!cb) return 0;
   pthread_mutex_lock(&cb->mu);
-  uint32_t n = copy_text(cb->error, buf, cap);
+  uint32_t n = copy_text(cb->cmd.error, buf, cap);
   pthread_mutex_unlock(&cb->mu);
   return n;
 }
@@ -543,14 +601,14 @@ uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t cap) {
   pthread_mutex_lock(&cb->mu);
   int done = cb->status == MLXN_CB_COMPLETED || cb->status == MLXN_CB_ERROR;
   pthread_mutex_unlock(&cb->mu);
-  out[0] = done ? cb->t_start : 0;
-  out[1] = done ? cb->t_end : 0;
+  out[0] = done ? cb->cmd.t_start : 0;
+  out[1] = done ? cb->cmd.t_end : 0;
   if (!done) return 0;
   uint32_t n = (cap - 2) / 3;
   if (n > cb->n_dispatches) n = cb->n_dispatches;
   for (uint32_t i = 0; i < n; i++) {
-    decoded_dispatch *d = &cb->dispatches[i];
-    uint64_t s = atomic_load(&d->t_start), e = atomic_load(&d->t_end);
+    const mlxn_dispatch *d = &cb->dispatches[i]; /* written before the completion we saw under cb->mu */
+    uint64_t s = d->t_start, e = d->t_end;
     out[2 + 3 * i] = d->tag;
     out[3 + 3 * i] = s == UINT64_MAX ? 0 : s;
     out[4 + 3 * i] = s == UINT64_MAX ? 0 : e;

@@ -1,9 +1,8 @@
-/* Private structures of the native core, shared by every backend:
- *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors
- *   core/stream.c  command-stream decoder and validation (kernel contracts from kernels/cpu)
- *   core/queue.c   the command queue thread (command buffers run in commit order)
- * A backend (native/cpu, native/cuda) implements the hooks declared at the end: memory, device
- * info, which kernels it runs, and how a decoded command buffer executes. */
+/* Private structures of the native core (backends see only backend.h):
+ *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors,
+ *                  and the defaults of the optional backend hooks
+ *   core/stream.c  command-stream decoder and validation (against the contracts of contract.h)
+ *   core/queue.c   the command queue thread (command buffers run in commit order) */
 #ifndef MLXN_CPU_INTERNAL_H
 #define MLXN_CPU_INTERNAL_H
 
@@ -12,8 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../kernels/cpu/cpu_kernel.h"
 #include "../mlxn.h"
+#include "backend.h"
+#include "contract.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -42,15 +42,6 @@ typedef struct mlxn_slot_masks {
 
 /* ---- command buffers -------------------------------------------------------------------------- */
 
-typedef struct decoded_dispatch {
-  const mlxn_cpu_kernel *kernel;
-  mlxn_kargs args;
-  uint32_t entry[MLXN_CPU_KERNEL_SLOTS]; /* buffer-table index + 1 of each buffer slot, 0 if none */
-  uint32_t tag;
-  uint64_t tg_total;                /* threadgroups in this dispatch */
-  _Atomic uint64_t t_start, t_end;  /* first threadgroup start / last end, ns */
-} decoded_dispatch;
-
 typedef struct arena_block {
   struct arena_block *next;
   uint32_t used, cap;
@@ -65,24 +56,24 @@ struct mlxn_cmdbuf {
   struct mlxn_cmdbuf *queue_next;            /* device's FIFO of committed ones */
 
   /* decoded content */
-  decoded_dispatch *dispatches;
+  mlxn_dispatch *dispatches;
   uint32_t n_dispatches, cap_dispatches;
-  uint32_t *group_starts; /* index of the first dispatch of each concurrent group */
-  uint32_t n_groups, cap_groups;
+  uint32_t n_groups; /* concurrent groups so far (each dispatch records its own) */
   uint8_t barrier_pending; /* a barrier was seen since the last dispatch */
   arena_block *arena;
   uint32_t *refs; /* buffer table indices this command buffer holds a reference on */
   uint32_t n_refs, cap_refs;
 
   /* decoder state carried across chunks */
-  const mlxn_cpu_kernel *pipeline;
+  const mlxn_contract *pipeline;
   const mlxn_slot_masks *pipeline_masks;
+  const void *pipeline_kernel; /* the backend's object for it */
   uint32_t pipeline_handle;
   uint32_t bound_mask; /* slots bound since the last dispatch */
   uint32_t bytes_mask; /* of those, the ones bound to inline bytes */
   uint8_t *slot_ptr[MLXN_MAX_SLOTS];
   uint64_t slot_len[MLXN_MAX_SLOTS];
-  uint32_t slot_entry[MLXN_MAX_SLOTS];
+  void *slot_object[MLXN_MAX_SLOTS];
   uint32_t tg_memory;
   uint32_t error_offset;
 
@@ -90,30 +81,21 @@ struct mlxn_cmdbuf {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   _Atomic int32_t status; /* MLXN_CB_*; written under mu, readable without it (spinning waiters) */
-  int32_t error_code;
-  char error[512];
-  uint64_t t_start, t_end;
-  /* Owned by a launch/complete backend from launch to complete (CUDA: its in-flight slot, or -1
-   * when the launch enqueued nothing). */
-  int32_t backend_slot;
+  /* What the backend runs and reports (dispatches, times, error); the error of a failed encode too. */
+  mlxn_command cmd;
 };
 
 /* Growable arrays of a command buffer, recycled through the device so that steady-state encoding
  * allocates nothing. */
 typedef struct cb_storage {
-  decoded_dispatch *dispatches;
+  mlxn_dispatch *dispatches;
   uint32_t cap_dispatches;
-  uint32_t *group_starts;
-  uint32_t cap_groups;
   uint32_t *refs;
   uint32_t cap_refs;
   arena_block *arena; /* one empty block */
 } cb_storage;
 
 #define MLXN_SPARE_STORAGE 4
-
-/* Most command buffers a launch/complete backend may have in flight (see queue.c). */
-#define MLXN_MAX_IN_FLIGHT 4
 
 /* ---- device ----------------------------------------------------------------------------------- */
 
@@ -132,21 +114,15 @@ struct mlxn_device {
   int closing;
   pthread_t queue_thread;
 
-  void *backend; /* the backend's private state */
-  /* How long a waiter polls before it sleeps, ns: a host thread waiting for a command buffer, and
-   * the idle queue thread waiting for the next commit. Defaults suit backends whose work runs on
-   * these same cores; a backend with idle host cores (CUDA) polls longer, saving the wake-ups. */
-  uint64_t wait_spin_ns, idle_spin_ns;
+  const mlxn_backend_ops *ops;
+  void *backend;          /* the backend's state (ops->open) */
+  const void **kernels;   /* per pipeline handle: the backend's object for the kernel, NULL if it has none */
+  uint64_t wait_spin_ns, idle_spin_ns; /* see mlxn_backend_config */
   cb_storage spare[MLXN_SPARE_STORAGE];
   uint32_t n_spare;
 
-  /* Pipelined running, optional: a backend that can enqueue work and wait for it later sets all
-   * three in mlxn_backend_open (NULL launch: the queue calls mlxn_backend_run). launch enqueues the
-   * command buffer's work and returns at once (or records an error in cb); complete waits for it
-   * and fills what mlxn_backend_run would (timings, error). queue.c states the guarantees. */
-  void (*launch)(mlxn_device *dev, mlxn_cmdbuf *cb);
-  void (*complete)(mlxn_device *dev, mlxn_cmdbuf *cb);
-  uint32_t max_in_flight; /* 1..MLXN_MAX_IN_FLIGHT */
+  /* Launch/complete mode when max_in_flight > 0 (1..MLXN_MAX_IN_FLIGHT; see queue.c). */
+  uint32_t max_in_flight;
   /* queue.c: launched, not yet completed command buffers (a ring, oldest at flight_head). Written
    * under mu; n_flight is also polled without it. */
   pthread_cond_t flight_cv;
@@ -183,26 +159,15 @@ void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
  * that says what to do, for error messages. Caller may hold dev->mu. */
 const char *mlxn_handle_problem(const mlxn_device *dev, uint32_t handle);
 void mlxn_live_add(int what, int64_t delta);
-uint64_t mlxn_now_ns(void);
-/* A polite busy-wait step. */
-static inline void mlxn_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
 
-/* Polls `done(arg)` for up to ns nanoseconds; returns whether it became true. Cheap waits for work
- * that is about to arrive, before falling back to a condition variable. */
-int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns);
-
-const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks);
+const mlxn_contract *mlxn_pipeline_contract(uint32_t handle, const mlxn_slot_masks **masks);
 
 /* stream.c */
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
 /* Drops buffer references and empties the content (keeping capacity). */
 void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb);
+/* Sets up cb->cmd for the backend (dispatch times unknown, no error) before it runs. */
+void mlxn_command_prepare(mlxn_cmdbuf *cb);
 /* Moves a spare storage into an empty command buffer / a command buffer's storage into a spare. */
 void mlxn_storage_adopt(mlxn_cmdbuf *cb, cb_storage *spare);
 void mlxn_storage_give(mlxn_cmdbuf *cb, cb_storage *spare);
@@ -213,30 +178,5 @@ void mlxn_storage_free(mlxn_cmdbuf *cb);
 int mlxn_queue_start(mlxn_device *dev);
 void mlxn_queue_stop(mlxn_device *dev);
 void mlxn_queue_enqueue_locked(mlxn_device *dev, mlxn_cmdbuf *cb);
-
-/* ---- backend hooks ------------------------------------------------------------------------------- */
-
-/* Creates the backend's state in dev->backend (and may change dev->wait_spin_ns / idle_spin_ns);
- * returns 0, or sets the thread's error and returns -1. */
-int mlxn_backend_open(mlxn_device *dev, uint32_t threads);
-/* Frees it (the queue is drained and stopped first). */
-void mlxn_backend_close(mlxn_device *dev);
-/* Writes the device-info JSON; returns its length. */
-uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap);
-/* nbytes of zero-filled device memory (NULL on failure); *handle may receive a backend object. */
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle);
-void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle);
-/* Copies between host memory and device memory; returns MLXN_OK or an error code (error set). */
-int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device);
-/* Whether buffer memory is host-addressable (mlxn_buffer_contents returns it). */
-int mlxn_backend_host_visible(mlxn_device *dev);
-/* Whether the backend implements kernel k. */
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k);
-/* Executes a decoded command buffer on the queue thread and returns when it is done (backends that
- * set dev->launch use that and dev->complete instead; see struct mlxn_device): sets
- * cb->t_start/t_end, per-dispatch times where available, and cb->error_code/error on failure.
- * The buffers a command buffer binds stay alive until this returns; their table entries may be
- * read under dev->mu (the table can move while the host allocates). */
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb);
 
 #endif /* MLXN_CPU_INTERNAL_H */

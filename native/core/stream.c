@@ -1,6 +1,6 @@
-/* CPU backend: the command-stream decoder. Validates every record (format, handles, ranges, the
- * kernel's signature and its own argument checks) and turns dispatches into decoded_dispatch
- * entries grouped by barriers. Runs with dev->mu held. */
+/* Native core: the command-stream decoder. Validates every record (format, handles, ranges, the
+ * kernel contract's signature and argument checks) and turns dispatches into the mlxn_dispatch
+ * entries a backend runs, numbered into concurrent groups by barriers. Runs with dev->mu held. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +65,6 @@ void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb) {
 void mlxn_storage_adopt(mlxn_cmdbuf *cb, cb_storage *sp) {
   cb->dispatches = sp->dispatches;
   cb->cap_dispatches = sp->cap_dispatches;
-  cb->group_starts = sp->group_starts;
-  cb->cap_groups = sp->cap_groups;
   cb->refs = sp->refs;
   cb->cap_refs = sp->cap_refs;
   cb->arena = sp->arena;
@@ -76,21 +74,17 @@ void mlxn_storage_adopt(mlxn_cmdbuf *cb, cb_storage *sp) {
 void mlxn_storage_give(mlxn_cmdbuf *cb, cb_storage *sp) {
   sp->dispatches = cb->dispatches;
   sp->cap_dispatches = cb->cap_dispatches;
-  sp->group_starts = cb->group_starts;
-  sp->cap_groups = cb->cap_groups;
   sp->refs = cb->refs;
   sp->cap_refs = cb->cap_refs;
   sp->arena = cb->arena;
   cb->dispatches = NULL;
-  cb->group_starts = NULL;
   cb->refs = NULL;
   cb->arena = NULL;
-  cb->cap_dispatches = cb->cap_groups = cb->cap_refs = 0;
+  cb->cap_dispatches = cb->cap_refs = 0;
 }
 
 void mlxn_storage_free(mlxn_cmdbuf *cb) {
   free(cb->dispatches);
-  free(cb->group_starts);
   free(cb->refs);
   while (cb->arena) {
     arena_block *n = cb->arena->next;
@@ -98,9 +92,17 @@ void mlxn_storage_free(mlxn_cmdbuf *cb) {
     cb->arena = n;
   }
   cb->dispatches = NULL;
-  cb->group_starts = NULL;
   cb->refs = NULL;
-  cb->cap_dispatches = cb->cap_groups = cb->cap_refs = 0;
+  cb->cap_dispatches = cb->cap_refs = 0;
+}
+
+void mlxn_command_prepare(mlxn_cmdbuf *cb) {
+  mlxn_command *cmd = &cb->cmd;
+  cmd->dispatches = cb->dispatches;
+  cmd->n_dispatches = cb->n_dispatches;
+  cmd->n_groups = cb->n_groups;
+  cmd->t_start = cmd->t_end = 0;
+  cmd->backend_slot = -1;
 }
 
 #define FAIL(code, ...)                                                                            \
@@ -133,7 +135,7 @@ static const char *op_name(uint32_t op) {
 }
 
 static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, uint32_t off) {
-  const mlxn_cpu_kernel *k = cb->pipeline;
+  const mlxn_contract *k = cb->pipeline;
   if (!k) FAIL(MLXN_E_STREAM, "dispatch before any SET_PIPELINE");
   uint32_t g[3], t[3];
   for (int i = 0; i < 3; i++) {
@@ -147,10 +149,10 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
          t[1], t[2], MLXN_MAX_THREADS_PER_GROUP);
   if (g[0] == 0 || g[1] == 0 || g[2] == 0)
     FAIL(MLXN_E_STREAM, "kernel %s: grid %ux%ux%u has a zero dimension", k->name, g[0], g[1], g[2]);
-  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(decoded_dispatch)))
+  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(mlxn_dispatch)))
     FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-  decoded_dispatch *d = &cb->dispatches[cb->n_dispatches]; /* filled in place, kept only if valid */
-  mlxn_kargs *a = &d->args;
+  mlxn_dispatch *d = &cb->dispatches[cb->n_dispatches]; /* filled in place, kept only if valid */
+  mlxn_kernel_args *a = &d->args;
   for (int i = 0; i < 3; i++) {
     a->tg[i] = t[i];
     if (op == MLXN_OP_DISPATCH_THREADS) {
@@ -191,7 +193,7 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     int is_bound = (bound >> s) & 1u;
     a->ptr[s] = is_bound ? cb->slot_ptr[s] : NULL;
     a->len[s] = is_bound ? cb->slot_len[s] : 0;
-    d->entry[s] = is_bound && !((m->bytes >> s) & 1u) ? cb->slot_entry[s] : 0;
+    d->object[s] = is_bound && !((m->bytes >> s) & 1u) ? cb->slot_object[s] : NULL;
   }
   a->tg_memory = cb->tg_memory;
   uint64_t tg_total;
@@ -200,20 +202,18 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
          k->name, a->groups[0], a->groups[1], a->groups[2]);
   char why[512];
   why[0] = 0;
-  if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
+  if (mlxn_contract_refuses(k, a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
 
-  int new_group = cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL);
-  if (new_group) {
-    if (!grow((void **)&cb->group_starts, &cb->cap_groups, cb->n_groups + 1, sizeof(uint32_t)))
-      FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-    cb->group_starts[cb->n_groups++] = cb->n_dispatches;
-  }
+  if (cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL)) cb->n_groups++;
   cb->n_dispatches++;
-  d->kernel = k;
+  d->kernel = cb->pipeline_kernel;
+  d->name = k->name;
+  d->signature = k->signature;
   d->tag = tag;
+  d->group = cb->n_groups - 1;
   d->tg_total = tg_total;
-  atomic_store_explicit(&d->t_start, UINT64_MAX, memory_order_relaxed);
-  atomic_store_explicit(&d->t_end, 0, memory_order_relaxed);
+  d->t_start = UINT64_MAX;
+  d->t_end = 0;
   cb->barrier_pending = 0;
   cb->bound_mask = 0; /* every dispatch carries its complete binding set */
   return MLXN_OK;
@@ -256,7 +256,7 @@ static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb
   }
   cb->slot_ptr[slot] = e->data + boff;
   cb->slot_len[slot] = blen;
-  cb->slot_entry[slot] = index + 1;
+  cb->slot_object[slot] = e->handle;
   cb->bytes_mask &= ~(1u << slot);
   cb->bound_mask |= 1u << slot;
   return MLXN_OK;
@@ -335,10 +335,11 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         uint32_t handle = word(r + 4);
         if (handle == cb->pipeline_handle && cb->pipeline) break;
         const mlxn_slot_masks *masks = NULL;
-        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(handle, &masks);
-        if (!k || !mlxn_backend_has_kernel(dev, k)) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
+        const mlxn_contract *k = mlxn_pipeline_contract(handle, &masks);
+        if (!k || !dev->kernels[handle]) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
         cb->pipeline = k;
         cb->pipeline_masks = masks;
+        cb->pipeline_kernel = dev->kernels[handle];
         cb->pipeline_handle = handle;
         break;
       }

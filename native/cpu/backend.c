@@ -6,15 +6,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/internal.h"
+#include "../../kernels/cpu/cpu_kernel.h"
+#include "../core/backend.h"
+
+_Static_assert(sizeof(mlxn_kargs) == sizeof(mlxn_kernel_args) && offsetof(mlxn_kargs, tg_memory) ==
+                   offsetof(mlxn_kernel_args, tg_memory),
+               "a dispatch's arguments are a CPU kernel's, field for field");
+
 
 #define SPIN_NS 50000u /* how long an idle helper polls before it sleeps */
 
 typedef struct group_job {
-  decoded_dispatch *dispatches; /* the group's first dispatch */
+  mlxn_dispatch *dispatches; /* the group's first dispatch */
   uint32_t count;
   uint64_t *prefix; /* prefix[i] = threadgroups before dispatch i; prefix[count] = total */
   uint32_t prefix_cap;
@@ -44,15 +52,16 @@ typedef struct cpu_pool {
 #define GROUP_OK (UINT32_MAX - 1)
 #define GROUP_OUT_OF_MEMORY UINT32_MAX
 
-static void atomic_min_u64(_Atomic uint64_t *p, uint64_t v) {
-  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
-  while (v < cur && !atomic_compare_exchange_weak(p, &cur, v)) {
+/* Dispatch times are plain fields of mlxn_dispatch, shared by the threads running its threadgroups. */
+static void atomic_min_u64(uint64_t *p, uint64_t v) {
+  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 }
 
-static void atomic_max_u64(_Atomic uint64_t *p, uint64_t v) {
-  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
-  while (v > cur && !atomic_compare_exchange_weak(p, &cur, v)) {
+static void atomic_max_u64(uint64_t *p, uint64_t v) {
+  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 }
 
@@ -65,17 +74,19 @@ static void work_on(group_job *job, void *scratch) {
     uint64_t end = idx + job->chunk < job->total ? idx + job->chunk : job->total;
     while (idx < end) {
       while (job->prefix[di + 1] <= idx) di++;
-      decoded_dispatch *d = &job->dispatches[di];
-      const mlxn_kargs *a = &d->args;
+      mlxn_dispatch *d = &job->dispatches[di];
+      const mlxn_cpu_kernel *k = d->kernel;
+      mlxn_kargs a; /* the kernel's own type: a copy per chunk, not a cast between struct types */
+      memcpy(&a, &d->args, sizeof a);
       uint64_t dend = end < job->prefix[di + 1] ? end : job->prefix[di + 1];
       uint64_t t0 = mlxn_now_ns();
       for (uint64_t i = idx; i < dend; i++) {
         uint64_t local = i - job->prefix[di];
-        uint32_t gx = (uint32_t)(local % a->groups[0]);
-        uint64_t rest = local / a->groups[0];
-        uint32_t gy = (uint32_t)(rest % a->groups[1]);
-        uint32_t gz = (uint32_t)(rest / a->groups[1]);
-        if (d->kernel->run(a, gx, gy, gz, scratch) != 0) {
+        uint32_t gx = (uint32_t)(local % a.groups[0]);
+        uint64_t rest = local / a.groups[0];
+        uint32_t gy = (uint32_t)(rest % a.groups[1]);
+        uint32_t gz = (uint32_t)(rest / a.groups[1]);
+        if (k->run(&a, gx, gy, gz, scratch) != 0) {
           int expected = 0;
           atomic_compare_exchange_strong(&job->failed, &expected, (int)di + 1);
         }
@@ -127,7 +138,7 @@ static void wait_helpers_idle(cpu_pool *pool) {
 }
 
 /* Runs one concurrent group; returns GROUP_OK, GROUP_OUT_OF_MEMORY or a failed dispatch index. */
-static uint32_t run_group(cpu_pool *pool, decoded_dispatch *ds, uint32_t count) {
+static uint32_t run_group(cpu_pool *pool, mlxn_dispatch *ds, uint32_t count) {
   /* Helpers still inside the previous job only find it drained; let them leave before the slot
    * that job K-1 used is refilled for K+1. */
   wait_helpers_idle(pool);
@@ -166,65 +177,24 @@ static uint32_t run_group(cpu_pool *pool, decoded_dispatch *ds, uint32_t count) 
 
 /* ---- backend hooks ------------------------------------------------------------------------------- */
 
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  cpu_pool *pool = dev->backend;
-  cb->t_start = mlxn_now_ns();
-  for (uint32_t g = 0; g < cb->n_groups && cb->error_code == 0; g++) {
-    uint32_t first = cb->group_starts[g];
-    uint32_t last = g + 1 < cb->n_groups ? cb->group_starts[g + 1] : cb->n_dispatches;
-    uint32_t r = pool->scratch ? run_group(pool, &cb->dispatches[first], last - first) : GROUP_OUT_OF_MEMORY;
-    if (r == GROUP_OUT_OF_MEMORY) {
-      cb->error_code = MLXN_E_OUT_OF_MEMORY;
-      strcpy(cb->error, "out of memory while executing the command buffer");
-    } else if (r != GROUP_OK) {
-      decoded_dispatch *d = &cb->dispatches[first + r];
-      cb->error_code = MLXN_E_EXECUTION;
-      snprintf(cb->error, sizeof cb->error, "dispatch %u (tag %u, kernel %s) failed while executing",
-               first + r, d->tag, d->kernel->name);
-    }
+/* Runs each concurrent group (a run of dispatches with one group index) to its end before the next. */
+static void cpu_run(void *state, mlxn_command *cmd) {
+  cpu_pool *pool = state;
+  cmd->t_start = mlxn_now_ns();
+  for (uint32_t first = 0, last; first < cmd->n_dispatches && cmd->error_code == 0; first = last) {
+    for (last = first + 1; last < cmd->n_dispatches && cmd->dispatches[last].group == cmd->dispatches[first].group;)
+      last++;
+    uint32_t r = pool->scratch ? run_group(pool, &cmd->dispatches[first], last - first) : GROUP_OUT_OF_MEMORY;
+    if (r == GROUP_OUT_OF_MEMORY)
+      mlxn_command_fail(cmd, MLXN_E_OUT_OF_MEMORY, "out of memory while executing the command buffer");
+    else if (r != GROUP_OK)
+      mlxn_command_dispatch_failed(cmd, first + r, NULL);
   }
-  cb->t_end = mlxn_now_ns();
+  cmd->t_end = mlxn_now_ns();
 }
 
-/* Launch/complete mode: the work already ran at launch. */
-static void complete_nothing(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  (void)dev;
-  (void)cb;
-}
-
-int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
-  if (threads == 0) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = n > 0 ? (uint32_t)n : 1;
-  }
-  cpu_pool *pool = calloc(1, sizeof *pool);
-  if (!pool) return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory opening the CPU device"), -1;
-  pool->scratch = alloc_scratch();
-  pthread_mutex_init(&pool->pool_mu, NULL);
-  pthread_cond_init(&pool->pool_cv, NULL);
-  if (threads > 1) {
-    pool->helpers = calloc(threads - 1, sizeof(pthread_t));
-    for (uint32_t i = 0; pool->helpers && i + 1 < threads; i++) {
-      if (pthread_create(&pool->helpers[i], NULL, helper_main, pool) != 0) break;
-      pool->n_helpers++;
-    }
-  }
-  pool->n_workers = pool->n_helpers + 1;
-  dev->backend = pool;
-  /* MLXN_CPU_PIPELINED=1 runs this backend through the core's launch/complete path (the one CUDA
-   * uses): the work runs at launch and completion happens on the completion thread, so the suite can
-   * check that path's ordering, waits, frees and close on a machine without a GPU. */
-  const char *pipelined = getenv("MLXN_CPU_PIPELINED");
-  if (pipelined && strcmp(pipelined, "1") == 0) {
-    dev->launch = mlxn_backend_run;
-    dev->complete = complete_nothing;
-    dev->max_in_flight = 2;
-  }
-  return 0;
-}
-
-void mlxn_backend_close(mlxn_device *dev) {
-  cpu_pool *pool = dev->backend;
+static void cpu_close(void *state) {
+  cpu_pool *pool = state;
   if (!pool) return;
   pthread_mutex_lock(&pool->pool_mu);
   atomic_store(&pool->pool_stop, 1);
@@ -237,45 +207,62 @@ void mlxn_backend_close(mlxn_device *dev) {
   pthread_mutex_destroy(&pool->pool_mu);
   pthread_cond_destroy(&pool->pool_cv);
   free(pool);
-  dev->backend = NULL;
 }
 
-uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
-  cpu_pool *pool = dev->backend;
-  return (uint32_t)snprintf(
-      buf, cap,
-      "{\"backend\":\"cpu\",\"name\":\"CPU (%u threads)\",\"threads\":%u,"
-      "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,"
-      "\"maxSlots\":%d,\"unifiedMemory\":true,\"serial\":%s,\"perDispatchTiming\":true}",
-      pool->n_workers, pool->n_workers, MLXN_MAX_THREADS_PER_GROUP, MLXN_MAX_TG_MEMORY, MLXN_MAX_INLINE_BYTES,
-      MLXN_MAX_SLOTS, (dev->flags & MLXN_FLAG_SERIAL) ? "true" : "false");
-}
-
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
-  (void)dev;
-  (void)handle;
-  return calloc(1, (size_t)nbytes);
-}
-
-void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
-  (void)dev;
-  (void)handle;
-  free(mem);
-}
-
-int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device) {
-  (void)dev;
-  if (to_device) memcpy(mem, host, (size_t)len);
-  else memcpy(host, mem, (size_t)len);
+static int32_t cpu_open(void **state, uint32_t flags, uint32_t threads, mlxn_backend_config *config, char *err,
+                        size_t cap) {
+  (void)flags;
+  if (threads == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = n > 0 ? (uint32_t)n : 1;
+  }
+  cpu_pool *pool = calloc(1, sizeof *pool);
+  if (!pool) return snprintf(err, cap, "out of memory opening the CPU device"), MLXN_E_OUT_OF_MEMORY;
+  pool->scratch = alloc_scratch();
+  pthread_mutex_init(&pool->pool_mu, NULL);
+  pthread_cond_init(&pool->pool_cv, NULL);
+  if (threads > 1) {
+    pool->helpers = calloc(threads - 1, sizeof(pthread_t));
+    for (uint32_t i = 0; pool->helpers && i + 1 < threads; i++) {
+      if (pthread_create(&pool->helpers[i], NULL, helper_main, pool) != 0) break;
+      pool->n_helpers++;
+    }
+  }
+  pool->n_workers = pool->n_helpers + 1;
+  *state = pool;
+  /* MLXN_CPU_PIPELINED=1 runs this backend through the core's launch/complete path (the one CUDA
+   * uses): the work runs at launch (the default launch is run) and completion happens on the
+   * completion thread, so the suite can check that path's ordering, waits, frees and close on a
+   * machine without a GPU. */
+  const char *pipelined = getenv("MLXN_CPU_PIPELINED");
+  if (pipelined && strcmp(pipelined, "1") == 0) config->max_in_flight = 2;
   return MLXN_OK;
 }
 
-int mlxn_backend_host_visible(mlxn_device *dev) {
-  (void)dev;
-  return 1;
+static uint32_t cpu_info(void *state, char *buf, uint32_t cap) {
+  cpu_pool *pool = state;
+  return (uint32_t)snprintf(buf, cap,
+                            "\"name\":\"CPU (%u threads)\",\"threads\":%u,\"unifiedMemory\":true,"
+                            "\"perDispatchTiming\":true",
+                            pool->n_workers, pool->n_workers);
 }
 
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
-  (void)dev;
-  return k->run != NULL;
+/* This backend's object for a kernel is the CPU kernel of that name (NULL: none). */
+static const void *cpu_kernel(void *state, const char *name, const char *signature) {
+  (void)state;
+  (void)signature;
+  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
+    for (const mlxn_cpu_kernel *k = *f; k->name; k++)
+      if (k->run && strcmp(k->name, name) == 0) return k;
+  return NULL;
 }
+
+/* Host memory, the core's defaults: no alloc, free or copy hook. */
+const mlxn_backend_ops mlxn_backend = {
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .info = cpu_info,
+    .kernel = cpu_kernel,
+    .run = cpu_run,
+};

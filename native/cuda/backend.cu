@@ -1,4 +1,4 @@
-// CUDA backend: implements the core's hooks (native/core/internal.h) on the CUDA runtime.
+// CUDA backend: the core's backend hooks (native/core/backend.h, through cuda_api.h) on the CUDA runtime.
 //
 // Memory: cudaMalloc (never managed memory), zero-filled; reads and writes copy. Execution: the
 // queue thread turns a decoded command buffer into a CUDA graph — every dispatch of a concurrent
@@ -11,9 +11,10 @@
 // host checks after each command buffer; CUDA errors carry their CUDA error names.
 //
 // Pipelining: the core launches command buffer k+1 while k runs (mlxn_cuda_launch enqueues and
-// returns; mlxn_cuda_complete waits). Everything the GPU or a pending copy may still read or write
-// for one command buffer lives in its in-flight slot (flight_slot): dispatch records, start/stop
-// events, fault word and its host mirror, and its own graph cache with the argument blocks those
+// returns; mlxn_cuda_complete waits). Each dispatch is read once, from the core's decoded command
+// buffer (mlxn_dispatch), straight into its kernel's argument block. Everything the GPU or a pending
+// copy may still read or write for one command buffer lives in its in-flight slot (flight_slot):
+// start/stop events, fault word and its host mirror, and its own graph cache with the argument blocks those
 // graphs are bound to. Each slot keeps its own cached graphs rather than sharing one graph whose
 // arguments are re-uploaded per command buffer: the pinned host mirror of an argument block is read
 // by the copy when the stream reaches it, so rewriting it for k+1 while k's copy is still queued
@@ -32,7 +33,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <unordered_map>
 #include <vector>
 
 #include "../../kernels/cuda/common.cuh"
@@ -99,8 +99,7 @@ struct cached_graph {
 
 // What one command buffer in flight owns (see the slot invariants at the top).
 struct flight_slot {
-  std::vector<mlxn_cuda_dispatch> dispatches; // filled before launch, read and timed at completion
-  uint32_t n = 0;
+  uint32_t n = 0; // dispatches of the launched command buffer
   cudaEvent_t start = nullptr, stop = nullptr;
   unsigned int *fault = nullptr;      // device word: tag + 1 of a failed dispatch
   unsigned int *fault_host = nullptr; // pinned; the fault word copied back behind the work
@@ -117,6 +116,7 @@ struct cuda_state {
   cudaDeviceProp prop{};
   cudaStream_t stream = nullptr;
   flight_slot slots[MLXN_CUDA_IN_FLIGHT];
+  uint32_t flags = 0;     // the device's MLXN_FLAG_*
   uint32_t next_slot = 0; // launch thread only
   // GPU-to-host clock: anchors[anchor_cur] completed at host time anchor_host (CLOCK_MONOTONIC ns);
   // a GPU event's host time is anchor_host + its elapsed time after that anchor. Elapsed times are
@@ -136,8 +136,6 @@ struct cuda_state {
   // Launch thread's work arrays, kept between command buffers (no allocation in steady state).
   std::vector<node_shape> shape;
   std::vector<mlxn_gpu_args> args;
-  // Kernel of each name, keyed by the name's address (the core's kernel tables are static).
-  std::unordered_map<const char *, const mlxn_cuda_kernel *> kernel_of;
 };
 
 static const size_t CACHE_SIZE = 8;
@@ -160,7 +158,7 @@ static int cuda_error(cudaError_t e, const char *what, char *err, size_t cap) {
   return e == cudaErrorMemoryAllocation ? MLXN_E_OUT_OF_MEMORY : MLXN_E_DEVICE;
 }
 
-extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
+extern "C" int32_t mlxn_cuda_open(void **state, uint32_t flags, char *err, size_t cap) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -168,6 +166,7 @@ extern "C" int mlxn_cuda_open(void **state, char *err, size_t cap) {
     return MLXN_E_DEVICE;
   }
   cuda_state *s = new cuda_state();
+  s->flags = flags;
   e = cudaSetDevice(0);
   if (e == cudaSuccess) e = cudaGetDeviceProperties(&s->prop, 0);
   if (e == cudaSuccess) e = cudaStreamCreate(&s->stream);
@@ -229,17 +228,16 @@ extern "C" void mlxn_cuda_close(void *state) {
   delete s;
 }
 
-extern "C" uint32_t mlxn_cuda_info(void *state, uint32_t flags, char *buf, uint32_t cap) {
+extern "C" uint32_t mlxn_cuda_info(void *state, char *buf, uint32_t cap) {
   cuda_state *s = static_cast<cuda_state *>(state);
+  const uint32_t flags = s->flags;
   return (uint32_t)snprintf(
       buf, cap,
-      "{\"backend\":\"cuda\",\"name\":\"%s\",\"computeCapability\":\"%d.%d\",\"memoryBytes\":%zu,"
-      "\"maxThreadsPerGroup\":%d,\"maxThreadgroupMemory\":%d,\"maxInlineBytes\":%d,\"maxSlots\":%d,"
-      "\"unifiedMemory\":false,\"serial\":%s,\"cudaGraphs\":%s,\"cudaPdl\":%s,\"perDispatchTiming\":true,"
+      "\"name\":\"%s\",\"computeCapability\":\"%d.%d\",\"memoryBytes\":%zu,"
+      "\"unifiedMemory\":false,\"cudaGraphs\":%s,\"cudaPdl\":%s,\"perDispatchTiming\":true,"
       "\"graphBuilds\":%llu,\"graphReuses\":%llu,\"nodeUpdates\":%llu,\"hostPackNs\":%llu,"
-      "\"hostGraphNs\":%llu,\"hostLaunchNs\":%llu}",
-      s->prop.name, s->prop.major, s->prop.minor, s->prop.totalGlobalMem, MLXN_MAX_THREADS_PER_GROUP,
-      MLXN_MAX_TG_MEMORY, MLXN_MAX_INLINE_BYTES, MLXN_MAX_SLOTS, (flags & MLXN_FLAG_SERIAL) ? "true" : "false",
+      "\"hostGraphNs\":%llu,\"hostLaunchNs\":%llu",
+      s->prop.name, s->prop.major, s->prop.minor, s->prop.totalGlobalMem,
       (flags & MLXN_FLAG_NO_GRAPHS) ? "false" : "true",
       !(flags & MLXN_FLAG_NO_GRAPHS) && !(flags & MLXN_FLAG_NO_PDL) && s->pdl ? "true" : "false",
       (unsigned long long)s->graph_builds,
@@ -247,7 +245,9 @@ extern "C" uint32_t mlxn_cuda_info(void *state, uint32_t flags, char *buf, uint3
       (unsigned long long)s->graph_ns, (unsigned long long)s->launch_ns);
 }
 
-extern "C" void *mlxn_cuda_alloc(uint64_t nbytes) {
+extern "C" void *mlxn_cuda_alloc(void *state, uint64_t nbytes, void **object) {
+  (void)state;
+  (void)object;
   void *p = nullptr;
   if (cudaMalloc(&p, nbytes) != cudaSuccess) return nullptr;
   if (cudaMemset(p, 0, nbytes) != cudaSuccess) { // zero-filled, like every backend
@@ -257,31 +257,26 @@ extern "C" void *mlxn_cuda_alloc(uint64_t nbytes) {
   return p;
 }
 
-extern "C" void mlxn_cuda_free(void *mem) { cudaFree(mem); }
+extern "C" void mlxn_cuda_free(void *state, void *mem, void *object) {
+  (void)state;
+  (void)object;
+  cudaFree(mem);
+}
 
-extern "C" int mlxn_cuda_copy(uint8_t *mem, uint8_t *host, uint64_t len, int to_device, char *err, size_t cap) {
+extern "C" int32_t mlxn_cuda_copy(void *state, uint8_t *mem, uint8_t *host, uint64_t len, int to_device, char *err,
+                                  size_t cap) {
+  (void)state;
   // Plain cudaMemcpy orders after the work already queued on the (blocking) stream.
   cudaError_t e = to_device ? cudaMemcpy(mem, host, len, cudaMemcpyHostToDevice)
                             : cudaMemcpy(host, mem, len, cudaMemcpyDeviceToHost);
   return e == cudaSuccess ? 0 : cuda_error(e, to_device ? "buffer write" : "buffer read", err, cap);
 }
 
-extern "C" int mlxn_cuda_has_kernel(const char *name) { return find_kernel(name) != nullptr; }
-
-extern "C" mlxn_cuda_dispatch *mlxn_cuda_dispatches(void *state, uint32_t n) {
-  cuda_state *s = static_cast<cuda_state *>(state);
-  flight_slot &f = s->slots[s->next_slot];
-  if (f.busy.load(std::memory_order_acquire)) return nullptr; // never: the core bounds what is in flight
-  try {
-    if (f.dispatches.size() < n) f.dispatches.resize(n);
-  } catch (...) {
-    return nullptr;
-  }
-  return f.dispatches.data();
-}
-
-extern "C" mlxn_cuda_dispatch *mlxn_cuda_slot_dispatches(void *state, int32_t slot) {
-  return static_cast<cuda_state *>(state)->slots[slot].dispatches.data();
+// This backend's object for a kernel: its entry in the CUDA kernel tables (mlxn_dispatch.kernel).
+extern "C" const void *mlxn_cuda_kernel_of(void *state, const char *name, const char *signature) {
+  (void)state;
+  (void)signature;
+  return find_kernel(name);
 }
 
 // The outcome of running one command buffer.
@@ -300,46 +295,49 @@ static bool cuda_ok(cudaError_t e, run_status &st, const char *what) {
   return false;
 }
 
-// Packs a decoded dispatch into the kernel's argument block.
-static bool pack_args(const mlxn_cuda_dispatch &d, const flight_slot &f, mlxn_gpu_args &g, run_status &st) {
+static_assert(MLXN_GPU_SLOTS == MLXN_KERNEL_SLOTS, "a GPU argument block holds every slot a kernel may declare");
+
+// Packs a decoded dispatch into the kernel's argument block (the one read of the dispatch).
+static bool pack_args(const mlxn_dispatch &d, const flight_slot &f, mlxn_gpu_args &g, run_status &st) {
   memset(&g, 0, sizeof g); // unused slots and padding compare equal between command buffers
+  const mlxn_kernel_args &a = d.args;
   uint32_t used = 0;
   for (uint32_t i = 0; d.signature[i] && i < MLXN_GPU_SLOTS; i++) {
-    g.len[i] = d.len[i];
+    g.len[i] = a.len[i];
     if (d.signature[i] == 'c') {
-      uint32_t n = (uint32_t)d.len[i], at = (used + 15u) & ~15u;
+      uint32_t n = (uint32_t)a.len[i], at = (used + 15u) & ~15u;
       if (at + n > MLXN_GPU_BYTES) {
         st.code = MLXN_E_UNSUPPORTED;
-        snprintf(st.err, st.cap, "kernel %s: more than %d bytes of inline constants", d.kernel, MLXN_GPU_BYTES);
+        snprintf(st.err, st.cap, "kernel %s: more than %d bytes of inline constants", d.name, MLXN_GPU_BYTES);
         return false;
       }
-      memcpy(g.bytes + at, d.ptr[i], n);
+      memcpy(g.bytes + at, a.ptr[i], n);
       g.boff[i] = at;
       used = at + n;
     } else {
-      g.ptr[i] = reinterpret_cast<unsigned long long>(d.ptr[i]);
+      g.ptr[i] = reinterpret_cast<unsigned long long>(a.ptr[i]);
     }
   }
   for (int i = 0; i < 3; i++) {
-    g.grid[i] = d.grid[i];
-    g.tg[i] = d.tg[i];
-    g.groups[i] = d.groups[i];
+    g.grid[i] = a.grid[i];
+    g.tg[i] = a.tg[i];
+    g.groups[i] = a.groups[i];
   }
   g.tag = d.tag;
   g.fault = reinterpret_cast<unsigned long long>(f.fault);
   return true;
 }
 
-static node_shape shape_of(cuda_state *s, const mlxn_cuda_dispatch &d) {
-  const mlxn_cuda_kernel *&k = s->kernel_of[d.kernel];
-  if (!k) k = find_kernel(d.kernel); // the decoder admits only kernels this backend has
-  unsigned threads = d.tg[0] * d.tg[1] * d.tg[2];
-  unsigned shared = d.tg_memory;
+static node_shape shape_of(const mlxn_dispatch &d) {
+  const mlxn_cuda_kernel *k = static_cast<const mlxn_cuda_kernel *>(d.kernel); // never NULL: see mlxn_cuda_kernel_of
+  const mlxn_kernel_args &a = d.args;
+  unsigned threads = a.tg[0] * a.tg[1] * a.tg[2];
+  unsigned shared = a.tg_memory;
   if (k->shared_floats_per_thread) { // the kernel reduces through shared memory: make sure it fits
     unsigned need = threads * 4u * (unsigned)k->shared_floats_per_thread;
     if (shared < need) shared = need;
   }
-  return node_shape{k->func, dim3(d.groups[0], d.groups[1], d.groups[2]), dim3(d.tg[0], d.tg[1], d.tg[2]), shared,
+  return node_shape{k->func, dim3(a.groups[0], a.groups[1], a.groups[2]), dim3(a.tg[0], a.tg[1], a.tg[2]), shared,
                     d.group};
 }
 
@@ -528,11 +526,10 @@ static cached_graph *run_graph(cuda_state *s, flight_slot &f, uint32_t flags, ru
   return g;
 }
 
-// Enqueues the slot's n dispatches (already in f.dispatches) and the events and fault copy behind
-// them. Returns the first error; the caller then waits for the stream (nothing left pending).
-static int launch_slot(cuda_state *s, flight_slot &f, uint32_t flags, run_status &st) {
+// Enqueues the slot's n dispatches d and the events and fault copy behind them. Returns the first
+// error; the caller then waits for the stream (nothing left pending).
+static int launch_slot(cuda_state *s, flight_slot &f, const mlxn_dispatch *d, uint32_t flags, run_status &st) {
   const uint32_t n = f.n;
-  const mlxn_cuda_dispatch *d = f.dispatches.data();
   std::vector<node_shape> &shape = s->shape;
   std::vector<mlxn_gpu_args> &args = s->args;
   f.events = nullptr;
@@ -547,7 +544,7 @@ static int launch_slot(cuda_state *s, flight_slot &f, uint32_t flags, run_status
   uint64_t t_pack = now_ns();
   for (uint32_t i = 0; i < n; i++) {
     if (!pack_args(d[i], f, args[i], st)) return st.code;
-    shape[i] = shape_of(s, d[i]);
+    shape[i] = shape_of(d[i]);
   }
   s->pack_ns += now_ns() - t_pack;
   // Move the clock anchor forward about once a second (see cuda_state), before this slot's start.
@@ -604,21 +601,21 @@ static int launch_slot(cuda_state *s, flight_slot &f, uint32_t flags, run_status
   return st.code;
 }
 
-extern "C" int mlxn_cuda_launch(void *state, uint32_t flags, uint32_t n, int32_t *slot, char *err, size_t cap) {
+extern "C" void mlxn_cuda_launch(void *state, mlxn_command *cmd) {
   cuda_state *s = static_cast<cuda_state *>(state);
   run_status st;
-  st.err = err;
-  st.cap = cap;
-  err[0] = 0;
-  *slot = -1;
+  st.err = cmd->error;
+  st.cap = sizeof cmd->error;
+  cmd->backend_slot = -1;
   cudaSetDevice(s->ordinal);
   flight_slot &f = s->slots[s->next_slot];
   if (f.busy.load(std::memory_order_acquire)) { // the core broke its bound: refuse rather than race
-    snprintf(err, cap, "internal error: CUDA in-flight slot %u is still in use", s->next_slot);
-    return MLXN_E_STATE;
+    cmd->t_start = cmd->t_end = host_ns();
+    mlxn_command_fail(cmd, MLXN_E_STATE, "internal error: CUDA in-flight slot %u is still in use", s->next_slot);
+    return;
   }
-  f.n = n;
-  if (launch_slot(s, f, flags, st) != 0) {
+  f.n = cmd->n_dispatches;
+  if (launch_slot(s, f, cmd->dispatches, s->flags, st) != 0) {
     // Nothing may stay pending on this slot's memory: wait for what was enqueued, and give the
     // clock anchor back if this launch had taken it.
     cudaStreamSynchronize(s->stream);
@@ -628,37 +625,36 @@ extern "C" int mlxn_cuda_launch(void *state, uint32_t flags, uint32_t n, int32_t
     }
     *f.fault_host = 0;
     cudaMemset(f.fault, 0, sizeof(unsigned int));
-    return st.code;
+    cmd->t_start = cmd->t_end = host_ns();
+    cmd->error_code = st.code; // its message is in cmd->error already
+    return;
   }
   f.busy.store(true, std::memory_order_release);
-  *slot = (int32_t)s->next_slot;
+  cmd->backend_slot = (int32_t)s->next_slot;
   s->next_slot = (s->next_slot + 1) % MLXN_CUDA_IN_FLIGHT;
-  return 0;
 }
 
-extern "C" int mlxn_cuda_complete(void *state, uint32_t flags, int32_t slot, uint64_t *t_start, uint64_t *gpu_ns,
-                                  uint32_t *failed, char *err, size_t cap) {
+extern "C" void mlxn_cuda_complete(void *state, mlxn_command *cmd) {
   cuda_state *s = static_cast<cuda_state *>(state);
-  flight_slot &f = s->slots[slot];
+  flight_slot &f = s->slots[cmd->backend_slot];
   run_status st;
-  st.err = err;
-  st.cap = cap;
-  err[0] = 0;
-  *gpu_ns = 0;
+  st.err = cmd->error;
+  st.cap = sizeof cmd->error;
+  uint64_t gpu_ns = 0, t_start = 0;
   cudaSetDevice(s->ordinal);
   const uint32_t n = f.n;
-  mlxn_cuda_dispatch *d = f.dispatches.data();
+  mlxn_dispatch *d = cmd->dispatches;
   cuda_ok(cudaEventSynchronize(f.stop), st, "executing the command buffer");
   uint64_t done = host_ns();
   float ms = 0.0f;
-  if (st.code == 0 && cudaEventElapsedTime(&ms, f.start, f.stop) == cudaSuccess) *gpu_ns = (uint64_t)(ms * 1e6);
+  if (st.code == 0 && cudaEventElapsedTime(&ms, f.start, f.stop) == cudaSuccess) gpu_ns = (uint64_t)(ms * 1e6);
   // The GPU start on the host clock (fallback: the end as seen now, less the device time).
   int cur = s->anchor_cur.load(std::memory_order_relaxed);
   float since = 0.0f;
   if (st.code == 0 && cudaEventElapsedTime(&since, s->anchors[cur], f.start) == cudaSuccess && since >= 0.0f)
-    *t_start = s->anchor_host + (uint64_t)((double)since * 1e6);
+    t_start = s->anchor_host + (uint64_t)((double)since * 1e6);
   else
-    *t_start = done - *gpu_ns;
+    t_start = done - gpu_ns;
   if (f.anchor) { // this launch recorded the next anchor, which completed before f.start
     float step = 0.0f;
     if (cudaEventElapsedTime(&step, s->anchors[cur], s->anchors[1 - cur]) == cudaSuccess && step >= 0.0f) {
@@ -668,27 +664,25 @@ extern "C" int mlxn_cuda_complete(void *state, uint32_t flags, int32_t slot, uin
     f.anchor = false;
     s->anchor_pending.store(false, std::memory_order_release);
   }
-  if (st.code == 0 && (flags & MLXN_FLAG_DISPATCH_TIMING) && f.events) {
+  if (st.code == 0 && (s->flags & MLXN_FLAG_DISPATCH_TIMING) && f.events) {
     for (uint32_t i = 0; i < n; i++) {
       float a = 0.0f, b = 0.0f;
       cudaEventElapsedTime(&a, f.start, f.events[2 * i]);
       cudaEventElapsedTime(&b, f.start, f.events[2 * i + 1]);
-      d[i].start_ns = (uint64_t)(a * 1e6);
-      d[i].end_ns = (uint64_t)(b * 1e6);
+      d[i].t_start = t_start + (uint64_t)(a * 1e6);
+      d[i].t_end = t_start + (uint64_t)(b * 1e6);
     }
   }
+  if (st.code != 0) cmd->error_code = st.code; // its message is in cmd->error already
   unsigned int fault = st.code == 0 ? *f.fault_host : 0;
   if (fault != 0) {
     *f.fault_host = 0;
     // On the stream, so ordered before this slot's next use (launched only after this returns).
     cudaMemsetAsync(f.fault, 0, sizeof fault, s->stream);
-    uint32_t tag = fault - 1, index = 0;
-    while (index < n && d[index].tag != tag) index++;
-    *failed = index;
-    st.code = MLXN_E_EXECUTION;
-    snprintf(err, cap, "dispatch %u (tag %u, kernel %s) failed while executing", index, tag,
-             index < n ? d[index].kernel : "?");
+    mlxn_command_fault(cmd, fault);
   }
+  cmd->t_start = t_start;
+  cmd->t_end = t_start + gpu_ns;
+  cmd->backend_slot = -1;
   f.busy.store(false, std::memory_order_release);
-  return st.code;
 }

@@ -24,6 +24,8 @@ export function buildOutputDir(readEnv: (name: string) => string | undefined): s
 export const CPU_SOURCES: readonly string[] = [
   "native/mlxn.h",
   "native/core/internal.h",
+  "native/core/backend.h",
+  "native/core/contract.h",
   "kernels/cpu/cpu_kernel.h",
   "native/core/device.c",
   "native/core/queue.c",

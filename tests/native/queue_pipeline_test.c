@@ -2,7 +2,10 @@
  * command buffer k+1 is launched while k is still running, at most max_in_flight are in flight,
  * launches follow commit order and completions launch order, a command buffer's status changes only
  * at its completion, a completion's error is sticky on its command buffer, and device close waits
- * for everything in flight. Prints "queue pipeline: ok" and exits 0, or says what failed and exits 1.
+ * for everything in flight. Also what the core supplies to every backend: the defaults of the hooks
+ * a backend leaves out (host memory), the device-info members and slot limit every backend shares,
+ * and the one message of a failed dispatch. Prints "queue pipeline: ok" and exits 0, or says what
+ * failed and exits 1.
  * Built and run by tests/split_queue_test.ts. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -18,9 +21,9 @@
 /* The scripted backend: complete(k) blocks until the test has released k completions. */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static uint64_t launched[MAX_EVENTS], completed[MAX_EVENTS]; /* serials, in call order */
+static const mlxn_command *launched[MAX_EVENTS], *completed[MAX_EVENTS]; /* in call order */
 static uint32_t n_launched, n_completed, released, in_flight, max_in_flight_seen;
-static uint64_t fail_serial; /* complete sets an execution error on this one */
+static const mlxn_command *fail_cmd; /* complete sets an execution error on this one */
 static int failures;
 
 #define CHECK(cond, ...)                                                                                    \
@@ -33,10 +36,10 @@ static int failures;
     }                                                                                                    \
   } while (0)
 
-static void fake_launch(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  (void)dev;
+static void fake_launch(void *state, mlxn_command *cmd) {
+  (void)state;
   pthread_mutex_lock(&mu);
-  if (n_launched < MAX_EVENTS) launched[n_launched] = cb->serial;
+  if (n_launched < MAX_EVENTS) launched[n_launched] = cmd;
   n_launched++;
   in_flight++;
   if (in_flight > max_in_flight_seen) max_in_flight_seen = in_flight;
@@ -44,64 +47,45 @@ static void fake_launch(mlxn_device *dev, mlxn_cmdbuf *cb) {
   pthread_mutex_unlock(&mu);
 }
 
-static void fake_complete(mlxn_device *dev, mlxn_cmdbuf *cb) {
-  (void)dev;
+static void fake_complete(void *state, mlxn_command *cmd) {
+  (void)state;
   pthread_mutex_lock(&mu);
   while (released <= n_completed) pthread_cond_wait(&cv, &mu);
-  if (n_completed < MAX_EVENTS) completed[n_completed] = cb->serial;
+  if (n_completed < MAX_EVENTS) completed[n_completed] = cmd;
   n_completed++;
   in_flight--;
-  cb->t_start = mlxn_now_ns();
-  cb->t_end = cb->t_start + 1;
-  if (cb->serial == fail_serial) {
-    cb->error_code = MLXN_E_EXECUTION;
-    snprintf(cb->error, sizeof cb->error, "scripted failure");
-  }
+  cmd->t_start = mlxn_now_ns();
+  cmd->t_end = cmd->t_start + 1;
+  if (cmd == fail_cmd) mlxn_command_fail(cmd, MLXN_E_EXECUTION, "scripted failure");
   pthread_cond_broadcast(&cv);
   pthread_mutex_unlock(&mu);
 }
 
-int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
-  (void)threads;
-  dev->launch = fake_launch;
-  dev->complete = fake_complete;
-  dev->max_in_flight = DEPTH;
-  return 0;
-}
-void mlxn_backend_close(mlxn_device *dev) { (void)dev; }
-uint32_t mlxn_backend_info(mlxn_device *dev, char *buf, uint32_t cap) {
-  (void)dev;
-  return (uint32_t)snprintf(buf, cap, "{\"backend\":\"scripted\"}");
-}
-void *mlxn_backend_alloc(mlxn_device *dev, uint64_t nbytes, void **handle) {
-  (void)dev;
-  (void)handle;
-  return calloc(1, nbytes ? nbytes : 1);
-}
-void mlxn_backend_free(mlxn_device *dev, void *mem, void *handle) {
-  (void)dev;
-  (void)handle;
-  free(mem);
-}
-int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_t len, int to_device) {
-  (void)dev;
-  if (to_device) memcpy(mem, host, len);
-  else memcpy(host, mem, len);
+static int32_t fake_open(void **state, uint32_t flags, uint32_t threads, mlxn_backend_config *config, char *err,
+                         size_t cap) {
+  (void)flags, (void)threads, (void)err, (void)cap;
+  *state = NULL;
+  config->max_in_flight = DEPTH;
   return MLXN_OK;
 }
-int mlxn_backend_host_visible(mlxn_device *dev) {
-  (void)dev;
-  return 1;
+static uint32_t fake_info(void *state, char *buf, uint32_t cap) {
+  (void)state;
+  return (uint32_t)snprintf(buf, cap, "\"name\":\"scripted\"");
 }
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
-  (void)dev;
-  (void)k;
-  return 1;
+static const void *fake_kernel(void *state, const char *name, const char *signature) {
+  (void)state, (void)signature;
+  return name; /* every kernel: any non-NULL object */
 }
-void mlxn_backend_run(mlxn_device *dev, mlxn_cmdbuf *cb) { /* unused: launch/complete are set */
-  fake_launch(dev, cb);
-  fake_complete(dev, cb);
-}
+
+/* Only the required hooks and launch/complete: memory, copies and close are the core's defaults. */
+const mlxn_backend_ops mlxn_backend = {
+    .name = "scripted",
+    .open = fake_open,
+    .info = fake_info,
+    .kernel = fake_kernel,
+    .launch = fake_launch,
+    .complete = fake_complete,
+};
 
 /* Waits until at least `n` launches (and `c` completions) happened; 0 after 10 s (a hang, not a
  * speed check). */
@@ -136,15 +120,89 @@ static void *close_device(void *dev) {
   return NULL;
 }
 
+/* The scripted backend has no alloc, free or copy hook: buffers are the core's host memory. */
+static void check_default_memory(mlxn_device *dev) {
+  uint32_t buf = mlxn_buffer_alloc(dev, 64);
+  CHECK(buf != 0, "alloc without an alloc hook");
+  const uint8_t *host = mlxn_buffer_contents(dev, buf);
+  CHECK(host != NULL, "a backend without device memory has host-addressable buffers");
+  int zero = 1;
+  for (int i = 0; host && i < 64; i++) zero &= host[i] == 0;
+  CHECK(zero, "a new buffer is zero-filled");
+  uint8_t in[16], out[16] = {0};
+  for (int i = 0; i < 16; i++) in[i] = (uint8_t)(3 * i + 1);
+  CHECK(mlxn_buffer_write(dev, buf, 8, in, 16) == MLXN_OK && mlxn_buffer_read(dev, buf, 8, out, 16) == MLXN_OK,
+        "write and read without a copy hook");
+  CHECK(memcmp(in, out, 16) == 0 && host && memcmp(host + 8, in, 16) == 0, "the bytes written are read back");
+  CHECK(mlxn_buffer_free(dev, buf) == MLXN_OK, "free without a free hook");
+}
+
+/* The core writes the members every backend shares; maxSlots is the one slot limit, and no kernel
+ * the device offers declares more slots than that. */
+static void check_info_and_slots(mlxn_device *dev) {
+  char info[1024];
+  mlxn_device_info(dev, (uint8_t *)info, sizeof info);
+  char want[64];
+  snprintf(want, sizeof want, "\"maxSlots\":%d,", MLXN_KERNEL_SLOTS);
+  CHECK(strstr(info, want) != NULL, "device info reports %s: %s", want, info);
+  const char *head = "{\"backend\":\"scripted\",\"name\":\"scripted\",";
+  CHECK(strncmp(info, head, strlen(head)) == 0, "backend members first: %s", info);
+  CHECK(strstr(info, "\"maxThreadsPerGroup\":") && strstr(info, "\"serial\":false}"), "shared members: %s", info);
+  uint32_t kernels = 0;
+  for (uint32_t p = 1;; p++) {
+    char sig[64];
+    uint32_t n = mlxn_pipeline_signature(dev, p, (uint8_t *)sig, sizeof sig);
+    if (n == 0) break;
+    kernels++;
+    CHECK(n <= MLXN_KERNEL_SLOTS, "pipeline %u declares %u slots, more than maxSlots", p, n);
+  }
+  CHECK(kernels > 0 && mlxn_pipeline_get(dev, (const uint8_t *)"debug_fault") != 0, "the scripted backend has every kernel");
+}
+
+/* A failed dispatch reads the same from every backend, and the first error of a command buffer is
+ * the one it reports. */
+static void check_failure_messages(void) {
+  mlxn_dispatch ds[2];
+  memset(ds, 0, sizeof ds);
+  ds[0].name = "add_f32";
+  ds[0].tag = 7;
+  ds[1].name = "rms_norm_f32";
+  ds[1].tag = 9;
+  mlxn_command cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.dispatches = ds;
+  cmd.n_dispatches = 2;
+  mlxn_command_fault(&cmd, 9 + 1);
+  CHECK(cmd.error_code == MLXN_E_EXECUTION, "a fault is an execution error");
+  CHECK(strcmp(cmd.error, "dispatch 1 (tag 9, kernel rms_norm_f32) failed while executing") == 0, "fault: %s",
+        cmd.error);
+  mlxn_command_dispatch_failed(&cmd, 0, "later");
+  CHECK(strcmp(cmd.error, "dispatch 1 (tag 9, kernel rms_norm_f32) failed while executing") == 0,
+        "the first error stays: %s", cmd.error);
+  memset(&cmd.error, 0, sizeof cmd.error);
+  cmd.error_code = 0;
+  mlxn_command_dispatch_failed(&cmd, 0, "a barrier not every thread reaches");
+  CHECK(strcmp(cmd.error, "dispatch 0 (tag 7, kernel add_f32) failed while executing: a barrier not every thread "
+                          "reaches") == 0,
+        "detail: %s", cmd.error);
+  cmd.error_code = 0;
+  mlxn_command_fault(&cmd, 100 + 1);
+  CHECK(strcmp(cmd.error, "dispatch 2 (tag 100, kernel ?) failed while executing") == 0, "unknown tag: %s",
+        cmd.error);
+}
+
 int main(void) {
   mlxn_device *dev = mlxn_device_open(0, 1);
   if (!dev) {
     fprintf(stderr, "FAIL: device open\n");
     return 1;
   }
+  check_default_memory(dev);
+  check_info_and_slots(dev);
+  check_failure_messages();
   mlxn_cmdbuf *cb[6];
   for (int i = 0; i < 6; i++) cb[i] = mlxn_cmdbuf_new(dev);
-  fail_serial = cb[1]->serial;
+  fail_cmd = &cb[1]->cmd;
 
   /* Three committed, none released: two are launched, the first still runs, none completed. */
   for (int i = 0; i < 3; i++) CHECK(mlxn_cmdbuf_commit(cb[i]) == MLXN_OK, "commit %d", i);
@@ -180,8 +238,8 @@ int main(void) {
 
   CHECK(max_in_flight_seen == DEPTH, "at most %d in flight, saw %u", DEPTH, max_in_flight_seen);
   for (uint32_t i = 0; i < 5; i++) {
-    CHECK(launched[i] == cb[i]->serial, "launch %u out of commit order", i);
-    CHECK(completed[i] == cb[i]->serial, "completion %u out of launch order", i);
+    CHECK(launched[i] == &cb[i]->cmd, "launch %u out of commit order", i);
+    CHECK(completed[i] == &cb[i]->cmd, "completion %u out of launch order", i);
   }
   for (int i = 0; i < 6; i++) mlxn_cmdbuf_free(cb[i]);
   if (failures) return 1;
