@@ -24,7 +24,7 @@ enum { SLOT_GRID = 28, SLOT_TAG = 29, SLOT_FAULT = 30 };
 #define KERNEL_MAP_SIZE 512u /* power of two, more than twice the kernel count */
 
 typedef struct kernel_map_entry {
-  const mlxn_cpu_kernel *contract;
+  const mlxn_contract *contract;
   const mlxn_emu_kernel *msl;
   uint32_t allowed; /* [[buffer(n)]] indices the host binds for this contract */
 } kernel_map_entry;
@@ -70,12 +70,12 @@ typedef struct emu_state {
   int check;
 } emu_state;
 
-static uint32_t map_slot(const mlxn_cpu_kernel *k) {
+static uint32_t map_slot(const mlxn_contract *k) {
   uintptr_t p = (uintptr_t)k;
   return (uint32_t)((p >> 4) ^ (p >> 13)) & (KERNEL_MAP_SIZE - 1);
 }
 
-static const kernel_map_entry *map_find(const emu_state *s, const mlxn_cpu_kernel *k) {
+static const kernel_map_entry *map_find(const emu_state *s, const mlxn_contract *k) {
   for (uint32_t i = map_slot(k), n = 0; n < KERNEL_MAP_SIZE; i = (i + 1) & (KERNEL_MAP_SIZE - 1), n++) {
     if (s->map[i].contract == k) return &s->map[i];
     if (s->map[i].contract == NULL) return NULL;
@@ -85,20 +85,19 @@ static const kernel_map_entry *map_find(const emu_state *s, const mlxn_cpu_kerne
 
 /* Pairs every contract of the kernel table with the MSL kernel of the same name. */
 static void map_build(emu_state *s) {
-  for (const mlxn_cpu_kernel *const *fam = mlxn_cpu_kernel_families; *fam; fam++) {
-    for (const mlxn_cpu_kernel *k = *fam; k->name; k++) {
-      const mlxn_emu_kernel *msl = NULL;
-      for (const mlxn_emu_kernel *e = mlxn_emu_kernels; e->name; e++)
-        if (strcmp(e->name, k->name) == 0) msl = e;
-      if (!msl) continue;
-      uint32_t i = map_slot(k);
-      while (s->map[i].contract != NULL) i = (i + 1) & (KERNEL_MAP_SIZE - 1);
-      size_t nsig = strlen(k->signature);
-      s->map[i].contract = k;
-      s->map[i].msl = msl;
-      s->map[i].allowed = (nsig >= 32 ? 0xffffffffu : (1u << nsig) - 1u) | (1u << SLOT_GRID) | (1u << SLOT_TAG) |
-                          (1u << SLOT_FAULT);
-    }
+  const mlxn_contract *k;
+  for (uint32_t id = 0; (k = mlxn_contract_at(id)); id++) {
+    const mlxn_emu_kernel *msl = NULL;
+    for (const mlxn_emu_kernel *e = mlxn_emu_kernels; e->name; e++)
+      if (strcmp(e->name, k->name) == 0) msl = e;
+    if (!msl) continue;
+    uint32_t i = map_slot(k);
+    while (s->map[i].contract != NULL) i = (i + 1) & (KERNEL_MAP_SIZE - 1);
+    size_t nsig = strlen(k->signature);
+    s->map[i].contract = k;
+    s->map[i].msl = msl;
+    s->map[i].allowed = (nsig >= 32 ? 0xffffffffu : (1u << nsig) - 1u) | (1u << SLOT_GRID) | (1u << SLOT_TAG) |
+                        (1u << SLOT_FAULT);
   }
 }
 
@@ -206,8 +205,9 @@ static uint32_t run_concurrent(emu_state *s, mlxn_emu_launch *launches, decoded_
 
 /* ---- binding a dispatch as objc/mlxn_metal.m does -------------------------------------------------- */
 
-static int needs_threadgroup_floats(const char *name) {
-  return strncmp(name, "rms_norm", 8) == 0 || strcmp(name, "softmax_f32") == 0;
+/* Threadgroup memory a kernel reduces through, at least (its contract's rule): f32s per thread. */
+static uint64_t threadgroup_floats_bytes(const mlxn_contract *k, uint64_t threads) {
+  return threads * sizeof(float) * k->tg_floats_per_thread;
 }
 
 /* Fills the launch of a decoded dispatch; returns 0 or writes why the binding is impossible. */
@@ -230,7 +230,7 @@ static int bind_dispatch(emu_state *s, const decoded_dispatch *d, mlxn_emu_launc
            -1;
   }
   uint64_t tgmem = d->args.tg_memory;
-  if (needs_threadgroup_floats(d->kernel->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
+  if (tgmem < threadgroup_floats_bytes(d->kernel, threads)) tgmem = threadgroup_floats_bytes(d->kernel, threads);
   tgmem = (tgmem + 15) & ~(uint64_t)15;
   if (k->tg_slots & ~1u) {
     return snprintf(err, cap, "kernel %s declares [[threadgroup(%d)]]: the host sets threadgroup memory index 0 only",
@@ -505,6 +505,6 @@ int mlxn_backend_host_visible(mlxn_device *dev) {
   return 1;
 }
 
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_contract *k) {
   return map_find(dev->backend, k) != NULL;
 }

@@ -32,9 +32,9 @@ typedef struct metal_state {
   BOOL dispatch_counters;         // MTLCounterSamplingPointAtDispatchBoundary supported
 } metal_state;
 
-// Kernels that reduce through threadgroup memory need blockDim floats of it at least.
-static BOOL needs_threadgroup_floats(const char *name) {
-  return strncmp(name, "rms_norm", 8) == 0 || strcmp(name, "softmax_f32") == 0;
+// Threadgroup memory a kernel reduces through, at least (its contract's rule): f32s per thread.
+static NSUInteger threadgroup_floats_bytes(const mlxn_contract *k, NSUInteger threads) {
+  return threads * sizeof(float) * k->tg_floats_per_thread;
 }
 
 int mlxn_backend_open(mlxn_device *dev, uint32_t threads) {
@@ -133,7 +133,7 @@ int mlxn_backend_host_visible(mlxn_device *dev) {
   return 1;
 }
 
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_contract *k) {
   metal_state *s = dev->backend;
   @autoreleasepool {
     return [s->functions containsObject:[NSString stringWithUTF8String:k->name]] ? 1 : 0;
@@ -199,7 +199,7 @@ static BOOL encode_dispatch(mlxn_device *dev, metal_state *s, id<MTLComputeComma
   [enc setBytes:&d->tag length:sizeof d->tag atIndex:SLOT_TAG];
   [enc setBuffer:s->fault offset:0 atIndex:SLOT_FAULT];
   NSUInteger tgmem = d->args.tg_memory;
-  if (needs_threadgroup_floats(d->kernel->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
+  if (tgmem < threadgroup_floats_bytes(d->kernel, threads)) tgmem = threadgroup_floats_bytes(d->kernel, threads);
   if (tgmem > 0) [enc setThreadgroupMemoryLength:(tgmem + 15) & ~(NSUInteger)15 atIndex:0];
   // The decoder normalised both dispatch kinds to whole threadgroups plus the exact thread grid,
   // which each kernel receives and checks: dispatchThreadgroups covers both.

@@ -65,25 +65,22 @@ __global__ void k_debug_fault(const mlxn_gpu_args *__restrict__ args) {
   else buf<uint32_t>(a, 0)[0] = 1;
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_elementwise_kernels[] = {
-    {"elementwise_add_f32", (const void *)k_binary<T_F32, 0>, 0},
-    {"elementwise_add_f16", (const void *)k_binary<T_F16, 0>, 0},
-    {"elementwise_add_bf16", (const void *)k_binary<T_BF16, 0>, 0},
-    {"elementwise_mul_f32", (const void *)k_binary<T_F32, 1>, 0},
-    {"elementwise_mul_f16", (const void *)k_binary<T_F16, 1>, 0},
-    {"elementwise_mul_bf16", (const void *)k_binary<T_BF16, 1>, 0},
-    {"gelu_f32", (const void *)k_unary<T_F32, 0>, 0},
-    {"gelu_f16", (const void *)k_unary<T_F16, 0>, 0},
-    {"gelu_bf16", (const void *)k_unary<T_BF16, 0>, 0},
-    {"silu_f32", (const void *)k_unary<T_F32, 1>, 0},
-    {"silu_f16", (const void *)k_unary<T_F16, 1>, 0},
-    {"silu_bf16", (const void *)k_unary<T_BF16, 1>, 0},
-    {"silu_mul_f32", (const void *)k_silu_mul<T_F32>, 0},
-    {"silu_mul_f16", (const void *)k_silu_mul<T_F16>, 0},
-    {"silu_mul_bf16", (const void *)k_silu_mul<T_BF16>, 0},
-    {"softcap_f32", (const void *)k_softcap, 0},
-    {"axpby_f32", (const void *)k_axpby, 0},
-    {"strided_copy_f32", (const void *)k_strided_copy, 0},
-    {"debug_fault", (const void *)k_debug_fault, 0},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(elementwise_add_f32, (k_binary<T_F32, 0>));
+MLXN_CUDA_KERNEL(elementwise_add_f16, (k_binary<T_F16, 0>));
+MLXN_CUDA_KERNEL(elementwise_add_bf16, (k_binary<T_BF16, 0>));
+MLXN_CUDA_KERNEL(elementwise_mul_f32, (k_binary<T_F32, 1>));
+MLXN_CUDA_KERNEL(elementwise_mul_f16, (k_binary<T_F16, 1>));
+MLXN_CUDA_KERNEL(elementwise_mul_bf16, (k_binary<T_BF16, 1>));
+MLXN_CUDA_KERNEL(gelu_f32, (k_unary<T_F32, 0>));
+MLXN_CUDA_KERNEL(gelu_f16, (k_unary<T_F16, 0>));
+MLXN_CUDA_KERNEL(gelu_bf16, (k_unary<T_BF16, 0>));
+MLXN_CUDA_KERNEL(silu_f32, (k_unary<T_F32, 1>));
+MLXN_CUDA_KERNEL(silu_f16, (k_unary<T_F16, 1>));
+MLXN_CUDA_KERNEL(silu_bf16, (k_unary<T_BF16, 1>));
+MLXN_CUDA_KERNEL(silu_mul_f32, (k_silu_mul<T_F32>));
+MLXN_CUDA_KERNEL(silu_mul_f16, (k_silu_mul<T_F16>));
+MLXN_CUDA_KERNEL(silu_mul_bf16, (k_silu_mul<T_BF16>));
+MLXN_CUDA_KERNEL(softcap_f32, (k_softcap));
+MLXN_CUDA_KERNEL(axpby_f32, (k_axpby));
+MLXN_CUDA_KERNEL(strided_copy_f32, (k_strided_copy));
+MLXN_CUDA_KERNEL(debug_fault, (k_debug_fault));

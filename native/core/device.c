@@ -392,14 +392,13 @@ int32_t mlxn_buffer_read(mlxn_device *dev, uint32_t handle, uint64_t offset, uin
 /* Pipeline handles number the kernels of all families in table order, from 1. The flat table is
  * built once so that SET_PIPELINE is an array index, not a search. */
 #define MAX_KERNELS 512
-static const mlxn_cpu_kernel *kernel_table[MAX_KERNELS + 1];
+static const mlxn_contract *kernel_table[MAX_KERNELS + 1];
 static mlxn_slot_masks kernel_masks[MAX_KERNELS + 1];
 static uint32_t kernel_count;
 static pthread_once_t kernel_once = PTHREAD_ONCE_INIT;
 
 static void build_kernel_table(void) {
-  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
-    for (const mlxn_cpu_kernel *k = *f; k->name && kernel_count < MAX_KERNELS; k++) {
+  for (const mlxn_contract *k; kernel_count < MAX_KERNELS && (k = mlxn_contract_at(kernel_count));) {
       mlxn_slot_masks *m = &kernel_masks[++kernel_count];
       kernel_table[kernel_count] = k;
       m->nslots = (uint32_t)strlen(k->signature);
@@ -411,14 +410,14 @@ static void build_kernel_table(void) {
     }
 }
 
-const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks) {
+const mlxn_contract *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks) {
   pthread_once(&kernel_once, build_kernel_table);
   if (handle == 0 || handle > kernel_count) return NULL;
   if (masks) *masks = &kernel_masks[handle];
   return kernel_table[handle];
 }
 
-static const mlxn_cpu_kernel *kernel_at(uint32_t handle) { return mlxn_pipeline_kernel(handle, NULL); }
+static const mlxn_contract *kernel_at(uint32_t handle) { return mlxn_pipeline_kernel(handle, NULL); }
 
 uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
   if (!dev || !name) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device or name"), 0;
@@ -429,7 +428,7 @@ uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
 }
 
 uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *buf, uint32_t cap) {
-  const mlxn_cpu_kernel *k = dev ? kernel_at(pipeline) : NULL;
+  const mlxn_contract *k = dev ? kernel_at(pipeline) : NULL;
   return k ? copy_text(k->signature, buf, cap) : 0;
 }
 

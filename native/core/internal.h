@@ -1,6 +1,6 @@
 /* Private structures of the native core, shared by every backend:
  *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors
- *   core/stream.c  command-stream decoder and validation (kernel contracts from kernels/cpu)
+ *   core/stream.c  command-stream decoder and validation (kernel contracts from native/contracts)
  *   core/queue.c   the command queue thread (command buffers run in commit order)
  * A backend (native/cpu, native/cuda) implements the hooks declared at the end: memory, device
  * info, which kernels it runs, and how a decoded command buffer executes. */
@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../kernels/cpu/cpu_kernel.h"
+#include "../contracts/contracts.h"
 #include "../mlxn.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
@@ -43,7 +43,7 @@ typedef struct mlxn_slot_masks {
 /* ---- command buffers -------------------------------------------------------------------------- */
 
 typedef struct decoded_dispatch {
-  const mlxn_cpu_kernel *kernel;
+  const mlxn_contract *kernel;
   mlxn_kargs args;
   uint32_t entry[MLXN_CPU_KERNEL_SLOTS]; /* buffer-table index + 1 of each buffer slot, 0 if none */
   uint32_t tag;
@@ -75,7 +75,7 @@ struct mlxn_cmdbuf {
   uint32_t n_refs, cap_refs;
 
   /* decoder state carried across chunks */
-  const mlxn_cpu_kernel *pipeline;
+  const mlxn_contract *pipeline;
   const mlxn_slot_masks *pipeline_masks;
   uint32_t pipeline_handle;
   uint32_t bound_mask; /* slots bound since the last dispatch */
@@ -197,7 +197,7 @@ static inline void mlxn_cpu_relax(void) {
  * that is about to arrive, before falling back to a condition variable. */
 int mlxn_spin_until(int (*done)(void *), void *arg, uint64_t ns);
 
-const mlxn_cpu_kernel *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks);
+const mlxn_contract *mlxn_pipeline_kernel(uint32_t handle, const mlxn_slot_masks **masks);
 
 /* stream.c */
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
@@ -231,7 +231,7 @@ int32_t mlxn_backend_copy(mlxn_device *dev, uint8_t *mem, uint8_t *host, uint64_
 /* Whether buffer memory is host-addressable (mlxn_buffer_contents returns it). */
 int mlxn_backend_host_visible(mlxn_device *dev);
 /* Whether the backend implements kernel k. */
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k);
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_contract *k);
 /* Executes a decoded command buffer on the queue thread and returns when it is done (backends that
  * set dev->launch use that and dev->complete instead; see struct mlxn_device): sets
  * cb->t_start/t_end, per-dispatch times where available, and cb->error_code/error on failure.

@@ -133,7 +133,7 @@ static const char *op_name(uint32_t op) {
 }
 
 static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, uint32_t off) {
-  const mlxn_cpu_kernel *k = cb->pipeline;
+  const mlxn_contract *k = cb->pipeline;
   if (!k) FAIL(MLXN_E_STREAM, "dispatch before any SET_PIPELINE");
   uint32_t g[3], t[3];
   for (int i = 0; i < 3; i++) {
@@ -335,7 +335,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
         uint32_t handle = word(r + 4);
         if (handle == cb->pipeline_handle && cb->pipeline) break;
         const mlxn_slot_masks *masks = NULL;
-        const mlxn_cpu_kernel *k = mlxn_pipeline_kernel(handle, &masks);
+        const mlxn_contract *k = mlxn_pipeline_kernel(handle, &masks);
         if (!k || !mlxn_backend_has_kernel(dev, k)) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
         cb->pipeline = k;
         cb->pipeline_masks = masks;

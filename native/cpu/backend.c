@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../kernels/cpu/cpu_kernel.h"
 #include "../core/internal.h"
 
 #define SPIN_NS 50000u /* how long an idle helper polls before it sleeps */
@@ -75,7 +76,7 @@ static void work_on(group_job *job, void *scratch) {
         uint64_t rest = local / a->groups[0];
         uint32_t gy = (uint32_t)(rest % a->groups[1]);
         uint32_t gz = (uint32_t)(rest / a->groups[1]);
-        if (d->kernel->run(a, gx, gy, gz, scratch) != 0) {
+        if (mlxn_cpu_runs[d->kernel->id](a, gx, gy, gz, scratch) != 0) {
           int expected = 0;
           atomic_compare_exchange_strong(&job->failed, &expected, (int)di + 1);
         }
@@ -275,7 +276,7 @@ int mlxn_backend_host_visible(mlxn_device *dev) {
   return 1;
 }
 
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_contract *k) {
   (void)dev;
-  return k->run != NULL;
+  return mlxn_cpu_runs[k->id] != NULL;
 }

@@ -77,7 +77,7 @@ int mlxn_backend_host_visible(mlxn_device *dev) {
   return 0;
 }
 
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_contract *k) {
   (void)dev;
   return mlxn_cuda_has_kernel(k->name);
 }

@@ -10,8 +10,8 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { attentionContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkFinite,
@@ -23,37 +23,8 @@ import {
   groupsDescriptor,
 } from "./common.ts";
 
-const R = "read" as const, W = "write" as const;
-const qkvo = (params: string, size: number): KernelContract["slots"] => [
-  { name: "q", kind: "buffer", access: R },
-  { name: "k", kind: "buffer", access: R },
-  { name: "v", kind: "buffer", access: R },
-  { name: "out", kind: "buffer", access: W },
-  { name: params, kind: "bytes", size },
-];
-
-/** Contracts of this family. */
-export const attentionContracts: readonly KernelContract[] = [
-  ...["f32", "bf16"].map((t): KernelContract => ({
-    name: `sdpa_${t}`,
-    opKind: CapturedOpKind.Sdpa,
-    slots: qkvo("params{n_heads,n_kv_heads,head_dim,seq,kv_seq,scale,kv_capacity}", 28),
-  })),
-  ...["f32", "f16"].map((t): KernelContract => ({
-    name: `flash_attn_vec_${t}`,
-    opKind: CapturedOpKind.Sdpa,
-    slots: qkvo("params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg}", 40),
-  })),
-  {
-    name: "flash_attn_vec_reduce",
-    opKind: CapturedOpKind.Sdpa,
-    slots: [
-      { name: "tmp", kind: "buffer", access: R },
-      { name: "out", kind: "buffer", access: W },
-      { name: "params{n_heads,head_dim,nwg}", kind: "bytes", size: 12 },
-    ],
-  },
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { attentionContracts };
 registerContracts(attentionContracts);
 
 const SDPA_F32 = kernelRef("sdpa_f32"), SDPA_BF16 = kernelRef("sdpa_bf16");

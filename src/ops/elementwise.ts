@@ -8,8 +8,8 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { elementwiseContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkFinite,
@@ -26,81 +26,10 @@ import {
   threadsDescriptor,
 } from "./common.ts";
 
-const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
-
 type BinaryOp = "add" | "mul" | "silu_mul";
-const binaryKernel = (op: BinaryOp) => op === "silu_mul" ? op : `elementwise_${op}`;
 
-function binaryContract(op: BinaryOp, dtype: string): KernelContract {
-  return {
-    name: `${binaryKernel(op)}_${dtype}`,
-    // silu_mul is not an ElemMul: the fusion pass must never take it for the MUL of RMSNorm→MUL.
-    opKind: op === "add" ? CapturedOpKind.ElemAdd : op === "mul" ? CapturedOpKind.ElemMul : CapturedOpKind.Activation,
-    slots: [
-      { name: "a", kind: "buffer", access: "read" },
-      { name: "b", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-      { name: "params{n:u32}", kind: "bytes", size: 4 },
-    ],
-  };
-}
-
-/** A one-input activation: `out[i] = f(in[i])` over the whole output buffer. */
-function activationContract(name: string): KernelContract {
-  return {
-    name,
-    opKind: CapturedOpKind.Activation,
-    slots: [
-      { name: "in", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-    ],
-  };
-}
-
-/** Contracts of this family. */
-export const elementwiseContracts: readonly KernelContract[] = [
-  ...FLOATS.map((t) => binaryContract("add", t)),
-  ...FLOATS.map((t) => binaryContract("mul", t)),
-  ...FLOATS.map((t) => activationContract(`gelu_${t}`)),
-  {
-    name: "softcap_f32",
-    opKind: CapturedOpKind.Activation,
-    slots: [
-      { name: "in", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-      { name: "params{cap:f32,n:u32}", kind: "bytes", size: 8 },
-    ],
-  },
-  ...FLOATS.map((t) => activationContract(`silu_${t}`)),
-  ...FLOATS.map((t) => binaryContract("silu_mul", t)),
-  {
-    name: "strided_copy_f32",
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "src", kind: "buffer", access: "read" },
-      { name: "dst", kind: "buffer", access: "write" },
-      { name: "params{rows,cols,src_stride,dst_stride}", kind: "bytes", size: 16 },
-    ],
-  },
-  {
-    name: "debug_fault",
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "marker", kind: "buffer", access: "write" },
-      { name: "params{fail:u32}", kind: "bytes", size: 4 },
-    ],
-  },
-  {
-    name: "axpby_f32",
-    opKind: CapturedOpKind.ElemAdd,
-    slots: [
-      { name: "a", kind: "buffer", access: "read" },
-      { name: "b", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-      { name: "params{alpha:f32,beta:f32,n:u32,pad:u32}", kind: "bytes", size: 16 },
-    ],
-  },
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { elementwiseContracts };
 registerContracts(elementwiseContracts);
 
 /** Kernel references by op and dtype, made once. */

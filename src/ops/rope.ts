@@ -11,8 +11,8 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { ropeContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkPositive,
@@ -24,31 +24,8 @@ import {
   threadsDescriptor,
 } from "./common.ts";
 
-/** Contracts of this family. */
-export const ropeContracts: readonly KernelContract[] = [
-  {
-    name: "rope_f32",
-    opKind: CapturedOpKind.Rope,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      { name: "params{theta:f32,head_dim:u32,seq_len:u32}", kind: "bytes", size: 12 },
-      { name: "positions", kind: "buffer", access: "read" },
-    ],
-  },
-  ...["rope_neox_f32", "rope_norm_f32"].map((name): KernelContract => ({
-    name,
-    opKind: CapturedOpKind.Rope,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      { name: "params{theta:f32,head_dim:u32,rope_dim:u32}", kind: "bytes", size: 12 },
-      { name: "positions", kind: "buffer", access: "read" },
-      { name: "params{n_heads,has_freq_factors,out_head_stride,out_token_stride}", kind: "bytes", size: 16 },
-      { name: "freq_factors", kind: "buffer", access: "read", optional: true },
-    ],
-  })),
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { ropeContracts };
 registerContracts(ropeContracts);
 
 const ROPE = kernelRef("rope_f32"), ROPE_NEOX = kernelRef("rope_neox_f32"), ROPE_NORM = kernelRef("rope_norm_f32");

@@ -93,7 +93,7 @@ int mlxn_backend_host_visible(mlxn_device *dev) {
   (void)dev;
   return 1;
 }
-int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_cpu_kernel *k) {
+int mlxn_backend_has_kernel(mlxn_device *dev, const mlxn_contract *k) {
   (void)dev;
   (void)k;
   return 1;

@@ -1,25 +1,8 @@
-/* The CPU kernel table: every family's kernels, concatenated once at first use. */
+/* The out-of-line parts of the validator checks (kernel_args.h): formatting the reasons. */
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "cpu_kernel.h"
-
-extern const mlxn_cpu_kernel mlxn_cpu_elementwise_kernels[];
-extern const mlxn_cpu_kernel mlxn_cpu_norm_kernels[];
-extern const mlxn_cpu_kernel mlxn_cpu_rope_kernels[];
-extern const mlxn_cpu_kernel mlxn_cpu_matmul_kernels[];
-extern const mlxn_cpu_kernel mlxn_cpu_attention_kernels[];
-extern const mlxn_cpu_kernel mlxn_cpu_sample_kernels[];
-
-const mlxn_cpu_kernel *const mlxn_cpu_kernel_families[] = {
-    mlxn_cpu_elementwise_kernels,
-    mlxn_cpu_norm_kernels,
-    mlxn_cpu_rope_kernels,
-    mlxn_cpu_matmul_kernels,
-    mlxn_cpu_attention_kernels,
-    mlxn_cpu_sample_kernels,
-    0,
-};
+#include "kernel_args.h"
 
 int mlxn_kfail(char *err, size_t cap, const char *fmt, ...) {
   va_list ap;
@@ -40,7 +23,7 @@ int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, 
 }
 
 int mlxn_need_align_fail(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap) {
-  for (int slot = 0; slot < MLXN_CPU_KERNEL_SLOTS; slot++)
+  for (int slot = 0; slot < MLXN_KERNEL_SLOTS; slot++)
     if ((mask >> slot) & 1u && a->ptr[slot] && (uintptr_t)a->ptr[slot] % align)
       return mlxn_kfail(err, cap,
                         "slot %d: the bound range starts at an offset that is not a multiple of %u bytes (the "
