@@ -35,6 +35,7 @@ function checkSpecs(): Map<string, ParamLayout> {
     if (names.has(k.name)) throw new Error(`kernel '${k.name}' is described twice`);
     names.add(k.name);
     if (k.slots.length > 12) throw new Error(`kernel '${k.name}' has ${k.slots.length} slots; at most 12`);
+    if (k.validator === "generated") elementsRule(k); // throws when the rule cannot be derived
     if (k.tgFloatsPerThread !== 0 && k.geometry !== "rows") {
       throw new Error(`kernel '${k.name}': threadgroup floats per thread are only derived for row geometry`);
     }
@@ -112,6 +113,34 @@ function tsContract(k: KernelSpec): KernelContract {
 
 // ---- C -------------------------------------------------------------------------------------------------
 
+const DTYPE_BYTES: Readonly<Record<string, number>> = { f32: 4, f16: 2, bf16: 2, u32: 4 };
+
+/** The generated element-wise validator's rule of kernel k, as a C initializer. */
+function elementsRule(k: KernelSpec): string {
+  const fail = (why: string): never => {
+    throw new Error(`kernel '${k.name}': a generated validator ${why}`);
+  };
+  if (k.geometry !== "elements") fail("needs geometry 'elements'");
+  const params = k.slots.flatMap((s, i) => isBytes(s) ? [[i, s.params] as const] : []);
+  if (params.length !== 1) fail("needs exactly one parameter block");
+  const [pslot, layout] = params[0]!;
+  const nField = layout.fields.findIndex(([f, t]) => f === "n" && t === "u32");
+  if (nField < 0) fail("needs a u32 field `n` in its parameter block");
+  let inputs = 0, outputs = 0;
+  const sizes: number[] = [];
+  k.slots.forEach((s, i) => {
+    if (isBytes(s)) return sizes.push(0);
+    const bytes = DTYPE_BYTES[s.dtype];
+    if (bytes === undefined || s.optional) fail(`takes only required f32/f16/bf16/u32 buffers (slot ${s.name})`);
+    sizes.push(bytes!);
+    if (s.access === "read") inputs |= 1 << i;
+    else outputs |= 1 << i;
+  });
+  return `{${pslot}, ${4 * layout.fields.length}, ${4 * nField}, 0x${inputs.toString(16)}u, 0x${
+    outputs.toString(16)
+  }u, {${sizes.join(", ")}}}`;
+}
+
 function cHeader(layouts: Map<string, ParamLayout>): string {
   const out = [`/* ${HEADER} */`, "#ifndef MLXN_CONTRACTS_GEN_H", "#define MLXN_CONTRACTS_GEN_H", ""];
   out.push('#include "kernel_args.h"', "");
@@ -128,13 +157,22 @@ function cHeader(layouts: Map<string, ParamLayout>): string {
     out.push(`} mlxn_params_${p.name};`);
     out.push(`#define MLXN_PARAMS_${n}_BYTES ${4 * p.fields.length}u`);
     p.fields.forEach(([f], i) => out.push(`#define MLXN_PARAMS_${n}_${upper(f)} ${4 * i}u`));
-    out.push(`_Static_assert(sizeof(mlxn_params_${p.name}) == MLXN_PARAMS_${n}_BYTES, "packed 4-byte fields");`);
+    out.push(`MLXN_STATIC_ASSERT(sizeof(mlxn_params_${p.name}) == MLXN_PARAMS_${n}_BYTES, "packed 4-byte fields");`);
     out.push(`static inline mlxn_params_${p.name} mlxn_params_${p.name}_of(const mlxn_kargs *a, int slot) {`);
     out.push(`  mlxn_params_${p.name} p;`);
     out.push(`  __builtin_memcpy(&p, a->ptr[slot], sizeof p);`);
     out.push("  return p;", "}", "");
   }
-  out.push("/* Each kernel's validator (native/contracts/<family>.c). */");
+  out.push(
+    "/* Each kernel's slots: MLXN_SLOT_<KERNEL>_<SLOT> (a parameter block's slot is named after its layout). */",
+  );
+  for (const k of kernels) {
+    k.slots.forEach((s, i) =>
+      out.push(`#define MLXN_SLOT_${upper(k.name)}_${upper(isBytes(s) ? s.params.name : s.name)} ${i}`)
+    );
+  }
+  out.push("");
+  out.push("/* Each kernel's validator (native/contracts/<family>.c, or generated in contracts.gen.c). */");
   for (const k of kernels) out.push(`int mlxn_validate_${k.name}(const mlxn_kargs *a, char *err, size_t cap);`);
   out.push("", "#endif");
   return out.join("\n") + "\n";
@@ -142,6 +180,13 @@ function cHeader(layouts: Map<string, ParamLayout>): string {
 
 function cTable(): string {
   const out = [`/* ${HEADER} */`, '#include "contracts.h"', ""];
+  const generated = kernels.filter((k) => k.validator === "generated");
+  if (generated.length > 0) out.push("/* Validators derived from the descriptions (mlxn_validate_elements). */");
+  for (const k of generated) {
+    out.push(`int mlxn_validate_${k.name}(const mlxn_kargs *a, char *err, size_t cap) {`);
+    out.push(`  static const mlxn_elements_rule rule = ${elementsRule(k)};`);
+    out.push("  return mlxn_validate_elements(a, &rule, err, cap);", "}", "");
+  }
   out.push("static const mlxn_contract contracts[MLXN_KERNEL_COUNT] = {");
   for (const k of kernels) {
     out.push(

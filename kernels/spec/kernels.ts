@@ -72,6 +72,13 @@ export interface KernelSpec {
   readonly tgFloatsPerThread: number;
   /** Dispatch geometry. */
   readonly geometry: Geometry;
+  /**
+   * `generated`: the generator writes the validator (geometry "elements" only): the one parameter block
+   * has a field `n`, the grid has at least n threads, every buffer holds n elements of its dtype at an
+   * aligned offset, and each output is in place of or disjoint from each input. Otherwise the validator
+   * is hand-written: mlxn_validate_<name> in native/contracts/<family>.c.
+   */
+  readonly validator?: "generated";
 }
 
 const layout = (name: string, ...fields: string[]): ParamLayout => ({

@@ -93,7 +93,7 @@ typedef struct mlxn_params_n {
 } mlxn_params_n;
 #define MLXN_PARAMS_N_BYTES 4u
 #define MLXN_PARAMS_N_N 0u
-_Static_assert(sizeof(mlxn_params_n) == MLXN_PARAMS_N_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_n) == MLXN_PARAMS_N_BYTES, "packed 4-byte fields");
 static inline mlxn_params_n mlxn_params_n_of(const mlxn_kargs *a, int slot) {
   mlxn_params_n p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -107,7 +107,7 @@ typedef struct mlxn_params_softcap {
 #define MLXN_PARAMS_SOFTCAP_BYTES 8u
 #define MLXN_PARAMS_SOFTCAP_CAP 0u
 #define MLXN_PARAMS_SOFTCAP_N 4u
-_Static_assert(sizeof(mlxn_params_softcap) == MLXN_PARAMS_SOFTCAP_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_softcap) == MLXN_PARAMS_SOFTCAP_BYTES, "packed 4-byte fields");
 static inline mlxn_params_softcap mlxn_params_softcap_of(const mlxn_kargs *a, int slot) {
   mlxn_params_softcap p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -125,7 +125,7 @@ typedef struct mlxn_params_axpby {
 #define MLXN_PARAMS_AXPBY_BETA 4u
 #define MLXN_PARAMS_AXPBY_N 8u
 #define MLXN_PARAMS_AXPBY_PAD 12u
-_Static_assert(sizeof(mlxn_params_axpby) == MLXN_PARAMS_AXPBY_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_axpby) == MLXN_PARAMS_AXPBY_BYTES, "packed 4-byte fields");
 static inline mlxn_params_axpby mlxn_params_axpby_of(const mlxn_kargs *a, int slot) {
   mlxn_params_axpby p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -143,7 +143,7 @@ typedef struct mlxn_params_strided_copy {
 #define MLXN_PARAMS_STRIDED_COPY_COLS 4u
 #define MLXN_PARAMS_STRIDED_COPY_SRC_STRIDE 8u
 #define MLXN_PARAMS_STRIDED_COPY_DST_STRIDE 12u
-_Static_assert(sizeof(mlxn_params_strided_copy) == MLXN_PARAMS_STRIDED_COPY_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_strided_copy) == MLXN_PARAMS_STRIDED_COPY_BYTES, "packed 4-byte fields");
 static inline mlxn_params_strided_copy mlxn_params_strided_copy_of(const mlxn_kargs *a, int slot) {
   mlxn_params_strided_copy p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -155,7 +155,7 @@ typedef struct mlxn_params_debug_fault {
 } mlxn_params_debug_fault;
 #define MLXN_PARAMS_DEBUG_FAULT_BYTES 4u
 #define MLXN_PARAMS_DEBUG_FAULT_FAIL 0u
-_Static_assert(sizeof(mlxn_params_debug_fault) == MLXN_PARAMS_DEBUG_FAULT_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_debug_fault) == MLXN_PARAMS_DEBUG_FAULT_BYTES, "packed 4-byte fields");
 static inline mlxn_params_debug_fault mlxn_params_debug_fault_of(const mlxn_kargs *a, int slot) {
   mlxn_params_debug_fault p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -169,7 +169,7 @@ typedef struct mlxn_params_norm {
 #define MLXN_PARAMS_NORM_BYTES 8u
 #define MLXN_PARAMS_NORM_EPS 0u
 #define MLXN_PARAMS_NORM_DIM 4u
-_Static_assert(sizeof(mlxn_params_norm) == MLXN_PARAMS_NORM_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_norm) == MLXN_PARAMS_NORM_BYTES, "packed 4-byte fields");
 static inline mlxn_params_norm mlxn_params_norm_of(const mlxn_kargs *a, int slot) {
   mlxn_params_norm p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -181,7 +181,7 @@ typedef struct mlxn_params_softmax {
 } mlxn_params_softmax;
 #define MLXN_PARAMS_SOFTMAX_BYTES 4u
 #define MLXN_PARAMS_SOFTMAX_COLS 0u
-_Static_assert(sizeof(mlxn_params_softmax) == MLXN_PARAMS_SOFTMAX_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_softmax) == MLXN_PARAMS_SOFTMAX_BYTES, "packed 4-byte fields");
 static inline mlxn_params_softmax mlxn_params_softmax_of(const mlxn_kargs *a, int slot) {
   mlxn_params_softmax p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -197,7 +197,7 @@ typedef struct mlxn_params_rope {
 #define MLXN_PARAMS_ROPE_THETA 0u
 #define MLXN_PARAMS_ROPE_HEAD_DIM 4u
 #define MLXN_PARAMS_ROPE_SEQ_LEN 8u
-_Static_assert(sizeof(mlxn_params_rope) == MLXN_PARAMS_ROPE_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope) == MLXN_PARAMS_ROPE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope mlxn_params_rope_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -213,7 +213,7 @@ typedef struct mlxn_params_rope_heads {
 #define MLXN_PARAMS_ROPE_HEADS_THETA 0u
 #define MLXN_PARAMS_ROPE_HEADS_HEAD_DIM 4u
 #define MLXN_PARAMS_ROPE_HEADS_ROPE_DIM 8u
-_Static_assert(sizeof(mlxn_params_rope_heads) == MLXN_PARAMS_ROPE_HEADS_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope_heads) == MLXN_PARAMS_ROPE_HEADS_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope_heads mlxn_params_rope_heads_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope_heads p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -231,7 +231,7 @@ typedef struct mlxn_params_rope_layout {
 #define MLXN_PARAMS_ROPE_LAYOUT_HAS_FREQ_FACTORS 4u
 #define MLXN_PARAMS_ROPE_LAYOUT_OUT_HEAD_STRIDE 8u
 #define MLXN_PARAMS_ROPE_LAYOUT_OUT_TOKEN_STRIDE 12u
-_Static_assert(sizeof(mlxn_params_rope_layout) == MLXN_PARAMS_ROPE_LAYOUT_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope_layout) == MLXN_PARAMS_ROPE_LAYOUT_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope_layout mlxn_params_rope_layout_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope_layout p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -249,7 +249,7 @@ typedef struct mlxn_params_dense {
 #define MLXN_PARAMS_DENSE_N 4u
 #define MLXN_PARAMS_DENSE_K 8u
 #define MLXN_PARAMS_DENSE_MODE 12u
-_Static_assert(sizeof(mlxn_params_dense) == MLXN_PARAMS_DENSE_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_dense) == MLXN_PARAMS_DENSE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_dense mlxn_params_dense_of(const mlxn_kargs *a, int slot) {
   mlxn_params_dense p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -269,7 +269,7 @@ typedef struct mlxn_params_affine {
 #define MLXN_PARAMS_AFFINE_K 8u
 #define MLXN_PARAMS_AFFINE_BITS 12u
 #define MLXN_PARAMS_AFFINE_GROUP_SIZE 16u
-_Static_assert(sizeof(mlxn_params_affine) == MLXN_PARAMS_AFFINE_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_affine) == MLXN_PARAMS_AFFINE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_affine mlxn_params_affine_of(const mlxn_kargs *a, int slot) {
   mlxn_params_affine p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -291,7 +291,7 @@ typedef struct mlxn_params_affine_general {
 #define MLXN_PARAMS_AFFINE_GENERAL_BITS 12u
 #define MLXN_PARAMS_AFFINE_GENERAL_GROUP_SIZE 16u
 #define MLXN_PARAMS_AFFINE_GENERAL_SCALE_TYPE 20u
-_Static_assert(sizeof(mlxn_params_affine_general) == MLXN_PARAMS_AFFINE_GENERAL_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_affine_general) == MLXN_PARAMS_AFFINE_GENERAL_BYTES, "packed 4-byte fields");
 static inline mlxn_params_affine_general mlxn_params_affine_general_of(const mlxn_kargs *a, int slot) {
   mlxn_params_affine_general p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -317,7 +317,7 @@ typedef struct mlxn_params_affine_gather {
 #define MLXN_PARAMS_AFFINE_GATHER_BITS 20u
 #define MLXN_PARAMS_AFFINE_GATHER_GROUP_SIZE 24u
 #define MLXN_PARAMS_AFFINE_GATHER_SCALE_TYPE 28u
-_Static_assert(sizeof(mlxn_params_affine_gather) == MLXN_PARAMS_AFFINE_GATHER_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_affine_gather) == MLXN_PARAMS_AFFINE_GATHER_BYTES, "packed 4-byte fields");
 static inline mlxn_params_affine_gather mlxn_params_affine_gather_of(const mlxn_kargs *a, int slot) {
   mlxn_params_affine_gather p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -333,7 +333,7 @@ typedef struct mlxn_params_ggml {
 #define MLXN_PARAMS_GGML_M 0u
 #define MLXN_PARAMS_GGML_N 4u
 #define MLXN_PARAMS_GGML_K 8u
-_Static_assert(sizeof(mlxn_params_ggml) == MLXN_PARAMS_GGML_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_ggml) == MLXN_PARAMS_GGML_BYTES, "packed 4-byte fields");
 static inline mlxn_params_ggml mlxn_params_ggml_of(const mlxn_kargs *a, int slot) {
   mlxn_params_ggml p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -353,7 +353,7 @@ typedef struct mlxn_params_ggml_id {
 #define MLXN_PARAMS_GGML_ID_K 8u
 #define MLXN_PARAMS_GGML_ID_TOP_K 12u
 #define MLXN_PARAMS_GGML_ID_N_EXPERTS 16u
-_Static_assert(sizeof(mlxn_params_ggml_id) == MLXN_PARAMS_GGML_ID_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_ggml_id) == MLXN_PARAMS_GGML_ID_BYTES, "packed 4-byte fields");
 static inline mlxn_params_ggml_id mlxn_params_ggml_id_of(const mlxn_kargs *a, int slot) {
   mlxn_params_ggml_id p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -377,7 +377,7 @@ typedef struct mlxn_params_sdpa {
 #define MLXN_PARAMS_SDPA_KV_SEQ 16u
 #define MLXN_PARAMS_SDPA_SCALE 20u
 #define MLXN_PARAMS_SDPA_KV_CAPACITY 24u
-_Static_assert(sizeof(mlxn_params_sdpa) == MLXN_PARAMS_SDPA_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_sdpa) == MLXN_PARAMS_SDPA_BYTES, "packed 4-byte fields");
 static inline mlxn_params_sdpa mlxn_params_sdpa_of(const mlxn_kargs *a, int slot) {
   mlxn_params_sdpa p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -407,7 +407,7 @@ typedef struct mlxn_params_flash {
 #define MLXN_PARAMS_FLASH_WINDOW 28u
 #define MLXN_PARAMS_FLASH_SOFTCAP 32u
 #define MLXN_PARAMS_FLASH_NWG 36u
-_Static_assert(sizeof(mlxn_params_flash) == MLXN_PARAMS_FLASH_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_flash) == MLXN_PARAMS_FLASH_BYTES, "packed 4-byte fields");
 static inline mlxn_params_flash mlxn_params_flash_of(const mlxn_kargs *a, int slot) {
   mlxn_params_flash p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -423,7 +423,7 @@ typedef struct mlxn_params_flash_reduce {
 #define MLXN_PARAMS_FLASH_REDUCE_N_HEADS 0u
 #define MLXN_PARAMS_FLASH_REDUCE_HEAD_DIM 4u
 #define MLXN_PARAMS_FLASH_REDUCE_NWG 8u
-_Static_assert(sizeof(mlxn_params_flash_reduce) == MLXN_PARAMS_FLASH_REDUCE_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_flash_reduce) == MLXN_PARAMS_FLASH_REDUCE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_flash_reduce mlxn_params_flash_reduce_of(const mlxn_kargs *a, int slot) {
   mlxn_params_flash_reduce p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -441,7 +441,7 @@ typedef struct mlxn_params_argmax {
 #define MLXN_PARAMS_ARGMAX_ROWS 4u
 #define MLXN_PARAMS_ARGMAX_RING 8u
 #define MLXN_PARAMS_ARGMAX_HAS_CURSOR 12u
-_Static_assert(sizeof(mlxn_params_argmax) == MLXN_PARAMS_ARGMAX_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_argmax) == MLXN_PARAMS_ARGMAX_BYTES, "packed 4-byte fields");
 static inline mlxn_params_argmax mlxn_params_argmax_of(const mlxn_kargs *a, int slot) {
   mlxn_params_argmax p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -471,7 +471,7 @@ typedef struct mlxn_params_sample {
 #define MLXN_PARAMS_SAMPLE_SEED_LO 28u
 #define MLXN_PARAMS_SAMPLE_SEED_HI 32u
 #define MLXN_PARAMS_SAMPLE_COUNTER 36u
-_Static_assert(sizeof(mlxn_params_sample) == MLXN_PARAMS_SAMPLE_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_sample) == MLXN_PARAMS_SAMPLE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_sample mlxn_params_sample_of(const mlxn_kargs *a, int slot) {
   mlxn_params_sample p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
@@ -491,14 +491,346 @@ typedef struct mlxn_params_gather {
 #define MLXN_PARAMS_GATHER_VOCAB 8u
 #define MLXN_PARAMS_GATHER_RING 12u
 #define MLXN_PARAMS_GATHER_HAS_CURSOR 16u
-_Static_assert(sizeof(mlxn_params_gather) == MLXN_PARAMS_GATHER_BYTES, "packed 4-byte fields");
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_gather) == MLXN_PARAMS_GATHER_BYTES, "packed 4-byte fields");
 static inline mlxn_params_gather mlxn_params_gather_of(const mlxn_kargs *a, int slot) {
   mlxn_params_gather p;
   __builtin_memcpy(&p, a->ptr[slot], sizeof p);
   return p;
 }
 
-/* Each kernel's validator (native/contracts/<family>.c). */
+/* Each kernel's slots: MLXN_SLOT_<KERNEL>_<SLOT> (a parameter block's slot is named after its layout). */
+#define MLXN_SLOT_ELEMENTWISE_ADD_F32_A 0
+#define MLXN_SLOT_ELEMENTWISE_ADD_F32_B 1
+#define MLXN_SLOT_ELEMENTWISE_ADD_F32_OUT 2
+#define MLXN_SLOT_ELEMENTWISE_ADD_F32_N 3
+#define MLXN_SLOT_ELEMENTWISE_ADD_F16_A 0
+#define MLXN_SLOT_ELEMENTWISE_ADD_F16_B 1
+#define MLXN_SLOT_ELEMENTWISE_ADD_F16_OUT 2
+#define MLXN_SLOT_ELEMENTWISE_ADD_F16_N 3
+#define MLXN_SLOT_ELEMENTWISE_ADD_BF16_A 0
+#define MLXN_SLOT_ELEMENTWISE_ADD_BF16_B 1
+#define MLXN_SLOT_ELEMENTWISE_ADD_BF16_OUT 2
+#define MLXN_SLOT_ELEMENTWISE_ADD_BF16_N 3
+#define MLXN_SLOT_ELEMENTWISE_MUL_F32_A 0
+#define MLXN_SLOT_ELEMENTWISE_MUL_F32_B 1
+#define MLXN_SLOT_ELEMENTWISE_MUL_F32_OUT 2
+#define MLXN_SLOT_ELEMENTWISE_MUL_F32_N 3
+#define MLXN_SLOT_ELEMENTWISE_MUL_F16_A 0
+#define MLXN_SLOT_ELEMENTWISE_MUL_F16_B 1
+#define MLXN_SLOT_ELEMENTWISE_MUL_F16_OUT 2
+#define MLXN_SLOT_ELEMENTWISE_MUL_F16_N 3
+#define MLXN_SLOT_ELEMENTWISE_MUL_BF16_A 0
+#define MLXN_SLOT_ELEMENTWISE_MUL_BF16_B 1
+#define MLXN_SLOT_ELEMENTWISE_MUL_BF16_OUT 2
+#define MLXN_SLOT_ELEMENTWISE_MUL_BF16_N 3
+#define MLXN_SLOT_GELU_F32_IN 0
+#define MLXN_SLOT_GELU_F32_OUT 1
+#define MLXN_SLOT_GELU_F16_IN 0
+#define MLXN_SLOT_GELU_F16_OUT 1
+#define MLXN_SLOT_GELU_BF16_IN 0
+#define MLXN_SLOT_GELU_BF16_OUT 1
+#define MLXN_SLOT_SOFTCAP_F32_IN 0
+#define MLXN_SLOT_SOFTCAP_F32_OUT 1
+#define MLXN_SLOT_SOFTCAP_F32_SOFTCAP 2
+#define MLXN_SLOT_AXPBY_F32_A 0
+#define MLXN_SLOT_AXPBY_F32_B 1
+#define MLXN_SLOT_AXPBY_F32_OUT 2
+#define MLXN_SLOT_AXPBY_F32_AXPBY 3
+#define MLXN_SLOT_SILU_F32_IN 0
+#define MLXN_SLOT_SILU_F32_OUT 1
+#define MLXN_SLOT_SILU_F16_IN 0
+#define MLXN_SLOT_SILU_F16_OUT 1
+#define MLXN_SLOT_SILU_BF16_IN 0
+#define MLXN_SLOT_SILU_BF16_OUT 1
+#define MLXN_SLOT_SILU_MUL_F32_A 0
+#define MLXN_SLOT_SILU_MUL_F32_B 1
+#define MLXN_SLOT_SILU_MUL_F32_OUT 2
+#define MLXN_SLOT_SILU_MUL_F32_N 3
+#define MLXN_SLOT_SILU_MUL_F16_A 0
+#define MLXN_SLOT_SILU_MUL_F16_B 1
+#define MLXN_SLOT_SILU_MUL_F16_OUT 2
+#define MLXN_SLOT_SILU_MUL_F16_N 3
+#define MLXN_SLOT_SILU_MUL_BF16_A 0
+#define MLXN_SLOT_SILU_MUL_BF16_B 1
+#define MLXN_SLOT_SILU_MUL_BF16_OUT 2
+#define MLXN_SLOT_SILU_MUL_BF16_N 3
+#define MLXN_SLOT_STRIDED_COPY_F32_SRC 0
+#define MLXN_SLOT_STRIDED_COPY_F32_DST 1
+#define MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY 2
+#define MLXN_SLOT_DEBUG_FAULT_MARKER 0
+#define MLXN_SLOT_DEBUG_FAULT_DEBUG_FAULT 1
+#define MLXN_SLOT_RMS_NORM_F32_INPUT 0
+#define MLXN_SLOT_RMS_NORM_F32_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_F32_OUTPUT 2
+#define MLXN_SLOT_RMS_NORM_F32_NORM 3
+#define MLXN_SLOT_RMS_NORM_F16_INPUT 0
+#define MLXN_SLOT_RMS_NORM_F16_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_F16_OUTPUT 2
+#define MLXN_SLOT_RMS_NORM_F16_NORM 3
+#define MLXN_SLOT_RMS_NORM_BF16_INPUT 0
+#define MLXN_SLOT_RMS_NORM_BF16_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_BF16_OUTPUT 2
+#define MLXN_SLOT_RMS_NORM_BF16_NORM 3
+#define MLXN_SLOT_RMS_NORM_MUL_F32_INPUT 0
+#define MLXN_SLOT_RMS_NORM_MUL_F32_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_MUL_F32_SCALE 2
+#define MLXN_SLOT_RMS_NORM_MUL_F32_OUTPUT 3
+#define MLXN_SLOT_RMS_NORM_MUL_F32_NORM 4
+#define MLXN_SLOT_RMS_NORM_MUL_F16_INPUT 0
+#define MLXN_SLOT_RMS_NORM_MUL_F16_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_MUL_F16_SCALE 2
+#define MLXN_SLOT_RMS_NORM_MUL_F16_OUTPUT 3
+#define MLXN_SLOT_RMS_NORM_MUL_F16_NORM 4
+#define MLXN_SLOT_RMS_NORM_MUL_BF16_INPUT 0
+#define MLXN_SLOT_RMS_NORM_MUL_BF16_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_MUL_BF16_SCALE 2
+#define MLXN_SLOT_RMS_NORM_MUL_BF16_OUTPUT 3
+#define MLXN_SLOT_RMS_NORM_MUL_BF16_NORM 4
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F32_INPUT 0
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F32_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F32_SCALE 2
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F32_RESIDUAL 3
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F32_OUTPUT 4
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM 5
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F16_INPUT 0
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F16_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F16_SCALE 2
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F16_RESIDUAL 3
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F16_OUTPUT 4
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_F16_NORM 5
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_INPUT 0
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_WEIGHT 1
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_SCALE 2
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_RESIDUAL 3
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_OUTPUT 4
+#define MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_NORM 5
+#define MLXN_SLOT_RMS_NORM_NO_SCALE_F32_INPUT 0
+#define MLXN_SLOT_RMS_NORM_NO_SCALE_F32_OUTPUT 1
+#define MLXN_SLOT_RMS_NORM_NO_SCALE_F32_NORM 2
+#define MLXN_SLOT_SOFTMAX_F32_INPUT 0
+#define MLXN_SLOT_SOFTMAX_F32_OUTPUT 1
+#define MLXN_SLOT_SOFTMAX_F32_SOFTMAX 2
+#define MLXN_SLOT_ROPE_F32_INPUT 0
+#define MLXN_SLOT_ROPE_F32_OUTPUT 1
+#define MLXN_SLOT_ROPE_F32_ROPE 2
+#define MLXN_SLOT_ROPE_F32_POSITIONS 3
+#define MLXN_SLOT_ROPE_NEOX_F32_INPUT 0
+#define MLXN_SLOT_ROPE_NEOX_F32_OUTPUT 1
+#define MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS 2
+#define MLXN_SLOT_ROPE_NEOX_F32_POSITIONS 3
+#define MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT 4
+#define MLXN_SLOT_ROPE_NEOX_F32_FREQ_FACTORS 5
+#define MLXN_SLOT_ROPE_NORM_F32_INPUT 0
+#define MLXN_SLOT_ROPE_NORM_F32_OUTPUT 1
+#define MLXN_SLOT_ROPE_NORM_F32_ROPE_HEADS 2
+#define MLXN_SLOT_ROPE_NORM_F32_POSITIONS 3
+#define MLXN_SLOT_ROPE_NORM_F32_ROPE_LAYOUT 4
+#define MLXN_SLOT_ROPE_NORM_F32_FREQ_FACTORS 5
+#define MLXN_SLOT_MATMUL_F32_X 0
+#define MLXN_SLOT_MATMUL_F32_W 1
+#define MLXN_SLOT_MATMUL_F32_Y 2
+#define MLXN_SLOT_MATMUL_F32_DENSE 3
+#define MLXN_SLOT_MATMUL_F32_RESIDUAL 4
+#define MLXN_SLOT_MATMUL_BF16_X 0
+#define MLXN_SLOT_MATMUL_BF16_W 1
+#define MLXN_SLOT_MATMUL_BF16_Y 2
+#define MLXN_SLOT_MATMUL_BF16_DENSE 3
+#define MLXN_SLOT_MATMUL_BF16_RESIDUAL 4
+#define MLXN_SLOT_MATMUL_F16_X 0
+#define MLXN_SLOT_MATMUL_F16_W 1
+#define MLXN_SLOT_MATMUL_F16_Y 2
+#define MLXN_SLOT_MATMUL_F16_DENSE 3
+#define MLXN_SLOT_MATMUL_F16_RESIDUAL 4
+#define MLXN_SLOT_QMATMUL_AFFINE_X 0
+#define MLXN_SLOT_QMATMUL_AFFINE_W 1
+#define MLXN_SLOT_QMATMUL_AFFINE_SCALES 2
+#define MLXN_SLOT_QMATMUL_AFFINE_BIASES 3
+#define MLXN_SLOT_QMATMUL_AFFINE_Y 4
+#define MLXN_SLOT_QMATMUL_AFFINE_AFFINE 5
+#define MLXN_SLOT_QMATMUL_AFFINE_FAST_X 0
+#define MLXN_SLOT_QMATMUL_AFFINE_FAST_W 1
+#define MLXN_SLOT_QMATMUL_AFFINE_FAST_SCALES 2
+#define MLXN_SLOT_QMATMUL_AFFINE_FAST_BIASES 3
+#define MLXN_SLOT_QMATMUL_AFFINE_FAST_Y 4
+#define MLXN_SLOT_QMATMUL_AFFINE_FAST_AFFINE 5
+#define MLXN_SLOT_QMATMUL_AFFINE_GENERAL_X 0
+#define MLXN_SLOT_QMATMUL_AFFINE_GENERAL_W 1
+#define MLXN_SLOT_QMATMUL_AFFINE_GENERAL_SCALES 2
+#define MLXN_SLOT_QMATMUL_AFFINE_GENERAL_BIASES 3
+#define MLXN_SLOT_QMATMUL_AFFINE_GENERAL_Y 4
+#define MLXN_SLOT_QMATMUL_AFFINE_GENERAL_AFFINE_GENERAL 5
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_X 0
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_W 1
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_SCALES 2
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_BIASES 3
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_IDS 4
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_Y 5
+#define MLXN_SLOT_QMATMUL_AFFINE_GATHER_AFFINE_GATHER 6
+#define MLXN_SLOT_QMATMUL_Q4_0_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q4_0_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q4_0_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q4_0_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q4_0_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q4_0_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q4_0_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q4_0_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_Q8_0_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q8_0_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q8_0_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q8_0_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q8_0_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q8_0_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q8_0_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q8_0_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_Q6_K_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q6_K_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q6_K_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q6_K_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q6_K_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q6_K_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q6_K_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q6_K_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_ID_Q4_0_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q4_0_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q4_0_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q4_0_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q4_0_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_ID_Q8_0_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q8_0_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q8_0_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q8_0_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q8_0_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_ID_Q6_K_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q6_K_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q6_K_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q6_K_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q6_K_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_Q4_1_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q4_1_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q4_1_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q4_1_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q4_1_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q4_1_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q4_1_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q4_1_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_Q5_0_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q5_0_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q5_0_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q5_0_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q5_0_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q5_0_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q5_0_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q5_0_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_Q5_1_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q5_1_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q5_1_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q5_1_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q5_1_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q5_1_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q5_1_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q5_1_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_Q4_K_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q4_K_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q4_K_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q4_K_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q4_K_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q4_K_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q4_K_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q4_K_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_Q5_K_MV_X 0
+#define MLXN_SLOT_QMATMUL_Q5_K_MV_W 1
+#define MLXN_SLOT_QMATMUL_Q5_K_MV_Y 2
+#define MLXN_SLOT_QMATMUL_Q5_K_MV_GGML 3
+#define MLXN_SLOT_QMATMUL_Q5_K_MM_X 0
+#define MLXN_SLOT_QMATMUL_Q5_K_MM_W 1
+#define MLXN_SLOT_QMATMUL_Q5_K_MM_Y 2
+#define MLXN_SLOT_QMATMUL_Q5_K_MM_GGML 3
+#define MLXN_SLOT_QMATMUL_ID_Q4_1_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q4_1_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q4_1_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q4_1_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q4_1_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_ID_Q5_0_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q5_0_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q5_0_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q5_0_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q5_0_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_ID_Q5_1_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q5_1_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q5_1_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q5_1_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q5_1_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_ID_Q4_K_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q4_K_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q4_K_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q4_K_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q4_K_GGML_ID 4
+#define MLXN_SLOT_QMATMUL_ID_Q5_K_X 0
+#define MLXN_SLOT_QMATMUL_ID_Q5_K_W 1
+#define MLXN_SLOT_QMATMUL_ID_Q5_K_IDS 2
+#define MLXN_SLOT_QMATMUL_ID_Q5_K_Y 3
+#define MLXN_SLOT_QMATMUL_ID_Q5_K_GGML_ID 4
+#define MLXN_SLOT_SDPA_F32_Q 0
+#define MLXN_SLOT_SDPA_F32_K 1
+#define MLXN_SLOT_SDPA_F32_V 2
+#define MLXN_SLOT_SDPA_F32_OUT 3
+#define MLXN_SLOT_SDPA_F32_SDPA 4
+#define MLXN_SLOT_SDPA_BF16_Q 0
+#define MLXN_SLOT_SDPA_BF16_K 1
+#define MLXN_SLOT_SDPA_BF16_V 2
+#define MLXN_SLOT_SDPA_BF16_OUT 3
+#define MLXN_SLOT_SDPA_BF16_SDPA 4
+#define MLXN_SLOT_FLASH_ATTN_VEC_F32_Q 0
+#define MLXN_SLOT_FLASH_ATTN_VEC_F32_K 1
+#define MLXN_SLOT_FLASH_ATTN_VEC_F32_V 2
+#define MLXN_SLOT_FLASH_ATTN_VEC_F32_OUT 3
+#define MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH 4
+#define MLXN_SLOT_FLASH_ATTN_VEC_F16_Q 0
+#define MLXN_SLOT_FLASH_ATTN_VEC_F16_K 1
+#define MLXN_SLOT_FLASH_ATTN_VEC_F16_V 2
+#define MLXN_SLOT_FLASH_ATTN_VEC_F16_OUT 3
+#define MLXN_SLOT_FLASH_ATTN_VEC_F16_FLASH 4
+#define MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_TMP 0
+#define MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_OUT 1
+#define MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE 2
+#define MLXN_SLOT_ARGMAX_F32_LOGITS 0
+#define MLXN_SLOT_ARGMAX_F32_IDS 1
+#define MLXN_SLOT_ARGMAX_F32_ARGMAX 2
+#define MLXN_SLOT_ARGMAX_F32_CURSOR 3
+#define MLXN_SLOT_ARGMAX_BF16_LOGITS 0
+#define MLXN_SLOT_ARGMAX_BF16_IDS 1
+#define MLXN_SLOT_ARGMAX_BF16_ARGMAX 2
+#define MLXN_SLOT_ARGMAX_BF16_CURSOR 3
+#define MLXN_SLOT_SAMPLE_F32_LOGITS 0
+#define MLXN_SLOT_SAMPLE_F32_IDS 1
+#define MLXN_SLOT_SAMPLE_F32_SAMPLE 2
+#define MLXN_SLOT_SAMPLE_F32_CURSOR 3
+#define MLXN_SLOT_SAMPLE_BF16_LOGITS 0
+#define MLXN_SLOT_SAMPLE_BF16_IDS 1
+#define MLXN_SLOT_SAMPLE_BF16_SAMPLE 2
+#define MLXN_SLOT_SAMPLE_BF16_CURSOR 3
+#define MLXN_SLOT_EMBED_GATHER_F32_TABLE 0
+#define MLXN_SLOT_EMBED_GATHER_F32_IDS 1
+#define MLXN_SLOT_EMBED_GATHER_F32_OUTPUT 2
+#define MLXN_SLOT_EMBED_GATHER_F32_GATHER 3
+#define MLXN_SLOT_EMBED_GATHER_F32_CURSOR 4
+#define MLXN_SLOT_EMBED_GATHER_BF16_TABLE 0
+#define MLXN_SLOT_EMBED_GATHER_BF16_IDS 1
+#define MLXN_SLOT_EMBED_GATHER_BF16_OUTPUT 2
+#define MLXN_SLOT_EMBED_GATHER_BF16_GATHER 3
+#define MLXN_SLOT_EMBED_GATHER_BF16_CURSOR 4
+#define MLXN_SLOT_EMBED_GATHER_Q8_0_TABLE 0
+#define MLXN_SLOT_EMBED_GATHER_Q8_0_IDS 1
+#define MLXN_SLOT_EMBED_GATHER_Q8_0_OUTPUT 2
+#define MLXN_SLOT_EMBED_GATHER_Q8_0_GATHER 3
+#define MLXN_SLOT_EMBED_GATHER_Q8_0_CURSOR 4
+#define MLXN_SLOT_EMBED_GATHER_Q4_0_TABLE 0
+#define MLXN_SLOT_EMBED_GATHER_Q4_0_IDS 1
+#define MLXN_SLOT_EMBED_GATHER_Q4_0_OUTPUT 2
+#define MLXN_SLOT_EMBED_GATHER_Q4_0_GATHER 3
+#define MLXN_SLOT_EMBED_GATHER_Q4_0_CURSOR 4
+
+/* Each kernel's validator (native/contracts/<family>.c, or generated in contracts.gen.c). */
 int mlxn_validate_elementwise_add_f32(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_elementwise_add_f16(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_elementwise_add_bf16(const mlxn_kargs *a, char *err, size_t cap);

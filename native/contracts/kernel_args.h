@@ -11,6 +11,12 @@
 
 #include "../mlxn.h"
 
+#ifdef __cplusplus
+#define MLXN_STATIC_ASSERT static_assert
+#else
+#define MLXN_STATIC_ASSERT _Static_assert
+#endif
+
 /* Every kernel takes at most this many argument slots. */
 #define MLXN_KERNEL_SLOTS 12
 /* The former name, still used by the backends. */
@@ -174,6 +180,16 @@ static inline int mlxn_ranges_overlap(const uint8_t *p, uint64_t n, const uint8_
                         "or to a separate buffer",                                                 \
                         out, in);                                                                  \
   } while (0)
+
+/* The rule of a generated element-wise validator (see KernelSpec.validator): one thread per element
+ * over n = the u32 at byte n_offset of slot params_slot; buffer slot s holds n elements of
+ * elem_bytes[s] bytes; each output is in place of or disjoint from each input. */
+typedef struct mlxn_elements_rule {
+  uint32_t params_slot, params_bytes, n_offset;
+  uint32_t inputs, outputs; /* slot masks */
+  uint8_t elem_bytes[MLXN_KERNEL_SLOTS];
+} mlxn_elements_rule;
+int mlxn_validate_elements(const mlxn_kargs *a, const mlxn_elements_rule *r, char *err, size_t cap);
 
 /* Defines kernel NAME's validator (declared in contracts.gen.h) as the family's function FN. */
 #define MLXN_VALIDATOR(NAME, FN)                                                                   \
