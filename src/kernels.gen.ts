@@ -342,6 +342,13 @@ export function packGatherParams(
   w[3] = ring;
   w[4] = hasCursor;
 }
+/** Word index of each field of the {alpha: f32, n: u32} parameter block, and its length in words. */
+export const SCALE_PARAMS = { alpha: 0, n: 1, words: 2 } as const;
+/** Writes the {alpha: f32, n: u32} parameter block into `w` (f32 fields as their bits). */
+export function packScaleParams(w: number[], alpha: number, n: number): void {
+  w[0] = f32Bits(alpha);
+  w[1] = n;
+}
 /** Contracts of the elementwise kernels. */
 export const elementwiseContracts: readonly KernelContract[] = [{
   "name": "elementwise_add_f32",
@@ -551,6 +558,17 @@ export const elementwiseContracts: readonly KernelContract[] = [{
   }],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
+}, {
+  "name": "scale_f32",
+  "opKind": "Other",
+  "slots": [{ "name": "x", "kind": "buffer", "access": "read", "dtype": "f32" }, {
+    "name": "out",
+    "kind": "buffer",
+    "access": "write",
+    "dtype": "f32",
+  }, { "name": "params{alpha:f32,n:u32}", "kind": "bytes", "size": 8 }],
+  "tgFloatsPerThread": 0,
+  "geometry": "elements",
 }];
 /** Contracts of the norm kernels. */
 export const normContracts: readonly KernelContract[] = [{

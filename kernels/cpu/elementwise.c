@@ -150,3 +150,16 @@ MLXN_CPU_BODY(silu_mul_f16, silu_mul_f16_run)
 MLXN_CPU_BODY(silu_mul_bf16, silu_mul_bf16_run)
 MLXN_CPU_BODY(strided_copy_f32, strided_copy_f32_run)
 MLXN_CPU_BODY(debug_fault, debug_fault_run)
+
+/* ---- scale_f32: 0 x, 1 out, 2 {alpha: f32, n: u32}; out = alpha · x (validator generated) ---- */
+
+MLXN_CPU_KERNEL(scale_f32) {
+  (void)gy; (void)gz; (void)tg_scratch;
+  mlxn_params_scale p = mlxn_params_scale_of(a, MLXN_SLOT_SCALE_F32_SCALE);
+  const uint8_t *x = a->ptr[MLXN_SLOT_SCALE_F32_X];
+  uint8_t *out = a->ptr[MLXN_SLOT_SCALE_F32_OUT];
+  uint64_t i, end;
+  tg_span(a, gx, p.n, &i, &end);
+  for (; i < end; i++) mlxn_store(out, i, MLXN_T_F32, p.alpha * mlxn_load(x, i, MLXN_T_F32));
+  return 0;
+}

@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels: one thread per element (the CPU kernels' per-thread bodies).
 #include "common.cuh"
+#include "../../native/contracts/contracts.gen.h"
 
 template <int T, int OP> __global__ void k_binary(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
@@ -50,6 +51,15 @@ __global__ void k_axpby(const mlxn_gpu_args *__restrict__ args) {
   buf<float>(a, 2)[i] = __fadd_rn(__fmul_rn(alpha, x), __fmul_rn(beta, y)); // no FMA contraction
 }
 
+// scale_f32: out = alpha · x (slots and parameter offsets from the generated contract header).
+__global__ void k_scale(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  uint64_t i = thread_x(a);
+  if (i >= arg_u32(a, MLXN_SLOT_SCALE_F32_SCALE, MLXN_PARAMS_SCALE_N) || i >= a.grid[0]) return;
+  float alpha = arg_f32(a, MLXN_SLOT_SCALE_F32_SCALE, MLXN_PARAMS_SCALE_ALPHA);
+  buf<float>(a, MLXN_SLOT_SCALE_F32_OUT)[i] = __fmul_rn(alpha, buf<const float>(a, MLXN_SLOT_SCALE_F32_X)[i]);
+}
+
 __global__ void k_strided_copy(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   uint32_t c = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
@@ -84,3 +94,4 @@ MLXN_CUDA_KERNEL(softcap_f32, (k_softcap));
 MLXN_CUDA_KERNEL(axpby_f32, (k_axpby));
 MLXN_CUDA_KERNEL(strided_copy_f32, (k_strided_copy));
 MLXN_CUDA_KERNEL(debug_fault, (k_debug_fault));
+MLXN_CUDA_KERNEL(scale_f32, (k_scale));

@@ -109,6 +109,7 @@ const SOFTCAP = layout("softcap", "cap:f32", "n");
 const STRIDED_COPY = layout("strided_copy", "rows", "cols", "src_stride", "dst_stride");
 const DEBUG_FAULT = layout("debug_fault", "fail");
 const AXPBY = layout("axpby", "alpha:f32", "beta:f32", "n", "pad");
+const SCALE = layout("scale", "alpha:f32", "n");
 const NORM = layout("norm", "eps:f32", "dim");
 const SOFTMAX = layout("softmax", "cols");
 const ROPE = layout("rope", "theta:f32", "head_dim", "seq_len");
@@ -214,6 +215,14 @@ const elementwise: KernelSpec[] = [
     slots: [buf("marker", "u32", W), { params: DEBUG_FAULT }],
     tgFloatsPerThread: 0,
     geometry: "custom",
+  },
+  {
+    name: "scale_f32", // out = alpha · x
+    opKind: "Other",
+    slots: [buf("x", "f32", R), buf("out", "f32", W), { params: SCALE }],
+    tgFloatsPerThread: 0,
+    geometry: "elements",
+    validator: "generated",
   },
 ];
 
@@ -408,7 +417,10 @@ const sample: KernelSpec[] = [
   })),
 ];
 
-/** Every kernel, by family; the order fixes the native pipeline handles. */
+/**
+ * Every kernel, by family. The order is free: kernel ids (and the native pipeline handles, which the
+ * fuzz corpus encodes) follow kernels/spec/ids.gen.txt, where the generator appends new kernels.
+ */
 export const families: Readonly<Record<string, readonly KernelSpec[]>> = {
   elementwise,
   norm,

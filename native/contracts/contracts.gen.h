@@ -83,6 +83,7 @@ enum mlxn_kernel_id {
   MLXN_K_EMBED_GATHER_BF16,
   MLXN_K_EMBED_GATHER_Q8_0,
   MLXN_K_EMBED_GATHER_Q4_0,
+  MLXN_K_SCALE_F32,
   MLXN_KERNEL_COUNT
 };
 
@@ -498,6 +499,20 @@ static inline mlxn_params_gather mlxn_params_gather_of(const mlxn_kargs *a, int 
   return p;
 }
 
+typedef struct mlxn_params_scale {
+  float alpha;
+  uint32_t n;
+} mlxn_params_scale;
+#define MLXN_PARAMS_SCALE_BYTES 8u
+#define MLXN_PARAMS_SCALE_ALPHA 0u
+#define MLXN_PARAMS_SCALE_N 4u
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_scale) == MLXN_PARAMS_SCALE_BYTES, "packed 4-byte fields");
+static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int slot) {
+  mlxn_params_scale p;
+  __builtin_memcpy(&p, a->ptr[slot], sizeof p);
+  return p;
+}
+
 /* Each kernel's slots: MLXN_SLOT_<KERNEL>_<SLOT> (a parameter block's slot is named after its layout). */
 #define MLXN_SLOT_ELEMENTWISE_ADD_F32_A 0
 #define MLXN_SLOT_ELEMENTWISE_ADD_F32_B 1
@@ -829,6 +844,9 @@ static inline mlxn_params_gather mlxn_params_gather_of(const mlxn_kargs *a, int 
 #define MLXN_SLOT_EMBED_GATHER_Q4_0_OUTPUT 2
 #define MLXN_SLOT_EMBED_GATHER_Q4_0_GATHER 3
 #define MLXN_SLOT_EMBED_GATHER_Q4_0_CURSOR 4
+#define MLXN_SLOT_SCALE_F32_X 0
+#define MLXN_SLOT_SCALE_F32_OUT 1
+#define MLXN_SLOT_SCALE_F32_SCALE 2
 
 /* Each kernel's validator (native/contracts/<family>.c, or generated in contracts.gen.c). */
 int mlxn_validate_elementwise_add_f32(const mlxn_kargs *a, char *err, size_t cap);
@@ -908,5 +926,6 @@ int mlxn_validate_embed_gather_f32(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_embed_gather_bf16(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_embed_gather_q8_0(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_embed_gather_q4_0(const mlxn_kargs *a, char *err, size_t cap);
+int mlxn_validate_scale_f32(const mlxn_kargs *a, char *err, size_t cap);
 
 #endif
