@@ -19,7 +19,7 @@ static inline void tg_span(const mlxn_kargs *a, uint32_t gx, uint64_t n, uint64_
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
     (void)gy; (void)gz; (void)s;                                                                   \
     uint64_t i, end;                                                                               \
-    tg_span(a, gx, mlxn_arg_u32(a, 3, 0), &i, &end);                                               \
+    tg_span(a, gx, mlxn_arg_u32(a, 3, MLXN_PARAMS_N_N), &i, &end);                                               \
     for (; i < end; i++) {                                                                         \
       float x = mlxn_load(a->ptr[0], i, T), y = mlxn_load(a->ptr[1], i, T);                        \
       mlxn_store(a->ptr[2], i, T, x OP y);                                                         \
@@ -41,7 +41,7 @@ BINARY_KERNEL(mul_bf16, MLXN_T_BF16, *)
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
     (void)gy; (void)gz; (void)s;                                                                   \
     uint64_t i, end;                                                                               \
-    tg_span(a, gx, mlxn_arg_u32(a, 3, 0), &i, &end);                                               \
+    tg_span(a, gx, mlxn_arg_u32(a, 3, MLXN_PARAMS_N_N), &i, &end);                                               \
     for (; i < end; i++) {                                                                         \
       float g = mlxn_round_to(mlxn_silu(mlxn_load(a->ptr[0], i, T)), T);                           \
       mlxn_store(a->ptr[2], i, T, g * mlxn_load(a->ptr[1], i, T));                                 \
@@ -86,8 +86,8 @@ UNARY_KERNEL(silu_bf16, MLXN_T_BF16, mlxn_silu)
 
 static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gz; (void)s;
-  uint32_t rows = mlxn_arg_u32(a, 2, 0), cols = mlxn_arg_u32(a, 2, 4);
-  uint32_t ss = mlxn_arg_u32(a, 2, 8), ds = mlxn_arg_u32(a, 2, 12);
+  mlxn_params_strided_copy p = mlxn_params_strided_copy_of(a, MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY);
+  uint32_t rows = p.rows, cols = p.cols, ss = p.src_stride, ds = p.dst_stride;
   const float *src = (const float *)a->ptr[0];
   float *dst = (float *)a->ptr[1];
   for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
@@ -104,7 +104,7 @@ static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, u
 
 static int debug_fault_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gx; (void)gy; (void)gz; (void)s;
-  if (mlxn_arg_u32(a, 1, 0)) return 1;
+  if (mlxn_arg_u32(a, MLXN_SLOT_DEBUG_FAULT_DEBUG_FAULT, MLXN_PARAMS_DEBUG_FAULT_FAIL)) return 1;
   uint32_t one = 1;
   __builtin_memcpy(a->ptr[0], &one, 4);
   return 0;
@@ -112,18 +112,19 @@ static int debug_fault_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32
 
 static int softcap_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gy; (void)gz; (void)s;
-  float c = mlxn_arg_f32(a, 2, 0);
+  float c = mlxn_arg_f32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_CAP);
   uint64_t i, end;
-  tg_span(a, gx, mlxn_arg_u32(a, 2, 4), &i, &end);
+  tg_span(a, gx, mlxn_arg_u32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_N), &i, &end);
   for (; i < end; i++) mlxn_store(a->ptr[1], i, MLXN_T_F32, tanhf(mlxn_load(a->ptr[0], i, MLXN_T_F32) / c) * c);
   return 0;
 }
 
 static int axpby_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gy; (void)gz; (void)s;
-  float alpha = mlxn_arg_f32(a, 3, 0), beta = mlxn_arg_f32(a, 3, 4);
+  mlxn_params_axpby p = mlxn_params_axpby_of(a, MLXN_SLOT_AXPBY_F32_AXPBY);
+  float alpha = p.alpha, beta = p.beta;
   uint64_t i, end;
-  tg_span(a, gx, mlxn_arg_u32(a, 3, 8), &i, &end);
+  tg_span(a, gx, p.n, &i, &end);
   for (; i < end; i++) {
     float x = mlxn_load(a->ptr[0], i, MLXN_T_F32), y = mlxn_load(a->ptr[1], i, MLXN_T_F32);
     mlxn_store(a->ptr[2], i, MLXN_T_F32, alpha * x + beta * y);

@@ -27,9 +27,9 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
   static int rms_norm_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,    \
                                   void *s) {                                                       \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 3, 4);                                                          \
+    uint32_t dim = mlxn_arg_u32(a, 3, MLXN_PARAMS_NORM_DIM);                                                          \
     uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 3, 0));                       \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 3, MLXN_PARAMS_NORM_EPS));                       \
     for (uint32_t i = 0; i < dim; i++)                                                             \
       mlxn_store(a->ptr[2], base + i, T,                                                           \
                  (mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T));          \
@@ -38,9 +38,9 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
   static int rms_norm_mul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,\
                                       void *s) {                                                   \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 4, 4);                                                          \
+    uint32_t dim = mlxn_arg_u32(a, 4, MLXN_PARAMS_NORM_DIM);                                                          \
     uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 4, 0));                       \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 4, MLXN_PARAMS_NORM_EPS));                       \
     for (uint32_t i = 0; i < dim; i++) {                                                           \
       /* Round the normalised value through the storage type, exactly as the unfused pair does. */ \
       float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
@@ -57,9 +57,9 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
   static int rms_norm_mul_add_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy,         \
                                           uint32_t gz, void *s) {                                  \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 5, 4);                                                          \
+    uint32_t dim = mlxn_arg_u32(a, 5, MLXN_PARAMS_NORM_DIM);                                                          \
     uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 5, 0));                       \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 5, MLXN_PARAMS_NORM_EPS));                       \
     for (uint32_t i = 0; i < dim; i++) {                                                           \
       float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
       float m = mlxn_round_to(n * mlxn_load(a->ptr[2], base + i, T), T);                           \
@@ -79,9 +79,9 @@ NORM_KERNELS(bf16, MLXN_T_BF16)
 static int rms_norm_no_scale_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,
                                      void *s) {
   (void)s;
-  uint32_t dim = mlxn_arg_u32(a, 2, 4);
+  uint32_t dim = mlxn_arg_u32(a, 2, MLXN_PARAMS_NORM_DIM);
   uint64_t base = row_of(a, gx, gy, gz) * dim;
-  float inv = row_inv_rms(a->ptr[0], base, dim, MLXN_T_F32, mlxn_arg_f32(a, 2, 0));
+  float inv = row_inv_rms(a->ptr[0], base, dim, MLXN_T_F32, mlxn_arg_f32(a, 2, MLXN_PARAMS_NORM_EPS));
   for (uint32_t i = 0; i < dim; i++)
     mlxn_store(a->ptr[1], base + i, MLXN_T_F32, mlxn_load(a->ptr[0], base + i, MLXN_T_F32) * inv);
   return 0;
@@ -89,7 +89,7 @@ static int rms_norm_no_scale_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t 
 
 static int softmax_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)s;
-  uint32_t cols = mlxn_arg_u32(a, 2, 0);
+  uint32_t cols = mlxn_arg_u32(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX, MLXN_PARAMS_SOFTMAX_COLS);
   uint64_t base = row_of(a, gx, gy, gz) * cols;
   float m = -INFINITY;
   for (uint32_t i = 0; i < cols; i++) m = fmaxf(m, mlxn_load(a->ptr[0], base + i, MLXN_T_F32));

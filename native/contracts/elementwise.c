@@ -7,8 +7,8 @@
 /* ---- add / mul: 0 a, 1 b, 2 out, 3 {n: u32} ---------------------------------------------- */
 
 static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 3, 4, err, cap);
-  uint32_t n = mlxn_arg_u32(a, 3, 0);
+  MLXN_NEED_BYTES(a, 3, MLXN_PARAMS_N_BYTES, err, cap);
+  uint32_t n = mlxn_arg_u32(a, 3, MLXN_PARAMS_N_N);
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, mlxn_ftype_size(t));
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
@@ -69,9 +69,9 @@ UNARY_KERNEL(silu_bf16, MLXN_T_BF16, mlxn_silu)
  *      cache laid out [kv_heads, capacity, head_dim]. */
 
 static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 16, err, cap);
-  uint32_t rows = mlxn_arg_u32(a, 2, 0), cols = mlxn_arg_u32(a, 2, 4);
-  uint32_t ss = mlxn_arg_u32(a, 2, 8), ds = mlxn_arg_u32(a, 2, 12);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY, MLXN_PARAMS_STRIDED_COPY_BYTES, err, cap);
+  mlxn_params_strided_copy p = mlxn_params_strided_copy_of(a, MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY);
+  uint32_t rows = p.rows, cols = p.cols, ss = p.src_stride, ds = p.dst_stride;
   if (!rows || !cols || ss < cols || ds < cols)
     return mlxn_kfail(err, cap, "need rows, cols > 0 and strides >= cols");
   if (mlxn_need_grid(a, 0, cols, "column", err, cap) || mlxn_need_grid(a, 1, rows, "row", err, cap)) return 1;
@@ -88,7 +88,7 @@ static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap)
 
 static int debug_fault_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BUF(a, 0, 4, err, cap);
-  MLXN_NEED_BYTES(a, 1, 4, err, cap);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_DEBUG_FAULT_DEBUG_FAULT, MLXN_PARAMS_DEBUG_FAULT_BYTES, err, cap);
   MLXN_NEED_ALIGN(a, 1u, 4, err, cap);
   return 0;
 }
@@ -96,10 +96,10 @@ static int debug_fault_validate(const mlxn_kargs *a, char *err, size_t cap) {
 /* ---- softcap: 0 in, 1 out, 2 {cap: f32, n: u32}; out = tanh(x / cap) * cap ---------------- */
 
 static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 8, err, cap);
-  float c = mlxn_arg_f32(a, 2, 0);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_BYTES, err, cap);
+  float c = mlxn_arg_f32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_CAP);
   if (!(c > 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "softcap: cap must be finite and > 0");
-  uint32_t n = mlxn_arg_u32(a, 2, 4);
+  uint32_t n = mlxn_arg_u32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_N);
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
@@ -111,8 +111,8 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
 /* ---- axpby: 0 a, 1 b, 2 out, 3 {alpha: f32, beta: f32, n: u32, pad: u32}; out = αa + βb ------ */
 
 static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 3, 16, err, cap);
-  uint32_t n = mlxn_arg_u32(a, 3, 8);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_AXPBY_F32_AXPBY, MLXN_PARAMS_AXPBY_BYTES, err, cap);
+  uint32_t n = mlxn_arg_u32(a, MLXN_SLOT_AXPBY_F32_AXPBY, MLXN_PARAMS_AXPBY_N);
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);

@@ -7,9 +7,10 @@
 /* Checks eps/dim in inline slot `pslot` and that each listed buffer slot holds rows × dim. */
 static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, int nrow,
                          int weight_slot, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, pslot, 8, err, cap);
-  float eps = mlxn_arg_f32(a, pslot, 0);
-  uint32_t dim = mlxn_arg_u32(a, pslot, 4);
+  MLXN_NEED_BYTES(a, pslot, MLXN_PARAMS_NORM_BYTES, err, cap);
+  mlxn_params_norm p = mlxn_params_norm_of(a, pslot);
+  float eps = p.eps;
+  uint32_t dim = p.dim;
   if (dim == 0) return mlxn_kfail(err, cap, "rms_norm: dim must be > 0");
   if (!(eps >= 0.0f) || isinf(eps)) return mlxn_kfail(err, cap, "rms_norm: eps must be finite and >= 0");
   uint64_t rows = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2]);
@@ -63,8 +64,8 @@ static int rms_norm_no_scale_f32_validate(const mlxn_kargs *a, char *err, size_t
 /* ---- softmax_f32: 0 in, 1 out, 2 {cols: u32}; max-subtracted, f32 accumulation ------------ */
 
 static int softmax_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 4, err, cap);
-  uint32_t cols = mlxn_arg_u32(a, 2, 0);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX, MLXN_PARAMS_SOFTMAX_BYTES, err, cap);
+  uint32_t cols = mlxn_params_softmax_of(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX).cols;
   if (cols == 0) return mlxn_kfail(err, cap, "softmax: cols must be > 0");
   uint64_t bytes = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2], cols, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);

@@ -9,7 +9,13 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { elementwiseContracts } from "../kernels.gen.ts";
+import {
+  elementwiseContracts,
+  packAxpbyParams,
+  packNParams,
+  packSoftcapParams,
+  packStridedCopyParams,
+} from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkFinite,
@@ -19,7 +25,6 @@ import {
   type DispatchTarget,
   elementBytes,
   elementsOf,
-  f32Bits,
   floatKernel,
   type FloatKernels,
   floatKernels,
@@ -85,7 +90,7 @@ function binary(
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
-  binaryWords[0] = n;
+  packNParams(binaryWords, n);
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
   dispatchReused(target, d, 3);
@@ -214,10 +219,7 @@ export function stridedCopy(
   d.pipeline = registry.resolve(STRIDED_COPY);
   d.bindings[0] = src;
   d.bindings[1] = dst;
-  copyWords[0] = o.rows;
-  copyWords[1] = o.cols;
-  copyWords[2] = ss;
-  copyWords[3] = ds;
+  packStridedCopyParams(copyWords, o.rows, o.cols, ss, ds);
   copyGrid[0] = o.cols;
   copyGrid[1] = o.rows;
   copyGroup[0] = o.cols < 256 ? o.cols : 256;
@@ -243,8 +245,7 @@ export function softcap(
   d.pipeline = registry.resolve(SOFTCAP);
   d.bindings[0] = input;
   d.bindings[1] = output;
-  softcapWords[0] = f32Bits(options.cap);
-  softcapWords[1] = n;
+  packSoftcapParams(softcapWords, options.cap, n);
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
   dispatchReused(target, d, 2);
@@ -277,9 +278,7 @@ export function axpby(
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
-  axpbyWords[0] = f32Bits(options.alpha);
-  axpbyWords[1] = f32Bits(options.beta);
-  axpbyWords[2] = n;
+  packAxpbyParams(axpbyWords, options.alpha, options.beta, n, 0);
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
   dispatchReused(target, d, 3);
