@@ -200,43 +200,34 @@ export function packGgmlIdParams(
   w[3] = topK;
   w[4] = nExperts;
 }
-/** Word index of each field of the {n_heads: u32, n_kv_heads: u32, head_dim: u32, seq: u32, kv_seq: u32, scale: f32, kv_capacity: u32} parameter block, and its length in words. */
-export const SDPA_PARAMS = {
-  nHeads: 0,
-  nKvHeads: 1,
-  headDim: 2,
-  seq: 3,
-  kvSeq: 4,
-  scale: 5,
-  kvCapacity: 6,
-  words: 7,
-} as const;
-/** Writes the {n_heads: u32, n_kv_heads: u32, head_dim: u32, seq: u32, kv_seq: u32, scale: f32, kv_capacity: u32} parameter block into `w` (f32 fields as their bits). */
+/** Word index of each field of the {heads: u32, kv_heads: u32, hd: u32, seq: u32, kv_len: u32, scale: f32, kv_cap: u32} parameter block, and its length in words. */
+export const SDPA_PARAMS = { heads: 0, kvHeads: 1, hd: 2, seq: 3, kvLen: 4, scale: 5, kvCap: 6, words: 7 } as const;
+/** Writes the {heads: u32, kv_heads: u32, hd: u32, seq: u32, kv_len: u32, scale: f32, kv_cap: u32} parameter block into `w` (f32 fields as their bits). */
 export function packSdpaParams(
   w: number[],
-  nHeads: number,
-  nKvHeads: number,
-  headDim: number,
+  heads: number,
+  kvHeads: number,
+  hd: number,
   seq: number,
-  kvSeq: number,
+  kvLen: number,
   scale: number,
-  kvCapacity: number,
+  kvCap: number,
 ): void {
-  w[0] = nHeads;
-  w[1] = nKvHeads;
-  w[2] = headDim;
+  w[0] = heads;
+  w[1] = kvHeads;
+  w[2] = hd;
   w[3] = seq;
-  w[4] = kvSeq;
+  w[4] = kvLen;
   w[5] = f32Bits(scale);
-  w[6] = kvCapacity;
+  w[6] = kvCap;
 }
-/** Word index of each field of the {n_heads: u32, n_kv_heads: u32, head_dim: u32, kv_seq: u32, kv_capacity: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32} parameter block, and its length in words. */
+/** Word index of each field of the {heads: u32, kv_heads: u32, hd: u32, kv_len: u32, kv_cap: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32} parameter block, and its length in words. */
 export const FLASH_PARAMS = {
-  nHeads: 0,
-  nKvHeads: 1,
-  headDim: 2,
-  kvSeq: 3,
-  kvCapacity: 4,
+  heads: 0,
+  kvHeads: 1,
+  hd: 2,
+  kvLen: 3,
+  kvCap: 4,
   scale: 5,
   mask: 6,
   window: 7,
@@ -244,25 +235,25 @@ export const FLASH_PARAMS = {
   nwg: 9,
   words: 10,
 } as const;
-/** Writes the {n_heads: u32, n_kv_heads: u32, head_dim: u32, kv_seq: u32, kv_capacity: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32} parameter block into `w` (f32 fields as their bits). */
+/** Writes the {heads: u32, kv_heads: u32, hd: u32, kv_len: u32, kv_cap: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32} parameter block into `w` (f32 fields as their bits). */
 export function packFlashParams(
   w: number[],
-  nHeads: number,
-  nKvHeads: number,
-  headDim: number,
-  kvSeq: number,
-  kvCapacity: number,
+  heads: number,
+  kvHeads: number,
+  hd: number,
+  kvLen: number,
+  kvCap: number,
   scale: number,
   mask: number,
   window: number,
   softcap: number,
   nwg: number,
 ): void {
-  w[0] = nHeads;
-  w[1] = nKvHeads;
-  w[2] = headDim;
-  w[3] = kvSeq;
-  w[4] = kvCapacity;
+  w[0] = heads;
+  w[1] = kvHeads;
+  w[2] = hd;
+  w[3] = kvLen;
+  w[4] = kvCap;
   w[5] = f32Bits(scale);
   w[6] = mask;
   w[7] = window;
@@ -1144,7 +1135,7 @@ export const attentionContracts: readonly KernelContract[] = [{
     { "name": "v", "kind": "buffer", "access": "read", "dtype": "f32" },
     { "name": "out", "kind": "buffer", "access": "write", "dtype": "f32" },
     {
-      "name": "params{n_heads:u32,n_kv_heads:u32,head_dim:u32,seq:u32,kv_seq:u32,scale:f32,kv_capacity:u32}",
+      "name": "params{heads:u32,kv_heads:u32,hd:u32,seq:u32,kv_len:u32,scale:f32,kv_cap:u32}",
       "kind": "bytes",
       "size": 28,
     },
@@ -1160,7 +1151,7 @@ export const attentionContracts: readonly KernelContract[] = [{
     { "name": "v", "kind": "buffer", "access": "read", "dtype": "bf16" },
     { "name": "out", "kind": "buffer", "access": "write", "dtype": "f32" },
     {
-      "name": "params{n_heads:u32,n_kv_heads:u32,head_dim:u32,seq:u32,kv_seq:u32,scale:f32,kv_capacity:u32}",
+      "name": "params{heads:u32,kv_heads:u32,hd:u32,seq:u32,kv_len:u32,scale:f32,kv_cap:u32}",
       "kind": "bytes",
       "size": 28,
     },
@@ -1177,7 +1168,7 @@ export const attentionContracts: readonly KernelContract[] = [{
     { "name": "out", "kind": "buffer", "access": "write", "dtype": "f32" },
     {
       "name":
-        "params{n_heads:u32,n_kv_heads:u32,head_dim:u32,kv_seq:u32,kv_capacity:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32}",
+        "params{heads:u32,kv_heads:u32,hd:u32,kv_len:u32,kv_cap:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32}",
       "kind": "bytes",
       "size": 40,
     },
@@ -1194,7 +1185,7 @@ export const attentionContracts: readonly KernelContract[] = [{
     { "name": "out", "kind": "buffer", "access": "write", "dtype": "f32" },
     {
       "name":
-        "params{n_heads:u32,n_kv_heads:u32,head_dim:u32,kv_seq:u32,kv_capacity:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32}",
+        "params{heads:u32,kv_heads:u32,hd:u32,kv_len:u32,kv_cap:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32}",
       "kind": "bytes",
       "size": 40,
     },

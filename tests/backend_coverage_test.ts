@@ -43,7 +43,7 @@ Deno.test("every CUDA kernel takes its arguments through kernel_args first (it w
   const src = read("kernels/cuda/", ".cu");
   const kernels = [...src.matchAll(/__global__ void (\w+)\(const mlxn_gpu_args \*__restrict__ args\) \{\n(.*)\n/g)];
   deepStrictEqual(kernels.length, [...src.matchAll(/__global__/g)].length, "every kernel has the usual signature");
-  for (const { 1: name, 2: first, index } of kernels) {
+  for (const { 1: name, 2: first = "", index } of kernels) {
     if (first.trim() === "const mlxn_gpu_args &a = kernel_args_early(args);") {
       // Work before the wait (a weight prefetch) is allowed; the kernel must still wait itself.
       const body = src.slice(index, src.indexOf("\n}\n", index));
@@ -51,5 +51,16 @@ Deno.test("every CUDA kernel takes its arguments through kernel_args first (it w
       continue;
     }
     deepStrictEqual(first.trim(), "const mlxn_gpu_args &a = kernel_args(args);", name);
+  }
+});
+
+Deno.test("the core, the contracts and the GPU backends include nothing of kernels/cpu", () => {
+  const dirs = ["native/core/", "native/contracts/", "native/cuda/", "objc/", "kernels/cuda/"];
+  for (const dir of dirs) {
+    for (const e of Deno.readDirSync(new URL(dir, root))) {
+      if (!e.isFile) continue;
+      const text = Deno.readTextFileSync(new URL(`${dir}${e.name}`, root));
+      ok(!/#include\s+"[^"]*kernels\/cpu\//.test(text), `${dir}${e.name} includes a CPU kernel header`);
+    }
   }
 });

@@ -24,18 +24,9 @@
 
 /* ---- sdpa ---------------------------------------------------------------------------------------- */
 
-typedef struct sdpa_params {
-  uint32_t heads, kv_heads, hd, seq, kv_len;
-  float scale;
-  uint32_t kv_cap;
-} sdpa_params;
+typedef mlxn_params_sdpa sdpa_params; /* generated layout (kernels/spec/kernels.ts) */
 
-static sdpa_params read_sdpa(const mlxn_kargs *a) {
-  sdpa_params p = {mlxn_arg_u32(a, 4, 0), mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
-                   mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
-                   mlxn_arg_u32(a, 4, 24)};
-  return p;
-}
+static sdpa_params read_sdpa(const mlxn_kargs *a) { return mlxn_params_sdpa_of(a, MLXN_SLOT_SDPA_F32_SDPA); }
 
 static void sdpa_rows(const mlxn_kargs *a, mlxn_ftype t, uint32_t b, uint32_t h, uint32_t block) {
   sdpa_params p = read_sdpa(a);
@@ -78,21 +69,9 @@ SDPA_KERNEL(bf16, MLXN_T_BF16)
 
 /* ---- flash_attn_vec ------------------------------------------------------------------------------ */
 
-typedef struct fav_params {
-  uint32_t heads, kv_heads, hd, kv_len, kv_cap;
-  float scale;
-  uint32_t mask, window;
-  float softcap;
-  uint32_t nwg;
-} fav_params;
+typedef mlxn_params_flash fav_params; /* generated layout (kernels/spec/kernels.ts) */
 
-static fav_params read_fav(const mlxn_kargs *a) {
-  fav_params p = {mlxn_arg_u32(a, 4, 0),  mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
-                  mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
-                  mlxn_arg_u32(a, 4, 24), mlxn_arg_u32(a, 4, 28), mlxn_arg_f32(a, 4, 32),
-                  mlxn_arg_u32(a, 4, 36)};
-  return p;
-}
+static fav_params read_fav(const mlxn_kargs *a) { return mlxn_params_flash_of(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH); }
 
 static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {
   fav_params p = read_fav(a);

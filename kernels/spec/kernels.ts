@@ -131,14 +131,14 @@ const AFFINE_GATHER = layout(
 );
 const GGML = layout("ggml", "m", "n", "k");
 const GGML_ID = layout("ggml_id", "rows", "n", "k", "top_k", "n_experts");
-const SDPA = layout("sdpa", "n_heads", "n_kv_heads", "head_dim", "seq", "kv_seq", "scale:f32", "kv_capacity");
+const SDPA = layout("sdpa", "heads", "kv_heads", "hd", "seq", "kv_len", "scale:f32", "kv_cap");
 const FLASH = layout(
   "flash",
-  "n_heads",
-  "n_kv_heads",
-  "head_dim",
-  "kv_seq",
-  "kv_capacity",
+  "heads",
+  "kv_heads",
+  "hd",
+  "kv_len",
+  "kv_cap",
   "scale:f32",
   "mask",
   "window",

@@ -9,21 +9,12 @@
 
 /* ---- sdpa ---------------------------------------------------------------------------------------- */
 
-typedef struct sdpa_params {
-  uint32_t heads, kv_heads, hd, seq, kv_len;
-  float scale;
-  uint32_t kv_cap;
-} sdpa_params;
+typedef mlxn_params_sdpa sdpa_params; /* generated layout (kernels/spec/kernels.ts) */
 
-static sdpa_params read_sdpa(const mlxn_kargs *a) {
-  sdpa_params p = {mlxn_arg_u32(a, 4, 0), mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
-                   mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
-                   mlxn_arg_u32(a, 4, 24)};
-  return p;
-}
+static sdpa_params read_sdpa(const mlxn_kargs *a) { return mlxn_params_sdpa_of(a, MLXN_SLOT_SDPA_F32_SDPA); }
 
 static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 4, 28, err, cap);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_SDPA_F32_SDPA, MLXN_PARAMS_SDPA_BYTES, err, cap);
   sdpa_params p = read_sdpa(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
     return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);
@@ -52,24 +43,12 @@ SDPA_KERNEL(bf16, MLXN_T_BF16)
 
 /* ---- flash_attn_vec ------------------------------------------------------------------------------ */
 
-typedef struct fav_params {
-  uint32_t heads, kv_heads, hd, kv_len, kv_cap;
-  float scale;
-  uint32_t mask, window;
-  float softcap;
-  uint32_t nwg;
-} fav_params;
+typedef mlxn_params_flash fav_params; /* generated layout (kernels/spec/kernels.ts) */
 
-static fav_params read_fav(const mlxn_kargs *a) {
-  fav_params p = {mlxn_arg_u32(a, 4, 0),  mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
-                  mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
-                  mlxn_arg_u32(a, 4, 24), mlxn_arg_u32(a, 4, 28), mlxn_arg_f32(a, 4, 32),
-                  mlxn_arg_u32(a, 4, 36)};
-  return p;
-}
+static fav_params read_fav(const mlxn_kargs *a) { return mlxn_params_flash_of(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH); }
 
 static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 4, 40, err, cap);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH, MLXN_PARAMS_FLASH_BYTES, err, cap);
   fav_params p = read_fav(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
     return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);

@@ -362,22 +362,22 @@ static inline mlxn_params_ggml_id mlxn_params_ggml_id_of(const mlxn_kargs *a, in
 }
 
 typedef struct mlxn_params_sdpa {
-  uint32_t n_heads;
-  uint32_t n_kv_heads;
-  uint32_t head_dim;
+  uint32_t heads;
+  uint32_t kv_heads;
+  uint32_t hd;
   uint32_t seq;
-  uint32_t kv_seq;
+  uint32_t kv_len;
   float scale;
-  uint32_t kv_capacity;
+  uint32_t kv_cap;
 } mlxn_params_sdpa;
 #define MLXN_PARAMS_SDPA_BYTES 28u
-#define MLXN_PARAMS_SDPA_N_HEADS 0u
-#define MLXN_PARAMS_SDPA_N_KV_HEADS 4u
-#define MLXN_PARAMS_SDPA_HEAD_DIM 8u
+#define MLXN_PARAMS_SDPA_HEADS 0u
+#define MLXN_PARAMS_SDPA_KV_HEADS 4u
+#define MLXN_PARAMS_SDPA_HD 8u
 #define MLXN_PARAMS_SDPA_SEQ 12u
-#define MLXN_PARAMS_SDPA_KV_SEQ 16u
+#define MLXN_PARAMS_SDPA_KV_LEN 16u
 #define MLXN_PARAMS_SDPA_SCALE 20u
-#define MLXN_PARAMS_SDPA_KV_CAPACITY 24u
+#define MLXN_PARAMS_SDPA_KV_CAP 24u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_sdpa) == MLXN_PARAMS_SDPA_BYTES, "packed 4-byte fields");
 static inline mlxn_params_sdpa mlxn_params_sdpa_of(const mlxn_kargs *a, int slot) {
   mlxn_params_sdpa p;
@@ -386,11 +386,11 @@ static inline mlxn_params_sdpa mlxn_params_sdpa_of(const mlxn_kargs *a, int slot
 }
 
 typedef struct mlxn_params_flash {
-  uint32_t n_heads;
-  uint32_t n_kv_heads;
-  uint32_t head_dim;
-  uint32_t kv_seq;
-  uint32_t kv_capacity;
+  uint32_t heads;
+  uint32_t kv_heads;
+  uint32_t hd;
+  uint32_t kv_len;
+  uint32_t kv_cap;
   float scale;
   uint32_t mask;
   uint32_t window;
@@ -398,11 +398,11 @@ typedef struct mlxn_params_flash {
   uint32_t nwg;
 } mlxn_params_flash;
 #define MLXN_PARAMS_FLASH_BYTES 40u
-#define MLXN_PARAMS_FLASH_N_HEADS 0u
-#define MLXN_PARAMS_FLASH_N_KV_HEADS 4u
-#define MLXN_PARAMS_FLASH_HEAD_DIM 8u
-#define MLXN_PARAMS_FLASH_KV_SEQ 12u
-#define MLXN_PARAMS_FLASH_KV_CAPACITY 16u
+#define MLXN_PARAMS_FLASH_HEADS 0u
+#define MLXN_PARAMS_FLASH_KV_HEADS 4u
+#define MLXN_PARAMS_FLASH_HD 8u
+#define MLXN_PARAMS_FLASH_KV_LEN 12u
+#define MLXN_PARAMS_FLASH_KV_CAP 16u
 #define MLXN_PARAMS_FLASH_SCALE 20u
 #define MLXN_PARAMS_FLASH_MASK 24u
 #define MLXN_PARAMS_FLASH_WINDOW 28u
