@@ -5,8 +5,9 @@
 
 static int rope_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gz; (void)s;
-  float theta = mlxn_arg_f32(a, 2, 0);
-  uint32_t hd = mlxn_arg_u32(a, 2, 4), seq = mlxn_arg_u32(a, 2, 8);
+  mlxn_params_rope p = mlxn_params_rope_of(a, MLXN_SLOT_ROPE_F32_ROPE);
+  float theta = p.theta;
+  uint32_t hd = p.head_dim, seq = p.seq_len;
   const float *in = (const float *)a->ptr[0];
   float *out = (float *)a->ptr[1];
   const uint32_t *pos = (const uint32_t *)a->ptr[3];
@@ -30,9 +31,11 @@ static int rope_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t 
 
 /* Pair i of a row is (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (adjacent: ggml's normal mode). */
 static int rope_heads_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, int adjacent) {
-  float theta = mlxn_arg_f32(a, 2, 0);
-  uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
-  uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
+  mlxn_params_rope_heads p = mlxn_params_rope_heads_of(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS);
+  mlxn_params_rope_layout l = mlxn_params_rope_layout_of(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT);
+  float theta = p.theta;
+  uint32_t hd = p.head_dim, rd = p.rope_dim;
+  uint32_t heads = l.n_heads, has_ff = l.has_freq_factors;
   uint32_t half = rd / 2;
   const float *in = (const float *)a->ptr[0];
   float *out = (float *)a->ptr[1];
@@ -42,7 +45,7 @@ static int rope_heads_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, int adj
     uint32_t r = gy * a->tg[1] + ty;
     if (r >= a->grid[1]) break;
     uint64_t row = (uint64_t)r * hd;
-    uint64_t orow = (uint64_t)(r / heads) * mlxn_arg_u32(a, 4, 12) + (uint64_t)(r % heads) * mlxn_arg_u32(a, 4, 8);
+    uint64_t orow = (uint64_t)(r / heads) * l.out_token_stride + (uint64_t)(r % heads) * l.out_head_stride;
     for (uint32_t tx = 0; tx < a->tg[0]; tx++) {
       uint32_t i = gx * a->tg[0] + tx;
       if (i >= half || i >= a->grid[0]) break;

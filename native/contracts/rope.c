@@ -9,9 +9,10 @@
  * threads (head_dim/2, seq_len). */
 
 static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 12, err, cap);
-  float theta = mlxn_arg_f32(a, 2, 0);
-  uint32_t hd = mlxn_arg_u32(a, 2, 4), seq = mlxn_arg_u32(a, 2, 8);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_ROPE_F32_ROPE, MLXN_PARAMS_ROPE_BYTES, err, cap);
+  mlxn_params_rope p = mlxn_params_rope_of(a, MLXN_SLOT_ROPE_F32_ROPE);
+  float theta = p.theta;
+  uint32_t hd = p.head_dim, seq = p.seq_len;
   if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "rope: theta must be finite and > 0");
   if (hd == 0 || hd % 2) return mlxn_kfail(err, cap, "rope: head_dim must be even and > 0, got %u", hd);
   if (mlxn_need_grid(a, 0, hd / 2, "rotated pair (head_dim / 2)", err, cap) ||
@@ -35,11 +36,13 @@ static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
 /* Shared by rope_neox_f32 and rope_norm_f32 (same bindings and geometry); `op` names the kernel in
  * refusals. */
 static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 12, err, cap);
-  MLXN_NEED_BYTES(a, 4, 16, err, cap);
-  float theta = mlxn_arg_f32(a, 2, 0);
-  uint32_t hd = mlxn_arg_u32(a, 2, 4), rd = mlxn_arg_u32(a, 2, 8);
-  uint32_t heads = mlxn_arg_u32(a, 4, 0), has_ff = mlxn_arg_u32(a, 4, 4);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS, MLXN_PARAMS_ROPE_HEADS_BYTES, err, cap);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT, MLXN_PARAMS_ROPE_LAYOUT_BYTES, err, cap);
+  mlxn_params_rope_heads p = mlxn_params_rope_heads_of(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS);
+  mlxn_params_rope_layout l = mlxn_params_rope_layout_of(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT);
+  float theta = p.theta;
+  uint32_t hd = p.head_dim, rd = p.rope_dim;
+  uint32_t heads = l.n_heads, has_ff = l.has_freq_factors;
   if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "%s: theta must be finite and > 0", op);
   if (rd == 0 || rd % 2 || rd > hd)
     return mlxn_kfail(err, cap, "%s: rope_dim must be even, > 0 and <= head_dim (%u), got %u", op, hd, rd);
@@ -51,7 +54,7 @@ static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, s
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(rows, hd, 4), err, cap);
   /* The furthest output row: the last token's last head, or (when the rows end inside a token) the
    * token before's last head. */
-  uint64_t hs = mlxn_arg_u32(a, 4, 8), ts = mlxn_arg_u32(a, 4, 12);
+  uint64_t hs = l.out_head_stride, ts = l.out_token_stride;
   uint64_t t_last = (rows - 1) / heads, h_last = (rows - 1) % heads;
   uint64_t end = mlxn_size_add(MLXN_SIZE(t_last, ts), MLXN_SIZE(h_last, hs));
   if (t_last > 0) {

@@ -19,7 +19,7 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { sampleContracts } from "../kernels.gen.ts";
+import { packArgmaxParams, packGatherParams, sampleContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkU32,
@@ -126,10 +126,7 @@ export function argmax(
   d.pipeline = registry.resolve(logits.dtype === DType.F32 ? ARGMAX_F32 : ARGMAX_BF16);
   b[0] = logits;
   b[1] = ids;
-  argmaxWords[0] = o.vocab;
-  argmaxWords[1] = rows;
-  argmaxWords[2] = ring;
-  argmaxWords[3] = o.cursor ? 1 : 0;
+  packArgmaxParams(argmaxWords, o.vocab, rows, ring, o.cursor ? 1 : 0);
   b[3] = o.cursor;
   argmaxGrid[0] = rows;
   argmaxGroup[0] = tokenThreadgroupSize(o.vocab);
@@ -293,11 +290,7 @@ export function embedGather(
   b[0] = table;
   b[1] = ids;
   b[2] = output;
-  gatherWords[0] = rows;
-  gatherWords[1] = o.dim;
-  gatherWords[2] = o.vocab;
-  gatherWords[3] = ring;
-  gatherWords[4] = o.cursor ? 1 : 0;
+  packGatherParams(gatherWords, rows, o.dim, o.vocab, ring, o.cursor ? 1 : 0);
   b[4] = o.cursor;
   gatherGrid[0] = o.dim;
   gatherGrid[1] = rows;
