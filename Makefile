@@ -35,13 +35,14 @@ else
 endif
 
 CPU_LIB := build/libmlxn_cpu.$(SO)
-CORE_SRC := $(wildcard native/core/*.c) $(wildcard kernels/cpu/*.c)
-CPU_SRC := $(CORE_SRC) $(wildcard native/cpu/*.c)
-CPU_HDR := native/mlxn.h native/core/internal.h native/core/backend.h native/core/contract.h kernels/cpu/cpu_kernel.h
+CORE_SRC := $(wildcard native/core/*.c) $(wildcard native/contracts/*.c)
+CORE_HDR := native/mlxn.h native/core/internal.h native/core/backend.h native/core/contract.h $(wildcard native/contracts/*.h)
+CPU_SRC := $(CORE_SRC) $(wildcard native/cpu/*.c) $(wildcard kernels/cpu/*.c)
+CPU_HDR := $(CORE_HDR) kernels/cpu/cpu_kernel.h
 
 DENO_TEST_FLAGS := --allow-ffi --allow-read --allow-env --allow-run --allow-write
 
-.PHONY: all native demo test bench check fmt clean deno sanitize-test fuzz cuda metal metal-check
+.PHONY: all native demo test bench check fmt clean deno sanitize-test fuzz cuda metal metal-check gen
 METAL_CHECK ?= ../shared/metal-check/check.sh
 
 all: native
@@ -71,6 +72,7 @@ bench: native $(DENO_DEP)
 	$(DENO) bench --allow-ffi --allow-read --allow-env bench/
 
 check: $(DENO_DEP)
+	$(DENO) run --allow-read --allow-run scripts/gen_kernels.ts --check
 	$(DENO) fmt --check
 	$(DENO) lint
 	$(DENO) check mod.ts build.ts examples/ tests/ bench/
@@ -80,6 +82,10 @@ check: $(DENO_DEP)
 
 fmt: $(DENO_DEP)
 	$(DENO) fmt
+
+# Every per-kernel table, from the kernel descriptions (kernels/spec/kernels.ts).
+gen: $(DENO_DEP)
+	$(DENO) run --allow-read --allow-write --allow-run scripts/gen_kernels.ts
 
 # --- Metal backend (macOS; the default there): Objective-C over the core, MSL compiled at run time --
 METAL_LIB := build/libmlxn_metal.dylib
@@ -91,7 +97,7 @@ build/mlxn_metal_source.h: $(METAL_SRC)
 	{ printf 'static const char mlxn_metal_source[] =\n'; \
 	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $(METAL_SRC); printf ';\n'; } > $@
 
-$(METAL_LIB): objc/mlxn_metal.m $(CORE_SRC) $(CPU_HDR) build/mlxn_metal_source.h
+$(METAL_LIB): objc/mlxn_metal.m $(CORE_SRC) $(CORE_HDR) build/mlxn_metal_source.h
 	clang $(CFLAGS_COMMON) -fno-objc-arc -Ibuild -dynamiclib -framework Metal -framework Foundation \
 	  -o $@ objc/mlxn_metal.m $(CORE_SRC)
 
@@ -110,9 +116,11 @@ NVCC ?= nvcc
 CUDA_LIB := build/libmlxn_cuda.so
 CUDA_C_SRC := $(CORE_SRC) native/cuda/bridge.c
 CUDA_CU_SRC := native/cuda/backend.cu $(wildcard kernels/cuda/*.cu)
-CUDA_HDR := $(CPU_HDR) native/cuda/cuda_api.h kernels/cuda/common.cuh
+CUDA_HDR := $(CORE_HDR) native/cuda/cuda_api.h kernels/cuda/common.cuh
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
   -gencode arch=compute_90,code=compute_90
+# Objects of this source list only: build/cuda-obj may hold objects of sources that no longer exist.
+CUDA_OBJ := $(addprefix build/cuda-obj/,$(addsuffix .o,$(subst /,_,$(CUDA_C_SRC) $(CUDA_CU_SRC))))
 NVCC_FLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden
 
 $(CUDA_LIB): $(CUDA_C_SRC) $(CUDA_CU_SRC) $(CUDA_HDR)
@@ -125,7 +133,7 @@ $(CUDA_LIB): $(CUDA_C_SRC) $(CUDA_CU_SRC) $(CUDA_HDR)
 	  o=build/cuda-obj/$$(echo $$f | tr / _).o; \
 	  echo "$(NVCC) -c $$f"; $(NVCC) $(NVCC_FLAGS) -c -o $$o $$f || exit 1; \
 	done
-	$(NVCC) -shared $(CUDA_ARCH) -o $@ build/cuda-obj/*.o -lpthread -ldl -lm
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CUDA_OBJ) -lpthread -ldl -lm
 
 cuda: $(CUDA_LIB)
 

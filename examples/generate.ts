@@ -20,7 +20,7 @@ Generate from a model file:
   --tokens N           tokens to generate (default 16)
   --warmup N           leading generated tokens left out of tokens/s (default 0)
   --ctx N              KV-cache positions (default prompt + tokens)
-  --backend NAME       cpu, cuda or metal (default: MLXN_BACKEND, else the platform's)
+  --backend NAME       cpu, cuda, metal or metal-emu (default: MLXN_BACKEND, else the platform's)
   --temperature T      sample at temperature T (default 0: greedy)
   --top-k N            sample among the N most likely (default 0: all)
   --top-p P            nucleus share in (0, 1] (default 1)
@@ -126,8 +126,8 @@ const temperature = Number(a.temperature), topP = Number(a["top-p"]);
 if (!(temperature >= 0 && Number.isFinite(temperature))) usageError("--temperature must be ≥ 0");
 if (!(topP > 0 && topP <= 1)) usageError("--top-p must be in (0, 1]");
 const select = { temperature, topK: int("top-k", a["top-k"], 0), topP, seed: int("seed", a.seed, 0) };
-if (a.backend !== undefined && !["cpu", "cuda", "metal"].includes(a.backend)) {
-  usageError("--backend must be cpu, cuda or metal");
+if (a.backend !== undefined && !["cpu", "cuda", "metal", "metal-emu"].includes(a.backend)) {
+  usageError("--backend must be cpu, cuda, metal or metal-emu");
 }
 
 let device: MlxDevice;

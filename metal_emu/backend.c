@@ -179,8 +179,9 @@ static uint32_t run_concurrent(emu_state *s, mlxn_emu_launch *launches, mlxn_dis
 
 /* ---- binding a dispatch as objc/mlxn_metal.m does -------------------------------------------------- */
 
-static int needs_threadgroup_floats(const char *name) {
-  return strncmp(name, "rms_norm", 8) == 0 || strcmp(name, "softmax_f32") == 0;
+/* Threadgroup memory a kernel reduces through, at least (its contract's rule): f32s per thread. */
+static uint64_t threadgroup_floats_bytes(const mlxn_contract *k, uint64_t threads) {
+  return threads * sizeof(float) * k->tg_floats_per_thread;
 }
 
 /* Fills the launch of a decoded dispatch; returns 0 or writes why the binding is impossible. */
@@ -202,7 +203,7 @@ static int bind_dispatch(emu_state *s, const mlxn_dispatch *d, mlxn_emu_launch *
            -1;
   }
   uint64_t tgmem = d->args.tg_memory;
-  if (needs_threadgroup_floats(d->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
+  if (tgmem < threadgroup_floats_bytes(d->contract, threads)) tgmem = threadgroup_floats_bytes(d->contract, threads);
   tgmem = (tgmem + 15) & ~(uint64_t)15;
   if (k->tg_slots & ~1u) {
     return snprintf(err, cap, "kernel %s declares [[threadgroup(%d)]]: the host sets threadgroup memory index 0 only",
@@ -438,14 +439,14 @@ static uint32_t emu_info(void *state, char *buf, uint32_t cap) {
 }
 
 /* Pairs a contract with the MSL kernel of the same name (NULL: the library has none). */
-static const void *emu_kernel(void *state, const char *name, const char *signature) {
+static const void *emu_kernel(void *state, const mlxn_contract *contract) {
   emu_state *s = state;
   const mlxn_emu_kernel *msl = NULL;
   for (const mlxn_emu_kernel *e = mlxn_emu_kernels; e->name && !msl; e++)
-    if (strcmp(e->name, name) == 0) msl = e;
+    if (strcmp(e->name, contract->name) == 0) msl = e;
   if (!msl || s->n_kernels >= MAX_KERNELS) return NULL;
   kernel_entry *k = &s->kernels[s->n_kernels++];
-  size_t nsig = strlen(signature);
+  size_t nsig = strlen(contract->signature);
   k->msl = msl;
   k->allowed = (nsig >= 32 ? 0xffffffffu : (1u << nsig) - 1u) | (1u << SLOT_GRID) | (1u << SLOT_TAG) |
                (1u << SLOT_FAULT);

@@ -28,7 +28,7 @@ $(METAL_EMU_OBJ): $(METAL_EMU_CPP) $(METAL_EMU_HDR)
 # build from another copy of the MSL (METAL_EMU_DIR, as the mutation check does) compiles only that.
 METAL_EMU_C_OBJ := $(patsubst %.c,build/metal_emu_c/%.o,$(subst /,_,$(CORE_SRC) $(METAL_EMU_SRC)))
 define METAL_EMU_C_RULE
-build/metal_emu_c/$(subst /,_,$(1:.c=.o)): $(1) $(CPU_HDR) $(METAL_EMU_HDR)
+build/metal_emu_c/$(subst /,_,$(1:.c=.o)): $(1) $(CORE_HDR) $(METAL_EMU_HDR)
 	@mkdir -p build/metal_emu_c
 	$$(CC) $$(CFLAGS_COMMON) -c -o $$@ $(1)
 endef

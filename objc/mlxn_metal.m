@@ -34,9 +34,9 @@ typedef struct metal_state {
   uint32_t flags;                 // the device's MLXN_FLAG_*
 } metal_state;
 
-// Kernels that reduce through threadgroup memory need blockDim floats of it at least.
-static BOOL needs_threadgroup_floats(const char *name) {
-  return strncmp(name, "rms_norm", 8) == 0 || strcmp(name, "softmax_f32") == 0;
+// Threadgroup memory a kernel reduces through, at least (its contract's rule): f32s per thread.
+static NSUInteger threadgroup_floats_bytes(const mlxn_contract *k, NSUInteger threads) {
+  return threads * sizeof(float) * k->tg_floats_per_thread;
 }
 
 static int32_t metal_open(void **state, uint32_t flags, uint32_t threads, mlxn_backend_config *config, char *err,
@@ -126,11 +126,10 @@ static void metal_free(void *state, void *mem, void *object) {
 
 // This backend's object for a kernel: its name as an NSString (held by s->kernels), when the library
 // defines a function of that name.
-static const void *metal_kernel(void *state, const char *name, const char *signature) {
+static const void *metal_kernel(void *state, const mlxn_contract *contract) {
   metal_state *s = state;
-  (void)signature;
   @autoreleasepool { // the host's thread may have no pool; s->kernels keeps the key alive after it
-    NSString *key = [NSString stringWithUTF8String:name];
+    NSString *key = [NSString stringWithUTF8String:contract->name];
     if (key == nil || ![s->functions containsObject:key]) return NULL;
     [s->kernels addObject:key];
     return key;
@@ -196,7 +195,7 @@ static BOOL encode_dispatch(metal_state *s, id<MTLComputeCommandEncoder> enc, co
   [enc setBytes:&d->tag length:sizeof d->tag atIndex:SLOT_TAG];
   [enc setBuffer:s->fault offset:0 atIndex:SLOT_FAULT];
   NSUInteger tgmem = d->args.tg_memory;
-  if (needs_threadgroup_floats(d->name) && tgmem < threads * sizeof(float)) tgmem = threads * sizeof(float);
+  if (tgmem < threadgroup_floats_bytes(d->contract, threads)) tgmem = threadgroup_floats_bytes(d->contract, threads);
   if (tgmem > 0) [enc setThreadgroupMemoryLength:(tgmem + 15) & ~(NSUInteger)15 atIndex:0];
   // The decoder normalised both dispatch kinds to whole threadgroups plus the exact thread grid,
   // which each kernel receives and checks: dispatchThreadgroups covers both.

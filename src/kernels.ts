@@ -22,6 +22,8 @@ export interface SlotSpec {
   readonly kind: "buffer" | "bytes";
   /** For buffers: how the kernel accesses it. */
   readonly access?: Access;
+  /** For buffers: the element type it holds (`blocks`: quantized blocks; `any`: set by a parameter field). */
+  readonly dtype?: "f32" | "f16" | "bf16" | "u32" | "blocks" | "any";
   /** For buffers: may be left unbound. */
   readonly optional?: boolean;
   /** For bytes: exact size in bytes. */
@@ -43,6 +45,23 @@ export interface KernelContract {
   readonly slots: readonly SlotSpec[];
   /** Op kind its dispatches carry. */
   readonly opKind: CapturedOpKind;
+  /** Threadgroup memory the kernel reduces through: at least this many f32 per thread (0: none). */
+  readonly tgFloatsPerThread?: number;
+  /**
+   * How threads map to work: one thread per element, one threadgroup per row (see
+   * {@link rowThreadgroup}), or a mapping the op documents.
+   */
+  readonly geometry?: "elements" | "rows" | "custom";
+}
+
+/**
+ * Threads per threadgroup of a row kernel (geometry "rows"): one threadgroup reduces one row of `cols`
+ * by a tree over min(256, next_pow2(cols)) threads.
+ */
+export function rowThreadgroup(cols: number): number {
+  let p = 1;
+  while (p < cols && p < 256) p *= 2;
+  return p;
 }
 
 /** The native signature string of a contract ('b' buffer, 'o' optional buffer, 'c' bytes). */

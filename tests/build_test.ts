@@ -24,6 +24,7 @@ Deno.test("the build entry's sources are exactly the CPU backend's files", () =>
   const tree = [
     "native/mlxn.h",
     ...filesUnder("native/core/", [".c", ".h"]),
+    ...filesUnder("native/contracts/", [".c", ".h"]),
     ...filesUnder("native/cpu/", [".c", ".h"]),
     ...filesUnder("kernels/cpu/", [".c", ".h"]),
   ];
@@ -84,7 +85,7 @@ Deno.test("the build entry compiles the Metal library with the Makefile's recipe
   const make = Deno.readTextFileSync(new URL("Makefile", root));
   const recipe = make.match(/^\$\(METAL_LIB\):.*\n((?:\t.*\\\n)*\t.*)$/m);
   ok(recipe, "the Makefile's METAL_LIB rule not found");
-  const core = [...filesUnder("native/core/", [".c"]), ...filesUnder("kernels/cpu/", [".c"])].sort();
+  const core = [...filesUnder("native/core/", [".c"]), ...filesUnder("native/contracts/", [".c"])].sort();
   const want = recipe[1].replace(/\\\n/g, " ").trim().split(/\s+/).slice(1).flatMap((t) =>
     t === "$(CFLAGS_COMMON)"
       ? [...CPU_CFLAGS, "-D_DARWIN_C_SOURCE"] // the Makefile adds it on Darwin

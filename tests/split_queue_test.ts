@@ -25,9 +25,9 @@ Deno.test("the queue launches command buffer k+1 while k runs, completes in orde
   const dir = await Deno.makeTempDir();
   try {
     const exe = `${dir}/queue_pipeline_test`;
-    const kernels = [...Deno.readDirSync(path("kernels/cpu/"))]
+    const kernels = [...Deno.readDirSync(path("native/contracts/"))]
       .filter((e) => e.isFile && e.name.endsWith(".c"))
-      .map((e) => path(`kernels/cpu/${e.name}`));
+      .map((e) => path(`native/contracts/${e.name}`));
     const build = await new Deno.Command(compiler(), {
       args: [
         "-std=c11",

@@ -24,38 +24,9 @@
 
 /* ---- sdpa ---------------------------------------------------------------------------------------- */
 
-typedef struct sdpa_params {
-  uint32_t heads, kv_heads, hd, seq, kv_len;
-  float scale;
-  uint32_t kv_cap;
-} sdpa_params;
+typedef mlxn_params_sdpa sdpa_params; /* generated layout (kernels/spec/kernels.ts) */
 
-static sdpa_params read_sdpa(const mlxn_kargs *a) {
-  sdpa_params p = {mlxn_arg_u32(a, 4, 0), mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
-                   mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
-                   mlxn_arg_u32(a, 4, 24)};
-  return p;
-}
-
-static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 4, 28, err, cap);
-  sdpa_params p = read_sdpa(a);
-  if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
-    return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);
-  if (!p.hd || p.hd > MAX_HEAD_DIM) return mlxn_kfail(err, cap, "head_dim must be 1..%d, got %u", MAX_HEAD_DIM, p.hd);
-  if (!p.seq || p.seq > p.kv_len || p.kv_len > p.kv_cap)
-    return mlxn_kfail(err, cap, "need 0 < seq_len (%u) <= kv_seq_len (%u) <= kv_capacity (%u)", p.seq, p.kv_len, p.kv_cap);
-  if (!isfinite(p.scale)) return mlxn_kfail(err, cap, "scale must be finite");
-  if (a->groups[1] < p.heads || (uint64_t)a->groups[2] * SDPA_ROWS < p.seq)
-    return mlxn_kfail(err, cap, "grid does not cover %u heads × %u query rows", p.heads, p.seq);
-  uint64_t batch = a->groups[0], es = mlxn_ftype_size(t);
-  MLXN_NEED_BUF(a, 0, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
-  MLXN_NEED_BUF(a, 1, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
-  MLXN_NEED_BUF(a, 2, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
-  MLXN_NEED_BUF(a, 3, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 2, 3), (uint32_t)es, err, cap);
-  return mlxn_need_tg(a, SDPA_ROWS, "one query row per thread, 32 rows per threadgroup; use ops.sdpa", err, cap);
-}
+static sdpa_params read_sdpa(const mlxn_kargs *a) { return mlxn_params_sdpa_of(a, MLXN_SLOT_SDPA_F32_SDPA); }
 
 static void sdpa_rows(const mlxn_kargs *a, mlxn_ftype t, uint32_t b, uint32_t h, uint32_t block) {
   sdpa_params p = read_sdpa(a);
@@ -87,9 +58,6 @@ static void sdpa_rows(const mlxn_kargs *a, mlxn_ftype t, uint32_t b, uint32_t h,
 }
 
 #define SDPA_KERNEL(SUF, T)                                                                       \
-  static int sdpa_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {                 \
-    return sdpa_validate(a, T, err, cap);                                                          \
-  }                                                                                                \
   static int sdpa_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) { \
     (void)s;                                                                                       \
     if (gy < read_sdpa(a).heads) sdpa_rows(a, T, gx, gy, gz);                                      \
@@ -101,49 +69,9 @@ SDPA_KERNEL(bf16, MLXN_T_BF16)
 
 /* ---- flash_attn_vec ------------------------------------------------------------------------------ */
 
-typedef struct fav_params {
-  uint32_t heads, kv_heads, hd, kv_len, kv_cap;
-  float scale;
-  uint32_t mask, window;
-  float softcap;
-  uint32_t nwg;
-} fav_params;
+typedef mlxn_params_flash fav_params; /* generated layout (kernels/spec/kernels.ts) */
 
-static fav_params read_fav(const mlxn_kargs *a) {
-  fav_params p = {mlxn_arg_u32(a, 4, 0),  mlxn_arg_u32(a, 4, 4),  mlxn_arg_u32(a, 4, 8),
-                  mlxn_arg_u32(a, 4, 12), mlxn_arg_u32(a, 4, 16), mlxn_arg_f32(a, 4, 20),
-                  mlxn_arg_u32(a, 4, 24), mlxn_arg_u32(a, 4, 28), mlxn_arg_f32(a, 4, 32),
-                  mlxn_arg_u32(a, 4, 36)};
-  return p;
-}
-
-static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 4, 40, err, cap);
-  fav_params p = read_fav(a);
-  if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
-    return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);
-  if (p.hd != 64 && p.hd != 128 && p.hd != 256 && p.hd != 512)
-    return mlxn_kfail(err, cap, "head_dim must be 64, 128, 256 or 512, got %u", p.hd);
-  if (!p.kv_len || p.kv_len > p.kv_cap)
-    return mlxn_kfail(err, cap, "need 0 < kv_seq_len (%u) <= kv_capacity (%u)", p.kv_len, p.kv_cap);
-  if (p.mask > 2) return mlxn_kfail(err, cap, "mask must be 0 (none), 1 (causal) or 2 (sliding), got %u", p.mask);
-  if (p.mask == 2 && !p.window) return mlxn_kfail(err, cap, "a sliding window must be > 0");
-  if (!isfinite(p.scale) || !(p.softcap >= 0.0f) || isinf(p.softcap))
-    return mlxn_kfail(err, cap, "scale must be finite and softcap finite and >= 0");
-  if (!p.nwg || p.nwg > 256) return mlxn_kfail(err, cap, "nwg must be 1..256, got %u", p.nwg);
-  if (a->groups[0] < p.heads || a->groups[1] < p.nwg) return mlxn_kfail(err, cap, "grid must be (n_heads, nwg)");
-  uint64_t es = mlxn_ftype_size(t);
-  MLXN_NEED_BUF(a, 0, MLXN_SIZE(p.heads, p.hd, 4), err, cap);
-  MLXN_NEED_BUF(a, 1, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
-  MLXN_NEED_BUF(a, 2, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
-  MLXN_NEED_BUF(a, 3, MLXN_SIZE(p.heads, p.nwg, (uint64_t)p.hd + 2, 4), err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 3), 4, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(1, 2), (uint32_t)es, err, cap);
-  return mlxn_need_tg(a, 32,
-                      "one 32-lane simdgroup per (head, workgroup), each lane owning head_dim/32 dimensions; "
-                      "use ops.flashAttnVec",
-                      err, cap);
-}
+static fav_params read_fav(const mlxn_kargs *a) { return mlxn_params_flash_of(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH); }
 
 static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {
   fav_params p = read_fav(a);
@@ -176,9 +104,6 @@ static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t 
 }
 
 #define FAV_KERNEL(SUF, T)                                                                        \
-  static int flash_attn_vec_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {       \
-    return fav_validate(a, T, err, cap);                                                           \
-  }                                                                                                \
   static int flash_attn_vec_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, \
                                         void *s) {                                                 \
     (void)gz; (void)s;                                                                             \
@@ -189,23 +114,6 @@ static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t 
 
 FAV_KERNEL(f32, MLXN_T_F32)
 FAV_KERNEL(f16, MLXN_T_F16)
-
-static int fav_reduce_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 12, err, cap);
-  uint32_t heads = mlxn_arg_u32(a, 2, 0), hd = mlxn_arg_u32(a, 2, 4), nwg = mlxn_arg_u32(a, 2, 8);
-  if (!heads || !hd || hd > MAX_HEAD_DIM || !nwg || nwg > 256)
-    return mlxn_kfail(err, cap, "need n_heads > 0, head_dim 1..%d and nwg 1..256", MAX_HEAD_DIM);
-  if (a->groups[0] < heads) return mlxn_kfail(err, cap, "grid must cover n_heads");
-  /* The CUDA kernel keeps 3 x 32 partials per thread in registers: a block of more than 256 threads
-   * fails to launch there (out of registers). */
-  if ((uint64_t)a->tg[0] * a->tg[1] * a->tg[2] > 256)
-    return mlxn_kfail(err, cap, "threadgroup must have at most 256 threads, got (%u, %u, %u); use ops.flashAttnVec",
-                      a->tg[0], a->tg[1], a->tg[2]);
-  MLXN_NEED_BUF(a, 0, MLXN_SIZE(heads, nwg, (uint64_t)hd + 2, 4), err, cap);
-  MLXN_NEED_BUF(a, 1, MLXN_SIZE(heads, hd, 4), err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
-  return 0;
-}
 
 static int fav_reduce_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gy; (void)gz; (void)s;
@@ -228,11 +136,8 @@ static int fav_reduce_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_
   return 0;
 }
 
-const mlxn_cpu_kernel mlxn_cpu_attention_kernels[] = {
-    {"sdpa_f32", "bbbbc", sdpa_f32_validate, sdpa_f32_run},
-    {"sdpa_bf16", "bbbbc", sdpa_bf16_validate, sdpa_bf16_run},
-    {"flash_attn_vec_f32", "bbbbc", flash_attn_vec_f32_validate, flash_attn_vec_f32_run},
-    {"flash_attn_vec_f16", "bbbbc", flash_attn_vec_f16_validate, flash_attn_vec_f16_run},
-    {"flash_attn_vec_reduce", "bbc", fav_reduce_validate, fav_reduce_run},
-    {0, 0, 0, 0},
-};
+MLXN_CPU_BODY(sdpa_f32, sdpa_f32_run)
+MLXN_CPU_BODY(sdpa_bf16, sdpa_bf16_run)
+MLXN_CPU_BODY(flash_attn_vec_f32, flash_attn_vec_f32_run)
+MLXN_CPU_BODY(flash_attn_vec_f16, flash_attn_vec_f16_run)
+MLXN_CPU_BODY(flash_attn_vec_reduce, fav_reduce_run)

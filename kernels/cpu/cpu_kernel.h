@@ -1,10 +1,8 @@
 /*
- * The CPU kernel interface: what the CPU backend hands a kernel, and what a kernel declares.
- *
- * A kernel mirrors a GPU compute kernel: run() executes ONE threadgroup (all of its threads, in a
- * loop) and may be called concurrently for different threadgroups and for other dispatches of the
- * same concurrent group. validate() runs at encode time and must reject every argument set that
- * would make run() touch memory outside the bound slices; run() then trusts its arguments.
+ * The CPU kernel bodies' interface. A body mirrors a GPU compute kernel: it executes ONE threadgroup
+ * (all of its threads, in a loop) and may be called concurrently for different threadgroups and for
+ * other dispatches of the same concurrent group. The core has validated its arguments against the
+ * kernel's contract (native/contracts) before it runs, so a body trusts them.
  */
 #ifndef MLXN_CPU_KERNEL_H
 #define MLXN_CPU_KERNEL_H
@@ -13,184 +11,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../native/mlxn.h"
+#include "../../native/contracts/contracts.h"
 
-/* Kernels of this backend use at most this many argument slots. */
-#define MLXN_CPU_KERNEL_SLOTS 12
+/* Runs threadgroup (gx, gy, gz); tg_scratch holds a.tg_memory bytes private to this call. Returns 0,
+ * or non-zero when the dispatch failed (the command buffer then reports an error). */
+typedef int (*mlxn_cpu_run)(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *tg_scratch);
 
-typedef struct mlxn_kargs {
-  /* Slot i: for a buffer, the bound slice; for inline bytes, a private copy. */
-  uint8_t *ptr[MLXN_CPU_KERNEL_SLOTS];
-  uint64_t len[MLXN_CPU_KERNEL_SLOTS];
-  uint32_t grid[3];   /* threads per dimension (a threadgroup dispatch: groups × threadgroup) */
-  uint32_t tg[3];     /* threads per threadgroup */
-  uint32_t groups[3]; /* threadgroups per dimension */
-  uint32_t tg_memory; /* threadgroup memory bytes requested (index 0) */
-} mlxn_kargs;
+/* Declares or defines the body of kernel NAME: `MLXN_CPU_KERNEL(rms_norm_f32) { ... }`. The table
+ * (kernels/cpu/table.gen.c) names every described kernel's body, so a missing one fails the link. */
+#define MLXN_CPU_KERNEL(NAME)                                                                      \
+  int mlxn_cpu_##NAME(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *tg_scratch)
 
-typedef struct mlxn_cpu_kernel {
-  const char *name;
-  /* One character per slot: 'b' buffer, 'o' optional buffer, 'c' inline bytes. */
-  const char *signature;
-  /* Writes a reason into err and returns non-zero when the arguments are unusable. */
-  int (*validate)(const mlxn_kargs *a, char *err, size_t cap);
-  /* Runs threadgroup (gx, gy, gz); tg_scratch holds a.tg_memory bytes private to this call.
-   * Returns 0, or non-zero when the dispatch failed (the command buffer then reports an error). */
-  int (*run)(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *tg_scratch);
-} mlxn_cpu_kernel;
+/* Defines kernel NAME's body as the family's function FN. */
+#define MLXN_CPU_BODY(NAME, FN)                                                                    \
+  MLXN_CPU_KERNEL(NAME) { return FN(a, gx, gy, gz, tg_scratch); }
 
-/* Every kernel family's table (each terminated by a NULL name), NULL-terminated
- * (kernels/cpu/registry.c). */
-extern const mlxn_cpu_kernel *const mlxn_cpu_kernel_families[];
-
-/* ---- helpers for kernels ------------------------------------------------------------------ */
-
-/* Fails validation with a formatted reason. */
-int mlxn_kfail(char *err, size_t cap, const char *fmt, ...);
-
-/* Reads a little-endian u32 / f32 at byte offset off of an inline-bytes slot. */
-static inline uint32_t mlxn_arg_u32(const mlxn_kargs *a, int slot, uint32_t off) {
-  uint32_t v;
-  __builtin_memcpy(&v, a->ptr[slot] + off, 4);
-  return v;
-}
-static inline float mlxn_arg_f32(const mlxn_kargs *a, int slot, uint32_t off) {
-  float v;
-  __builtin_memcpy(&v, a->ptr[slot] + off, 4);
-  return v;
-}
-
-/* Checks that inline slot `slot` holds at least `need` bytes. */
-#define MLXN_NEED_BYTES(a, slot, need, err, cap)                                                   \
-  do {                                                                                             \
-    if ((a)->len[slot] < (uint64_t)(need))                                                         \
-      return mlxn_kfail(err, cap, "slot %d: inline constants need %u bytes, got %llu", slot,     \
-                        (unsigned)(need), (unsigned long long)(a)->len[slot]);                     \
-  } while (0)
-
-/* ---- checked size arithmetic ---------------------------------------------------------------
- * Every size a validate() derives from dispatch parameters goes through these. A product or sum that
- * does not fit in 64 bits saturates to MLXN_SIZE_OVERFLOW and stays there, so a wrapped size can
- * never pass a bounds check: MLXN_NEED_BUF reports it as an overflow (no slice is that large). */
-
-#define MLXN_SIZE_OVERFLOW UINT64_MAX
-
-static inline uint64_t mlxn_size_mul(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? MLXN_SIZE_OVERFLOW : r;
-}
-static inline uint64_t mlxn_size_add(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) || a == MLXN_SIZE_OVERFLOW || b == MLXN_SIZE_OVERFLOW ? MLXN_SIZE_OVERFLOW : r;
-}
-static inline uint64_t mlxn_size_prod(const uint64_t *f, size_t n) {
-  uint64_t r = 1;
-  for (size_t i = 0; i < n; i++) {
-    if (f[i] == 0) return 0; /* an empty extent: nothing is touched, whatever the other factors */
-    r = mlxn_size_mul(r, f[i]);
-  }
-  return r;
-}
-/* MLXN_SIZE(a, b, ...): the checked product of its arguments, each widened to 64 bits. */
-#define MLXN_SIZE(...)                                                                             \
-  mlxn_size_prod((const uint64_t[]){__VA_ARGS__}, sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))
-
-/* The reason for a too-small slice (or an overflowing size); returns 1. */
-int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, size_t cap);
-
-/* Checks that buffer slot `slot` holds at least `need` bytes (need: a checked size). */
-#define MLXN_NEED_BUF(a, slot, need, err, cap)                                                     \
-  do {                                                                                             \
-    uint64_t need_ = (need);                                                                       \
-    if ((a)->len[slot] < need_ || need_ == MLXN_SIZE_OVERFLOW)                                      \
-      return mlxn_need_buf_fail(a, slot, need_, err, cap);                                         \
-  } while (0)
-
-/* Fails unless every bound buffer among the slots of `mask` starts on a multiple of `align` bytes
- * (its element size): kernels, on the GPU and here, access elements of their own type. */
-int mlxn_need_align_fail(const mlxn_kargs *a, uint32_t mask, uint32_t align, char *err, size_t cap);
-static inline int mlxn_misaligned(const mlxn_kargs *a, uint32_t mask, uint32_t align) {
-  uintptr_t bits = 0; /* unbound optional slots are NULL: aligned */
-  for (uint32_t m = mask; m; m &= m - 1) bits |= (uintptr_t)a->ptr[__builtin_ctz(m)];
-  return (bits & (align - 1)) != 0;
-}
-#define MLXN_NEED_ALIGN(a, mask, align, err, cap)                                                  \
-  do {                                                                                             \
-    if (mlxn_misaligned(a, mask, align)) return mlxn_need_align_fail(a, mask, align, err, cap);    \
-  } while (0)
-#define MLXN_SLOTS2(s0, s1) ((1u << (s0)) | (1u << (s1)))
-#define MLXN_SLOTS3(s0, s1, s2) (MLXN_SLOTS2(s0, s1) | (1u << (s2)))
-#define MLXN_SLOTS4(s0, s1, s2, s3) (MLXN_SLOTS3(s0, s1, s2) | (1u << (s3)))
-
-/* ---- dispatch geometry -----------------------------------------------------------------------
- * The GPU kernels (kernels/metal, kernels/cuda) map threads to work in fixed ways: a 32-lane
- * simdgroup/warp per output, a tree reduction over the threadgroup, one thread per element. Where
- * a shape breaks that mapping they compute a partial result, even though the CPU kernel here (which
- * loops over the work itself) would be right, so validate() enforces the shape on every backend. */
-
-/* Fails unless the threadgroup is exactly (x, 1, 1); `why` says how the kernel uses it and which
- * op dispatches it. */
-static inline int mlxn_need_tg(const mlxn_kargs *a, uint32_t x, const char *why, char *err, size_t cap) {
-  if (a->tg[0] == x && a->tg[1] == 1 && a->tg[2] == 1) return 0;
-  return mlxn_kfail(err, cap, "threadgroup must be (%u, 1, 1): %s; got (%u, %u, %u)", x, why, a->tg[0], a->tg[1],
-                    a->tg[2]);
-}
-
-/* Row kernels reduce one row per threadgroup by a tree over its threads through one f32 of
- * threadgroup memory per thread: the threadgroup must be (2^k, 1, 1) with 4·2^k bytes. */
-static inline int mlxn_need_row_tg(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
-  uint32_t x = a->tg[0];
-  if ((x & (x - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
-    return mlxn_kfail(err, cap,
-                      "threadgroup must be (2^k, 1, 1), a power of two wide: one row per threadgroup, "
-                      "reduced by a tree over its threads; got (%u, %u, %u); use %s",
-                      a->tg[0], a->tg[1], a->tg[2], op);
-  if ((uint64_t)a->tg_memory < (uint64_t)x * 4)
-    return mlxn_kfail(err, cap,
-                      "threadgroup memory must hold one f32 per thread: at least %llu bytes for a "
-                      "threadgroup of %u, got %u; use %s",
-                      (unsigned long long)x * 4, x, a->tg_memory, op);
-  return 0;
-}
-
-/* Fails unless the grid has at least `need` threads along dimension `dim` (one thread per `what`:
- * a thread the grid leaves out is work nobody does). */
-static inline int mlxn_need_grid(const mlxn_kargs *a, int dim, uint64_t need, const char *what, char *err,
-                                 size_t cap) {
-  if (a->grid[dim] >= need) return 0;
-  return mlxn_kfail(err, cap, "grid dimension %d has %u threads but needs %llu, one per %s", dim, a->grid[dim],
-                    (unsigned long long)need, what);
-}
-
-/* Whether the byte ranges [p, p + n) and [q, q + m) share a byte. */
-static inline int mlxn_ranges_overlap(const uint8_t *p, uint64_t n, const uint8_t *q, uint64_t m) {
-  uintptr_t x = (uintptr_t)p, y = (uintptr_t)q;
-  return n && m && x < y + m && y < x + n;
-}
-
-/* Fails when the output slot's first out_bytes overlap the input slot's first in_bytes (both
- * already checked against the slices): such a kernel reads inputs after writing outputs. */
-#define MLXN_NO_OVERLAP(a, out, out_bytes, in, in_bytes, err, cap)                                 \
-  do {                                                                                             \
-    if (mlxn_ranges_overlap((a)->ptr[out], (out_bytes), (a)->ptr[in], (in_bytes)))                 \
-      return mlxn_kfail(err, cap,                                                                  \
-                        "slot %d (output) overlaps slot %d (input); the kernel would read values "  \
-                        "it already overwrote: write the result to a separate buffer or a "        \
-                        "non-overlapping slice",                                                   \
-                        out, in);                                                                  \
-  } while (0)
-
-/* Fails when the output slot's first `bytes` overlap the input slot's first `bytes` other than
- * exactly (the same first byte): element-wise kernels may run in place, never shifted. */
-#define MLXN_IN_PLACE_OR_DISJOINT(a, out, in, bytes, err, cap)                                      \
-  do {                                                                                             \
-    if ((a)->ptr[out] != (a)->ptr[in] && mlxn_ranges_overlap((a)->ptr[out], (bytes), (a)->ptr[in], (bytes))) \
-      return mlxn_kfail(err, cap,                                                                  \
-                        "slot %d (output) partly overlaps slot %d (input); threads would read "     \
-                        "values others already overwrote: write in place exactly (the same view) "  \
-                        "or to a separate buffer",                                                 \
-                        out, in);                                                                  \
-  } while (0)
+/* Each kernel's body, indexed by kernel id (generated). */
+extern const mlxn_cpu_run mlxn_cpu_runs[MLXN_KERNEL_COUNT];
 
 /* ---- 16-bit float conversions (round to nearest even, NaN preserved) ----------------------- */
 
@@ -260,11 +97,7 @@ static inline uint16_t mlxn_f32_to_bf16(float f) {
   return (uint16_t)(x >> 16);
 }
 
-/* Element load/store by dtype, for kernels generic over f32/f16/bf16. */
-typedef enum { MLXN_T_F32 = 0, MLXN_T_F16 = 1, MLXN_T_BF16 = 2 } mlxn_ftype;
-
-static inline uint32_t mlxn_ftype_size(mlxn_ftype t) { return t == MLXN_T_F32 ? 4u : 2u; }
-
+/* Element load/store by dtype (mlxn_ftype), for kernels generic over f32/f16/bf16. */
 static inline float mlxn_load(const uint8_t *base, uint64_t i, mlxn_ftype t) {
   if (t == MLXN_T_F32) {
     float v;

@@ -16,24 +16,6 @@ static float row_inv_rms(const uint8_t *x, uint64_t base, uint32_t dim, mlxn_fty
   return 1.0f / sqrtf(sum / (float)dim + eps);
 }
 
-/* Checks eps/dim in inline slot `pslot` and that each listed buffer slot holds rows × dim. */
-static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, int nrow,
-                         int weight_slot, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, pslot, 8, err, cap);
-  float eps = mlxn_arg_f32(a, pslot, 0);
-  uint32_t dim = mlxn_arg_u32(a, pslot, 4);
-  if (dim == 0) return mlxn_kfail(err, cap, "rms_norm: dim must be > 0");
-  if (!(eps >= 0.0f) || isinf(eps)) return mlxn_kfail(err, cap, "rms_norm: eps must be finite and >= 0");
-  uint64_t rows = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2]);
-  uint64_t es = mlxn_ftype_size(t);
-  for (int i = 0; i < nrow; i++) MLXN_NEED_BUF(a, row_slots[i], MLXN_SIZE(rows, dim, es), err, cap);
-  if (weight_slot >= 0) MLXN_NEED_BUF(a, weight_slot, MLXN_SIZE(dim, es), err, cap);
-  uint32_t mask = weight_slot >= 0 ? 1u << weight_slot : 0;
-  for (int i = 0; i < nrow; i++) mask |= 1u << row_slots[i];
-  MLXN_NEED_ALIGN(a, mask, (uint32_t)es, err, cap);
-  return mlxn_need_row_tg(a, "ops.rmsNorm and its fused forms (rowGeometry)", err, cap);
-}
-
 static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz) {
   return ((uint64_t)gz * a->groups[1] + gy) * a->groups[0] + gx;
 }
@@ -42,31 +24,23 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
 /* ---- rms_norm_mul: 0 in, 1 weight, 2 scale, 3 out, 4 {eps, dim}: out = norm(in)·w·scale ---- */
 
 #define NORM_KERNELS(SUF, T)                                                                      \
-  static int rms_norm_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {             \
-    static const int rows[] = {0, 2};                                                              \
-    return norm_validate(a, 3, rows, 2, 1, T, err, cap);                                           \
-  }                                                                                                \
   static int rms_norm_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,    \
                                   void *s) {                                                       \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 3, 4);                                                          \
+    uint32_t dim = mlxn_arg_u32(a, 3, MLXN_PARAMS_NORM_DIM);                                                          \
     uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 3, 0));                       \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 3, MLXN_PARAMS_NORM_EPS));                       \
     for (uint32_t i = 0; i < dim; i++)                                                             \
       mlxn_store(a->ptr[2], base + i, T,                                                           \
                  (mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T));          \
     return 0;                                                                                      \
   }                                                                                                \
-  static int rms_norm_mul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {         \
-    static const int rows[] = {0, 2, 3};                                                           \
-    return norm_validate(a, 4, rows, 3, 1, T, err, cap);                                           \
-  }                                                                                                \
   static int rms_norm_mul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,\
                                       void *s) {                                                   \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 4, 4);                                                          \
+    uint32_t dim = mlxn_arg_u32(a, 4, MLXN_PARAMS_NORM_DIM);                                                          \
     uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 4, 0));                       \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 4, MLXN_PARAMS_NORM_EPS));                       \
     for (uint32_t i = 0; i < dim; i++) {                                                           \
       /* Round the normalised value through the storage type, exactly as the unfused pair does. */ \
       float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
@@ -80,16 +54,12 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
  *      rms_norm → mul → add do, so the fused result is bit-identical. */
 
 #define NORM_MUL_ADD_KERNEL(SUF, T)                                                               \
-  static int rms_norm_mul_add_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {     \
-    static const int rows[] = {0, 2, 3, 4};                                                        \
-    return norm_validate(a, 5, rows, 4, 1, T, err, cap);                                           \
-  }                                                                                                \
   static int rms_norm_mul_add_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy,         \
                                           uint32_t gz, void *s) {                                  \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 5, 4);                                                          \
+    uint32_t dim = mlxn_arg_u32(a, 5, MLXN_PARAMS_NORM_DIM);                                                          \
     uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 5, 0));                       \
+    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 5, MLXN_PARAMS_NORM_EPS));                       \
     for (uint32_t i = 0; i < dim; i++) {                                                           \
       float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
       float m = mlxn_round_to(n * mlxn_load(a->ptr[2], base + i, T), T);                           \
@@ -106,41 +76,20 @@ NORM_KERNELS(f32, MLXN_T_F32)
 NORM_KERNELS(f16, MLXN_T_F16)
 NORM_KERNELS(bf16, MLXN_T_BF16)
 
-/* ---- rms_norm_no_scale_f32: 0 in, 1 out, 2 {eps, dim} ------------------------------------- */
-
-static int rms_norm_no_scale_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  static const int rows[] = {0, 1};
-  return norm_validate(a, 2, rows, 2, -1, MLXN_T_F32, err, cap);
-}
-
 static int rms_norm_no_scale_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,
                                      void *s) {
   (void)s;
-  uint32_t dim = mlxn_arg_u32(a, 2, 4);
+  uint32_t dim = mlxn_arg_u32(a, 2, MLXN_PARAMS_NORM_DIM);
   uint64_t base = row_of(a, gx, gy, gz) * dim;
-  float inv = row_inv_rms(a->ptr[0], base, dim, MLXN_T_F32, mlxn_arg_f32(a, 2, 0));
+  float inv = row_inv_rms(a->ptr[0], base, dim, MLXN_T_F32, mlxn_arg_f32(a, 2, MLXN_PARAMS_NORM_EPS));
   for (uint32_t i = 0; i < dim; i++)
     mlxn_store(a->ptr[1], base + i, MLXN_T_F32, mlxn_load(a->ptr[0], base + i, MLXN_T_F32) * inv);
   return 0;
 }
 
-/* ---- softmax_f32: 0 in, 1 out, 2 {cols: u32}; max-subtracted, f32 accumulation ------------ */
-
-static int softmax_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 4, err, cap);
-  uint32_t cols = mlxn_arg_u32(a, 2, 0);
-  if (cols == 0) return mlxn_kfail(err, cap, "softmax: cols must be > 0");
-  uint64_t bytes = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2], cols, 4);
-  MLXN_NEED_BUF(a, 0, bytes, err, cap);
-  MLXN_NEED_BUF(a, 1, bytes, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
-  MLXN_IN_PLACE_OR_DISJOINT(a, 1, 0, bytes, err, cap);
-  return mlxn_need_row_tg(a, "ops.softmax (rowGeometry)", err, cap);
-}
-
 static int softmax_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)s;
-  uint32_t cols = mlxn_arg_u32(a, 2, 0);
+  uint32_t cols = mlxn_arg_u32(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX, MLXN_PARAMS_SOFTMAX_COLS);
   uint64_t base = row_of(a, gx, gy, gz) * cols;
   float m = -INFINITY;
   for (uint32_t i = 0; i < cols; i++) m = fmaxf(m, mlxn_load(a->ptr[0], base + i, MLXN_T_F32));
@@ -156,17 +105,14 @@ static int softmax_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32
   return 0;
 }
 
-const mlxn_cpu_kernel mlxn_cpu_norm_kernels[] = {
-    {"rms_norm_f32", "bbbc", rms_norm_f32_validate, rms_norm_f32_run},
-    {"rms_norm_f16", "bbbc", rms_norm_f16_validate, rms_norm_f16_run},
-    {"rms_norm_bf16", "bbbc", rms_norm_bf16_validate, rms_norm_bf16_run},
-    {"rms_norm_mul_f32", "bbbbc", rms_norm_mul_f32_validate, rms_norm_mul_f32_run},
-    {"rms_norm_mul_f16", "bbbbc", rms_norm_mul_f16_validate, rms_norm_mul_f16_run},
-    {"rms_norm_mul_bf16", "bbbbc", rms_norm_mul_bf16_validate, rms_norm_mul_bf16_run},
-    {"rms_norm_mul_add_f32", "bbbbbc", rms_norm_mul_add_f32_validate, rms_norm_mul_add_f32_run},
-    {"rms_norm_mul_add_f16", "bbbbbc", rms_norm_mul_add_f16_validate, rms_norm_mul_add_f16_run},
-    {"rms_norm_mul_add_bf16", "bbbbbc", rms_norm_mul_add_bf16_validate, rms_norm_mul_add_bf16_run},
-    {"rms_norm_no_scale_f32", "bbc", rms_norm_no_scale_f32_validate, rms_norm_no_scale_f32_run},
-    {"softmax_f32", "bbc", softmax_f32_validate, softmax_f32_run},
-    {0, 0, 0, 0},
-};
+MLXN_CPU_BODY(rms_norm_f32, rms_norm_f32_run)
+MLXN_CPU_BODY(rms_norm_f16, rms_norm_f16_run)
+MLXN_CPU_BODY(rms_norm_bf16, rms_norm_bf16_run)
+MLXN_CPU_BODY(rms_norm_mul_f32, rms_norm_mul_f32_run)
+MLXN_CPU_BODY(rms_norm_mul_f16, rms_norm_mul_f16_run)
+MLXN_CPU_BODY(rms_norm_mul_bf16, rms_norm_mul_bf16_run)
+MLXN_CPU_BODY(rms_norm_mul_add_f32, rms_norm_mul_add_f32_run)
+MLXN_CPU_BODY(rms_norm_mul_add_f16, rms_norm_mul_add_f16_run)
+MLXN_CPU_BODY(rms_norm_mul_add_bf16, rms_norm_mul_add_bf16_run)
+MLXN_CPU_BODY(rms_norm_no_scale_f32, rms_norm_no_scale_f32_run)
+MLXN_CPU_BODY(softmax_f32, softmax_f32_run)

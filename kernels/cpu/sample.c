@@ -120,60 +120,11 @@ static void philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1) {
   }
 }
 
-/* a·b·c bytes, or 0 with *ok cleared when the product does not fit in 64 bits. */
-static uint64_t checked_bytes(uint64_t a, uint64_t b, uint64_t c, int *ok) {
-  uint64_t ab, abc;
-  if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) {
-    *ok = 0;
-    return 0;
-  }
-  return abc;
-}
-
-/* Checks the token-ring addressing: `ring` slots of `rows` u32 ids in buffer slot `ids`, and the
- * optional cursor buffer bound exactly when has_cursor says so. */
-static int ring_validate(const mlxn_kargs *a, int ids, int cursor, uint32_t rows, uint32_t ring,
-                         uint32_t has_cursor, char *err, size_t cap) {
-  if (rows == 0) return mlxn_kfail(err, cap, "rows must be > 0");
-  if (ring == 0) return mlxn_kfail(err, cap, "ring must be > 0 (slots of the token-id ring)");
-  if (has_cursor > 1) return mlxn_kfail(err, cap, "has_cursor must be 0 or 1, got %u", has_cursor);
-  if (has_cursor != (a->ptr[cursor] != NULL))
-    return mlxn_kfail(err, cap, has_cursor ? "has_cursor is 1 but the cursor slot %d is not bound"
-                                           : "cursor slot %d bound but has_cursor is 0", cursor);
-  int ok = 1;
-  uint64_t need = checked_bytes(ring, rows, 4, &ok);
-  if (!ok) return mlxn_kfail(err, cap, "ring × rows × 4 bytes overflows");
-  MLXN_NEED_BUF(a, ids, need, err, cap);
-  if (has_cursor) MLXN_NEED_BUF(a, cursor, 4, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(ids, cursor), 4, err, cap); /* u32 token ids and cursor */
-  return 0;
-}
-
 /* Element of row `row` in the ring slot this dispatch uses. */
 static inline uint64_t ring_element(const mlxn_kargs *a, int cursor, uint32_t rows, uint32_t ring,
                                     uint32_t has_cursor, uint32_t row) {
   uint32_t slot = has_cursor ? ((const uint32_t *)a->ptr[cursor])[0] % ring : 0;
   return (uint64_t)slot * rows + row;
-}
-
-/* Checks logits [rows, vocab] of element type t in slot 0, one threadgroup per row. */
-static int logits_validate(const mlxn_kargs *a, uint32_t rows, uint32_t vocab, mlxn_ftype t, char *err,
-                           size_t cap) {
-  if (vocab == 0 || vocab > (1u << 30)) return mlxn_kfail(err, cap, "vocab must be in [1, 2^30], got %u", vocab);
-  /* The GPU kernels reduce over whole warps / simdgroups of a one-dimensional threadgroup. */
-  uint32_t tg = a->tg[0];
-  if (tg < 32 || tg > 1024 || (tg & (tg - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
-    return mlxn_kfail(err, cap, "threadgroup must be (2^k, 1, 1) with 32 <= 2^k <= 1024, got (%u, %u, %u)", a->tg[0],
-                      a->tg[1], a->tg[2]);
-  if ((uint64_t)a->groups[0] * a->groups[1] * a->groups[2] < rows)
-    return mlxn_kfail(err, cap, "%u threadgroups do not cover %u rows (one per row)",
-                      a->groups[0] * a->groups[1] * a->groups[2], rows);
-  int ok = 1;
-  uint64_t need = checked_bytes(rows, vocab, mlxn_ftype_size(t), &ok);
-  if (!ok) return mlxn_kfail(err, cap, "rows × vocab × element size overflows");
-  MLXN_NEED_BUF(a, 0, need, err, cap);
-  MLXN_NEED_ALIGN(a, 1u, mlxn_ftype_size(t), err, cap);
-  return 0;
 }
 
 static inline uint32_t row_index(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz) {
@@ -197,21 +148,6 @@ static uint32_t row_argmax(const uint8_t *row, uint32_t vocab, mlxn_ftype t, uin
   *best_key = bk;
   *nan = any_nan;
   return bi;
-}
-
-/* ---- argmax_{f32,bf16}: 0 logits [rows, vocab], 1 ids u32 ring, 2 {vocab, rows, ring,
- *      has_cursor}, 3 cursor u32 (optional); threadgroups (rows). A row holding NaN fails the
- *      dispatch (its id is still written: NaN ranks below −inf). */
-
-static int argmax_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 16, err, cap);
-  uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
-  uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
-  if (ring_validate(a, 1, 3, rows, ring, has_cursor, err, cap)) return 1;
-  if (logits_validate(a, rows, vocab, t, err, cap)) return 1;
-  MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap); /* ids written, logits read */
-  MLXN_NO_OVERLAP(a, 1, a->len[1], 3, a->len[3], err, cap); /* ids written, cursor read */
-  return 0;
 }
 
 static int argmax_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, mlxn_ftype t) {
@@ -355,22 +291,6 @@ static selection select_desc(const uint8_t *row, uint32_t vocab, mlxn_ftype t, f
   return s;
 }
 
-static int sample_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 40, err, cap);
-  uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
-  uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
-  float c = mlxn_arg_f32(a, 2, 16);
-  uint32_t top_p = mlxn_arg_u32(a, 2, 24);
-  if (!(c >= 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "c = log2(e)/temperature must be finite and >= 0");
-  if (top_p == 0 || top_p > 0x80000000u)
-    return mlxn_kfail(err, cap, "top_p (Q31) must be in [1, 2^31], got %u", top_p);
-  if (ring_validate(a, 1, 3, rows, ring, has_cursor, err, cap)) return 1;
-  if (logits_validate(a, rows, vocab, t, err, cap)) return 1;
-  MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap); /* ids written, logits read */
-  MLXN_NO_OVERLAP(a, 1, a->len[1], 3, a->len[3], err, cap); /* ids written, cursor read */
-  return 0;
-}
-
 static int sample_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, mlxn_ftype t) {
   uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
   uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
@@ -422,27 +342,6 @@ static uint64_t gather_row_bytes(int fmt, uint32_t dim) {
   }
 }
 
-static int gather_validate_t(const mlxn_kargs *a, int fmt, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 3, 20, err, cap);
-  uint32_t rows = mlxn_arg_u32(a, 3, 0), dim = mlxn_arg_u32(a, 3, 4), vocab = mlxn_arg_u32(a, 3, 8);
-  uint32_t ring = mlxn_arg_u32(a, 3, 12), has_cursor = mlxn_arg_u32(a, 3, 16);
-  if (dim == 0 || vocab == 0) return mlxn_kfail(err, cap, "dim and vocab must be > 0");
-  if ((fmt == G_Q8_0 || fmt == G_Q4_0) && dim % 32)
-    return mlxn_kfail(err, cap, "dim=%u must be a multiple of 32 for a block-quantized table", dim);
-  if (ring_validate(a, 1, 4, rows, ring, has_cursor, err, cap)) return 1;
-  int ok = 1;
-  uint64_t table = checked_bytes(vocab, gather_row_bytes(fmt, dim), 1, &ok);
-  uint64_t out = checked_bytes(rows, dim, 4, &ok);
-  if (!ok) return mlxn_kfail(err, cap, "table or output size overflows 64 bits");
-  if ((uint64_t)a->grid[0] < dim || (uint64_t)a->grid[1] < rows)
-    return mlxn_kfail(err, cap, "grid %ux%u threads does not cover dim=%u × rows=%u", a->grid[0], a->grid[1], dim, rows);
-  MLXN_NEED_BUF(a, 0, table, err, cap);
-  MLXN_NEED_BUF(a, 2, out, err, cap);
-  MLXN_NEED_ALIGN(a, 1u << 2, 4, err, cap);
-  if (fmt == G_F32 || fmt == G_BF16) MLXN_NEED_ALIGN(a, 1u, fmt == G_F32 ? 4 : 2, err, cap); /* blocks: bytes */
-  return 0;
-}
-
 static inline float gather_value(const uint8_t *row, int fmt, uint32_t j) {
   if (fmt == G_F32) return mlxn_load(row, j, MLXN_T_F32);
   if (fmt == G_BF16) return mlxn_load(row, j, MLXN_T_BF16);
@@ -480,15 +379,9 @@ static int gather_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t 
 }
 
 #define TOKEN_KERNELS(SUF, T)                                                                     \
-  static int argmax_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
-    return argmax_validate_t(a, T, err, cap);                                                      \
-  }                                                                                                \
   static int argmax_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) { \
     (void)s;                                                                                       \
     return argmax_run_t(a, gx, gy, gz, T);                                                         \
-  }                                                                                                \
-  static int sample_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
-    return sample_validate_t(a, T, err, cap);                                                      \
   }                                                                                                \
   static int sample_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) { \
     (void)s;                                                                                       \
@@ -498,9 +391,6 @@ TOKEN_KERNELS(f32, MLXN_T_F32)
 TOKEN_KERNELS(bf16, MLXN_T_BF16)
 
 #define GATHER_KERNEL(SUF, F)                                                                     \
-  static int embed_gather_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {         \
-    return gather_validate_t(a, F, err, cap);                                                      \
-  }                                                                                                \
   static int embed_gather_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, \
                                       void *s) {                                                   \
     (void)s;                                                                                       \
@@ -511,14 +401,11 @@ GATHER_KERNEL(bf16, G_BF16)
 GATHER_KERNEL(q8_0, G_Q8_0)
 GATHER_KERNEL(q4_0, G_Q4_0)
 
-const mlxn_cpu_kernel mlxn_cpu_sample_kernels[] = {
-    {"argmax_f32", "bbco", argmax_f32_validate, argmax_f32_run},
-    {"argmax_bf16", "bbco", argmax_bf16_validate, argmax_bf16_run},
-    {"sample_f32", "bbco", sample_f32_validate, sample_f32_run},
-    {"sample_bf16", "bbco", sample_bf16_validate, sample_bf16_run},
-    {"embed_gather_f32", "bbbco", embed_gather_f32_validate, embed_gather_f32_run},
-    {"embed_gather_bf16", "bbbco", embed_gather_bf16_validate, embed_gather_bf16_run},
-    {"embed_gather_q8_0", "bbbco", embed_gather_q8_0_validate, embed_gather_q8_0_run},
-    {"embed_gather_q4_0", "bbbco", embed_gather_q4_0_validate, embed_gather_q4_0_run},
-    {0, 0, 0, 0},
-};
+MLXN_CPU_BODY(argmax_f32, argmax_f32_run)
+MLXN_CPU_BODY(argmax_bf16, argmax_bf16_run)
+MLXN_CPU_BODY(sample_f32, sample_f32_run)
+MLXN_CPU_BODY(sample_bf16, sample_bf16_run)
+MLXN_CPU_BODY(embed_gather_f32, embed_gather_f32_run)
+MLXN_CPU_BODY(embed_gather_bf16, embed_gather_bf16_run)
+MLXN_CPU_BODY(embed_gather_q8_0, embed_gather_q8_0_run)
+MLXN_CPU_BODY(embed_gather_q4_0, embed_gather_q4_0_run)

@@ -162,11 +162,8 @@ __global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args *__restrict__ args) 
   }
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[] = {
-    {"sdpa_f32", (const void *)k_sdpa<T_F32>, 0},
-    {"sdpa_bf16", (const void *)k_sdpa<T_BF16>, 0},
-    {"flash_attn_vec_f32", (const void *)k_flash_attn_vec<T_F32>, 0},
-    {"flash_attn_vec_f16", (const void *)k_flash_attn_vec<T_F16>, 0},
-    {"flash_attn_vec_reduce", (const void *)k_flash_attn_vec_reduce, 0},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(sdpa_f32, (k_sdpa<T_F32>));
+MLXN_CUDA_KERNEL(sdpa_bf16, (k_sdpa<T_BF16>));
+MLXN_CUDA_KERNEL(flash_attn_vec_f32, (k_flash_attn_vec<T_F32>));
+MLXN_CUDA_KERNEL(flash_attn_vec_f16, (k_flash_attn_vec<T_F16>));
+MLXN_CUDA_KERNEL(flash_attn_vec_reduce, (k_flash_attn_vec_reduce));

@@ -139,10 +139,19 @@ __device__ __forceinline__ uint64_t thread_x(const mlxn_gpu_args &a) {
   return (uint64_t)blockIdx.x * a.tg[0] + threadIdx.x;
 }
 
-// A kernel of this backend: name (as in the contract), entry point, and whether it needs
-// blockDim.x floats of dynamic shared memory.
+// A kernel of this backend: name (as in the contract), entry point, and the floats of dynamic shared
+// memory it needs per thread (the contract's threadgroup-memory rule).
 struct mlxn_cuda_kernel {
   const char *name;
   const void *func;
   int shared_floats_per_thread;
 };
+
+// Names FN (a __global__ function) as the body of kernel NAME; the generated table
+// (kernels/cuda/table.gen.cu) refers to every described kernel's body, so a missing one fails the link.
+#define MLXN_CUDA_KERNEL(NAME, FN)                                                                  \
+  extern const void *const mlxn_cuda_fn_##NAME;                                                    \
+  const void *const mlxn_cuda_fn_##NAME = (const void *)(FN)
+
+// The kernel called `name`, or null (kernels/cuda/table.gen.cu).
+const mlxn_cuda_kernel *mlxn_cuda_find_kernel(const char *name);

@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels: one thread per element (the CPU kernels' per-thread bodies).
 #include "common.cuh"
+#include "../../native/contracts/contracts.gen.h"
 
 template <int T, int OP> __global__ void k_binary(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
@@ -50,6 +51,15 @@ __global__ void k_axpby(const mlxn_gpu_args *__restrict__ args) {
   buf<float>(a, 2)[i] = __fadd_rn(__fmul_rn(alpha, x), __fmul_rn(beta, y)); // no FMA contraction
 }
 
+// scale_f32: out = alpha · x (slots and parameter offsets from the generated contract header).
+__global__ void k_scale(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  uint64_t i = thread_x(a);
+  if (i >= arg_u32(a, MLXN_SLOT_SCALE_F32_SCALE, MLXN_PARAMS_SCALE_N) || i >= a.grid[0]) return;
+  float alpha = arg_f32(a, MLXN_SLOT_SCALE_F32_SCALE, MLXN_PARAMS_SCALE_ALPHA);
+  buf<float>(a, MLXN_SLOT_SCALE_F32_OUT)[i] = __fmul_rn(alpha, buf<const float>(a, MLXN_SLOT_SCALE_F32_X)[i]);
+}
+
 __global__ void k_strided_copy(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   uint32_t c = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
@@ -65,25 +75,23 @@ __global__ void k_debug_fault(const mlxn_gpu_args *__restrict__ args) {
   else buf<uint32_t>(a, 0)[0] = 1;
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_elementwise_kernels[] = {
-    {"elementwise_add_f32", (const void *)k_binary<T_F32, 0>, 0},
-    {"elementwise_add_f16", (const void *)k_binary<T_F16, 0>, 0},
-    {"elementwise_add_bf16", (const void *)k_binary<T_BF16, 0>, 0},
-    {"elementwise_mul_f32", (const void *)k_binary<T_F32, 1>, 0},
-    {"elementwise_mul_f16", (const void *)k_binary<T_F16, 1>, 0},
-    {"elementwise_mul_bf16", (const void *)k_binary<T_BF16, 1>, 0},
-    {"gelu_f32", (const void *)k_unary<T_F32, 0>, 0},
-    {"gelu_f16", (const void *)k_unary<T_F16, 0>, 0},
-    {"gelu_bf16", (const void *)k_unary<T_BF16, 0>, 0},
-    {"silu_f32", (const void *)k_unary<T_F32, 1>, 0},
-    {"silu_f16", (const void *)k_unary<T_F16, 1>, 0},
-    {"silu_bf16", (const void *)k_unary<T_BF16, 1>, 0},
-    {"silu_mul_f32", (const void *)k_silu_mul<T_F32>, 0},
-    {"silu_mul_f16", (const void *)k_silu_mul<T_F16>, 0},
-    {"silu_mul_bf16", (const void *)k_silu_mul<T_BF16>, 0},
-    {"softcap_f32", (const void *)k_softcap, 0},
-    {"axpby_f32", (const void *)k_axpby, 0},
-    {"strided_copy_f32", (const void *)k_strided_copy, 0},
-    {"debug_fault", (const void *)k_debug_fault, 0},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(elementwise_add_f32, (k_binary<T_F32, 0>));
+MLXN_CUDA_KERNEL(elementwise_add_f16, (k_binary<T_F16, 0>));
+MLXN_CUDA_KERNEL(elementwise_add_bf16, (k_binary<T_BF16, 0>));
+MLXN_CUDA_KERNEL(elementwise_mul_f32, (k_binary<T_F32, 1>));
+MLXN_CUDA_KERNEL(elementwise_mul_f16, (k_binary<T_F16, 1>));
+MLXN_CUDA_KERNEL(elementwise_mul_bf16, (k_binary<T_BF16, 1>));
+MLXN_CUDA_KERNEL(gelu_f32, (k_unary<T_F32, 0>));
+MLXN_CUDA_KERNEL(gelu_f16, (k_unary<T_F16, 0>));
+MLXN_CUDA_KERNEL(gelu_bf16, (k_unary<T_BF16, 0>));
+MLXN_CUDA_KERNEL(silu_f32, (k_unary<T_F32, 1>));
+MLXN_CUDA_KERNEL(silu_f16, (k_unary<T_F16, 1>));
+MLXN_CUDA_KERNEL(silu_bf16, (k_unary<T_BF16, 1>));
+MLXN_CUDA_KERNEL(silu_mul_f32, (k_silu_mul<T_F32>));
+MLXN_CUDA_KERNEL(silu_mul_f16, (k_silu_mul<T_F16>));
+MLXN_CUDA_KERNEL(silu_mul_bf16, (k_silu_mul<T_BF16>));
+MLXN_CUDA_KERNEL(softcap_f32, (k_softcap));
+MLXN_CUDA_KERNEL(axpby_f32, (k_axpby));
+MLXN_CUDA_KERNEL(strided_copy_f32, (k_strided_copy));
+MLXN_CUDA_KERNEL(debug_fault, (k_debug_fault));
+MLXN_CUDA_KERNEL(scale_f32, (k_scale));

@@ -407,37 +407,34 @@ template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ arg
   if (lane == 0) buf<float>(a, 3)[(uint64_t)r * n_ + n] = acc;
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[] = {
-    {"matmul_f32", (const void *)k_matmul<T_F32>, 0},
-    {"matmul_bf16", (const void *)k_matmul<T_BF16>, 0},
-    {"matmul_f16", (const void *)k_matmul<T_F16>, 0},
-    {"qmatmul_affine", (const void *)k_affine<false>, 0},
-    {"qmatmul_affine_fast", (const void *)k_affine<true>, 0},
-    {"qmatmul_affine_general", (const void *)k_affine_general, 0},
-    {"qmatmul_affine_gather", (const void *)k_affine_gather, 0},
-    {"qmatmul_q4_0_mv", (const void *)k_ggml<Q4_0, true>, 0},
-    {"qmatmul_q4_0_mm", (const void *)k_ggml<Q4_0, false>, 0},
-    {"qmatmul_q8_0_mv", (const void *)k_ggml<Q8_0, true>, 0},
-    {"qmatmul_q8_0_mm", (const void *)k_ggml<Q8_0, false>, 0},
-    {"qmatmul_q6_k_mv", (const void *)k_ggml<Q6_K, true>, 0},
-    {"qmatmul_q6_k_mm", (const void *)k_ggml<Q6_K, false>, 0},
-    {"qmatmul_q4_1_mv", (const void *)k_ggml<Q4_1, true>, 0},
-    {"qmatmul_q4_1_mm", (const void *)k_ggml<Q4_1, false>, 0},
-    {"qmatmul_q5_0_mv", (const void *)k_ggml<Q5_0, true>, 0},
-    {"qmatmul_q5_0_mm", (const void *)k_ggml<Q5_0, false>, 0},
-    {"qmatmul_q5_1_mv", (const void *)k_ggml<Q5_1, true>, 0},
-    {"qmatmul_q5_1_mm", (const void *)k_ggml<Q5_1, false>, 0},
-    {"qmatmul_q4_k_mv", (const void *)k_ggml<Q4_K, true>, 0},
-    {"qmatmul_q4_k_mm", (const void *)k_ggml<Q4_K, false>, 0},
-    {"qmatmul_q5_k_mv", (const void *)k_ggml<Q5_K, true>, 0},
-    {"qmatmul_q5_k_mm", (const void *)k_ggml<Q5_K, false>, 0},
-    {"qmatmul_id_q4_0", (const void *)k_ggml_id<Q4_0>, 0},
-    {"qmatmul_id_q8_0", (const void *)k_ggml_id<Q8_0>, 0},
-    {"qmatmul_id_q6_k", (const void *)k_ggml_id<Q6_K>, 0},
-    {"qmatmul_id_q4_1", (const void *)k_ggml_id<Q4_1>, 0},
-    {"qmatmul_id_q5_0", (const void *)k_ggml_id<Q5_0>, 0},
-    {"qmatmul_id_q5_1", (const void *)k_ggml_id<Q5_1>, 0},
-    {"qmatmul_id_q4_k", (const void *)k_ggml_id<Q4_K>, 0},
-    {"qmatmul_id_q5_k", (const void *)k_ggml_id<Q5_K>, 0},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(matmul_f32, (k_matmul<T_F32>));
+MLXN_CUDA_KERNEL(matmul_bf16, (k_matmul<T_BF16>));
+MLXN_CUDA_KERNEL(matmul_f16, (k_matmul<T_F16>));
+MLXN_CUDA_KERNEL(qmatmul_affine, (k_affine<false>));
+MLXN_CUDA_KERNEL(qmatmul_affine_fast, (k_affine<true>));
+MLXN_CUDA_KERNEL(qmatmul_affine_general, (k_affine_general));
+MLXN_CUDA_KERNEL(qmatmul_affine_gather, (k_affine_gather));
+MLXN_CUDA_KERNEL(qmatmul_q4_0_mv, (k_ggml<Q4_0, true>));
+MLXN_CUDA_KERNEL(qmatmul_q4_0_mm, (k_ggml<Q4_0, false>));
+MLXN_CUDA_KERNEL(qmatmul_q8_0_mv, (k_ggml<Q8_0, true>));
+MLXN_CUDA_KERNEL(qmatmul_q8_0_mm, (k_ggml<Q8_0, false>));
+MLXN_CUDA_KERNEL(qmatmul_q6_k_mv, (k_ggml<Q6_K, true>));
+MLXN_CUDA_KERNEL(qmatmul_q6_k_mm, (k_ggml<Q6_K, false>));
+MLXN_CUDA_KERNEL(qmatmul_q4_1_mv, (k_ggml<Q4_1, true>));
+MLXN_CUDA_KERNEL(qmatmul_q4_1_mm, (k_ggml<Q4_1, false>));
+MLXN_CUDA_KERNEL(qmatmul_q5_0_mv, (k_ggml<Q5_0, true>));
+MLXN_CUDA_KERNEL(qmatmul_q5_0_mm, (k_ggml<Q5_0, false>));
+MLXN_CUDA_KERNEL(qmatmul_q5_1_mv, (k_ggml<Q5_1, true>));
+MLXN_CUDA_KERNEL(qmatmul_q5_1_mm, (k_ggml<Q5_1, false>));
+MLXN_CUDA_KERNEL(qmatmul_q4_k_mv, (k_ggml<Q4_K, true>));
+MLXN_CUDA_KERNEL(qmatmul_q4_k_mm, (k_ggml<Q4_K, false>));
+MLXN_CUDA_KERNEL(qmatmul_q5_k_mv, (k_ggml<Q5_K, true>));
+MLXN_CUDA_KERNEL(qmatmul_q5_k_mm, (k_ggml<Q5_K, false>));
+MLXN_CUDA_KERNEL(qmatmul_id_q4_0, (k_ggml_id<Q4_0>));
+MLXN_CUDA_KERNEL(qmatmul_id_q8_0, (k_ggml_id<Q8_0>));
+MLXN_CUDA_KERNEL(qmatmul_id_q6_k, (k_ggml_id<Q6_K>));
+MLXN_CUDA_KERNEL(qmatmul_id_q4_1, (k_ggml_id<Q4_1>));
+MLXN_CUDA_KERNEL(qmatmul_id_q5_0, (k_ggml_id<Q5_0>));
+MLXN_CUDA_KERNEL(qmatmul_id_q5_1, (k_ggml_id<Q5_1>));
+MLXN_CUDA_KERNEL(qmatmul_id_q4_k, (k_ggml_id<Q4_K>));
+MLXN_CUDA_KERNEL(qmatmul_id_q5_k, (k_ggml_id<Q5_K>));

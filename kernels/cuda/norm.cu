@@ -93,17 +93,14 @@ __global__ void k_softmax(const mlxn_gpu_args *__restrict__ args) {
   for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] = expf(x[base + i] - m) * inv;
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_norm_kernels[] = {
-    {"rms_norm_f32", (const void *)k_rms_norm<T_F32, 0>, 1},
-    {"rms_norm_f16", (const void *)k_rms_norm<T_F16, 0>, 1},
-    {"rms_norm_bf16", (const void *)k_rms_norm<T_BF16, 0>, 1},
-    {"rms_norm_mul_f32", (const void *)k_rms_norm<T_F32, 1>, 1},
-    {"rms_norm_mul_f16", (const void *)k_rms_norm<T_F16, 1>, 1},
-    {"rms_norm_mul_bf16", (const void *)k_rms_norm<T_BF16, 1>, 1},
-    {"rms_norm_mul_add_f32", (const void *)k_rms_norm<T_F32, 2>, 1},
-    {"rms_norm_mul_add_f16", (const void *)k_rms_norm<T_F16, 2>, 1},
-    {"rms_norm_mul_add_bf16", (const void *)k_rms_norm<T_BF16, 2>, 1},
-    {"rms_norm_no_scale_f32", (const void *)k_rms_norm<T_F32, 3>, 1},
-    {"softmax_f32", (const void *)k_softmax, 1},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(rms_norm_f32, (k_rms_norm<T_F32, 0>));
+MLXN_CUDA_KERNEL(rms_norm_f16, (k_rms_norm<T_F16, 0>));
+MLXN_CUDA_KERNEL(rms_norm_bf16, (k_rms_norm<T_BF16, 0>));
+MLXN_CUDA_KERNEL(rms_norm_mul_f32, (k_rms_norm<T_F32, 1>));
+MLXN_CUDA_KERNEL(rms_norm_mul_f16, (k_rms_norm<T_F16, 1>));
+MLXN_CUDA_KERNEL(rms_norm_mul_bf16, (k_rms_norm<T_BF16, 1>));
+MLXN_CUDA_KERNEL(rms_norm_mul_add_f32, (k_rms_norm<T_F32, 2>));
+MLXN_CUDA_KERNEL(rms_norm_mul_add_f16, (k_rms_norm<T_F16, 2>));
+MLXN_CUDA_KERNEL(rms_norm_mul_add_bf16, (k_rms_norm<T_BF16, 2>));
+MLXN_CUDA_KERNEL(rms_norm_no_scale_f32, (k_rms_norm<T_F32, 3>));
+MLXN_CUDA_KERNEL(softmax_f32, (k_softmax));

@@ -41,9 +41,6 @@ template <bool ADJACENT> __global__ void k_rope_heads(const mlxn_gpu_args *__res
   for (uint32_t d = rd + i; d < hd; d += half) out[orow + d] = in[row + d]; // unrotated tail
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[] = {
-    {"rope_f32", (const void *)k_rope, 0},
-    {"rope_neox_f32", (const void *)k_rope_heads<false>, 0},
-    {"rope_norm_f32", (const void *)k_rope_heads<true>, 0},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(rope_f32, (k_rope));
+MLXN_CUDA_KERNEL(rope_neox_f32, (k_rope_heads<false>));
+MLXN_CUDA_KERNEL(rope_norm_f32, (k_rope_heads<true>));

@@ -400,14 +400,11 @@ template <int F> __global__ void k_embed_gather(const mlxn_gpu_args *__restrict_
   out[j] = v;
 }
 
-extern const mlxn_cuda_kernel mlxn_cuda_sample_kernels[] = {
-    {"argmax_f32", (const void *)k_argmax<T_F32>, 0},
-    {"argmax_bf16", (const void *)k_argmax<T_BF16>, 0},
-    {"sample_f32", (const void *)k_sample<T_F32>, 0},
-    {"sample_bf16", (const void *)k_sample<T_BF16>, 0},
-    {"embed_gather_f32", (const void *)k_embed_gather<G_F32>, 0},
-    {"embed_gather_bf16", (const void *)k_embed_gather<G_BF16>, 0},
-    {"embed_gather_q8_0", (const void *)k_embed_gather<G_Q8_0>, 0},
-    {"embed_gather_q4_0", (const void *)k_embed_gather<G_Q4_0>, 0},
-    {nullptr, nullptr, 0},
-};
+MLXN_CUDA_KERNEL(argmax_f32, (k_argmax<T_F32>));
+MLXN_CUDA_KERNEL(argmax_bf16, (k_argmax<T_BF16>));
+MLXN_CUDA_KERNEL(sample_f32, (k_sample<T_F32>));
+MLXN_CUDA_KERNEL(sample_bf16, (k_sample<T_BF16>));
+MLXN_CUDA_KERNEL(embed_gather_f32, (k_embed_gather<G_F32>));
+MLXN_CUDA_KERNEL(embed_gather_bf16, (k_embed_gather<G_BF16>));
+MLXN_CUDA_KERNEL(embed_gather_q8_0, (k_embed_gather<G_Q8_0>));
+MLXN_CUDA_KERNEL(embed_gather_q4_0, (k_embed_gather<G_Q4_0>));

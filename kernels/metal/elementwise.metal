@@ -60,6 +60,15 @@ kernel void axpby_f32(device const float *a [[buffer(0)]], device const float *b
   out[i] = p.alpha * a[i] + p.beta * b[i];
 }
 
+// scale_f32: out = alpha · x.
+struct scale_params { float alpha; uint n; };
+kernel void scale_f32(device const float *x [[buffer(0)]], device float *out [[buffer(1)]],
+                      constant scale_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
+  ulong i = ulong(gid.x) * tpg.x + lid.x;
+  if (i >= p.n || i >= grid.x) return;
+  out[i] = p.alpha * x[i];
+}
+
 struct copy_params { uint rows; uint cols; uint src_stride; uint dst_stride; };
 kernel void strided_copy_f32(device const float *src [[buffer(0)]], device float *dst [[buffer(1)]],
                              constant copy_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {

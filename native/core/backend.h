@@ -11,34 +11,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../contracts/contracts.h"
 #include "../mlxn.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Argument slots a kernel may declare, on every backend (the stream's slot field reaches
- * MLXN_MAX_SLOTS, but a binding past a kernel's signature is refused). */
-#define MLXN_KERNEL_SLOTS 12
-
 /* Command buffers a launch/complete backend may keep launched and not yet completed. */
 #define MLXN_MAX_IN_FLIGHT 4
 
-/* What a kernel receives for one dispatch. */
-typedef struct mlxn_kernel_args {
-  /* Slot i: for a buffer, the bound slice (NULL for an unbound optional slot); for inline bytes,
-   * a private copy. Slots past the kernel's signature are never read. */
-  uint8_t *ptr[MLXN_KERNEL_SLOTS];
-  uint64_t len[MLXN_KERNEL_SLOTS];
-  uint32_t grid[3];   /* threads per dimension (a threadgroup dispatch: groups × threadgroup) */
-  uint32_t tg[3];     /* threads per threadgroup */
-  uint32_t groups[3]; /* threadgroups per dimension */
-  uint32_t tg_memory; /* threadgroup memory bytes requested (index 0) */
-} mlxn_kernel_args;
+/* What a kernel receives for one dispatch: the arguments its contract validated. */
+typedef mlxn_kargs mlxn_kernel_args;
 
 /* One validated dispatch of a committed command buffer. */
 typedef struct mlxn_dispatch {
   const void *kernel;    /* what the backend's `kernel` hook returned for this kernel */
+  const mlxn_contract *contract; /* the kernel's contract: id, slots, threadgroup-memory rule */
   const char *name;      /* the kernel's name (static storage) */
   const char *signature; /* one character per slot: 'b' buffer, 'o' optional buffer, 'c' inline bytes */
   mlxn_kernel_args args;
@@ -90,7 +79,7 @@ typedef struct mlxn_backend_ops {
   uint32_t (*info)(void *state, char *buf, uint32_t cap);
   /* The backend's object for a kernel of the core's table (passed back in mlxn_dispatch.kernel), or
    * NULL when this backend does not implement it. Called once per kernel when a device opens. */
-  const void *(*kernel)(void *state, const char *name, const char *signature);
+  const void *(*kernel)(void *state, const mlxn_contract *contract);
 
   /* Executes a command buffer and returns when it is done, setting cmd's times (and the dispatches'
    * where it has them) and its error. Run mode; optional in launch/complete mode (the core then

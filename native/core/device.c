@@ -475,7 +475,7 @@ static int resolve_kernels(mlxn_device *dev) {
   dev->kernels = calloc(kernel_count + 1, sizeof *dev->kernels);
   if (!dev->kernels) return -1;
   for (uint32_t i = 1; i <= kernel_count; i++)
-    dev->kernels[i] = dev->ops->kernel(dev->backend, kernel_table[i]->name, kernel_table[i]->signature);
+    dev->kernels[i] = dev->ops->kernel(dev->backend, kernel_table[i]);
   return 0;
 }
 

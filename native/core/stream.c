@@ -207,6 +207,7 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   if (cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL)) cb->n_groups++;
   cb->n_dispatches++;
   d->kernel = cb->pipeline_kernel;
+  d->contract = k;
   d->name = k->name;
   d->signature = k->signature;
   d->tag = tag;

@@ -14,10 +14,6 @@
 #include "../../kernels/cpu/cpu_kernel.h"
 #include "../core/backend.h"
 
-_Static_assert(sizeof(mlxn_kargs) == sizeof(mlxn_kernel_args) && offsetof(mlxn_kargs, tg_memory) ==
-                   offsetof(mlxn_kernel_args, tg_memory),
-               "a dispatch's arguments are a CPU kernel's, field for field");
-
 
 #define SPIN_NS 50000u /* how long an idle helper polls before it sleeps */
 
@@ -75,18 +71,17 @@ static void work_on(group_job *job, void *scratch) {
     while (idx < end) {
       while (job->prefix[di + 1] <= idx) di++;
       mlxn_dispatch *d = &job->dispatches[di];
-      const mlxn_cpu_kernel *k = d->kernel;
-      mlxn_kargs a; /* the kernel's own type: a copy per chunk, not a cast between struct types */
-      memcpy(&a, &d->args, sizeof a);
+      mlxn_cpu_run run = *(const mlxn_cpu_run *)d->kernel;
+      const mlxn_kargs *a = &d->args;
       uint64_t dend = end < job->prefix[di + 1] ? end : job->prefix[di + 1];
       uint64_t t0 = mlxn_now_ns();
       for (uint64_t i = idx; i < dend; i++) {
         uint64_t local = i - job->prefix[di];
-        uint32_t gx = (uint32_t)(local % a.groups[0]);
-        uint64_t rest = local / a.groups[0];
-        uint32_t gy = (uint32_t)(rest % a.groups[1]);
-        uint32_t gz = (uint32_t)(rest / a.groups[1]);
-        if (k->run(&a, gx, gy, gz, scratch) != 0) {
+        uint32_t gx = (uint32_t)(local % a->groups[0]);
+        uint64_t rest = local / a->groups[0];
+        uint32_t gy = (uint32_t)(rest % a->groups[1]);
+        uint32_t gz = (uint32_t)(rest / a->groups[1]);
+        if (run(a, gx, gy, gz, scratch) != 0) {
           int expected = 0;
           atomic_compare_exchange_strong(&job->failed, &expected, (int)di + 1);
         }
@@ -247,14 +242,10 @@ static uint32_t cpu_info(void *state, char *buf, uint32_t cap) {
                             pool->n_workers, pool->n_workers);
 }
 
-/* This backend's object for a kernel is the CPU kernel of that name (NULL: none). */
-static const void *cpu_kernel(void *state, const char *name, const char *signature) {
+/* This backend's object for a kernel is its entry in the CPU body table (NULL: no body). */
+static const void *cpu_kernel(void *state, const mlxn_contract *contract) {
   (void)state;
-  (void)signature;
-  for (const mlxn_cpu_kernel *const *f = mlxn_cpu_kernel_families; *f; f++)
-    for (const mlxn_cpu_kernel *k = *f; k->name; k++)
-      if (k->run && strcmp(k->name, name) == 0) return k;
-  return NULL;
+  return contract->id < MLXN_KERNEL_COUNT && mlxn_cpu_runs[contract->id] ? &mlxn_cpu_runs[contract->id] : NULL;
 }
 
 /* Host memory, the core's defaults: no alloc, free or copy hook. */

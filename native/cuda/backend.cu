@@ -40,24 +40,7 @@
 #include "../mlxn.h"
 #include "cuda_api.h"
 
-extern const mlxn_cuda_kernel mlxn_cuda_elementwise_kernels[];
-extern const mlxn_cuda_kernel mlxn_cuda_norm_kernels[];
-extern const mlxn_cuda_kernel mlxn_cuda_rope_kernels[];
-extern const mlxn_cuda_kernel mlxn_cuda_matmul_kernels[];
-extern const mlxn_cuda_kernel mlxn_cuda_attention_kernels[];
-extern const mlxn_cuda_kernel mlxn_cuda_sample_kernels[];
-
-static const mlxn_cuda_kernel *const families[] = {
-    mlxn_cuda_elementwise_kernels, mlxn_cuda_norm_kernels, mlxn_cuda_rope_kernels,
-    mlxn_cuda_matmul_kernels,      mlxn_cuda_attention_kernels,  mlxn_cuda_sample_kernels,
-};
-
-static const mlxn_cuda_kernel *find_kernel(const char *name) {
-  for (const mlxn_cuda_kernel *f : families)
-    for (const mlxn_cuda_kernel *k = f; k->name; k++)
-      if (strcmp(k->name, name) == 0) return k;
-  return nullptr;
-}
+static const mlxn_cuda_kernel *find_kernel(const char *name) { return mlxn_cuda_find_kernel(name); }
 
 // The launch shape of one dispatch: what decides whether a cached graph can be reused.
 struct node_shape {
@@ -273,10 +256,9 @@ extern "C" int32_t mlxn_cuda_copy(void *state, uint8_t *mem, uint8_t *host, uint
 }
 
 // This backend's object for a kernel: its entry in the CUDA kernel tables (mlxn_dispatch.kernel).
-extern "C" const void *mlxn_cuda_kernel_of(void *state, const char *name, const char *signature) {
+extern "C" const void *mlxn_cuda_kernel_of(void *state, const mlxn_contract *contract) {
   (void)state;
-  (void)signature;
-  return find_kernel(name);
+  return find_kernel(contract->name);
 }
 
 // The outcome of running one command buffer.

@@ -19,7 +19,7 @@ extern "C" {
 int32_t mlxn_cuda_open(void **state, uint32_t flags, char *err, size_t cap);
 void mlxn_cuda_close(void *state);
 uint32_t mlxn_cuda_info(void *state, char *buf, uint32_t cap);
-const void *mlxn_cuda_kernel_of(void *state, const char *name, const char *signature);
+const void *mlxn_cuda_kernel_of(void *state, const mlxn_contract *contract);
 void *mlxn_cuda_alloc(void *state, uint64_t nbytes, void **object);
 void mlxn_cuda_free(void *state, void *mem, void *object);
 int32_t mlxn_cuda_copy(void *state, uint8_t *mem, uint8_t *host, uint64_t len, int to_device, char *err, size_t cap);

@@ -26,18 +26,29 @@ export const CPU_SOURCES: readonly string[] = [
   "native/core/internal.h",
   "native/core/backend.h",
   "native/core/contract.h",
+  "native/contracts/kernel_args.h",
+  "native/contracts/contracts.gen.h",
+  "native/contracts/contracts.h",
   "kernels/cpu/cpu_kernel.h",
   "native/core/device.c",
   "native/core/queue.c",
   "native/core/stream.c",
+  "native/contracts/attention.c",
+  "native/contracts/contracts.gen.c",
+  "native/contracts/elementwise.c",
+  "native/contracts/kernel_args.c",
+  "native/contracts/matmul.c",
+  "native/contracts/norm.c",
+  "native/contracts/rope.c",
+  "native/contracts/sample.c",
   "native/cpu/backend.c",
   "kernels/cpu/attention.c",
   "kernels/cpu/elementwise.c",
   "kernels/cpu/matmul.c",
   "kernels/cpu/norm.c",
-  "kernels/cpu/registry.c",
   "kernels/cpu/rope.c",
   "kernels/cpu/sample.c",
+  "kernels/cpu/table.gen.c",
 ];
 
 /** C flags of the CPU backend (the Makefile's CFLAGS_COMMON). */
@@ -96,7 +107,9 @@ export interface MetalBuildPaths {
  * and the core's C sources, MRC, linked against Metal and Foundation.
  */
 export function metalCompileArgs(paths: MetalBuildPaths): string[] {
-  const core = CPU_SOURCES.filter((f) => f.endsWith(".c") && !f.startsWith("native/cpu/"));
+  const core = CPU_SOURCES.filter((f) =>
+    f.endsWith(".c") && !f.startsWith("native/cpu/") && !f.startsWith("kernels/cpu/")
+  );
   return [
     ...CPU_CFLAGS,
     "-D_DARWIN_C_SOURCE",

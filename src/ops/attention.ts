@@ -10,8 +10,8 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { attentionContracts, packFlashParams, packFlashReduceParams, packSdpaParams } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkFinite,
@@ -19,41 +19,11 @@ import {
   checkU32,
   dispatchReused,
   type DispatchTarget,
-  f32Bits,
   groupsDescriptor,
 } from "./common.ts";
 
-const R = "read" as const, W = "write" as const;
-const qkvo = (params: string, size: number): KernelContract["slots"] => [
-  { name: "q", kind: "buffer", access: R },
-  { name: "k", kind: "buffer", access: R },
-  { name: "v", kind: "buffer", access: R },
-  { name: "out", kind: "buffer", access: W },
-  { name: params, kind: "bytes", size },
-];
-
-/** Contracts of this family. */
-export const attentionContracts: readonly KernelContract[] = [
-  ...["f32", "bf16"].map((t): KernelContract => ({
-    name: `sdpa_${t}`,
-    opKind: CapturedOpKind.Sdpa,
-    slots: qkvo("params{n_heads,n_kv_heads,head_dim,seq,kv_seq,scale,kv_capacity}", 28),
-  })),
-  ...["f32", "f16"].map((t): KernelContract => ({
-    name: `flash_attn_vec_${t}`,
-    opKind: CapturedOpKind.Sdpa,
-    slots: qkvo("params{n_heads,n_kv_heads,head_dim,kv_seq,kv_capacity,scale,mask,window,softcap,nwg}", 40),
-  })),
-  {
-    name: "flash_attn_vec_reduce",
-    opKind: CapturedOpKind.Sdpa,
-    slots: [
-      { name: "tmp", kind: "buffer", access: R },
-      { name: "out", kind: "buffer", access: W },
-      { name: "params{n_heads,head_dim,nwg}", kind: "bytes", size: 12 },
-    ],
-  },
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { attentionContracts };
 registerContracts(attentionContracts);
 
 const SDPA_F32 = kernelRef("sdpa_f32"), SDPA_BF16 = kernelRef("sdpa_bf16");
@@ -135,13 +105,7 @@ export function sdpa(
   b[1] = k;
   b[2] = v;
   b[3] = out;
-  sdpaWords[0] = o.nHeads;
-  sdpaWords[1] = o.nKvHeads;
-  sdpaWords[2] = o.headDim;
-  sdpaWords[3] = o.seqLen;
-  sdpaWords[4] = o.kvSeqLen;
-  sdpaWords[5] = f32Bits(scale);
-  sdpaWords[6] = o.kvCapacity;
+  packSdpaParams(sdpaWords, o.nHeads, o.nKvHeads, o.headDim, o.seqLen, o.kvSeqLen, scale, o.kvCapacity);
   sdpaGrid[0] = batch;
   sdpaGrid[1] = o.nHeads;
   sdpaGrid[2] = Math.ceil(o.seqLen / 32);
@@ -230,16 +194,19 @@ export function flashAttnVec(
   b[1] = k;
   b[2] = v;
   b[3] = tmp;
-  flashWords[0] = o.nHeads;
-  flashWords[1] = o.nKvHeads;
-  flashWords[2] = o.headDim;
-  flashWords[3] = o.kvSeqLen;
-  flashWords[4] = o.kvCapacity;
-  flashWords[5] = f32Bits(scale);
-  flashWords[6] = maskCode;
-  flashWords[7] = window;
-  flashWords[8] = f32Bits(softcap);
-  flashWords[9] = nwg;
+  packFlashParams(
+    flashWords,
+    o.nHeads,
+    o.nKvHeads,
+    o.headDim,
+    o.kvSeqLen,
+    o.kvCapacity,
+    scale,
+    maskCode,
+    window,
+    softcap,
+    nwg,
+  );
   flashGrid[0] = o.nHeads;
   flashGrid[1] = nwg;
   dispatchReused(target, d, 4);
@@ -248,9 +215,7 @@ export function flashAttnVec(
   r.pipeline = registry.resolve(FLASH_REDUCE);
   r.bindings[0] = tmp;
   r.bindings[1] = out;
-  reduceWords[0] = o.nHeads;
-  reduceWords[1] = o.headDim;
-  reduceWords[2] = nwg;
+  packFlashReduceParams(reduceWords, o.nHeads, o.headDim, nwg);
   r.grid = o.nHeads;
   r.threadgroup = o.headDim < 256 ? o.headDim : 256;
   dispatchReused(target, r, 2);

@@ -128,7 +128,7 @@ const u32OfF32 = new Uint32Array(f32Scratch.buffer);
 /** The bits of `v` rounded to f32, as a u32 (for building inline constants). */
 export function f32Bits(v: number): number {
   f32Scratch[0] = v;
-  return u32OfF32[0];
+  return u32OfF32[0]!;
 }
 
 /** Throws InvalidArgument unless `v` is an integer in [min, 2³²). */

@@ -8,8 +8,14 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import {
+  elementwiseContracts,
+  packAxpbyParams,
+  packNParams,
+  packSoftcapParams,
+  packStridedCopyParams,
+} from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkFinite,
@@ -19,88 +25,16 @@ import {
   type DispatchTarget,
   elementBytes,
   elementsOf,
-  f32Bits,
   floatKernel,
   type FloatKernels,
   floatKernels,
   threadsDescriptor,
 } from "./common.ts";
 
-const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
-
 type BinaryOp = "add" | "mul" | "silu_mul";
-const binaryKernel = (op: BinaryOp) => op === "silu_mul" ? op : `elementwise_${op}`;
 
-function binaryContract(op: BinaryOp, dtype: string): KernelContract {
-  return {
-    name: `${binaryKernel(op)}_${dtype}`,
-    // silu_mul is not an ElemMul: the fusion pass must never take it for the MUL of RMSNorm→MUL.
-    opKind: op === "add" ? CapturedOpKind.ElemAdd : op === "mul" ? CapturedOpKind.ElemMul : CapturedOpKind.Activation,
-    slots: [
-      { name: "a", kind: "buffer", access: "read" },
-      { name: "b", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-      { name: "params{n:u32}", kind: "bytes", size: 4 },
-    ],
-  };
-}
-
-/** A one-input activation: `out[i] = f(in[i])` over the whole output buffer. */
-function activationContract(name: string): KernelContract {
-  return {
-    name,
-    opKind: CapturedOpKind.Activation,
-    slots: [
-      { name: "in", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-    ],
-  };
-}
-
-/** Contracts of this family. */
-export const elementwiseContracts: readonly KernelContract[] = [
-  ...FLOATS.map((t) => binaryContract("add", t)),
-  ...FLOATS.map((t) => binaryContract("mul", t)),
-  ...FLOATS.map((t) => activationContract(`gelu_${t}`)),
-  {
-    name: "softcap_f32",
-    opKind: CapturedOpKind.Activation,
-    slots: [
-      { name: "in", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-      { name: "params{cap:f32,n:u32}", kind: "bytes", size: 8 },
-    ],
-  },
-  ...FLOATS.map((t) => activationContract(`silu_${t}`)),
-  ...FLOATS.map((t) => binaryContract("silu_mul", t)),
-  {
-    name: "strided_copy_f32",
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "src", kind: "buffer", access: "read" },
-      { name: "dst", kind: "buffer", access: "write" },
-      { name: "params{rows,cols,src_stride,dst_stride}", kind: "bytes", size: 16 },
-    ],
-  },
-  {
-    name: "debug_fault",
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "marker", kind: "buffer", access: "write" },
-      { name: "params{fail:u32}", kind: "bytes", size: 4 },
-    ],
-  },
-  {
-    name: "axpby_f32",
-    opKind: CapturedOpKind.ElemAdd,
-    slots: [
-      { name: "a", kind: "buffer", access: "read" },
-      { name: "b", kind: "buffer", access: "read" },
-      { name: "out", kind: "buffer", access: "write" },
-      { name: "params{alpha:f32,beta:f32,n:u32,pad:u32}", kind: "bytes", size: 16 },
-    ],
-  },
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { elementwiseContracts };
 registerContracts(elementwiseContracts);
 
 /** Kernel references by op and dtype, made once. */
@@ -156,7 +90,7 @@ function binary(
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
-  binaryWords[0] = n;
+  packNParams(binaryWords, n);
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
   dispatchReused(target, d, 3);
@@ -285,10 +219,7 @@ export function stridedCopy(
   d.pipeline = registry.resolve(STRIDED_COPY);
   d.bindings[0] = src;
   d.bindings[1] = dst;
-  copyWords[0] = o.rows;
-  copyWords[1] = o.cols;
-  copyWords[2] = ss;
-  copyWords[3] = ds;
+  packStridedCopyParams(copyWords, o.rows, o.cols, ss, ds);
   copyGrid[0] = o.cols;
   copyGrid[1] = o.rows;
   copyGroup[0] = o.cols < 256 ? o.cols : 256;
@@ -314,8 +245,7 @@ export function softcap(
   d.pipeline = registry.resolve(SOFTCAP);
   d.bindings[0] = input;
   d.bindings[1] = output;
-  softcapWords[0] = f32Bits(options.cap);
-  softcapWords[1] = n;
+  packSoftcapParams(softcapWords, options.cap, n);
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
   dispatchReused(target, d, 2);
@@ -348,9 +278,7 @@ export function axpby(
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
-  axpbyWords[0] = f32Bits(options.alpha);
-  axpbyWords[1] = f32Bits(options.beta);
-  axpbyWords[2] = n;
+  packAxpbyParams(axpbyWords, options.alpha, options.beta, n, 0);
   d.grid = n;
   d.threadgroup = n < 256 ? n : 256;
   dispatchReused(target, d, 3);

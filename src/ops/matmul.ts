@@ -11,8 +11,8 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { matmulContracts } from "../kernels.gen.ts";
 import { type AffineQuantBits, GGML_BLOCK, type GgmlFormat } from "../quant.ts";
 import {
   checkBuffer,
@@ -25,7 +25,6 @@ import {
   overlapping,
 } from "./common.ts";
 
-const R = "read" as const, W = "write" as const;
 /** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
 const MODE_CONSTANT_WEIGHTS = 0x100;
 const OUTS = 4, OUTS_FAST = 8, OUTS_SWIGLU = 2, THREADS = 128;
@@ -37,70 +36,8 @@ const enum Epilogue {
 }
 const FORMATS: readonly GgmlFormat[] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"];
 
-const contract = (name: string, slots: KernelContract["slots"]): KernelContract => ({
-  name,
-  opKind: CapturedOpKind.MatMul,
-  slots,
-});
-
-/** Contracts of this family. */
-export const matmulContracts: readonly KernelContract[] = [
-  ...["f32", "bf16", "f16"].map((t) =>
-    contract(`matmul_${t}`, [
-      { name: "x", kind: "buffer", access: R },
-      { name: "w", kind: "buffer", access: R, constantIf: { slot: 3, word: 3, mask: MODE_CONSTANT_WEIGHTS } },
-      { name: "y", kind: "buffer", access: W },
-      { name: "params{m,n,k,mode}", kind: "bytes", size: 16 },
-      { name: "residual", kind: "buffer", access: R, optional: true },
-    ])
-  ),
-  ...["qmatmul_affine", "qmatmul_affine_fast"].map((name) =>
-    contract(name, [
-      { name: "x", kind: "buffer", access: R },
-      { name: "w", kind: "buffer", access: R },
-      { name: "scales", kind: "buffer", access: R },
-      { name: "biases", kind: "buffer", access: R },
-      { name: "y", kind: "buffer", access: W },
-      { name: "params{m,n,k,bits,group_size}", kind: "bytes", size: 20 },
-    ])
-  ),
-  contract("qmatmul_affine_general", [
-    { name: "x", kind: "buffer", access: R },
-    { name: "w", kind: "buffer", access: R },
-    { name: "scales", kind: "buffer", access: R },
-    { name: "biases", kind: "buffer", access: R },
-    { name: "y", kind: "buffer", access: W },
-    { name: "params{m,n,k,bits,group_size,scale_type}", kind: "bytes", size: 24 },
-  ]),
-  contract("qmatmul_affine_gather", [
-    { name: "x", kind: "buffer", access: R },
-    { name: "w", kind: "buffer", access: R },
-    { name: "scales", kind: "buffer", access: R },
-    { name: "biases", kind: "buffer", access: R },
-    { name: "ids", kind: "buffer", access: R },
-    { name: "y", kind: "buffer", access: W },
-    { name: "params{rows,n,k,top_k,n_experts,bits,group_size,scale_type}", kind: "bytes", size: 32 },
-  ]),
-  ...FORMATS.flatMap((f) =>
-    ["mv", "mm"].map((v) =>
-      contract(`qmatmul_${f}_${v}`, [
-        { name: "x", kind: "buffer", access: R },
-        { name: "w", kind: "buffer", access: R },
-        { name: "y", kind: "buffer", access: W },
-        { name: "params{m,n,k}", kind: "bytes", size: 12 },
-      ])
-    )
-  ),
-  ...FORMATS.map((f) =>
-    contract(`qmatmul_id_${f}`, [
-      { name: "x", kind: "buffer", access: R },
-      { name: "w", kind: "buffer", access: R },
-      { name: "ids", kind: "buffer", access: R },
-      { name: "y", kind: "buffer", access: W },
-      { name: "params{rows,n,k,top_k,n_experts}", kind: "bytes", size: 20 },
-    ])
-  ),
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { matmulContracts };
 registerContracts(matmulContracts);
 
 const MATMUL_F32 = kernelRef("matmul_f32"),

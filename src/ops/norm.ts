@@ -9,79 +9,22 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts, rowThreadgroup } from "../kernels.ts";
+import { normContracts, packNormParams, packSoftmaxParams } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkNonNegative,
   checkU32,
   dispatchReused,
   type DispatchTarget,
-  f32Bits,
   floatKernel,
   floatKernels,
   groupsDescriptor,
-  nextPow2,
   type ReusedDescriptor,
 } from "./common.ts";
 
-const FLOATS = [DType.F32, DType.F16, DType.BF16] as const;
-const PARAMS = { name: "params{eps:f32,dim:u32}", kind: "bytes", size: 8 } as const;
-
-/** Contracts of this family. */
-export const normContracts: readonly KernelContract[] = [
-  ...FLOATS.map((t): KernelContract => ({
-    name: `rms_norm_${t}`,
-    opKind: CapturedOpKind.RmsNorm,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "weight", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      PARAMS,
-    ],
-  })),
-  ...FLOATS.map((t): KernelContract => ({
-    name: `rms_norm_mul_${t}`,
-    opKind: CapturedOpKind.RmsNormMul,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "weight", kind: "buffer", access: "read" },
-      { name: "scale", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      PARAMS,
-    ],
-  })),
-  ...FLOATS.map((t): KernelContract => ({
-    name: `rms_norm_mul_add_${t}`,
-    opKind: CapturedOpKind.RmsNormMul,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "weight", kind: "buffer", access: "read" },
-      { name: "scale", kind: "buffer", access: "read" },
-      { name: "residual", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      PARAMS,
-    ],
-  })),
-  {
-    name: "rms_norm_no_scale_f32",
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      PARAMS,
-    ],
-  },
-  {
-    name: "softmax_f32",
-    opKind: CapturedOpKind.Softmax,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      { name: "params{cols:u32}", kind: "bytes", size: 4 },
-    ],
-  },
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { normContracts };
 registerContracts(normContracts);
 
 /** Shape of a row-wise normalisation. */
@@ -109,21 +52,27 @@ const noScaleDescriptor = groupsDescriptor([undefined, undefined, normWords]);
 const softmaxWords = [0];
 const softmaxDescriptor = groupsDescriptor([undefined, undefined, softmaxWords]);
 
-/** Sets a reused descriptor's row geometry (see {@link rowGeometry}). */
+/**
+ * Sets a reused descriptor's row geometry (see {@link rowGeometry}); its pipeline is set, and the
+ * threadgroup memory follows that kernel's contract.
+ */
 function setRows(d: ReusedDescriptor, rows: number, cols: number): void {
-  const tg = Math.min(256, nextPow2(cols));
+  const tg = rowThreadgroup(cols);
   d.grid = rows;
   d.threadgroup = tg;
-  d.threadgroupMemory = tg * 4;
+  d.threadgroupMemory = tg * 4 * (d.pipeline?.contract.tgFloatsPerThread ?? ROW_TG_FLOATS);
 }
+
+/** The row kernels' threadgroup-memory rule (one f32 per thread; every one of this family shares it). */
+const ROW_TG_FLOATS = normContracts[0]?.tgFloatsPerThread ?? 1;
 
 /** Row geometry shared by every kernel of this family. */
 export function rowGeometry(
   rows: number,
   cols: number,
 ): { grid: number; threadgroup: number; threadgroupMemory: number } {
-  const tg = Math.min(256, nextPow2(cols));
-  return { grid: rows, threadgroup: tg, threadgroupMemory: tg * 4 };
+  const tg = rowThreadgroup(cols);
+  return { grid: rows, threadgroup: tg, threadgroupMemory: tg * 4 * ROW_TG_FLOATS };
 }
 
 function checkNorm(op: string, o: NormOptions): void {
@@ -151,8 +100,7 @@ export function rmsNorm(
   b[0] = input;
   b[1] = weight;
   b[2] = output;
-  normWords[0] = f32Bits(o.eps);
-  normWords[1] = o.dim;
+  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 3);
 }
@@ -179,8 +127,7 @@ export function rmsNormMul(
   b[1] = weight;
   b[2] = scale;
   b[3] = output;
-  normWords[0] = f32Bits(o.eps);
-  normWords[1] = o.dim;
+  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 4);
 }
@@ -211,8 +158,7 @@ export function rmsNormMulAdd(
   b[2] = scale;
   b[3] = residual;
   b[4] = output;
-  normWords[0] = f32Bits(o.eps);
-  normWords[1] = o.dim;
+  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 5);
 }
@@ -232,8 +178,7 @@ export function rmsNormNoScale(
   d.pipeline = registry.resolve(NORM_NO_SCALE);
   b[0] = input;
   b[1] = output;
-  normWords[0] = f32Bits(o.eps);
-  normWords[1] = o.dim;
+  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 2);
 }
@@ -254,7 +199,7 @@ export function softmax(
   d.pipeline = registry.resolve(SOFTMAX);
   b[0] = input;
   b[1] = output;
-  softmaxWords[0] = o.cols;
+  packSoftmaxParams(softmaxWords, o.cols);
   setRows(d, o.rows, o.cols);
   dispatchReused(target, d, 2);
 }

@@ -11,44 +11,20 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import { type KernelContract, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { packRopeHeadsParams, packRopeLayoutParams, packRopeParams, ropeContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkPositive,
   checkU32,
   dispatchReusedSlots,
   type DispatchTarget,
-  f32Bits,
   overlapping,
   threadsDescriptor,
 } from "./common.ts";
 
-/** Contracts of this family. */
-export const ropeContracts: readonly KernelContract[] = [
-  {
-    name: "rope_f32",
-    opKind: CapturedOpKind.Rope,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      { name: "params{theta:f32,head_dim:u32,seq_len:u32}", kind: "bytes", size: 12 },
-      { name: "positions", kind: "buffer", access: "read" },
-    ],
-  },
-  ...["rope_neox_f32", "rope_norm_f32"].map((name): KernelContract => ({
-    name,
-    opKind: CapturedOpKind.Rope,
-    slots: [
-      { name: "input", kind: "buffer", access: "read" },
-      { name: "output", kind: "buffer", access: "write" },
-      { name: "params{theta:f32,head_dim:u32,rope_dim:u32}", kind: "bytes", size: 12 },
-      { name: "positions", kind: "buffer", access: "read" },
-      { name: "params{n_heads,has_freq_factors,out_head_stride,out_token_stride}", kind: "bytes", size: 16 },
-      { name: "freq_factors", kind: "buffer", access: "read", optional: true },
-    ],
-  })),
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { ropeContracts };
 registerContracts(ropeContracts);
 
 const ROPE = kernelRef("rope_f32"), ROPE_NEOX = kernelRef("rope_neox_f32"), ROPE_NORM = kernelRef("rope_norm_f32");
@@ -88,9 +64,7 @@ export function rope(
   d.pipeline = registry.resolve(ROPE);
   d.bindings[0] = input;
   d.bindings[1] = output;
-  ropeWords[0] = f32Bits(o.theta);
-  ropeWords[1] = o.headDim;
-  ropeWords[2] = o.seqLen;
+  packRopeParams(ropeWords, o.theta, o.headDim, o.seqLen);
   d.bindings[3] = positions;
   ropeGrid[0] = half;
   ropeGrid[1] = o.seqLen;
@@ -204,14 +178,9 @@ function ropeHeads(
   d.pipeline = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM);
   b[0] = input;
   b[1] = output;
-  neoxWords[0] = f32Bits(o.theta);
-  neoxWords[1] = o.headDim;
-  neoxWords[2] = o.ropeDim;
+  packRopeHeadsParams(neoxWords, o.theta, o.headDim, o.ropeDim);
   b[3] = positions;
-  neoxLayout[0] = o.nHeads;
-  neoxLayout[1] = o.freqFactors ? 1 : 0;
-  neoxLayout[2] = hs;
-  neoxLayout[3] = ts;
+  packRopeLayoutParams(neoxLayout, o.nHeads, o.freqFactors ? 1 : 0, hs, ts);
   b[5] = o.freqFactors;
   neoxGrid[0] = half;
   neoxGrid[1] = rows;

@@ -18,15 +18,8 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { CapturedOpKind } from "../graph/op_kind.ts";
-import {
-  type KernelContract,
-  type KernelRef,
-  kernelRef,
-  type KernelRegistry,
-  registerContracts,
-  type SlotSpec,
-} from "../kernels.ts";
+import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { packArgmaxParams, packGatherParams, sampleContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkU32,
@@ -38,51 +31,12 @@ import {
   threadsDescriptor,
 } from "./common.ts";
 
-const R = "read", W = "write";
-const LOGIT_TYPES = [DType.F32, DType.BF16] as const;
 /** Table formats {@link embedGather} reads. */
 export type EmbeddingFormat = "f32" | "bf16" | "q8_0" | "q4_0";
 const GATHER_FORMATS: readonly EmbeddingFormat[] = ["f32", "bf16", "q8_0", "q4_0"];
-const CURSOR: SlotSpec = { name: "cursor", kind: "buffer", access: R, optional: true };
 
-/** Contracts of this family. */
-export const sampleContracts: readonly KernelContract[] = [
-  ...LOGIT_TYPES.map((t): KernelContract => ({
-    name: `argmax_${t}`,
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "logits", kind: "buffer", access: R },
-      { name: "ids", kind: "buffer", access: W },
-      { name: "params{vocab,rows,ring,has_cursor}", kind: "bytes", size: 16 },
-      CURSOR,
-    ],
-  })),
-  ...LOGIT_TYPES.map((t): KernelContract => ({
-    name: `sample_${t}`,
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "logits", kind: "buffer", access: R },
-      { name: "ids", kind: "buffer", access: W },
-      {
-        name: "params{vocab,rows,ring,has_cursor,c:f32,top_k,top_p_q31,seed_lo,seed_hi,counter}",
-        kind: "bytes",
-        size: 40,
-      },
-      CURSOR,
-    ],
-  })),
-  ...GATHER_FORMATS.map((f): KernelContract => ({
-    name: `embed_gather_${f}`,
-    opKind: CapturedOpKind.Other,
-    slots: [
-      { name: "table", kind: "buffer", access: R },
-      { name: "ids", kind: "buffer", access: R },
-      { name: "output", kind: "buffer", access: W },
-      { name: "params{rows,dim,vocab,ring,has_cursor}", kind: "bytes", size: 20 },
-      CURSOR,
-    ],
-  })),
-];
+/** Contracts of this family (generated from kernels/spec/kernels.ts). */
+export { sampleContracts };
 registerContracts(sampleContracts);
 
 const ARGMAX_F32 = kernelRef("argmax_f32"), ARGMAX_BF16 = kernelRef("argmax_bf16");
@@ -172,10 +126,7 @@ export function argmax(
   d.pipeline = registry.resolve(logits.dtype === DType.F32 ? ARGMAX_F32 : ARGMAX_BF16);
   b[0] = logits;
   b[1] = ids;
-  argmaxWords[0] = o.vocab;
-  argmaxWords[1] = rows;
-  argmaxWords[2] = ring;
-  argmaxWords[3] = o.cursor ? 1 : 0;
+  packArgmaxParams(argmaxWords, o.vocab, rows, ring, o.cursor ? 1 : 0);
   b[3] = o.cursor;
   argmaxGrid[0] = rows;
   argmaxGroup[0] = tokenThreadgroupSize(o.vocab);
@@ -339,11 +290,7 @@ export function embedGather(
   b[0] = table;
   b[1] = ids;
   b[2] = output;
-  gatherWords[0] = rows;
-  gatherWords[1] = o.dim;
-  gatherWords[2] = o.vocab;
-  gatherWords[3] = ring;
-  gatherWords[4] = o.cursor ? 1 : 0;
+  packGatherParams(gatherWords, rows, o.dim, o.vocab, ring, o.cursor ? 1 : 0);
   b[4] = o.cursor;
   gatherGrid[0] = o.dim;
   gatherGrid[1] = rows;

@@ -72,9 +72,9 @@ static uint32_t fake_info(void *state, char *buf, uint32_t cap) {
   (void)state;
   return (uint32_t)snprintf(buf, cap, "\"name\":\"scripted\"");
 }
-static const void *fake_kernel(void *state, const char *name, const char *signature) {
-  (void)state, (void)signature;
-  return name; /* every kernel: any non-NULL object */
+static const void *fake_kernel(void *state, const mlxn_contract *contract) {
+  (void)state;
+  return contract; /* every kernel: any non-NULL object */
 }
 
 /* Only the required hooks and launch/complete: memory, copies and close are the core's defaults. */
