@@ -54,11 +54,11 @@ export class BarrierPolicy {
     const g = this.#group;
     if (g.empty) return false;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i];
+      const r = reads[i]!;
       if (g.conflicts(r[0], r[1], r[2], false)) return true;
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i];
+      const r = writes[i]!;
       if (g.conflicts(r[0], r[1], r[2], true)) return true;
     }
     return false;
@@ -70,11 +70,11 @@ export class BarrierPolicy {
     checkRanges(writes, "tracked writes");
     const g = this.#group;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i];
+      const r = reads[i]!;
       g.add(r[0], r[1], r[2], true, false);
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i];
+      const r = writes[i]!;
       g.add(r[0], r[1], r[2], false, true);
     }
   }
@@ -88,15 +88,15 @@ export class BarrierPolicy {
    * `range()` is malformed.
    */
   stageDispatch(contract: KernelContract, bindings: readonly unknown[]): boolean {
-    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
+    const g = this.#group, modes = accessModes(contract), n = Math.min(modes.length, bindings.length);
     if (4 * n > this.#stage.length) this.#stage = new Float64Array(4 * Math.max(2 * n, 8));
     const stage = this.#stage;
     this.#staged = 0; // nothing staged if a binding throws below
     const check = !g.empty;
     let conflict = false, k = 0;
     for (let i = 0; i < n; i++) {
-      const slot = slots[i];
-      if (slot.kind !== "buffer") continue;
+      const m = modes[i]!;
+      if (m === 0) continue;
       const b = bindings[i];
       let a: number, s: number, e: number;
       if (b instanceof MlxBuffer) {
@@ -110,7 +110,6 @@ export class BarrierPolicy {
         e = r[2];
       } else continue;
       if (s === e) continue; // zero bytes touch nothing
-      const access = slot.access, m = access === "read" ? READ : access === "write" ? WRITE : READ | WRITE;
       // A write is checked against every byte the group touched, which covers the read check.
       if (check && !conflict) conflict = g.conflicts(a, s, e, m !== READ);
       stage[k] = a;
@@ -127,8 +126,8 @@ export class BarrierPolicy {
   trackStaged(): void {
     const g = this.#group, stage = this.#stage;
     for (let k = 0; k < this.#staged; k += 4) {
-      const m = stage[k + 3];
-      g.add(stage[k], stage[k + 1], stage[k + 2], (m & READ) !== 0, (m & WRITE) !== 0);
+      const m = stage[k + 3]!;
+      g.add(stage[k]!, stage[k + 1]!, stage[k + 2]!, (m & READ) !== 0, (m & WRITE) !== 0);
     }
     this.#staged = 0;
   }
@@ -148,7 +147,7 @@ export class BarrierPolicy {
     if (this.#groupSize === 0) return;
     const h = this.#histogram;
     while (h.length <= this.#groupSize) h.push(0);
-    h[this.#groupSize]++;
+    h[this.#groupSize] = h[this.#groupSize]! + 1;
     this.#groupSize = 0;
   }
 
@@ -157,11 +156,27 @@ export class BarrierPolicy {
     const h = [...this.#histogram];
     if (this.#groupSize > 0) {
       while (h.length <= this.#groupSize) h.push(0);
-      h[this.#groupSize]++;
+      h[this.#groupSize] = h[this.#groupSize]! + 1;
     }
     const groups = h.reduce((a, b) => a + b, 0);
     return { dispatches, groups, meanGroupSize: groups > 0 ? dispatches / groups : 0, histogram: h };
   }
+}
+
+// Per contract, one number per slot: 0 for inline bytes, else READ and/or WRITE. Read from a
+// typed array rather than from the slot objects, whose several shapes make property loads slow.
+const modesByContract = new WeakMap<KernelContract, Uint8Array>();
+
+function accessModes(contract: KernelContract): Uint8Array {
+  let modes = modesByContract.get(contract);
+  if (modes === undefined) {
+    modes = Uint8Array.from(
+      contract.slots,
+      (s) => s.kind !== "buffer" ? 0 : s.access === "read" ? READ : s.access === "write" ? WRITE : READ | WRITE,
+    );
+    modesByContract.set(contract, modes);
+  }
+  return modes;
 }
 
 function isRanged(b: unknown): b is RangedBinding {
@@ -171,6 +186,6 @@ function isRanged(b: unknown): b is RangedBinding {
 /** The range a non-MlxBuffer binding reports, checked (a malformed one would hide a race). */
 function rangeOf(b: RangedBinding, contract: KernelContract, slot: number): MemRange {
   const r = b.range();
-  checkRange(r, `${contract.name}: slot ${slot} (${contract.slots[slot].name}) range()`);
+  checkRange(r, `${contract.name}: slot ${slot} (${contract.slots[slot]!.name}) range()`);
   return r;
 }
