@@ -95,6 +95,8 @@ export interface PlanTarget {
 }
 
 const MAX_SLOTS = 256;
+// Unrecorded topologies remembered per shape (see PlanCache.shouldRecord).
+const SIGHTINGS_PER_SHAPE = 4;
 
 const OP_MASK = 0xff;
 const LEN_SHIFT = 16;
@@ -219,10 +221,14 @@ export class Fingerprint {
   }
 }
 
-interface Entry {
+/** A topology key: capture words, which of them are constant values, and the extra numbers. */
+interface Sighting {
   readonly words: Uint32Array;
   readonly constants: Uint8Array;
   readonly extra: Float64Array;
+}
+
+interface Entry extends Sighting {
   readonly plan: CachedPlan;
 }
 
@@ -270,6 +276,9 @@ export class PlanCache {
   readonly capacity: number;
   readonly #byHash = new Map<number, Entry[]>();
   readonly #lru = new Map<Entry, number>(); // insertion order = recency; value = hash
+  // Topologies that missed without being recorded (see shouldRecord), at most `capacity`.
+  readonly #seenByHash = new Map<number, Sighting[]>();
+  readonly #seenLru = new Map<Sighting, number>();
   #hits = 0;
   #misses = 0;
 
@@ -313,10 +322,52 @@ export class PlanCache {
     }
   }
 
-  /** Forgets every plan (the counts stay). */
+  /**
+   * @internal Whether a pass that just missed should have its optimised plan recorded and stored.
+   * Yes for a topology whose shape (the key's hash: sizes, flags, annotations) has no plan yet, and
+   * for one seen before; no for a new topology of a known shape, which is remembered instead — so a
+   * pass whose ranges change every time (a K/V-cache write moving by one row per token) pays for
+   * recording once, not on every pass, and a topology that repeats hits from its third pass on.
+   */
+  shouldRecord(fp: Fingerprint): boolean {
+    if (this.capacity === 0) return false;
+    const hash = fp.hash, seen = this.#seenByHash.get(hash);
+    if (seen === undefined && !this.#byHash.has(hash)) return true;
+    if (seen !== undefined) {
+      for (const e of seen) {
+        if (!fp.equals(e.words, e.constants, e.extra)) continue;
+        this.#forgetSeen(e, hash);
+        return true;
+      }
+    }
+    const c = fp.capture, words = c.words.slice(0, c.length);
+    const e: Sighting = { words, constants: constantWords(words), extra: fp.view().slice() };
+    if (seen) {
+      // A few per shape bound the comparisons a miss costs.
+      if (seen.length === SIGHTINGS_PER_SHAPE) this.#forgetSeen(seen[0]!, hash);
+      seen.push(e);
+    } else this.#seenByHash.set(hash, [e]);
+    this.#seenLru.set(e, hash);
+    while (this.#seenLru.size > this.capacity) {
+      const [old, h] = this.#seenLru.entries().next().value!;
+      this.#forgetSeen(old, h);
+    }
+    return false;
+  }
+
+  #forgetSeen(e: Sighting, hash: number): void {
+    this.#seenLru.delete(e);
+    const l = this.#seenByHash.get(hash)!;
+    l.splice(l.indexOf(e), 1);
+    if (l.length === 0) this.#seenByHash.delete(hash);
+  }
+
+  /** Forgets every plan and every topology seen (the counts stay). */
   clear(): void {
     this.#byHash.clear();
     this.#lru.clear();
+    this.#seenByHash.clear();
+    this.#seenLru.clear();
   }
 
   /** Hit and miss counts. */
