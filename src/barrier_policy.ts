@@ -24,6 +24,7 @@ export interface GroupStats {
 }
 
 const READ = 1, WRITE = 2;
+const SMALL_GROUP = 64;
 const EMPTY_F64 = new Float64Array(0);
 
 /** Auto-barrier decisions and group sizes. */
@@ -37,7 +38,11 @@ export class BarrierPolicy {
   #stage = EMPTY_F64;
   #staged = 0;
   #groupSize = 0;
+  #groups = 0; // closed groups
+  // Closed groups by size: counts for sizes below SMALL_GROUP, and each wider group's size (a
+  // dense histogram up to a group of hundreds would cost a pass as much as its dispatches).
   readonly #histogram: number[] = [];
+  #wide: number[] | undefined;
 
   /** A policy with automatic barriers on or off. */
   constructor(auto: boolean) {
@@ -144,23 +149,46 @@ export class BarrierPolicy {
 
   /** Closes the current group (at a barrier or commit). */
   endGroup(): void {
-    if (this.#groupSize === 0) return;
-    const h = this.#histogram;
-    while (h.length <= this.#groupSize) h.push(0);
-    h[this.#groupSize] = h[this.#groupSize]! + 1;
+    const size = this.#groupSize;
+    if (size === 0) return;
+    this.#groups++;
     this.#groupSize = 0;
+    if (size < SMALL_GROUP) {
+      const h = this.#histogram;
+      while (h.length <= size) h.push(0);
+      h[size] = h[size]! + 1;
+    } else (this.#wide ??= []).push(size);
   }
 
-  /** The group-size histogram so far, the open group included. */
+  /**
+   * The group statistics so far, the open group included: O(1) but for the histogram, which is
+   * built only when read.
+   */
   stats(dispatches: number): GroupStats {
-    const h = [...this.#histogram];
-    if (this.#groupSize > 0) {
-      while (h.length <= this.#groupSize) h.push(0);
-      h[this.#groupSize] = h[this.#groupSize]! + 1;
-    }
-    const groups = h.reduce((a, b) => a + b, 0);
-    return { dispatches, groups, meanGroupSize: groups > 0 ? dispatches / groups : 0, histogram: h };
+    const open = this.#groupSize, groups = this.#groups + (open > 0 ? 1 : 0);
+    const small = this.#histogram.slice(), wide = this.#wide?.slice() ?? [];
+    let histogram: number[] | undefined;
+    return {
+      dispatches,
+      groups,
+      meanGroupSize: groups > 0 ? dispatches / groups : 0,
+      get histogram(): readonly number[] {
+        return histogram ??= buildHistogram(small, wide, open);
+      },
+    };
   }
+}
+
+/** histogram[k] = groups of exactly k dispatches, from the small sizes' counts and the wide sizes. */
+function buildHistogram(small: readonly number[], wide: readonly number[], open: number): number[] {
+  const h = [...small];
+  const add = (size: number) => {
+    while (h.length <= size) h.push(0);
+    h[size] = h[size]! + 1;
+  };
+  for (const size of wide) add(size);
+  if (open > 0) add(open);
+  return h;
 }
 
 // Per contract, one number per slot: 0 for inline bytes, else READ and/or WRITE. Read from a
