@@ -140,7 +140,7 @@ const SMALL = 8, ENTRY = 5, S_WRITTEN = 1, S_TOUCHED = 3, LARGE = -1;
  */
 export class GroupAccesses {
   // The small form: `#smallN` entries of `#small` (LARGE once the group moved to the hash table).
-  readonly #small = new Float64Array(SMALL * ENTRY);
+  #small = EMPTY_F64; // allocated on the first add (creating a typed array costs ~1 µs)
   #smallN = 0;
   // An open-addressing hash table (linear probing) whose slots carry the group (epoch) that claimed
   // them, so a slot of an earlier group is empty and reset is O(1). Typed arrays are allocated on
@@ -208,6 +208,7 @@ export class GroupAccesses {
     while (k < n * ENTRY && t[k] !== alloc) k += ENTRY;
     if (k === n * ENTRY) { // a new allocation
       if (n === SMALL) return this.#toLarge();
+      if (n === 0 && t.length === 0) return this.#addFirst(alloc, start, end, write);
       t[k] = alloc;
       t[k + S_TOUCHED] = start;
       t[k + S_TOUCHED + 1] = end;
@@ -236,6 +237,12 @@ export class GroupAccesses {
     if (start < ts) t[k + S_TOUCHED] = start;
     if (end > te) t[k + S_TOUCHED + 1] = end;
     return true;
+  }
+
+  /** The first add of this tracker's life: allocates the small form. */
+  #addFirst(alloc: number, start: number, end: number, write: boolean): boolean {
+    this.#small = new Float64Array(SMALL * ENTRY);
+    return this.#addSmall(0, alloc, start, end, write);
   }
 
   /** Moves the small form into the hash table (the group stays large until reset); returns false. */
