@@ -220,10 +220,9 @@ Deno.test("property: ByteIntervals holds exactly the union of the added ranges",
   );
 });
 
-Deno.test("property: groups that outgrow the small form (over 8 allocations, split intervals) answer as the quadratic scan", () => {
-  // Up to 12 allocations, so a group moves from the linear array to the hash table mid-group, and
-  // sparse slices, so an allocation's bytes split into several intervals; then the same tracker is
-  // reused after a reset (the small form again).
+Deno.test("property: groups over many allocations with split intervals answer as the quadratic scan, across resets", () => {
+  // Up to 12 allocations and sparse slices, so an allocation's bytes split into several intervals,
+  // with the same tracker reused after each reset.
   const wideRange: fc.Arbitrary<MemRange> = fc.tuple(
     fc.integer({ min: 1, max: 12 }),
     fc.integer({ min: 0, max: 20 }),

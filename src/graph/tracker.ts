@@ -120,36 +120,23 @@ const EMPTY_U8 = new Uint8Array(0);
 // interval arrives; then S is SPILLED and the bytes live in a ByteIntervals of the slot.
 const SLOT = 6, KEY = 0, EPOCH = 1, WRITTEN = 2, TOUCHED = 4, SPILLED = -1;
 
-// The small form of a group: up to SMALL allocations, each with one written and one touched
-// interval, in an array scanned linearly ([alloc, written S, E, touched S, E] per entry). Most
-// groups of a forward pass are this small; a linear scan of a few entries costs less than hashing,
-// and the hash table is only built (and allocated) for a group that outgrows it.
-const SMALL = 8, ENTRY = 5, S_WRITTEN = 1, S_TOUCHED = 3, LARGE = -1;
-
 /**
  * The bytes a concurrent group wrote and touched, per allocation, and the per-range conflict test
  * of {@link conflictKind}'s rule: the table behind {@link ConflictTracker}, used directly on the
  * encoder's hot path (no range lists, no recording order). Ranges are taken as valid — non-negative
  * safe integers with start <= end, as `checkRange` in ranges.ts ensures and a buffer view's own
  * range always is — and are not checked here.
- *
- * A group of at most 8 allocations whose bytes per allocation stay one written and one touched
- * interval is kept in a small array scanned linearly; a group that outgrows it moves, for the rest of
- * the group, into a hash table with an interval set per allocation, so the cost of a check does not
- * grow with the group's width either way.
  */
 export class GroupAccesses {
-  // The small form: `#smallN` entries of `#small` (LARGE once the group moved to the hash table).
-  #small = EMPTY_F64; // allocated on the first add (creating a typed array costs ~1 µs)
-  #smallN = 0;
   // An open-addressing hash table (linear probing) whose slots carry the group (epoch) that claimed
   // them, so a slot of an earlier group is empty and reset is O(1). Typed arrays are allocated on
-  // first use: one costs ~0.7 µs to create in Deno, and most groups never need the table.
+  // first use: one costs ~0.7 µs to create in Deno, and most encoders (no autoBarriers) never
+  // record a range.
   #slots = EMPTY_F64;
   #spillWritten: (ByteIntervals | undefined)[] = [];
   #spillTouched: (ByteIntervals | undefined)[] = [];
   #mask = -1;
-  #allocs = 0; // allocations the current group touched
+  #allocs = 0; // slots claimed by the current group
   #epoch = 1;
 
   /** Whether the group touched no byte yet. */
@@ -160,7 +147,6 @@ export class GroupAccesses {
   /** Forgets the group (after a barrier): O(1). */
   reset(): void {
     this.#allocs = 0;
-    this.#smallN = 0;
     this.#epoch++; // exact up to 2^53 groups
   }
 
@@ -170,16 +156,6 @@ export class GroupAccesses {
    */
   conflicts(alloc: number, start: number, end: number, write: boolean): boolean {
     if (this.#allocs === 0 || start >= end) return false;
-    const n = this.#smallN;
-    if (n !== LARGE) {
-      const t = this.#small;
-      for (let k = 0; k < n * ENTRY; k += ENTRY) {
-        if (t[k] !== alloc) continue;
-        const f = k + (write ? S_TOUCHED : S_WRITTEN);
-        return t[f]! < end && start < t[f + 1]!; // an empty written interval is [0, 0): never
-      }
-      return false;
-    }
     const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
     let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask, k = i * SLOT;
     while (slots[k + KEY] !== alloc) { // probing ends at the first slot of an earlier group
@@ -196,73 +172,6 @@ export class GroupAccesses {
   /** Adds bytes [start, end) of allocation `alloc` to the group, as read and/or written. */
   add(alloc: number, start: number, end: number, read: boolean, write: boolean): void {
     if (start >= end || !(read || write)) return; // touches nothing
-    const n = this.#smallN;
-    if (n !== LARGE && this.#addSmall(n, alloc, start, end, write)) return;
-    this.#addLarge(alloc, start, end, write);
-  }
-
-  /** Adds to the small form; false (nothing added) when the group must move to the hash table. */
-  #addSmall(n: number, alloc: number, start: number, end: number, write: boolean): boolean {
-    const t = this.#small;
-    let k = 0;
-    while (k < n * ENTRY && t[k] !== alloc) k += ENTRY;
-    if (k === n * ENTRY) { // a new allocation
-      if (n === SMALL) return this.#toLarge();
-      if (n === 0 && t.length === 0) return this.#addFirst(alloc, start, end, write);
-      t[k] = alloc;
-      t[k + S_TOUCHED] = start;
-      t[k + S_TOUCHED + 1] = end;
-      if (write) {
-        t[k + S_WRITTEN] = start;
-        t[k + S_WRITTEN + 1] = end;
-      } else t[k + S_WRITTEN] = t[k + S_WRITTEN + 1] = 0;
-      this.#smallN = n + 1;
-      this.#allocs++;
-      return true;
-    }
-    // Both intervals must stay single: check before changing either.
-    const ts = t[k + S_TOUCHED]!, te = t[k + S_TOUCHED + 1]!;
-    if (start > te || end < ts) return this.#toLarge(); // touched would become two intervals
-    if (write) {
-      const ws = t[k + S_WRITTEN]!, we = t[k + S_WRITTEN + 1]!;
-      if (ws === we) {
-        t[k + S_WRITTEN] = start;
-        t[k + S_WRITTEN + 1] = end;
-      } else if (start > we || end < ws) return this.#toLarge();
-      else {
-        if (start < ws) t[k + S_WRITTEN] = start;
-        if (end > we) t[k + S_WRITTEN + 1] = end;
-      }
-    }
-    if (start < ts) t[k + S_TOUCHED] = start;
-    if (end > te) t[k + S_TOUCHED + 1] = end;
-    return true;
-  }
-
-  /** The first add of this tracker's life: allocates the small form. */
-  #addFirst(alloc: number, start: number, end: number, write: boolean): boolean {
-    this.#small = new Float64Array(SMALL * ENTRY);
-    return this.#addSmall(0, alloc, start, end, write);
-  }
-
-  /** Moves the small form into the hash table (the group stays large until reset); returns false. */
-  #toLarge(): boolean {
-    const t = this.#small, n = this.#smallN;
-    this.#smallN = LARGE;
-    this.#allocs = 0;
-    if (this.#mask + 1 < 2 * (SMALL + 1)) this.#rehash();
-    const slots = this.#slots;
-    for (let k = 0; k < n * ENTRY; k += ENTRY) {
-      const alloc = t[k]!, slot = this.#slot(alloc), j = slot * SLOT;
-      slots[j + KEY] = alloc;
-      slots[j + EPOCH] = this.#epoch;
-      slots.set(t.subarray(k + S_WRITTEN, k + ENTRY), j + WRITTEN); // written S, E, touched S, E
-      this.#allocs++;
-    }
-    return false;
-  }
-
-  #addLarge(alloc: number, start: number, end: number, write: boolean): void {
     if (2 * (this.#allocs + 1) > this.#mask + 1) this.#rehash();
     const slot = this.#slot(alloc), slots = this.#slots, k = slot * SLOT;
     if (slots[k + EPOCH] !== this.#epoch) { // claim the slot with this range
