@@ -93,15 +93,15 @@ export class BarrierPolicy {
    * `range()` is malformed.
    */
   stageDispatch(contract: KernelContract, bindings: readonly unknown[]): boolean {
-    const g = this.#group, modes = accessModes(contract), n = Math.min(modes.length, bindings.length);
+    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
     if (4 * n > this.#stage.length) this.#stage = new Float64Array(4 * Math.max(2 * n, 8));
     const stage = this.#stage;
     this.#staged = 0; // nothing staged if a binding throws below
     const check = !g.empty;
     let conflict = false, k = 0;
     for (let i = 0; i < n; i++) {
-      const m = modes[i]!;
-      if (m === 0) continue;
+      const slot = slots[i]!;
+      if (slot.kind !== "buffer") continue;
       const b = bindings[i];
       let a: number, s: number, e: number;
       if (b instanceof MlxBuffer) {
@@ -115,6 +115,7 @@ export class BarrierPolicy {
         e = r[2];
       } else continue;
       if (s === e) continue; // zero bytes touch nothing
+      const access = slot.access, m = access === "read" ? READ : access === "write" ? WRITE : READ | WRITE;
       // A write is checked against every byte the group touched, which covers the read check.
       if (check && !conflict) conflict = g.conflicts(a, s, e, m !== READ);
       stage[k] = a;
@@ -189,22 +190,6 @@ function buildHistogram(small: readonly number[], wide: readonly number[], open:
   for (const size of wide) add(size);
   if (open > 0) add(open);
   return h;
-}
-
-// Per contract, one number per slot: 0 for inline bytes, else READ and/or WRITE. Read from a
-// typed array rather than from the slot objects, whose several shapes make property loads slow.
-const modesByContract = new WeakMap<KernelContract, Uint8Array>();
-
-function accessModes(contract: KernelContract): Uint8Array {
-  let modes = modesByContract.get(contract);
-  if (modes === undefined) {
-    modes = Uint8Array.from(
-      contract.slots,
-      (s) => s.kind !== "buffer" ? 0 : s.access === "read" ? READ : s.access === "write" ? WRITE : READ | WRITE,
-    );
-    modesByContract.set(contract, modes);
-  }
-  return modes;
 }
 
 function isRanged(b: unknown): b is RangedBinding {
