@@ -161,25 +161,33 @@ export class Fingerprint {
 
   /**
    * Whether the stored key is the last computation's: its extra numbers, and its capture words
-   * `stored` equal to the new capture's within `keyRuns` (pairs [start, end) of the words of `stored`
-   * that are not inline-constant values, from {@link keyRunsOf}). Sound without parsing the new
-   * words: equal headers from the first word on make every record the same length, so the constant
-   * values lie at the same places in both.
+   * `stored` equal to the new capture's wherever `constants` (1 per inline-constant value word of
+   * `stored`) is 0. Sound without parsing the new words: equal headers from the first word on make
+   * every record the same length, so the constant values lie at the same places in both.
    */
-  equals(stored: Uint32Array, keyRuns: Int32Array, extra: Float64Array): boolean {
+  equals(stored: Uint32Array, constants: Uint8Array, extra: Float64Array): boolean {
     const n = this.#len;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!;
-    if (c.length !== stored.length) return false;
-    const w = c.words;
-    for (let j = 0; j < keyRuns.length; j += 2) {
-      let k = keyRuns[j]!;
-      const end = keyRuns[j + 1]!;
-      // two words per step, differences OR-ed: one branch per pair
-      for (; k + 1 < end; k += 2) if ((w[k]! ^ stored[k]!) | (w[k + 1]! ^ stored[k + 1]!)) return false;
-      if (k < end && w[k] !== stored[k]) return false;
+    const c = this.#capture!, length = stored.length;
+    if (c.length !== length) return false;
+    // Two words at a time as doubles; a pair that differs, is NaN or is ±0 is checked word by word.
+    const w = c.words, pairs = length >>> 1;
+    const a = new Float64Array(w.buffer, w.byteOffset, pairs);
+    const b = new Float64Array(stored.buffer, stored.byteOffset, pairs);
+    for (let i = 0; i < pairs; i++) {
+      const x = a[i];
+      if (x !== b[i] || x === 0) {
+        const k = 2 * i;
+        if ((w[k] !== stored[k] && constants[k] === 0) || (w[k + 1] !== stored[k + 1] && constants[k + 1] === 0)) {
+          return false;
+        }
+      }
+    }
+    if (length & 1) {
+      const k = length - 1;
+      if (w[k] !== stored[k] && constants[k] === 0) return false;
     }
     return true;
   }
@@ -216,7 +224,7 @@ export class Fingerprint {
 /** A topology key: capture words, which of them are constant values, and the extra numbers. */
 interface Sighting {
   readonly words: Uint32Array;
-  readonly keyRuns: Int32Array;
+  readonly constants: Uint8Array;
   readonly extra: Float64Array;
 }
 
@@ -224,23 +232,15 @@ interface Entry extends Sighting {
   readonly plan: CachedPlan;
 }
 
-/**
- * The runs of `words` (whole records) that are part of a topology key: pairs [start, end) of word
- * indices, leaving out every inline constant's value words.
- */
-export function keyRunsOf(words: Uint32Array): Int32Array {
-  const runs: number[] = [];
-  let from = 0;
+/** 1 for each word of `words` (whole records) that holds an inline constant's value. */
+function constantWords(words: Uint32Array): Uint8Array {
+  const mask = new Uint8Array(words.length);
   for (let at = 0; at < words.length;) {
-    const h = words[at]!, len = h >>> LEN_SHIFT;
-    if ((h & OP_MASK) === Op.SET_BYTES) {
-      if (at + 2 > from) runs.push(from, at + 2); // up to and including the record's two header words
-      from = at + len;
-    }
+    const h = words[at], len = h >>> LEN_SHIFT;
+    if ((h & OP_MASK) === Op.SET_BYTES) mask.fill(1, at + 2, at + len);
     at += len;
   }
-  if (words.length > from) runs.push(from, words.length);
-  return Int32Array.from(runs);
+  return mask;
 }
 
 /** Hit and miss counts of a cache. */
@@ -292,7 +292,7 @@ export class PlanCache {
     const list = this.#byHash.get(fp.hash);
     if (list !== undefined) {
       for (const e of list) {
-        if (!fp.equals(e.words, e.keyRuns, e.extra)) continue;
+        if (!fp.equals(e.words, e.constants, e.extra)) continue;
         this.#lru.delete(e);
         this.#lru.set(e, fp.hash);
         this.#hits++;
@@ -308,7 +308,7 @@ export class PlanCache {
     if (this.capacity === 0) return;
     const c = fp.capture;
     const words = c.words.slice(0, c.length);
-    const e: Entry = { words, keyRuns: keyRunsOf(words), extra: fp.view().slice(), plan };
+    const e: Entry = { words, constants: constantWords(words), extra: fp.view().slice(), plan };
     const list = this.#byHash.get(fp.hash);
     if (list) list.push(e);
     else this.#byHash.set(fp.hash, [e]);
@@ -335,13 +335,13 @@ export class PlanCache {
     if (seen === undefined && !this.#byHash.has(hash)) return true;
     if (seen !== undefined) {
       for (const e of seen) {
-        if (!fp.equals(e.words, e.keyRuns, e.extra)) continue;
+        if (!fp.equals(e.words, e.constants, e.extra)) continue;
         this.#forgetSeen(e, hash);
         return true;
       }
     }
     const c = fp.capture, words = c.words.slice(0, c.length);
-    const e: Sighting = { words, keyRuns: keyRunsOf(words), extra: fp.view().slice() };
+    const e: Sighting = { words, constants: constantWords(words), extra: fp.view().slice() };
     if (seen) {
       // A few per shape bound the comparisons a miss costs.
       if (seen.length === SIGHTINGS_PER_SHAPE) this.#forgetSeen(seen[0]!, hash);
