@@ -387,19 +387,36 @@ export class PlanRecorder {
   firstSteps = -1;
   /** False once a binding could not be traced to a captured node (the plan is then not cached). */
   traceable = true;
-  readonly #sourceOf = new Map<object, number>();
+  readonly #nodes: readonly CapturedNode[];
+  // A dispatch issued with a captured node's own bindings array (every node no pass rewrote) takes
+  // its sources from that node, slot by slot; only others (fused dispatches) look each binding up.
+  readonly #nodeOf = new Map<readonly Binding[], number>();
+  #sourceOf: Map<object, number> | null = null;
 
   /** A recorder for an encode of `nodes` (the captured nodes, before any pass). */
   constructor(nodes: readonly CapturedNode[]) {
+    this.#nodes = nodes;
     for (let i = 0; i < nodes.length; i++) {
-      const n = nodes[i];
+      const n = nodes[i]!;
       if (n.kind !== "dispatch" || n.bindings === undefined) continue;
       if (n.bindings.length > MAX_SLOTS) this.traceable = false;
+      this.#nodeOf.set(n.bindings, i);
+    }
+  }
+
+  /** The first captured node and slot binding each object (built on first need). */
+  #sources(): Map<object, number> {
+    if (this.#sourceOf !== null) return this.#sourceOf;
+    const map = new Map<object, number>(), nodes = this.#nodes;
+    for (let i = 0; i < nodes.length; i++) {
+      const n = nodes[i]!;
+      if (n.kind !== "dispatch" || n.bindings === undefined) continue;
       for (let s = 0; s < n.bindings.length; s++) {
         const b = n.bindings[s];
-        if (typeof b === "object" && !this.#sourceOf.has(b)) this.#sourceOf.set(b, i * MAX_SLOTS + s);
+        if (typeof b === "object" && !map.has(b)) map.set(b, i * MAX_SLOTS + s);
       }
     }
+    return this.#sourceOf = map;
   }
 
   /**
@@ -427,16 +444,21 @@ export class PlanRecorder {
 
   #recordDispatch(d: DispatchDescriptor): void {
     // A plain array: a typed array costs ~0.7 µs to create in Deno, more than the rest of a step.
-    const sources: number[] = [];
-    for (let s = 0; s < d.bindings.length; s++) {
-      const b = d.bindings[s];
-      if (b === undefined) {
-        sources.push(-1);
-        continue;
+    const sources: number[] = [], bindings = d.bindings, node = this.#nodeOf.get(bindings);
+    if (node !== undefined) {
+      for (let s = 0; s < bindings.length; s++) sources.push(bindings[s] === undefined ? -1 : node * MAX_SLOTS + s);
+    } else {
+      const sourceOf = this.#sources();
+      for (let s = 0; s < bindings.length; s++) {
+        const b = bindings[s];
+        if (b === undefined) {
+          sources.push(-1);
+          continue;
+        }
+        const src = sourceOf.get(b);
+        if (src === undefined) this.traceable = false;
+        sources.push(src ?? -1);
       }
-      const src = this.#sourceOf.get(b);
-      if (src === undefined) this.traceable = false;
-      sources.push(src ?? -1);
     }
     this.steps.push({
       pipeline: d.pipeline,
@@ -491,13 +513,18 @@ export function replaySteps(
   }
 }
 
+// The writer and word store of the last finished RecordsBuilder, for the next one (a builder
+// that is never finished keeps its own).
+let spareBuilder: { readonly writer: StreamWriter; readonly store: Uint32Array } | null = null;
+
 /**
  * A graph encode target that writes the stream words an encoder would write (one command buffer,
  * first dispatch tagged 0), so that they can be cached and replayed by copying.
  */
 export class RecordsBuilder implements GraphEncodeTarget {
-  readonly #writer = new StreamWriter();
-  #store = new Uint32Array(4096);
+  // Borrowed from the spare below and handed back by finish(): a writer is 256 KiB to create.
+  readonly #writer: StreamWriter = spareBuilder?.writer ?? new StreamWriter();
+  #store: Uint32Array = spareBuilder?.store ?? new Uint32Array(4096);
   #stored = 0;
   #pipeline = 0;
   #dispatches = 0;
@@ -509,6 +536,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
 
   /** A builder resolving pipelines with `resolve`; `check` throws what is wrong with a descriptor. */
   constructor(resolve: (ref: PipelineRef) => Pipeline, check: (d: DispatchDescriptor) => void) {
+    spareBuilder = null;
     this.#resolve = resolve;
     this.#check = check;
     this.#writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
@@ -555,7 +583,9 @@ export class RecordsBuilder implements GraphEncodeTarget {
    */
   finish(steps: readonly (PlanDispatch | null)[], capture: Capture): PlanRecords | null {
     this.#writer.flush();
+    this.#writer.attach(undefined);
     const words = this.#store.slice(0, this.#stored);
+    spareBuilder = { writer: this.#writer, store: this.#store };
     const cuts = Int32Array.from(this.#cuts);
     if (cuts.length !== steps.length) return null;
     const patches: number[] = [];
