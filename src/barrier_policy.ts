@@ -161,33 +161,30 @@ export class BarrierPolicy {
     } else (this.#wide ??= []).push(size);
   }
 
-  /**
-   * The group statistics so far, the open group included: O(1) but for the histogram, which is
-   * built only when read.
-   */
+  /** The group statistics so far, the open group included (O(1) per group, the histogram aside). */
   stats(dispatches: number): GroupStats {
     const open = this.#groupSize, groups = this.#groups + (open > 0 ? 1 : 0);
-    const small = this.#histogram.slice(), wide = this.#wide?.slice() ?? [];
-    let histogram: number[] | undefined;
     return {
       dispatches,
       groups,
       meanGroupSize: groups > 0 ? dispatches / groups : 0,
-      get histogram(): readonly number[] {
-        return histogram ??= buildHistogram(small, wide, open);
-      },
+      histogram: buildHistogram(this.#histogram, this.#wide, open),
     };
   }
 }
 
-/** histogram[k] = groups of exactly k dispatches, from the small sizes' counts and the wide sizes. */
-function buildHistogram(small: readonly number[], wide: readonly number[], open: number): number[] {
-  const h = [...small];
+/** histogram[k] = groups of exactly k dispatches, from the small sizes' counts, the wide sizes and the open group. */
+function buildHistogram(small: readonly number[], wide: readonly number[] | undefined, open: number): number[] {
+  const h = small.slice();
   const add = (size: number) => {
-    while (h.length <= size) h.push(0);
+    if (size >= h.length) {
+      const from = h.length;
+      h.length = size + 1;
+      h.fill(0, from);
+    }
     h[size] = h[size]! + 1;
   };
-  for (const size of wide) add(size);
+  if (wide !== undefined) { for (let i = 0; i < wide.length; i++) add(wide[i]!); }
   if (open > 0) add(open);
   return h;
 }
