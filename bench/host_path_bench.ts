@@ -99,3 +99,19 @@ Deno.bench("recorded pass, plan cache off: capture + finish({ fuse, reorder }), 
   b.end();
   pass.wait();
 });
+
+// A recorded pass whose topology changes every time (one write moves by a slice, as a K/V-cache
+// append moves by a row per token): every pass misses. With plan recording skipped for a new
+// topology of a known shape, this costs what the cache-off pass costs.
+let moving = 0;
+Deno.bench("recorded pass, a new topology every pass (plan cache misses): capture + finish, host part", {
+  group: "host path",
+}, (b) => {
+  moving = (moving + 1) % N;
+  b.start();
+  const s = exec.beginRecorded({ autoBarriers: false });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i === 0 ? moving : i], { alpha: 1, beta: 1 });
+  const pass = s.commit({ fuse: true, reorder: true });
+  b.end();
+  pass.wait();
+});

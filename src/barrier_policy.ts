@@ -24,6 +24,7 @@ export interface GroupStats {
 }
 
 const READ = 1, WRITE = 2;
+const SMALL_GROUP = 64;
 const EMPTY_F64 = new Float64Array(0);
 
 /** Auto-barrier decisions and group sizes. */
@@ -37,7 +38,11 @@ export class BarrierPolicy {
   #stage = EMPTY_F64;
   #staged = 0;
   #groupSize = 0;
+  #groups = 0; // closed groups
+  // Closed groups by size: counts for sizes below SMALL_GROUP, and each wider group's size (a
+  // dense histogram up to a group of hundreds would cost a pass as much as its dispatches).
   readonly #histogram: number[] = [];
+  #wide: number[] | undefined;
 
   /** A policy with automatic barriers on or off. */
   constructor(auto: boolean) {
@@ -54,11 +59,11 @@ export class BarrierPolicy {
     const g = this.#group;
     if (g.empty) return false;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i];
+      const r = reads[i]!;
       if (g.conflicts(r[0], r[1], r[2], false)) return true;
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i];
+      const r = writes[i]!;
       if (g.conflicts(r[0], r[1], r[2], true)) return true;
     }
     return false;
@@ -70,11 +75,11 @@ export class BarrierPolicy {
     checkRanges(writes, "tracked writes");
     const g = this.#group;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i];
+      const r = reads[i]!;
       g.add(r[0], r[1], r[2], true, false);
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i];
+      const r = writes[i]!;
       g.add(r[0], r[1], r[2], false, true);
     }
   }
@@ -95,7 +100,7 @@ export class BarrierPolicy {
     const check = !g.empty;
     let conflict = false, k = 0;
     for (let i = 0; i < n; i++) {
-      const slot = slots[i];
+      const slot = slots[i]!;
       if (slot.kind !== "buffer") continue;
       const b = bindings[i];
       let a: number, s: number, e: number;
@@ -127,8 +132,8 @@ export class BarrierPolicy {
   trackStaged(): void {
     const g = this.#group, stage = this.#stage;
     for (let k = 0; k < this.#staged; k += 4) {
-      const m = stage[k + 3];
-      g.add(stage[k], stage[k + 1], stage[k + 2], (m & READ) !== 0, (m & WRITE) !== 0);
+      const m = stage[k + 3]!;
+      g.add(stage[k]!, stage[k + 1]!, stage[k + 2]!, (m & READ) !== 0, (m & WRITE) !== 0);
     }
     this.#staged = 0;
   }
@@ -145,23 +150,43 @@ export class BarrierPolicy {
 
   /** Closes the current group (at a barrier or commit). */
   endGroup(): void {
-    if (this.#groupSize === 0) return;
-    const h = this.#histogram;
-    while (h.length <= this.#groupSize) h.push(0);
-    h[this.#groupSize]++;
+    const size = this.#groupSize;
+    if (size === 0) return;
+    this.#groups++;
     this.#groupSize = 0;
+    if (size < SMALL_GROUP) {
+      const h = this.#histogram;
+      while (h.length <= size) h.push(0);
+      h[size] = h[size]! + 1;
+    } else (this.#wide ??= []).push(size);
   }
 
-  /** The group-size histogram so far, the open group included. */
+  /** The group statistics so far, the open group included (O(1) per group, the histogram aside). */
   stats(dispatches: number): GroupStats {
-    const h = [...this.#histogram];
-    if (this.#groupSize > 0) {
-      while (h.length <= this.#groupSize) h.push(0);
-      h[this.#groupSize]++;
-    }
-    const groups = h.reduce((a, b) => a + b, 0);
-    return { dispatches, groups, meanGroupSize: groups > 0 ? dispatches / groups : 0, histogram: h };
+    const open = this.#groupSize, groups = this.#groups + (open > 0 ? 1 : 0);
+    return {
+      dispatches,
+      groups,
+      meanGroupSize: groups > 0 ? dispatches / groups : 0,
+      histogram: buildHistogram(this.#histogram, this.#wide, open),
+    };
   }
+}
+
+/** histogram[k] = groups of exactly k dispatches, from the small sizes' counts, the wide sizes and the open group. */
+function buildHistogram(small: readonly number[], wide: readonly number[] | undefined, open: number): number[] {
+  const h = small.slice();
+  const add = (size: number) => {
+    if (size >= h.length) {
+      const from = h.length;
+      h.length = size + 1;
+      h.fill(0, from);
+    }
+    h[size] = h[size]! + 1;
+  };
+  if (wide !== undefined) { for (let i = 0; i < wide.length; i++) add(wide[i]!); }
+  if (open > 0) add(open);
+  return h;
 }
 
 function isRanged(b: unknown): b is RangedBinding {
@@ -171,6 +196,6 @@ function isRanged(b: unknown): b is RangedBinding {
 /** The range a non-MlxBuffer binding reports, checked (a malformed one would hide a race). */
 function rangeOf(b: RangedBinding, contract: KernelContract, slot: number): MemRange {
   const r = b.range();
-  checkRange(r, `${contract.name}: slot ${slot} (${contract.slots[slot].name}) range()`);
+  checkRange(r, `${contract.name}: slot ${slot} (${contract.slots[slot]!.name}) range()`);
   return r;
 }

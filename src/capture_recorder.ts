@@ -221,10 +221,12 @@ export class Capture {
       if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) {
         bindings[slot] = this.buffers[k++];
       } else if (op === Op.SET_BYTES) {
-        const n = w[at + 1];
-        bindings[slot] = n % 4 === 0
-          ? Array.from(w.subarray(at + 2, at + 2 + n / 4))
-          : new Uint8Array(w.buffer, w.byteOffset + (at + 2) * 4, n).slice();
+        const n = w[at + 1]!;
+        if (n % 4 === 0) { // copied word by word: a subarray view costs more than the copy
+          const words: number[] = [];
+          for (let q = at + 2, end = at + 2 + n / 4; q < end; q++) words.push(w[q]!);
+          bindings[slot] = words;
+        } else bindings[slot] = new Uint8Array(w.buffer, w.byteOffset + (at + 2) * 4, n).slice();
       } else if (op === Op.SET_TG_MEMORY) {
         tgMemory = w[at + 1];
       } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {

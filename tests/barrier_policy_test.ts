@@ -1,5 +1,5 @@
 /** BarrierPolicy's binding walk against the reference: accessesOf + ConflictTracker. */
-import { equal, throws } from "node:assert/strict";
+import { deepStrictEqual, equal, throws } from "node:assert/strict";
 import fc from "fast-check";
 import { CapturedOpKind, ConflictTracker, DType, MlxError } from "../mod.ts";
 import { BarrierPolicy } from "../src/barrier_policy.ts";
@@ -67,4 +67,26 @@ Deno.test("a binding whose range() is malformed is refused, not treated as touch
   const isInvalid = (e: unknown) =>
     e instanceof MlxError && e.code === "InvalidArgument" && /k: slot 0 \(x\) range\(\).*NaN/.test(e.message);
   throws(() => policy.stageDispatch(contract, [bad]), isInvalid);
+});
+
+Deno.test("group statistics: counts and the histogram, wide groups and the open group included", () => {
+  const sizes = [1, 3, 64, 1, 200, 63, 3]; // the last group stays open
+  const policy = new BarrierPolicy(false);
+  sizes.forEach((size, i) => {
+    if (i > 0) policy.endGroup();
+    for (let k = 0; k < size; k++) policy.dispatched();
+  });
+  const dispatches = sizes.reduce((a, b) => a + b, 0);
+  const stats = policy.stats(dispatches);
+  const expected = new Array(201).fill(0);
+  for (const size of sizes) expected[size]++;
+  deepStrictEqual(
+    { dispatches: stats.dispatches, groups: stats.groups, mean: stats.meanGroupSize, histogram: stats.histogram },
+    { dispatches, groups: sizes.length, mean: dispatches / sizes.length, histogram: expected },
+  );
+  policy.endGroup();
+  for (let k = 0; k < 5; k++) policy.dispatched();
+  deepStrictEqual(stats.histogram, expected, "a snapshot: later groups do not change it");
+  equal(policy.stats(dispatches + 5).groups, sizes.length + 1);
+  deepStrictEqual(new BarrierPolicy(true).stats(0), { dispatches: 0, groups: 0, meanGroupSize: 0, histogram: [] });
 });

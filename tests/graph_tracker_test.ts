@@ -219,3 +219,44 @@ Deno.test("property: ByteIntervals holds exactly the union of the added ranges",
     { numRuns: 500, seed: 21 },
   );
 });
+
+Deno.test("property: groups over many allocations with split intervals answer as the quadratic scan, across resets", () => {
+  // Up to 12 allocations and sparse slices, so an allocation's bytes split into several intervals,
+  // with the same tracker reused after each reset.
+  const wideRange: fc.Arbitrary<MemRange> = fc.tuple(
+    fc.integer({ min: 1, max: 12 }),
+    fc.integer({ min: 0, max: 20 }),
+    fc.integer({ min: 0, max: 3 }),
+  ).map(([a, s, len]) => [a, s * 16, (s + len) * 16]);
+  const wideOp = fc.oneof(
+    {
+      weight: 20,
+      arbitrary: fc.record({
+        reads: fc.array(wideRange, { maxLength: 3 }),
+        writes: fc.array(wideRange, { maxLength: 2 }),
+      }),
+    },
+    { weight: 1, arbitrary: fc.constant("reset" as const) },
+  );
+  fc.assert(
+    fc.property(fc.array(wideOp, { minLength: 1, maxLength: 300 }), (ops) => {
+      const fast = new ConflictTracker(), slow = new QuadraticTracker();
+      for (const op of ops) {
+        if (op === "reset") {
+          fast.reset();
+          slow.reset();
+          continue;
+        }
+        const expected = slow.reason(op.reads, op.writes);
+        equal(fast.conflicts(op.reads, op.writes), expected !== null);
+        if (expected && op.writes.length === 0) { // start a new group on some conflicts only
+          fast.reset();
+          slow.reset();
+        }
+        fast.add(op.reads, op.writes);
+        slow.add(op.reads, op.writes);
+      }
+    }),
+    { numRuns: 400, seed: 1616 },
+  );
+});

@@ -8,12 +8,14 @@ import fc from "fast-check";
 import {
   counters,
   DType,
+  f32Bits,
   type FinishReport,
   GraphExecutor,
   type GraphSession,
   type MlxBuffer,
   MlxError,
 } from "../mod.ts";
+import { type CachedPlan, Fingerprint, PlanCache } from "../src/graph/plan_cache.ts";
 import { randomValues, testContext } from "./helpers.ts";
 
 const ALLOCS = 3, ELEMS = 512, DIM = 32;
@@ -200,6 +202,7 @@ Deno.test("plan cache: counters, LRU eviction, the switch, and option checks", (
     using s = exec.beginRecorded();
     s.axpby(a, b, dst, { alpha, beta: 1 });
     s.elementwiseAdd(dst, a, dst);
+    if (dst === other) s.elementwiseAdd(dst, a, dst); // another shape of key, which is cached at once
     return s.finish({ fuse: true, reorder: true }).planCache;
   };
   const exec = new GraphExecutor(device, { planCacheSize: 1 });
@@ -288,4 +291,52 @@ Deno.test("plan cache hit: constants are those at dispatch time; a buffer dispos
   out.write(new Float32Array(8));
   equal(pass(3), "hit", "the refused pass left the cache and the device usable");
   deepStrictEqual(Array.from(out.read() as Float32Array), [2, 2, 2, 0, 0, 0, 0, 0]);
+});
+
+Deno.test("plan cache: a new topology of a known shape is recorded on its second sighting only", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  using a = device.upload(new Float32Array(64).fill(1));
+  using wide = device.alloc(64 * 4 * 4, DType.F32);
+  const axpby = device.kernels.get("axpby_f32");
+  // The key of a pass of `count` axpby dispatches into slice k (the slice moves: a new topology).
+  const key = (k: number, count = 1, alpha = 1) => {
+    using enc = device.commandEncoder();
+    enc.startCapture();
+    for (let i = 0; i < count; i++) {
+      enc.dispatch({
+        pipeline: axpby,
+        bindings: [a, a, wide.slice(k * 256, 256), [f32Bits(alpha), f32Bits(1), 64, 0]],
+        grid: 64,
+        threadgroup: 64,
+        dispatchKind: "threads",
+      });
+    }
+    const fp = new Fingerprint();
+    fp.compute(enc.takeCompactCapture()!, 3);
+    return fp;
+  };
+  const plan = {} as CachedPlan; // the cache only holds it
+  const cache = new PlanCache(4);
+  const missThenShould = (fp: Fingerprint) => {
+    equal(cache.lookup(fp), undefined);
+    return cache.shouldRecord(fp);
+  };
+  const first = key(0);
+  equal(missThenShould(first), true, "a shape with no plan yet: recorded at once");
+  cache.store(first, plan);
+  equal(cache.lookup(key(0, 1, 5)), plan, "new constants: a hit");
+  equal(missThenShould(key(1)), false, "same shape, new ranges: remembered, not recorded");
+  equal(missThenShould(key(2)), false);
+  equal(missThenShould(key(1, 1, 3)), true, "seen before (constants aside): recorded now");
+  const again = key(1);
+  cache.store(again, plan);
+  equal(cache.lookup(again), plan);
+  equal(missThenShould(key(3, 2)), true, "another shape (two dispatches): recorded at once");
+  equal(missThenShould(key(3)), false);
+  cache.clear();
+  equal(missThenShould(key(3)), true, "clear() forgets the sightings too");
+  const none = new PlanCache(0);
+  equal(none.lookup(first), undefined);
+  equal(none.shouldRecord(first), false, "a cache of capacity 0 records nothing");
 });

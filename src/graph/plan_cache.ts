@@ -43,7 +43,7 @@ export interface PlanDispatch {
   /** Op kind, as issued. */
   readonly opKind: DispatchDescriptor["opKind"];
   /** Per slot: captured node index × 256 + slot index of the binding, or -1 for none. */
-  readonly sources: Int32Array;
+  readonly sources: readonly number[];
 }
 
 /** A barrier step of a plan. */
@@ -95,6 +95,8 @@ export interface PlanTarget {
 }
 
 const MAX_SLOTS = 256;
+// Unrecorded topologies remembered per shape (see PlanCache.shouldRecord).
+const SIGHTINGS_PER_SHAPE = 4;
 
 const OP_MASK = 0xff;
 const LEN_SHIFT = 16;
@@ -219,10 +221,14 @@ export class Fingerprint {
   }
 }
 
-interface Entry {
+/** A topology key: capture words, which of them are constant values, and the extra numbers. */
+interface Sighting {
   readonly words: Uint32Array;
   readonly constants: Uint8Array;
   readonly extra: Float64Array;
+}
+
+interface Entry extends Sighting {
   readonly plan: CachedPlan;
 }
 
@@ -270,6 +276,9 @@ export class PlanCache {
   readonly capacity: number;
   readonly #byHash = new Map<number, Entry[]>();
   readonly #lru = new Map<Entry, number>(); // insertion order = recency; value = hash
+  // Topologies that missed without being recorded (see shouldRecord), at most `capacity`.
+  readonly #seenByHash = new Map<number, Sighting[]>();
+  readonly #seenLru = new Map<Sighting, number>();
   #hits = 0;
   #misses = 0;
 
@@ -313,10 +322,52 @@ export class PlanCache {
     }
   }
 
-  /** Forgets every plan (the counts stay). */
+  /**
+   * @internal Whether a pass that just missed should have its optimised plan recorded and stored.
+   * Yes for a topology whose shape (the key's hash: sizes, flags, annotations) has no plan yet, and
+   * for one seen before; no for a new topology of a known shape, which is remembered instead — so a
+   * pass whose ranges change every time (a K/V-cache write moving by one row per token) pays for
+   * recording once, not on every pass, and a topology that repeats hits from its third pass on.
+   */
+  shouldRecord(fp: Fingerprint): boolean {
+    if (this.capacity === 0) return false;
+    const hash = fp.hash, seen = this.#seenByHash.get(hash);
+    if (seen === undefined && !this.#byHash.has(hash)) return true;
+    if (seen !== undefined) {
+      for (const e of seen) {
+        if (!fp.equals(e.words, e.constants, e.extra)) continue;
+        this.#forgetSeen(e, hash);
+        return true;
+      }
+    }
+    const c = fp.capture, words = c.words.slice(0, c.length);
+    const e: Sighting = { words, constants: constantWords(words), extra: fp.view().slice() };
+    if (seen) {
+      // A few per shape bound the comparisons a miss costs.
+      if (seen.length === SIGHTINGS_PER_SHAPE) this.#forgetSeen(seen[0]!, hash);
+      seen.push(e);
+    } else this.#seenByHash.set(hash, [e]);
+    this.#seenLru.set(e, hash);
+    while (this.#seenLru.size > this.capacity) {
+      const [old, h] = this.#seenLru.entries().next().value!;
+      this.#forgetSeen(old, h);
+    }
+    return false;
+  }
+
+  #forgetSeen(e: Sighting, hash: number): void {
+    this.#seenLru.delete(e);
+    const l = this.#seenByHash.get(hash)!;
+    l.splice(l.indexOf(e), 1);
+    if (l.length === 0) this.#seenByHash.delete(hash);
+  }
+
+  /** Forgets every plan and every topology seen (the counts stay). */
   clear(): void {
     this.#byHash.clear();
     this.#lru.clear();
+    this.#seenByHash.clear();
+    this.#seenLru.clear();
   }
 
   /** Hit and miss counts. */
@@ -336,19 +387,36 @@ export class PlanRecorder {
   firstSteps = -1;
   /** False once a binding could not be traced to a captured node (the plan is then not cached). */
   traceable = true;
-  readonly #sourceOf = new Map<object, number>();
+  readonly #nodes: readonly CapturedNode[];
+  // A dispatch issued with a captured node's own bindings array (every node no pass rewrote) takes
+  // its sources from that node, slot by slot; only others (fused dispatches) look each binding up.
+  readonly #nodeOf = new Map<readonly Binding[], number>();
+  #sourceOf: Map<object, number> | null = null;
 
   /** A recorder for an encode of `nodes` (the captured nodes, before any pass). */
   constructor(nodes: readonly CapturedNode[]) {
+    this.#nodes = nodes;
     for (let i = 0; i < nodes.length; i++) {
-      const n = nodes[i];
+      const n = nodes[i]!;
       if (n.kind !== "dispatch" || n.bindings === undefined) continue;
       if (n.bindings.length > MAX_SLOTS) this.traceable = false;
+      this.#nodeOf.set(n.bindings, i);
+    }
+  }
+
+  /** The first captured node and slot binding each object (built on first need). */
+  #sources(): Map<object, number> {
+    if (this.#sourceOf !== null) return this.#sourceOf;
+    const map = new Map<object, number>(), nodes = this.#nodes;
+    for (let i = 0; i < nodes.length; i++) {
+      const n = nodes[i]!;
+      if (n.kind !== "dispatch" || n.bindings === undefined) continue;
       for (let s = 0; s < n.bindings.length; s++) {
         const b = n.bindings[s];
-        if (typeof b === "object" && !this.#sourceOf.has(b)) this.#sourceOf.set(b, i * MAX_SLOTS + s);
+        if (typeof b === "object" && !map.has(b)) map.set(b, i * MAX_SLOTS + s);
       }
     }
+    return this.#sourceOf = map;
   }
 
   /**
@@ -375,16 +443,22 @@ export class PlanRecorder {
   }
 
   #recordDispatch(d: DispatchDescriptor): void {
-    const sources = new Int32Array(d.bindings.length);
-    for (let s = 0; s < d.bindings.length; s++) {
-      const b = d.bindings[s];
-      if (b === undefined) {
-        sources[s] = -1;
-        continue;
+    // A plain array: a typed array costs ~0.7 µs to create in Deno, more than the rest of a step.
+    const sources: number[] = [], bindings = d.bindings, node = this.#nodeOf.get(bindings);
+    if (node !== undefined) {
+      for (let s = 0; s < bindings.length; s++) sources.push(bindings[s] === undefined ? -1 : node * MAX_SLOTS + s);
+    } else {
+      const sourceOf = this.#sources();
+      for (let s = 0; s < bindings.length; s++) {
+        const b = bindings[s];
+        if (b === undefined) {
+          sources.push(-1);
+          continue;
+        }
+        const src = sourceOf.get(b);
+        if (src === undefined) this.traceable = false;
+        sources.push(src ?? -1);
       }
-      const src = this.#sourceOf.get(b);
-      if (src === undefined) this.traceable = false;
-      sources[s] = src ?? -1;
     }
     this.steps.push({
       pipeline: d.pipeline,
@@ -439,13 +513,18 @@ export function replaySteps(
   }
 }
 
+// The writer and word store of the last finished RecordsBuilder, for the next one (a builder
+// that is never finished keeps its own).
+let spareBuilder: { readonly writer: StreamWriter; readonly store: Uint32Array } | null = null;
+
 /**
  * A graph encode target that writes the stream words an encoder would write (one command buffer,
  * first dispatch tagged 0), so that they can be cached and replayed by copying.
  */
 export class RecordsBuilder implements GraphEncodeTarget {
-  readonly #writer = new StreamWriter();
-  #store = new Uint32Array(4096);
+  // Borrowed from the spare below and handed back by finish(): a writer is 256 KiB to create.
+  readonly #writer: StreamWriter = spareBuilder?.writer ?? new StreamWriter();
+  #store: Uint32Array = spareBuilder?.store ?? new Uint32Array(4096);
   #stored = 0;
   #pipeline = 0;
   #dispatches = 0;
@@ -457,6 +536,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
 
   /** A builder resolving pipelines with `resolve`; `check` throws what is wrong with a descriptor. */
   constructor(resolve: (ref: PipelineRef) => Pipeline, check: (d: DispatchDescriptor) => void) {
+    spareBuilder = null;
     this.#resolve = resolve;
     this.#check = check;
     this.#writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
@@ -503,7 +583,9 @@ export class RecordsBuilder implements GraphEncodeTarget {
    */
   finish(steps: readonly (PlanDispatch | null)[], capture: Capture): PlanRecords | null {
     this.#writer.flush();
+    this.#writer.attach(undefined);
     const words = this.#store.slice(0, this.#stored);
+    spareBuilder = { writer: this.#writer, store: this.#store };
     const cuts = Int32Array.from(this.#cuts);
     if (cuts.length !== steps.length) return null;
     const patches: number[] = [];
