@@ -407,7 +407,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       };
     }
     const nodes = capture.nodes();
-    const recorder = cache !== null && plan === undefined ? new PlanRecorder(nodes) : null;
+    const recorder = cache !== null && plan === undefined && cache.shouldRecord(fp) ? new PlanRecorder(nodes) : null;
     // With validation on, both command buffers are validated before either is committed.
     const deferFirst = this.#validate;
     let barriers: number[];
