@@ -139,7 +139,7 @@ const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.P
  * ```
  */
 export class MlxDevice {
-  /** @internal Native symbols. */
+  /** @ignore Internal: Native symbols. */
   readonly sym: NativeSymbols;
   /** Path of the native library in use. */
   readonly libraryPath: string;
@@ -274,7 +274,7 @@ export class MlxDevice {
     return this.#ptr === null;
   }
 
-  /** @internal The native device pointer; throws Disposed after close. */
+  /** @ignore Internal: The native device pointer; throws Disposed after close. */
   devicePtr(): Deno.PointerObject {
     if (this.#ptr === null) {
       throw new MlxError("Disposed", "the device was closed: open a new one with MlxDevice.open()");
@@ -361,7 +361,7 @@ export class MlxDevice {
     this.close();
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   releaseBuffer(handle: number): void {
     if (this.#ptr === null) return;
     // Records still in an encoder's stream name this handle: hand them over first so the native
@@ -370,7 +370,7 @@ export class MlxDevice {
     check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   deferFree(handle: number): void {
     if (this.#ptr !== null) this.#deferred.push(handle);
   }
@@ -383,22 +383,22 @@ export class MlxDevice {
     for (const h of list) this.sym.mlxn_buffer_free(this.#ptr, h);
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   takeWriter(): StreamWriter {
     return this.#writers.pop() ?? new StreamWriter();
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   returnWriter(w: StreamWriter): void {
     if (this.#writers.length < 4) this.#writers.push(w);
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   encoderOpened(e: CommandEncoder): void {
     this.#open.add(e);
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   encoderClosed(e: CommandEncoder): void {
     this.#open.delete(e);
     this.#drainDeferred();

@@ -11,7 +11,14 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
 import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
-import { BARRIER, type CapturedNode, type PipelineRef } from "./graph/nodes.ts";
+import {
+  BARRIER,
+  type Binding,
+  type CapturedNode,
+  type Dims,
+  type DispatchKind,
+  type PipelineRef,
+} from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import {
@@ -29,23 +36,7 @@ import { codeOf, lastErrorText, readText } from "./native/status.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
 import { StreamWriter } from "./native/stream.ts";
 
-/**
- * A slot's argument: a buffer (view); inline constants; or nothing (optional slots).
- *
- * Inline constants are little-endian 32-bit words, given as a plain array of u32 values (the fast
- * form: no typed-array allocation per dispatch; use `f32Bits(x)` for floats) or as a Uint32Array,
- * or as raw bytes in a Uint8Array.
- */
-export type Binding = MlxBuffer | InlineWords | Uint8Array | Uint32Array | undefined;
-
-/** Inline constants as u32 words (`f32Bits(x)` for an f32 field). */
-export type InlineWords = readonly number[];
-
-/** Up to three dimensions; missing ones are 1. */
-export type Dims = number | readonly number[];
-
-/** Whether `grid` counts threads or threadgroups. */
-export type DispatchKind = "threads" | "threadgroups";
+export type { Binding, Dims, DispatchKind, InlineWords } from "./graph/nodes.ts";
 
 /** Everything one dispatch needs. */
 export interface DispatchDescriptor {
@@ -58,11 +49,11 @@ export interface DispatchDescriptor {
   /** Threads per threadgroup. */
   readonly threadgroup: Dims;
   /** How to read `grid`; default "threadgroups". */
-  readonly dispatchKind?: DispatchKind;
+  readonly dispatchKind?: DispatchKind | undefined;
   /** Threadgroup memory in bytes (index 0). */
-  readonly threadgroupMemory?: number;
+  readonly threadgroupMemory?: number | undefined;
   /** Overrides the contract's op kind (for graph passes). */
-  readonly opKind?: CapturedOpKind;
+  readonly opKind?: CapturedOpKind | undefined;
 }
 
 /** Timing of one dispatch (backend clock, ns). */
@@ -190,7 +181,7 @@ export class CommandEncoder {
   #log: CapturedNode[] | null;
   #hazards: Hazard[] = [];
 
-  /** @internal Use `device.commandEncoder()`. */
+  /** @ignore Internal: Use `device.commandEncoder()`. */
   constructor(host: EncoderHost, options: EncoderOptions = {}) {
     this.#policy = new BarrierPolicy(options.autoBarriers ?? false);
     this.#log = options.validate ? [] : null;
@@ -494,7 +485,7 @@ export class CommandEncoder {
     return nodes;
   }
 
-  /** @internal Ends capture mode and returns the recorded pass in compact form (null when not capturing). */
+  /** @ignore Internal: Ends capture mode and returns the recorded pass in compact form (null when not capturing). */
   takeCompactCapture(): Capture | null {
     const capture = this.#capture;
     this.#capture = null;
@@ -503,7 +494,7 @@ export class CommandEncoder {
   }
 
   /**
-   * @internal Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
+   * @ignore Internal: Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
    * `words`, cut only at `cuts` (step boundaries, ascending, the last one the end; no step is larger
    * than a writer),
    * holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier between each two),

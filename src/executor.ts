@@ -11,7 +11,7 @@ import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
-import { ComputeGraph, type GraphEncodeTarget } from "./graph/compute_graph.ts";
+import { checkChunk, ComputeGraph, encodeChunk, type GraphEncodeTarget } from "./graph/compute_graph.ts";
 import type { Capture } from "./capture_recorder.ts";
 import {
   type CachedPlan,
@@ -24,7 +24,7 @@ import {
   RecordsBuilder,
   replaySteps,
 } from "./graph/plan_cache.ts";
-import type { KernelRegistry } from "./kernels.ts";
+import type { KernelRegistry, Pipeline } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
 import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
 
@@ -159,7 +159,7 @@ export class GraphExecutor {
   readonly options: Readonly<Required<ExecutorOptions>>;
   /** Optimised recorded passes by topology (null when the plan cache is off). */
   readonly planCache: PlanCache | null;
-  /** @internal Scratch for topology keys. */
+  /** @ignore Internal: Scratch for topology keys. */
   readonly fingerprint: Fingerprint = new Fingerprint();
 
   /** An executor on `device`. */
@@ -234,7 +234,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
   #encoder: CommandEncoder;
   #done = false;
 
-  /** @internal Use GraphExecutor.begin / beginRecorded. */
+  /** @ignore Internal: Use GraphExecutor.begin / beginRecorded. */
   constructor(exec: GraphExecutor, recorded: boolean, options: SessionOptions) {
     super();
     this.#exec = exec;
@@ -461,16 +461,20 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
           const graph = new ComputeGraph(nodes);
           if (fuse) fusions = graph.fuse(this.#registry);
           if (reorder) reordered = graph.reorder();
-          const firstTarget: GraphEncodeTarget = {
+          const firstTarget: GraphEncodeTarget<Pipeline> = {
             dispatch: (d) => enc.dispatch(d),
             memoryBarrier: () => enc.memoryBarrier(),
             commit: firstCommit,
             resolvePipeline: (p) => enc.resolvePipeline(p),
           };
-          barriers = graph.encodeDualBuffer(
-            recorder ? recorder.wrap(firstTarget) : firstTarget,
-            recorder ? recorder.wrap(second) : second,
-          );
+          const t0 = recorder ? recorder.wrap(firstTarget) : firstTarget;
+          const t1 = recorder ? recorder.wrap(second) : second;
+          const [c0, c1] = graph.dualBufferChunks();
+          const b0 = encodeChunk(c0, t0);
+          // All or nothing: the second buffer's dispatches are checked before the first commits.
+          checkChunk(c1, second);
+          t0.commit(label);
+          barriers = [b0, encodeChunk(c1, t1)];
         }
         if (deferFirst) {
           second.checkHazards(label);

@@ -4,7 +4,7 @@
  * since those backends cannot run here).
  */
 import { deepStrictEqual, ok } from "node:assert/strict";
-import { allContracts } from "../mod.ts";
+import { allContracts } from "../src/kernels.ts";
 import "../src/ops/mod.ts";
 import { testContext } from "./helpers.ts";
 

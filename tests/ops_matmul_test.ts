@@ -21,6 +21,7 @@ import {
   quantizeAffine,
   quantizeGgml,
 } from "../mod.ts";
+import { affineFastApplies } from "../src/ops/matmul.ts";
 import { roundThrough } from "../src/dtype.ts";
 import { assertClose, randomValues, testContext } from "./helpers.ts";
 import { refMatmul } from "./reference.ts";
@@ -270,7 +271,7 @@ Deno.test("MLX affine quantized matmul: 4/6/8 bits × group 32/64/128, scalar an
           using sc = device.upload(qz.scales, DType.BF16), bi = device.upload(qz.biases, DType.BF16);
           using y = device.alloc(m * n * 4, DType.F32), yScalar = device.alloc(m * n * 4, DType.F32);
           const o = { m, n, k, bits, groupSize: gs };
-          const fast = ops.affineFastApplies(o);
+          const fast = affineFastApplies(o);
           using enc = device.commandEncoder();
           ops.quantizedMatmul(enc, registry, x, w, sc, bi, y, o); // fast whenever it applies
           ops.quantizedMatmul(enc, registry, x, w, sc, bi, yScalar, { ...o, variant: "scalar" });

@@ -5,6 +5,7 @@
  */
 import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import { DType, GraphExecutor, type MlxBuffer, MlxDevice, MlxError, type MlxErrorCode, ops } from "../mod.ts";
+import { debugFault } from "../src/ops/elementwise.ts";
 import { ABI_VERSION } from "../src/native/abi.ts";
 import { loadLibrary } from "../src/native/loader.ts";
 import { randomValues, runDeno, testContext } from "./helpers.ts";
@@ -523,7 +524,7 @@ Deno.test("fault injection: a failing dispatch fails its command buffer (sticky)
   using marker = device.alloc(4, DType.U32), after = device.alloc(64, DType.F32);
   using x = device.upload(new Float32Array(16).fill(1));
   const enc = device.commandEncoder();
-  ops.debugFault(enc, registry, marker, { fail: true });
+  debugFault(enc, registry, marker, { fail: true });
   enc.memoryBarrier();
   ops.elementwiseAdd(enc, registry, x, x, after); // a later group: must not run
   enc.commit("faulty");
@@ -548,7 +549,7 @@ Deno.test("fault injection: a failing dispatch fails its command buffer (sticky)
   void after;
   enc.dispose();
   using ok2 = device.commandEncoder();
-  ops.debugFault(ok2, registry, marker, { fail: false });
+  debugFault(ok2, registry, marker, { fail: false });
   ok2.commitAndWait();
   equal(marker.read()[0], 1, "the next command buffer runs");
   equal(MlxDevice.liveObjects(device).commandBuffers, 0);

@@ -14,7 +14,6 @@
  * @module
  */
 
-import { contractOf } from "../kernels.ts";
 import { placeBarriers } from "./barriers.ts";
 import { type CapturedNode, type DispatchNode, isDispatch, type PipelineRef } from "./nodes.ts";
 import { CapturedOpKind } from "./op_kind.ts";
@@ -215,7 +214,7 @@ function fusedNode(
     threadgroup: norm.threadgroup,
     threadgroupMemory: norm.threadgroupMemory,
     dispatchKind: norm.dispatchKind,
-    opKind: contractOf(name)?.opKind ?? CapturedOpKind.RmsNormMul,
+    opKind: CapturedOpKind.RmsNormMul,
     reads,
     writes: [write],
   };
