@@ -21,28 +21,28 @@ import { prepareTraceFile, Profiler } from "./profile.ts";
 /** Options of {@link MlxDevice.open}; each overrides the matching environment switch. */
 export interface DeviceOptions {
   /** Backend; default MLXN_BACKEND, else the best available (metal > cuda > cpu). */
-  backend?: BackendName;
+  backend?: BackendName | undefined;
   /** Native library path; default MLXN_LIB, else the module's build/ directory. */
-  libPath?: string;
+  libPath?: string | undefined;
   /** false = serial dispatch (MLXN_CONCURRENCY=0). */
-  concurrency?: boolean;
+  concurrency?: boolean | undefined;
   /** CPU backend worker threads; 0 = one per core. */
-  threads?: number;
+  threads?: number | undefined;
   /** Collect per-dispatch timings (same as profile: "dispatch"). */
-  profileDispatches?: boolean;
+  profileDispatches?: boolean | undefined;
   /** MLXN_PROFILE: per-label command-buffer times ("cb"), plus per-dispatch timings ("dispatch"). */
-  profile?: "cb" | "dispatch";
+  profile?: "cb" | "dispatch" | undefined;
   /** MLXN_TRACE: write a Chrome trace / Perfetto JSON file here on close (needs --allow-write). */
-  trace?: string;
+  trace?: string | undefined;
   /** CUDA: use CUDA graphs (MLXN_CUDA_GRAPHS). */
-  cudaGraphs?: boolean;
+  cudaGraphs?: boolean | undefined;
   /**
    * CUDA (compute capability 9.0+): let a dependent kernel launch while its producers still run,
    * waiting in-kernel for their results (programmatic dependent launch; MLXN_CUDA_PDL).
    */
-  cudaPdl?: boolean;
+  cudaPdl?: boolean | undefined;
   /** Check every command buffer for missing barriers at commit (MLXN_VALIDATE=1). */
-  validate?: boolean;
+  validate?: boolean | undefined;
 }
 
 /** What the native device reports about itself. */

@@ -11,14 +11,8 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
 import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
-import {
-  BARRIER,
-  type Binding,
-  type CapturedNode,
-  type Dims,
-  type DispatchKind,
-  type PipelineRef,
-} from "./graph/nodes.ts";
+import type { DispatchDescriptor } from "./dispatch.ts";
+import { BARRIER, type CapturedNode, type Dims, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import {
@@ -37,24 +31,7 @@ import { writeDispatch } from "./dispatch_writer.ts";
 import { StreamWriter } from "./native/stream.ts";
 
 export type { Binding, Dims, DispatchKind, InlineWords } from "./graph/nodes.ts";
-
-/** Everything one dispatch needs. */
-export interface DispatchDescriptor {
-  /** The kernel, from a KernelRegistry. */
-  readonly pipeline: Pipeline;
-  /** One entry per slot of the kernel's contract, in slot order. */
-  readonly bindings: readonly Binding[];
-  /** Threads (dispatchKind "threads") or threadgroups ("threadgroups", the default) per dimension. */
-  readonly grid: Dims;
-  /** Threads per threadgroup. */
-  readonly threadgroup: Dims;
-  /** How to read `grid`; default "threadgroups". */
-  readonly dispatchKind?: DispatchKind | undefined;
-  /** Threadgroup memory in bytes (index 0). */
-  readonly threadgroupMemory?: number | undefined;
-  /** Overrides the contract's op kind (for graph passes). */
-  readonly opKind?: CapturedOpKind | undefined;
-}
+export type { DispatchDescriptor } from "./dispatch.ts";
 
 /** Timing of one dispatch (backend clock, ns). */
 export interface DispatchTiming {
@@ -97,17 +74,17 @@ export interface EncoderHost {
 /** How to commit a command buffer. */
 export interface CommitOptions {
   /** Label, for profiling and error messages. */
-  label?: string;
+  label?: string | undefined;
   /** Block until the command buffer completed (throws CommandBufferError on failure). */
-  wait?: boolean;
+  wait?: boolean | undefined;
 }
 
 /** Options of a command encoder. */
 export interface EncoderOptions {
   /** Track every dispatch and insert a barrier exactly where its accesses conflict. */
-  autoBarriers?: boolean;
+  autoBarriers?: boolean | undefined;
   /** Check every concurrent group for hazards at commit (MLXN_VALIDATE=1). */
-  validate?: boolean;
+  validate?: boolean | undefined;
 }
 
 export type { GroupStats } from "./barrier_policy.ts";
@@ -131,7 +108,7 @@ const timingScratch = new BigUint64Array(2);
 
 function dim(d: Dims, i: number): number {
   if (typeof d === "number") return i === 0 ? d : 1;
-  return i < d.length ? d[i] : 1;
+  return i < d.length ? d[i]! : 1;
 }
 
 function validDim(v: number): boolean {
@@ -340,7 +317,7 @@ export class CommandEncoder {
     let words = RecordWords.SET_PIPELINE + RecordWords.SET_TG_MEMORY + RecordWords.DISPATCH;
     for (let i = 0; i < slots.length; i++) {
       const b = bindings[i];
-      const s = slots[i];
+      const s = slots[i]!;
       if (s.kind === "buffer") {
         if (b instanceof MlxBuffer) {
           if (b.rawHandle === 0) {
@@ -519,7 +496,7 @@ export class CommandEncoder {
     for (let c = 0; c < cuts.length;) {
       // the longest run of whole steps that fits the writer (one step always does)
       let to = from;
-      while (c < cuts.length && cuts[c] - from <= cap) to = cuts[c++];
+      while (c < cuts.length && cuts[c]! - from <= cap) to = cuts[c++]!;
       if (to === from) continue;
       w.reserve(to - from);
       w.words.set(words.subarray(from, to), w.pos);
@@ -532,7 +509,7 @@ export class CommandEncoder {
         this.#barriers++;
         policy.endGroup();
       }
-      for (let k = groupSizes[g]; k > 0; k--) policy.dispatched();
+      for (let k = groupSizes[g]!; k > 0; k--) policy.dispatched();
     }
     this.#dispatches = dispatches;
     this.#pipeline = lastPipeline;

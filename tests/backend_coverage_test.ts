@@ -44,12 +44,12 @@ Deno.test("every CUDA kernel takes its arguments through kernel_args first (it w
   const kernels = [...src.matchAll(/__global__ void (\w+)\(const mlxn_gpu_args \*__restrict__ args\) \{\n(.*)\n/g)];
   deepStrictEqual(kernels.length, [...src.matchAll(/__global__/g)].length, "every kernel has the usual signature");
   for (const { 1: name, 2: first, index } of kernels) {
-    if (first.trim() === "const mlxn_gpu_args &a = kernel_args_early(args);") {
+    if (first!.trim() === "const mlxn_gpu_args &a = kernel_args_early(args);") {
       // Work before the wait (a weight prefetch) is allowed; the kernel must still wait itself.
       const body = src.slice(index, src.indexOf("\n}\n", index));
       ok(body.includes("wait_producers();"), `${name} starts early but never calls wait_producers()`);
       continue;
     }
-    deepStrictEqual(first.trim(), "const mlxn_gpu_args &a = kernel_args(args);", name);
+    deepStrictEqual(first!.trim(), "const mlxn_gpu_args &a = kernel_args(args);", name);
   }
 });

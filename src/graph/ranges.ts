@@ -168,7 +168,7 @@ export function accessesOf(contract: KernelAccesses, bindings: readonly unknown[
   const reads: MemRange[] = [], writes: MemRange[] = [];
   const slots = contract.slots;
   for (let i = 0; i < slots.length && i < bindings.length; i++) {
-    const s = slots[i], b = bindings[i];
+    const s = slots[i]!, b = bindings[i];
     if (s.kind !== "buffer" || !isRanged(b)) continue;
     const r = b.range();
     if (r[2] === r[1]) continue; // zero bytes touch nothing

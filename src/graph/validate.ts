@@ -110,7 +110,7 @@ interface Found {
 }
 
 function compareKeys(a: Found, b: Found): number {
-  for (let i = 0; i < a.key.length; i++) if (a.key[i] !== b.key[i]) return a.key[i] - b.key[i];
+  for (let i = 0; i < a.key.length; i++) if (a.key[i] !== b.key[i]) return a.key[i]! - b.key[i]!;
   return 0;
 }
 
@@ -133,8 +133,8 @@ function sweep(list: Access[], refs: readonly DispatchRef[], out: Found[]): void
       out.push({
         hazard: {
           kind,
-          first: refs[early.dispatch],
-          second: refs[late.dispatch],
+          first: refs[early.dispatch]!,
+          second: refs[late.dispatch]!,
           range: intersect(late.range, early.range),
         },
         key: [late.dispatch, early.dispatch, late.writes ? 1 : 0, late.pos, early.writes ? 1 : 0, early.pos],
@@ -159,7 +159,7 @@ export function findHazards(nodes: readonly CapturedNode[], lookup?: KernelAcces
   const { refs, accesses, bounds } = walk(nodes, lookup);
   const found: Found[] = [];
   for (let g = 0; g + 1 < bounds.length; g++) {
-    if (bounds[g + 1] - bounds[g] < 2) continue;
+    if (bounds[g + 1]! - bounds[g]! < 2) continue;
     const byAlloc = new Map<number, Access[]>();
     const note = (range: MemRange, dispatch: number, writes: boolean, pos: number) => {
       if (range[1] === range[2]) return; // touches nothing
@@ -167,9 +167,9 @@ export function findHazards(nodes: readonly CapturedNode[], lookup?: KernelAcces
       if (!list) byAlloc.set(range[0], list = []);
       list.push({ range, dispatch, writes, pos });
     };
-    for (let d = bounds[g]; d < bounds[g + 1]; d++) {
-      accesses[d].reads.forEach((r, pos) => note(r, d, false, pos));
-      accesses[d].writes.forEach((r, pos) => note(r, d, true, pos));
+    for (let d = bounds[g]!; d < bounds[g + 1]!; d++) {
+      accesses[d]!.reads.forEach((r, pos) => note(r, d, false, pos));
+      accesses[d]!.writes.forEach((r, pos) => note(r, d, true, pos));
     }
     for (const list of byAlloc.values()) if (list.length > 1) sweep(list, refs, found);
   }
@@ -192,10 +192,10 @@ export function countRedundantBarriers(nodes: readonly CapturedNode[], lookup?: 
   const earlier = new ConflictTracker();
   for (let g = 1; g + 1 < bounds.length; g++) {
     earlier.reset();
-    for (let d = bounds[g - 1]; d < bounds[g]; d++) earlier.add(accesses[d].reads, accesses[d].writes);
+    for (let d = bounds[g - 1]!; d < bounds[g]!; d++) earlier.add(accesses[d]!.reads, accesses[d]!.writes);
     let independent = true;
-    for (let d = bounds[g]; d < bounds[g + 1] && independent; d++) {
-      independent = !earlier.conflicts(accesses[d].reads, accesses[d].writes);
+    for (let d = bounds[g]!; d < bounds[g + 1]! && independent; d++) {
+      independent = !earlier.conflicts(accesses[d]!.reads, accesses[d]!.writes);
     }
     if (independent) barriers++;
   }

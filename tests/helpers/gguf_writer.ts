@@ -125,6 +125,6 @@ export function writeGguf(
   const dataOffset = tensors.length > 0 ? Math.ceil(header.length / alignment) * alignment : header.length;
   const out = new Uint8Array(dataOffset + (tensors.length ? offsets.at(-1)! + tensors.at(-1)!.data.length : 0));
   out.set(header);
-  tensors.forEach((t, i) => out.set(t.data, dataOffset + offsets[i]));
+  tensors.forEach((t, i) => out.set(t.data, dataOffset + offsets[i]!));
   return out;
 }
