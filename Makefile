@@ -3,7 +3,7 @@
 #   make demo    the main job (decode demo on the best available backend)
 #   make test    the whole test suite (builds everything it needs first)
 #   make bench   deno bench
-#   make check   fmt --check, lint, type check, doc lint
+#   make check   fmt --check, lint, import-cycle check, strict type check, doc lint
 #
 # Needs only node/npm, make and a C compiler: Deno is installed into .tools/ from npm when it is not
 # on PATH; the native library is built with clang when present, else cc.
@@ -73,7 +73,8 @@ bench: native $(DENO_DEP)
 check: $(DENO_DEP)
 	$(DENO) fmt --check
 	$(DENO) lint
-	$(DENO) check mod.ts build.ts examples/ tests/ bench/
+	$(DENO) run --allow-run --allow-read scripts/check_cycles.ts src
+	$(DENO) check mod.ts build.ts src/ examples/ tests/ bench/ scripts/check_cycles.ts
 	$(DENO) doc --lint mod.ts build.ts
 	$(DENO) publish --dry-run --allow-dirty
 
