@@ -268,15 +268,15 @@ export class ComputeGraph {
 
   /** Encodes the nodes as recorded (barrier nodes become barriers). Returns the barriers issued. */
   encodeSequential<P extends PipelineRef>(target: EncodeTarget<P>): number {
-    let barriers = 0, index = 0, inGroup = 0;
+    const walker = new GroupWalker({ recompute: false }); // the groups as placed
+    let barriers = 0, index = 0;
     for (const n of this.#nodes) {
       if (isDispatch(n)) {
+        walker.dispatch(n);
         target.dispatch(descriptorOf(n, target, index++));
-        inGroup++;
-      } else if (inGroup > 0) {
+      } else if (walker.barrier()) {
         target.memoryBarrier();
         barriers++;
-        inGroup = 0;
       }
     }
     return barriers;
