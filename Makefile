@@ -3,7 +3,7 @@
 #   make demo    the main job (decode demo on the best available backend)
 #   make test    the whole test suite (builds everything it needs first)
 #   make bench   deno bench
-#   make check   native layering, fmt --check, lint, type check, doc lint
+#   make check   kernel tables fresh, fmt --check, lint, import-cycle check, strict type check, doc lint, native layering
 #
 # Needs only node/npm, make and a C compiler: Deno is installed into .tools/ from npm when it is not
 # on PATH; the native library is built with clang when present, else cc.
@@ -75,7 +75,8 @@ check: $(DENO_DEP)
 	$(DENO) run --allow-read --allow-run scripts/gen_kernels.ts --check
 	$(DENO) fmt --check
 	$(DENO) lint
-	$(DENO) check mod.ts build.ts examples/ tests/ bench/
+	$(DENO) run --allow-run --allow-read scripts/check_cycles.ts src
+	$(DENO) check mod.ts build.ts src/ examples/ tests/ bench/ scripts/check_cycles.ts
 	$(DENO) doc --lint mod.ts build.ts
 	$(DENO) publish --dry-run --allow-dirty
 	bash scripts/check_layering.sh

@@ -32,13 +32,13 @@ import {
 /** Options of {@link buildNative}. */
 export interface BuildOptions {
   /** Output directory (default: the build entry's folder in the user cache directory). */
-  outDir?: string;
+  outDir?: string | undefined;
   /** C compiler (default: $CC, else clang, else cc). */
-  cc?: string;
+  cc?: string | undefined;
   /** Also build the Metal library (default: on macOS only; it needs Apple's Metal framework). */
-  metal?: boolean;
+  metal?: boolean | undefined;
   /** Progress messages (default: silent). */
-  log?: (message: string) => void;
+  log?: ((message: string) => void) | undefined;
 }
 
 /** The libraries {@link buildAll} built. */

@@ -52,8 +52,6 @@ export {
 } from "./src/encoder.ts";
 export {
   type Access,
-  allContracts,
-  contractOf,
   type KernelContract,
   type KernelRef,
   kernelRef,
@@ -62,7 +60,15 @@ export {
   type SlotSpec,
 } from "./src/kernels.ts";
 export { CapturedOpKind, isReorderable } from "./src/graph/op_kind.ts";
-export { type Accesses, accessesOf, rangesOverlap } from "./src/graph/ranges.ts";
+export {
+  type Accesses,
+  accessesOf,
+  type KernelAccesses,
+  type RangedBinding,
+  rangesOverlap,
+  type SlotAccess,
+  type SlotAccesses,
+} from "./src/graph/ranges.ts";
 export { type ConflictReason, ConflictTracker } from "./src/graph/tracker.ts";
 export {
   BARRIER,
@@ -72,9 +78,14 @@ export {
   type PipelineRef,
 } from "./src/graph/nodes.ts";
 export {
+  checkChunk,
   ComputeGraph,
   dualBufferSplit,
   dualBufferSplitIndex,
+  encodeChunk,
+  type EncodeTarget,
+  type GraphChunk,
+  type GraphDispatch,
   type GraphEncodeTarget,
   type PipelineResolver,
   type ReorderMode,
@@ -89,6 +100,7 @@ export {
   formatBrokenPromises,
   formatHazards,
   type Hazard,
+  type KernelAccessLookup,
 } from "./src/graph/validate.ts";
 export {
   type ExecutorOptions,
@@ -112,7 +124,7 @@ export {
   type ReadbackTiming,
   type StepTiming,
 } from "./src/decode_loop.ts";
-export * as ops from "./src/ops/mod.ts";
+export * as ops from "./src/ops_api.ts";
 export type { DispatchTarget } from "./src/ops/common.ts";
 export { type OpArguments, SESSION_OPS, type SessionOps } from "./src/session_ops.ts";
 export type { NormOptions } from "./src/ops/norm.ts";
@@ -127,6 +139,7 @@ export type {
   MatmulShape,
 } from "./src/ops/matmul.ts";
 export type { AttentionMask, FlashAttnVecOptions, SdpaOptions } from "./src/ops/attention.ts";
+export type { ArgmaxOptions, EmbeddingFormat, EmbedGatherOptions, SampleOptions, TokenRing } from "./src/ops/sample.ts";
 export {
   type AffineBits,
   type AffineGroupSize,

@@ -52,7 +52,7 @@ console.log(`device: ${device.info.name} — ${device.backend}; ${cfg.layers} la
 for (const v of variants) {
   let gpuNs = 0, dispatches = 0;
   for (let pos = 0; pos < warmup + tokens; pos++) {
-    model.act.pos.write(new Uint32Array([pos]));
+    model.act.pos!.write(new Uint32Array([pos]));
     const s = exec.begin({});
     model.step(without(s, v.drop), pos, v.barriers ? () => s.barrier() : () => {});
     const rep = s.finish({});

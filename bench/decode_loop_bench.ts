@@ -41,13 +41,13 @@ Deno.bench(`classic: host argmax of read logits, ${TOKENS} tokens`, { group, bas
   const { act, embedding } = model, hidden = model.cfg.hidden;
   let token = 1;
   for (let pos = 0; pos < TOKENS; pos++) {
-    act.x.write(embedding.subarray(token * hidden, (token + 1) * hidden));
-    act.pos.write(new Uint32Array([pos]));
+    act.x!.write(embedding.subarray(token * hidden, (token + 1) * hidden));
+    act.pos!.write(new Uint32Array([pos]));
     const s = exec.beginRecorded({ autoBarriers: false });
     model.step(s, pos, () => s.barrier());
     s.finish(finish);
-    const logits = act.logits.read() as Float32Array;
-    token = logits.reduce((best, v, i) => v > logits[best] ? i : best, 0);
+    const logits = act.logits!.read() as Float32Array;
+    token = logits.reduce((best, v, i) => v > logits[best]! ? i : best, 0);
   }
 });
 

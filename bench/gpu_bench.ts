@@ -23,9 +23,9 @@ function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "a
     const n = vary === "topology" ? 256 * (4 + (iter % 16)) : 1024;
     for (let i = 0; i < N; i++) {
       const chain = i % 2 === 0;
-      const src = bufs[(i >> 1) % 32], dst = bufs[((i >> 1) + 1) % 32];
+      const src = bufs[(i >> 1) % 32]!, dst = bufs[((i >> 1) + 1) % 32]!;
       if (chain) ops.axpby(enc, registry, src, src, dst, { alpha: vary === "args" ? 1 + (iter % 7) : 1, beta: 0.5, n });
-      else ops.elementwiseAdd(enc, registry, bufs[32], bufs[32], bufs[32], n);
+      else ops.elementwiseAdd(enc, registry, bufs[32]!, bufs[32]!, bufs[32]!, n);
       if (chain) enc.memoryBarrier();
     }
     const t0 = performance.now();
@@ -61,7 +61,7 @@ function measure(name: string, device: MlxDevice, vary: "none" | "topology" | "a
     // The native part by phase (CUDA backend's queue thread): packing arguments, finding/building/
     // updating the graph, launching.
     nativePhasesUsPerDispatch: Object.fromEntries(
-      ["pack", "graph", "launch"].map((k, i) => [k, +((phases()[i] - before[i]) / 1e3 / REPS / N).toFixed(3)]),
+      ["pack", "graph", "launch"].map((k, i) => [k, +((phases()[i]! - before[i]!) / 1e3 / REPS / N).toFixed(3)]),
     ),
     counters: device.queryInfo(),
   }));

@@ -115,9 +115,10 @@ const shuffled = Array.from({ length: TRACKED }, (_, k) => k);
 for (let i = TRACKED - 1, seed = 7; i > 0; i--) {
   seed = (seed * 1103515245 + 12345) & 0x7fffffff;
   const j = seed % (i + 1);
-  [shuffled[i], shuffled[j]] = [shuffled[j], shuffled[i]];
+  [shuffled[i], shuffled[j]] = [shuffled[j]!, shuffled[i]!];
 }
-layouts["disjoint slices of one buffer, shuffled"] = (k) => layouts["disjoint slices of one buffer"](shuffled[k]);
+const disjoint = layouts["disjoint slices of one buffer"]!;
+layouts["disjoint slices of one buffer, shuffled"] = (k) => disjoint(shuffled[k]!);
 for (const [layout, access] of Object.entries(layouts)) {
   const dispatches = Array.from({ length: TRACKED }, (_, k) => access(k));
   for (const width of [1, 10, 100, 800]) {
@@ -129,7 +130,7 @@ for (const [layout, access] of Object.entries(layouts)) {
       for (let g = 0; g < TRACKED; g += width) {
         tracker.reset();
         for (let k = g; k < g + width; k++) {
-          const d = dispatches[k];
+          const d = dispatches[k]!;
           if (tracker.conflicts(d.reads, d.writes)) throw new Error("the layout has no conflict");
           tracker.add(d.reads, d.writes);
         }
@@ -144,7 +145,7 @@ const chainBufs = Array.from({ length: 201 }, () => device.alloc(64 * 4, DType.F
 Deno.bench("200-dispatch chain, manual barriers", { group: "barriers", baseline: true }, () => {
   const s = exec.begin();
   for (let i = 0; i < 200; i++) {
-    s.elementwiseAdd(chainBufs[i], chainBufs[i], chainBufs[i + 1]);
+    s.elementwiseAdd(chainBufs[i]!, chainBufs[i]!, chainBufs[i + 1]!);
     s.barrier();
   }
   s.encoder.flush();
@@ -152,13 +153,13 @@ Deno.bench("200-dispatch chain, manual barriers", { group: "barriers", baseline:
 });
 Deno.bench("200-dispatch chain, auto barriers (200 placed)", { group: "barriers" }, () => {
   const s = exec.begin({ autoBarriers: true });
-  for (let i = 0; i < 200; i++) s.elementwiseAdd(chainBufs[i], chainBufs[i], chainBufs[i + 1]);
+  for (let i = 0; i < 200; i++) s.elementwiseAdd(chainBufs[i]!, chainBufs[i]!, chainBufs[i + 1]!);
   s.encoder.flush();
   s.dispose();
 });
 Deno.bench("200 independent dispatches, auto barriers (all elided)", { group: "barriers" }, () => {
   const s = exec.begin({ autoBarriers: true });
-  for (let i = 0; i < 200; i++) s.elementwiseAdd(chainBufs[0], chainBufs[0], chainBufs[i + 1]);
+  for (let i = 0; i < 200; i++) s.elementwiseAdd(chainBufs[0]!, chainBufs[0]!, chainBufs[i + 1]!);
   s.encoder.flush();
   s.dispose();
 });
@@ -181,25 +182,25 @@ function layers(dispatches: number): CapturedNode[] {
     const cache = (i: number): MemRange => [100000 + 2 * layer + i, 0, 65536];
     const K = CapturedOpKind;
     for (const [wn, ws, mm] of [[0, 1, [2, 3, 4]], [5, 6, [7, 8]]] as const) {
-      op("rms_norm_f32", K.RmsNorm, [x, w(wn)], [t]);
-      op("elementwise_mul_f32", K.ElemMul, [t, w(ws)], [n]);
+      op("rms_norm_f32", K.RmsNorm, [x!, w(wn)], [t!]);
+      op("elementwise_mul_f32", K.ElemMul, [t!, w(ws)], [n!]);
       if (mm.length === 3) {
-        op("matmul_q", K.MatMul, [n, w(2)], [q]);
-        op("matmul_k", K.MatMul, [n, w(3)], [k]);
-        op("matmul_v", K.MatMul, [n, w(4)], [v]);
-        op("rope", K.Rope, [q], [q]);
-        op("rope_k", K.Rope, [k], [cache(0)]);
-        op("copy_v", K.Other, [v], [cache(1)]);
-        op("sdpa", K.Sdpa, [q, cache(0), cache(1)], [att]);
-        op("matmul_o", K.MatMul, [att, w(9)], [o]);
+        op("matmul_q", K.MatMul, [n!, w(2)], [q!]);
+        op("matmul_k", K.MatMul, [n!, w(3)], [k!]);
+        op("matmul_v", K.MatMul, [n!, w(4)], [v!]);
+        op("rope", K.Rope, [q!], [q!]);
+        op("rope_k", K.Rope, [k!], [cache(0)]);
+        op("copy_v", K.Other, [v!], [cache(1)]);
+        op("sdpa", K.Sdpa, [q!, cache(0), cache(1)], [att!]);
+        op("matmul_o", K.MatMul, [att!, w(9)], [o!]);
       } else {
-        op("matmul_gate", K.MatMul, [n, w(7)], [g]);
-        op("matmul_up", K.MatMul, [n, w(8)], [u]);
-        op("gelu", K.Activation, [g], [g]);
-        op("elementwise_mul_f32", K.ElemMul, [g, u], [g]);
-        op("matmul_down", K.MatMul, [g, w(10)], [o]);
+        op("matmul_gate", K.MatMul, [n!, w(7)], [g!]);
+        op("matmul_up", K.MatMul, [n!, w(8)], [u!]);
+        op("gelu", K.Activation, [g!], [g!]);
+        op("elementwise_mul_f32", K.ElemMul, [g!, u!], [g!]);
+        op("matmul_down", K.MatMul, [g!, w(10)], [o!]);
       }
-      op("elementwise_add_f32", K.ElemAdd, [x, o], [x]);
+      op("elementwise_add_f32", K.ElemAdd, [x!, o!], [x!]);
     }
   }
   return trim(out, dispatches);
@@ -218,8 +219,8 @@ function wideGroup(dispatches: number): CapturedNode[] {
 /** The first `dispatches` dispatches of a node list (with the barriers among them). */
 function trim(nodes: CapturedNode[], dispatches: number): CapturedNode[] {
   let seen = 0, end = 0;
-  while (end < nodes.length && (seen < dispatches || nodes[end].kind === "barrier")) {
-    if (nodes[end].kind === "dispatch") seen++;
+  while (end < nodes.length && (seen < dispatches || nodes[end]!.kind === "barrier")) {
+    if (nodes[end]!.kind === "dispatch") seen++;
     end++;
   }
   return nodes.slice(0, end);

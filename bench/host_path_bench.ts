@@ -54,7 +54,7 @@ Deno.bench("session, auto barriers, a hazard on every dispatch", { group: "host 
 
 Deno.bench("session, auto barriers, none needed (800 slices of one buffer)", { group: "host path" }, () => {
   const s = exec.begin({ autoBarriers: true });
-  for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, slices[i]);
+  for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, slices[i]!);
   s.encoder.flush();
   s.dispose();
 });
@@ -64,7 +64,7 @@ Deno.bench("session, auto barriers, none needed (800 slices of one buffer)", { g
 Deno.bench("direct session + finish, host part (axpby into 800 slices)", { group: "host path" }, (b) => {
   b.start();
   const s = exec.begin({ autoBarriers: false });
-  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i], { alpha: 1, beta: 1 });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i]!, { alpha: 1, beta: 1 });
   const pass = s.commit();
   b.end();
   pass.wait();
@@ -73,7 +73,7 @@ Deno.bench("direct session + finish, host part (axpby into 800 slices)", { group
 // Warm the plan cache so every timed iteration is a hit.
 const recordedPass = (alpha: number) => {
   const s = exec.beginRecorded({ autoBarriers: false });
-  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i], { alpha, beta: 1 });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i]!, { alpha, beta: 1 });
   return s;
 };
 recordedPass(1).finish({ fuse: true, reorder: true });
@@ -94,7 +94,7 @@ Deno.bench("recorded pass, plan cache off: capture + finish({ fuse, reorder }), 
 }, (b) => {
   b.start();
   const s = noCacheExec.beginRecorded({ autoBarriers: false });
-  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i], { alpha: 1, beta: 1 });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i]!, { alpha: 1, beta: 1 });
   const pass = s.commit({ fuse: true, reorder: true });
   b.end();
   pass.wait();
@@ -110,7 +110,7 @@ Deno.bench("recorded pass, a new topology every pass (plan cache misses): captur
   moving = (moving + 1) % N;
   b.start();
   const s = exec.beginRecorded({ autoBarriers: false });
-  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i === 0 ? moving : i], { alpha: 1, beta: 1 });
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i === 0 ? moving : i]!, { alpha: 1, beta: 1 });
   const pass = s.commit({ fuse: true, reorder: true });
   b.end();
   pass.wait();

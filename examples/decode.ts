@@ -232,14 +232,14 @@ function runPipelined(mode: Mode): Result {
     encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier()),
   });
   let first = 1;
-  if (warmup > 0) first = loop.run({ first, steps: warmup }).tokens[warmup - 1];
+  if (warmup > 0) first = loop.run({ first, steps: warmup }).tokens[warmup - 1]!;
   counters.reset();
   const rep = loop.run({ first, steps: cfg.tokens, startPosition: warmup });
   pipelinedRun = { report: rep, loop };
   const sum = (f: (r: FinishReport) => number) => rep.reports.reduce((x, r) => x + f(r), 0);
   const r: Result = {
     tokens: [...rep.tokens],
-    logits: [act.logits.read() as Float32Array],
+    logits: [act.logits!.read() as Float32Array],
     wallMs: rep.wallNs / 1e6,
     encodeNs: rep.encodeNs,
     gpuNs: rep.deviceNs,
@@ -290,8 +290,8 @@ function run(mode: Mode): Result {
         reordered: 0,
       });
     }
-    act.x.write(embedding.subarray(token * hidden, (token + 1) * hidden));
-    act.pos.write(new Uint32Array([pos]));
+    act.x!.write(embedding.subarray(token * hidden, (token + 1) * hidden));
+    act.pos!.write(new Uint32Array([pos]));
     const s = mode.recorded ? exec.beginRecorded() : exec.begin({ autoBarriers: mode.auto });
     model.step(s, pos, mode.auto ? () => {} : () => s.barrier());
     const rep = s.finish(
@@ -299,8 +299,8 @@ function run(mode: Mode): Result {
         ? { fuse: true, reorder: true, dualBuffer: true, label: `token ${pos}` }
         : { label: `token ${pos}` },
     );
-    const logits = act.logits.read() as Float32Array;
-    token = logits.reduce((best, v, i) => v > logits[best] ? i : best, 0);
+    const logits = act.logits!.read() as Float32Array;
+    token = logits.reduce((best, v, i) => v > logits[best]! ? i : best, 0);
     r.tokens.push(token);
     r.logits.push(logits);
     r.encodeNs += rep.encodingNs;
@@ -345,14 +345,14 @@ function bounds(): { plain: number; fused: number; pipelined: number } {
  */
 function runRounds(): (readonly [Mode, Result])[] {
   const all = modes.map(() => [] as Result[]);
-  for (let round = 0; round < rounds; round++) modes.forEach((m, i) => all[i].push(run(m)));
-  return modes.map((m, i) => [m, all[i].sort((x, y) => x.wallMs - y.wallMs)[(rounds - 1) >> 1]] as const);
+  for (let round = 0; round < rounds; round++) modes.forEach((m, i) => all[i]!.push(run(m)));
+  return modes.map((m, i) => [m, all[i]!.sort((x, y) => x.wallMs - y.wallMs)[(rounds - 1) >> 1]!] as const);
 }
 
 const results = runRounds();
 if (interactive) progress("\r" + " ".repeat(40) + "\r");
 const bound = bounds();
-const [refMode, ref] = results[0];
+const [refMode, ref] = results[0]!;
 const n = cfg.tokens;
 
 /** One row of the result table: its label, its meaning, and its value for each mode. */
@@ -437,8 +437,8 @@ const diffs = results.map(([, r]) => {
   let maxDiff = 0;
   const kept = Math.min(r.logits.length, ref.logits.length);
   for (let i = 1; i <= kept; i++) {
-    const l = r.logits[r.logits.length - i], want = ref.logits[ref.logits.length - i];
-    l.forEach((v, j) => (maxDiff = Math.max(maxDiff, Math.abs(v - want[j]))));
+    const l = r.logits[r.logits.length - i]!, want = ref.logits[ref.logits.length - i]!;
+    l.forEach((v, j) => (maxDiff = Math.max(maxDiff, Math.abs(v - want[j]!))));
   }
   agree &&= sameTokens(r) && maxDiff === 0;
   return maxDiff;
@@ -448,7 +448,7 @@ const colWidth = Math.max(...results.map(([m]) => m.name.length)) + 2;
 console.log(`per token, over ${n} tokens${rounds > 1 ? ` (median-wall run of ${rounds} rounds)` : ""}:`);
 console.log(" ".repeat(labelWidth) + results.map(([m]) => m.name.padStart(colWidth)).join(""));
 for (const row of rows) {
-  const cells = results.map(([m, r], i) => String(row.value(m, r, diffs[i])).padStart(colWidth));
+  const cells = results.map(([m, r], i) => String(row.value(m, r, diffs[i]!)).padStart(colWidth));
   console.log(row.label.padEnd(labelWidth) + cells.join(""));
 }
 console.log("\nmodes:");

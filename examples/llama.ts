@@ -128,7 +128,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       i % 2 === 1
     );
     const out = new Uint16Array(count);
-    for (let i = 0; i < count; i++) out[i] = table[(Math.imul(i, 2654435761) >>> 20) & 2047];
+    for (let i = 0; i < count; i++) out[i] = table[(Math.imul(i, 2654435761) >>> 20) & 2047]!;
     return out;
   }
 
@@ -260,8 +260,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       ops.sample(s, reg, act.logits, t.output, {
         vocab,
         temperature,
-        topK: select.topK,
-        topP: select.topP,
+        ...(select.topK === undefined ? {} : { topK: select.topK }),
+        ...(select.topP === undefined ? {} : { topP: select.topP }),
         seed: select.seed ?? 0,
         counter: pos,
       });

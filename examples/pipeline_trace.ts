@@ -63,10 +63,10 @@ function deviceSpan(t: DecodeRunReport["timings"][number]): [number, number] {
 export function stepOverlaps(report: DecodeRunReport, clock: ClockOffset): StepOverlap[] {
   const t = report.timings, out: StepOverlap[] = [];
   for (let n = 0; n + 1 < t.length; n++) {
-    const [s0, e0] = deviceSpan(t[n]), [s1] = deviceSpan(t[n + 1]);
-    const encStart = t[n + 1].encodeStartNs + clock.offsetNs, encEnd = t[n + 1].committedNs + clock.offsetNs;
+    const [s0, e0] = deviceSpan(t[n]!), [s1] = deviceSpan(t[n + 1]!);
+    const encStart = t[n + 1]!.encodeStartNs + clock.offsetNs, encEnd = t[n + 1]!.committedNs + clock.offsetNs;
     out.push({
-      index: t[n].index,
+      index: t[n]!.index,
       overlapNs: Math.max(0, Math.min(encEnd, e0) - Math.max(encStart, s0)),
       encodeBeganBeforeDeviceEnd: encStart < e0,
       deviceGapNs: Math.max(0, s1 - e0),

@@ -164,7 +164,7 @@ class LineMap {
   constructor(private text: string) {
     const re = /^# (\d+) "([^"]*)"[^\n]*\n/gm;
     for (const m of text.matchAll(re)) {
-      this.#marks.push({ offset: m.index! + m[0].length, line: Number(m[1]), file: m[2] });
+      this.#marks.push({ offset: m.index! + m[0].length, line: Number(m[1]), file: m[2]! });
     }
   }
   at(offset: number): { file: string; line: number } {
@@ -184,8 +184,8 @@ function matching(text: string, open: number): number {
   const pairs: Record<string, string> = { "(": ")", "[": "]", "{": "}" };
   const stack: string[] = [];
   for (let i = open; i < text.length; i++) {
-    const c = text[i];
-    if (c in pairs) stack.push(pairs[c]);
+    const c = text[i]!;
+    if (c in pairs) stack.push(pairs[c]!);
     else if (c === ")" || c === "]" || c === "}") {
       if (stack.pop() !== c) return -1;
       if (stack.length === 0) return i;
@@ -297,7 +297,7 @@ export function transform(pre: string): MslFrontResult {
       report(at, "'kernel' must introduce a function: `kernel void name(...)`");
       continue;
     }
-    const [, result, name] = head;
+    const result = head[1]!, name = head[2]!;
     if (result !== "void") report(at, `kernel ${name} must return void, not ${result}`);
     const open = at + head[0].length - 1;
     const close = matching(pre, open);
@@ -319,7 +319,7 @@ export function transform(pre: string): MslFrontResult {
         report(abs, `kernel ${name}: every parameter needs a type and a name ('${decl}')`);
         continue;
       }
-      const pname = nameMatch[1];
+      const pname = nameMatch[1]!;
       const type = decl.slice(0, decl.length - nameMatch[0].length).trim();
       if (attrs.length !== 1) {
         report(
@@ -329,12 +329,12 @@ export function transform(pre: string): MslFrontResult {
         );
         continue;
       }
-      const am = /^(\w+)\s*(?:\(([\s\S]*)\))?$/.exec(attrs[0][1]);
+      const am = /^(\w+)\s*(?:\(([\s\S]*)\))?$/.exec(attrs[0]![1]!);
       if (!am) {
-        report(abs, `parameter '${pname}' of kernel ${name}: malformed attribute [[${attrs[0][1]}]]`);
+        report(abs, `parameter '${pname}' of kernel ${name}: malformed attribute [[${attrs[0]![1]}]]`);
         continue;
       }
-      const p: Param = { type, name: pname, attr: am[1], args: (am[2] ?? "").trim() };
+      const p: Param = { type, name: pname, attr: am[1]!, args: (am[2] ?? "").trim() };
       const problem = checkParam(p, name, seen);
       if (problem) {
         report(abs, problem);
@@ -349,7 +349,7 @@ export function transform(pre: string): MslFrontResult {
       if (p.attr === "buffer") return `::mlxn_emu_bind::buffer<${p.type}>(__b[${Number(p.args)}])`;
       if (p.attr === "threadgroup") return `::mlxn_emu_bind::buffer<${p.type}>(__t[${Number(p.args)}])`;
       return `::mlxn_emu_bind::position<${p.type.replace(/\bconst\b/g, "").trim()}>(__p[${
-        POSITION_ATTRIBUTES[p.attr].id
+        POSITION_ATTRIBUTES[p.attr]!.id
       }])`;
     });
     entries.push(
@@ -375,7 +375,7 @@ export function transform(pre: string): MslFrontResult {
     ]);
   }
   for (const m of pre.matchAll(VECTOR_CONSTRUCTOR)) {
-    edits.push([m.index!, m.index! + m[1].length, `metal::__make<metal::${m[1]}>`]);
+    edits.push([m.index!, m.index! + m[1]!.length, `metal::__make<metal::${m[1]}>`]);
   }
   // A C-style or static_cast to a vector type converts element-wise in MSL but is a bit cast
   // between clang's vectors: refuse it rather than compute something else.

@@ -92,7 +92,7 @@ function suite(lib: string, tests: string[]): { passed: boolean; firstFailure: s
   }).outputSync();
   const text = decoder.decode(out.stdout) + decoder.decode(out.stderr);
   const failed = /^(.*?) \.\.\. FAILED/m.exec(text);
-  return { passed: out.success, firstFailure: failed ? failed[1].trim() : out.success ? "" : text.slice(-400) };
+  return { passed: out.success, firstFailure: failed ? failed[1]!.trim() : out.success ? "" : text.slice(-400) };
 }
 
 /** Copies kernels/metal/ into a fresh temporary directory, applying `m` if given. */

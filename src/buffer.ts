@@ -83,7 +83,7 @@ export class MlxBuffer {
   readonly #root: MlxBuffer | undefined; // keeps the allocation alive while a slice lives
   readonly #whole: boolean;
 
-  /** @internal Use MlxDevice.alloc / upload / MlxBuffer.slice. */
+  /** @ignore Internal: Use MlxDevice.alloc / upload / MlxBuffer.slice. */
   constructor(
     host: BufferHost,
     state: AllocationState | number,
@@ -115,12 +115,12 @@ export class MlxBuffer {
     return h;
   }
 
-  /** @internal Native handle or 0 when disposed (no throw: for the encoder's hot path). */
+  /** @ignore Internal: Native handle or 0 when disposed (no throw: for the encoder's hot path). */
   get rawHandle(): number {
     return this.#state.handle;
   }
 
-  /** @internal Whether this view covers its whole allocation (the stream's compact binding record). */
+  /** @ignore Internal: Whether this view covers its whole allocation (the stream's compact binding record). */
   get isWholeAllocation(): boolean {
     return this.#whole;
   }

@@ -10,7 +10,8 @@
  */
 
 import { MlxBuffer } from "./buffer.ts";
-import type { Binding, DispatchDescriptor } from "./encoder.ts";
+import type { DispatchDescriptor } from "./dispatch.ts";
+import type { Binding } from "./graph/nodes.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
 import { BARRIER, type CapturedNode, type DispatchNode } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
@@ -165,7 +166,7 @@ export class Capture {
 
   /** The end word of node `i`. */
   end(i: number): number {
-    return i + 1 < this.nodeCount ? this.starts[i + 1] : this.length;
+    return i + 1 < this.nodeCount ? this.starts[i + 1]! : this.length;
   }
 
   /** The graph nodes (built once, on first call). */
@@ -193,8 +194,8 @@ export class Capture {
   /** Word offset of the inline constants bound at `slot` of node `i` (-1 if none). */
   constantOffset(i: number, slot: number): number {
     const w = this.words;
-    for (let at = this.starts[i], end = this.end(i); at < end;) {
-      const h = w[at];
+    for (let at = this.starts[i]!, end = this.end(i); at < end;) {
+      const h = w[at]!;
       if ((h & OP_MASK) === Op.SET_BYTES && ((h >>> SLOT_SHIFT) & OP_MASK) === slot) return at;
       at += h >>> LEN_SHIFT;
     }
@@ -209,15 +210,15 @@ export class Capture {
   }
 
   #plainNode(i: number): CapturedNode {
-    const pipeline = this.pipelines[i];
+    const pipeline = this.pipelines[i] ?? null;
     if (pipeline === null) return BARRIER;
     const w = this.words;
     const bindings: Binding[] = new Array(this.bindingCounts[i]);
-    let k = this.bufferStarts[i];
+    let k = this.bufferStarts[i]!;
     let grid: number | number[] = 1, threadgroup: number | number[] = 1;
     let tgMemory: number | undefined = undefined, threads = false;
-    for (let at = this.starts[i], end = this.end(i); at < end;) {
-      const h = w[at], op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
+    for (let at = this.starts[i]!, end = this.end(i); at < end;) {
+      const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
       if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) {
         bindings[slot] = this.buffers[k++];
       } else if (op === Op.SET_BYTES) {
@@ -231,8 +232,8 @@ export class Capture {
         tgMemory = w[at + 1];
       } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
         threads = op === Op.DISPATCH_THREADS;
-        grid = dims(w[at + 1], w[at + 2], w[at + 3]);
-        threadgroup = dims(w[at + 4], w[at + 5], w[at + 6]);
+        grid = dims(w[at + 1]!, w[at + 2]!, w[at + 3]!);
+        threadgroup = dims(w[at + 4]!, w[at + 5]!, w[at + 6]!);
       }
       at += len;
     }
@@ -330,7 +331,7 @@ export class CaptureRecorder {
     let count = this.#count, length = this.#stored;
     if (count > 0 && this.#t.pipelines[count - 1] === null) {
       count--;
-      length = this.#t.starts[count];
+      length = this.#t.starts[count]!;
     }
     const c = new Capture(this.#t, length, count, this.#opKinds, this.#annotated);
     this.#writer = null;

@@ -13,9 +13,9 @@ export type BackendName = "metal" | "cuda" | "cpu" | "metal-emu";
 /** Every switch of the module, resolved. */
 export interface MlxConfig {
   /** MLXN_BACKEND: the backend to open; undefined = best available. */
-  backend?: BackendName;
+  backend?: BackendName | undefined;
   /** MLXN_LIB: explicit native library path. */
-  lib?: string;
+  lib?: string | undefined;
   /** MLXN_CONCURRENCY=0 turns concurrent dispatch off (implicit barrier after every dispatch). */
   concurrency: boolean;
   /** MLXN_FUSION=0 turns the fusion pass off. */
@@ -25,9 +25,9 @@ export interface MlxConfig {
   /** MLXN_VALIDATE=1 turns the hazard validator on. */
   validate: boolean;
   /** MLXN_PROFILE=cb|dispatch. */
-  profile?: "cb" | "dispatch";
+  profile?: "cb" | "dispatch" | undefined;
   /** MLXN_TRACE=file.json: write a Chrome trace. */
-  trace?: string;
+  trace?: string | undefined;
   /** MLXN_CUDA_GRAPHS=0: plain stream launches on the CUDA backend. */
   cudaGraphs: boolean;
   /** MLXN_CUDA_PDL=0: CUDA graph edges wait for full completion (no programmatic dependent launch). */

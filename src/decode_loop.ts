@@ -53,19 +53,19 @@ export interface DecodeLoopOptions {
   /** Encodes one step's pass. */
   encodeStep: EncodeStep;
   /** Sequences decoded side by side: ids per slot (default 1). */
-  rows?: number;
+  rows?: number | undefined;
   /** Passes committed and not yet waited for (default 2; 1 = unpipelined: wait for each pass). */
-  depth?: number;
+  depth?: number | undefined;
   /** Read generated ids back every this many steps (default 16), and at the end of a run. */
-  readBatch?: number;
+  readBatch?: number | undefined;
   /** Slots of the id ring (default `depth + readBatch`, its minimum). */
-  ring?: number;
+  ring?: number | undefined;
   /** Record each pass (`beginRecorded`) so `finish` options can optimise it (default false: direct). */
-  recorded?: boolean;
+  recorded?: boolean | undefined;
   /** Options of every step's session (e.g. autoBarriers). */
-  session?: SessionOptions;
+  session?: SessionOptions | undefined;
   /** Commit options of every pass (fuse, reorder, dualBuffer); the label defaults to `token <position>`. */
-  finish?: FinishOptions;
+  finish?: FinishOptions | undefined;
 }
 
 /** Arguments of {@link DecodeLoop.run}. */
@@ -75,9 +75,9 @@ export interface DecodeRunOptions {
   /** Steps to run (each generates one id per row). */
   steps: number;
   /** Position of step 0's input token (default 0). */
-  startPosition?: number;
+  startPosition?: number | undefined;
   /** Called with each batch of generated ids as it is read back (`rows` ids per step, step-major). */
-  onTokens?: (ids: Uint32Array, firstStep: number) => void;
+  onTokens?: ((ids: Uint32Array, firstStep: number) => void) | undefined;
 }
 
 /** Host-clock times (ns, `performance.now()` scale) of one step. */
@@ -326,7 +326,7 @@ export class DecodeLoop {
     };
 
     try {
-      this.#slots[0].write(new Uint32Array(first));
+      this.#slots[0]!.write(new Uint32Array(first));
       for (let k = 0; k <= steps; k++) {
         if (k < steps) {
           const encodeStartNs = nowNs();
@@ -336,8 +336,8 @@ export class DecodeLoop {
             this.#encodeStep(s, {
               index: k,
               position: start + k,
-              input: this.#slots[k % R],
-              output: this.#slots[(k + 1) % R],
+              input: this.#slots[k % R]!,
+              output: this.#slots[(k + 1) % R]!,
             });
             pass = s.commit({ label: `token ${start + k}`, ...this.#finish });
           } finally {
@@ -349,7 +349,7 @@ export class DecodeLoop {
         }
         // After the last step, drain: every pass is waited for and every id read.
         while (inFlight.length >= (k < steps ? this.depth : 1)) {
-          const f = inFlight[0], waitStartNs = nowNs();
+          const f = inFlight[0]!, waitStartNs = nowNs();
           waiting = f;
           const report = yield f.pass;
           waiting = undefined;

@@ -21,28 +21,28 @@ import { prepareTraceFile, Profiler } from "./profile.ts";
 /** Options of {@link MlxDevice.open}; each overrides the matching environment switch. */
 export interface DeviceOptions {
   /** Backend; default MLXN_BACKEND, else the best available (metal > cuda > cpu). */
-  backend?: BackendName;
+  backend?: BackendName | undefined;
   /** Native library path; default MLXN_LIB, else the module's build/ directory. */
-  libPath?: string;
+  libPath?: string | undefined;
   /** false = serial dispatch (MLXN_CONCURRENCY=0). */
-  concurrency?: boolean;
+  concurrency?: boolean | undefined;
   /** CPU backend worker threads; 0 = one per core. */
-  threads?: number;
+  threads?: number | undefined;
   /** Collect per-dispatch timings (same as profile: "dispatch"). */
-  profileDispatches?: boolean;
+  profileDispatches?: boolean | undefined;
   /** MLXN_PROFILE: per-label command-buffer times ("cb"), plus per-dispatch timings ("dispatch"). */
-  profile?: "cb" | "dispatch";
+  profile?: "cb" | "dispatch" | undefined;
   /** MLXN_TRACE: write a Chrome trace / Perfetto JSON file here on close (needs --allow-write). */
-  trace?: string;
+  trace?: string | undefined;
   /** CUDA: use CUDA graphs (MLXN_CUDA_GRAPHS). */
-  cudaGraphs?: boolean;
+  cudaGraphs?: boolean | undefined;
   /**
    * CUDA (compute capability 9.0+): let a dependent kernel launch while its producers still run,
    * waiting in-kernel for their results (programmatic dependent launch; MLXN_CUDA_PDL).
    */
-  cudaPdl?: boolean;
+  cudaPdl?: boolean | undefined;
   /** Check every command buffer for missing barriers at commit (MLXN_VALIDATE=1). */
-  validate?: boolean;
+  validate?: boolean | undefined;
 }
 
 /** What the native device reports about itself. */
@@ -139,7 +139,7 @@ const deviceCleanup = new FinalizationRegistry<{ sym: NativeSymbols; ptr: Deno.P
  * ```
  */
 export class MlxDevice {
-  /** @internal Native symbols. */
+  /** @ignore Internal: Native symbols. */
   readonly sym: NativeSymbols;
   /** Path of the native library in use. */
   readonly libraryPath: string;
@@ -274,7 +274,7 @@ export class MlxDevice {
     return this.#ptr === null;
   }
 
-  /** @internal The native device pointer; throws Disposed after close. */
+  /** @ignore Internal: The native device pointer; throws Disposed after close. */
   devicePtr(): Deno.PointerObject {
     if (this.#ptr === null) {
       throw new MlxError("Disposed", "the device was closed: open a new one with MlxDevice.open()");
@@ -361,7 +361,7 @@ export class MlxDevice {
     this.close();
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   releaseBuffer(handle: number): void {
     if (this.#ptr === null) return;
     // Records still in an encoder's stream name this handle: hand them over first so the native
@@ -370,7 +370,7 @@ export class MlxDevice {
     check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   deferFree(handle: number): void {
     if (this.#ptr !== null) this.#deferred.push(handle);
   }
@@ -383,22 +383,22 @@ export class MlxDevice {
     for (const h of list) this.sym.mlxn_buffer_free(this.#ptr, h);
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   takeWriter(): StreamWriter {
     return this.#writers.pop() ?? new StreamWriter();
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   returnWriter(w: StreamWriter): void {
     if (this.#writers.length < 4) this.#writers.push(w);
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   encoderOpened(e: CommandEncoder): void {
     this.#open.add(e);
   }
 
-  /** @internal */
+  /** @ignore Internal. */
   encoderClosed(e: CommandEncoder): void {
     this.#open.delete(e);
     this.#drainDeferred();

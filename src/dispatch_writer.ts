@@ -6,7 +6,7 @@
  */
 
 import { MlxBuffer } from "./buffer.ts";
-import type { DispatchDescriptor } from "./encoder.ts";
+import type { DispatchDescriptor } from "./dispatch.ts";
 import { SLOT_BUFFER } from "./kernels.ts";
 import { Limits, RecordWords } from "./native/abi.ts";
 import {
@@ -50,15 +50,15 @@ export function writeDispatch(
   let g0: number, g1 = 1, g2 = 1, t0: number, t1 = 1, t2 = 1;
   if (typeof grid === "number") g0 = grid;
   else {
-    g0 = grid[0];
-    if (grid.length > 1) g1 = grid[1];
-    if (grid.length > 2) g2 = grid[2];
+    g0 = grid[0]!;
+    if (grid.length > 1) g1 = grid[1]!;
+    if (grid.length > 2) g2 = grid[2]!;
   }
   if (typeof tg === "number") t0 = tg;
   else {
-    t0 = tg[0];
-    if (tg.length > 1) t1 = tg[1];
-    if (tg.length > 2) t2 = tg[2];
+    t0 = tg[0]!;
+    if (tg.length > 1) t1 = tg[1]!;
+    if (tg.length > 2) t2 = tg[2]!;
   }
   if (
     !validDim(g0) || !validDim(g1) || !validDim(g2) || !validDim(t0) || !validDim(t1) || !validDim(t2) ||
@@ -81,7 +81,7 @@ export function writeDispatch(
     at += 2;
   }
   for (let i = 0; i < n; i++) {
-    const b = bindings[i], code = plan[i];
+    const b = bindings[i], code = plan[i]!;
     if (code < 0) { // a buffer slot
       if (b instanceof MlxBuffer) {
         const h = b.rawHandle, off = b.byteOffset, len = b.byteLength;

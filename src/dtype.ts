@@ -59,7 +59,7 @@ export function f32ToBf16Bits(src: ArrayLike<number>): Uint16Array {
   const u = new Uint32Array(f.buffer);
   const out = new Uint16Array(f.length);
   for (let i = 0; i < u.length; i++) {
-    const x = u[i];
+    const x = u[i]!;
     if ((x & 0x7fffffff) > 0x7f800000) out[i] = (x >>> 16) | 0x40;
     else out[i] = ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
   }
@@ -69,7 +69,7 @@ export function f32ToBf16Bits(src: ArrayLike<number>): Uint16Array {
 /** Converts bfloat16 bits to f32 values (exact). */
 export function bf16BitsToF32(bits: Uint16Array): Float32Array {
   const u = new Uint32Array(bits.length);
-  for (let i = 0; i < bits.length; i++) u[i] = bits[i] << 16;
+  for (let i = 0; i < bits.length; i++) u[i] = bits[i]! << 16;
   return new Float32Array(u.buffer);
 }
 

@@ -11,7 +11,8 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
 import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
-import { BARRIER, type CapturedNode, type PipelineRef } from "./graph/nodes.ts";
+import type { DispatchDescriptor } from "./dispatch.ts";
+import { BARRIER, type CapturedNode, type Dims, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
 import {
@@ -29,41 +30,8 @@ import { codeOf, lastErrorText, readText } from "./native/status.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
 import { StreamWriter } from "./native/stream.ts";
 
-/**
- * A slot's argument: a buffer (view); inline constants; or nothing (optional slots).
- *
- * Inline constants are little-endian 32-bit words, given as a plain array of u32 values (the fast
- * form: no typed-array allocation per dispatch; use `f32Bits(x)` for floats) or as a Uint32Array,
- * or as raw bytes in a Uint8Array.
- */
-export type Binding = MlxBuffer | InlineWords | Uint8Array | Uint32Array | undefined;
-
-/** Inline constants as u32 words (`f32Bits(x)` for an f32 field). */
-export type InlineWords = readonly number[];
-
-/** Up to three dimensions; missing ones are 1. */
-export type Dims = number | readonly number[];
-
-/** Whether `grid` counts threads or threadgroups. */
-export type DispatchKind = "threads" | "threadgroups";
-
-/** Everything one dispatch needs. */
-export interface DispatchDescriptor {
-  /** The kernel, from a KernelRegistry. */
-  readonly pipeline: Pipeline;
-  /** One entry per slot of the kernel's contract, in slot order. */
-  readonly bindings: readonly Binding[];
-  /** Threads (dispatchKind "threads") or threadgroups ("threadgroups", the default) per dimension. */
-  readonly grid: Dims;
-  /** Threads per threadgroup. */
-  readonly threadgroup: Dims;
-  /** How to read `grid`; default "threadgroups". */
-  readonly dispatchKind?: DispatchKind;
-  /** Threadgroup memory in bytes (index 0). */
-  readonly threadgroupMemory?: number;
-  /** Overrides the contract's op kind (for graph passes). */
-  readonly opKind?: CapturedOpKind;
-}
+export type { Binding, Dims, DispatchKind, InlineWords } from "./graph/nodes.ts";
+export type { DispatchDescriptor } from "./dispatch.ts";
 
 /** Timing of one dispatch (backend clock, ns). */
 export interface DispatchTiming {
@@ -106,17 +74,17 @@ export interface EncoderHost {
 /** How to commit a command buffer. */
 export interface CommitOptions {
   /** Label, for profiling and error messages. */
-  label?: string;
+  label?: string | undefined;
   /** Block until the command buffer completed (throws CommandBufferError on failure). */
-  wait?: boolean;
+  wait?: boolean | undefined;
 }
 
 /** Options of a command encoder. */
 export interface EncoderOptions {
   /** Track every dispatch and insert a barrier exactly where its accesses conflict. */
-  autoBarriers?: boolean;
+  autoBarriers?: boolean | undefined;
   /** Check every concurrent group for hazards at commit (MLXN_VALIDATE=1). */
-  validate?: boolean;
+  validate?: boolean | undefined;
 }
 
 export type { GroupStats } from "./barrier_policy.ts";
@@ -140,7 +108,7 @@ const timingScratch = new BigUint64Array(2);
 
 function dim(d: Dims, i: number): number {
   if (typeof d === "number") return i === 0 ? d : 1;
-  return i < d.length ? d[i] : 1;
+  return i < d.length ? d[i]! : 1;
 }
 
 function validDim(v: number): boolean {
@@ -190,7 +158,7 @@ export class CommandEncoder {
   #log: CapturedNode[] | null;
   #hazards: Hazard[] = [];
 
-  /** @internal Use `device.commandEncoder()`. */
+  /** @ignore Internal: Use `device.commandEncoder()`. */
   constructor(host: EncoderHost, options: EncoderOptions = {}) {
     this.#policy = new BarrierPolicy(options.autoBarriers ?? false);
     this.#log = options.validate ? [] : null;
@@ -349,7 +317,7 @@ export class CommandEncoder {
     let words = RecordWords.SET_PIPELINE + RecordWords.SET_TG_MEMORY + RecordWords.DISPATCH;
     for (let i = 0; i < slots.length; i++) {
       const b = bindings[i];
-      const s = slots[i];
+      const s = slots[i]!;
       if (s.kind === "buffer") {
         if (b instanceof MlxBuffer) {
           if (b.rawHandle === 0) {
@@ -494,7 +462,7 @@ export class CommandEncoder {
     return nodes;
   }
 
-  /** @internal Ends capture mode and returns the recorded pass in compact form (null when not capturing). */
+  /** @ignore Internal: Ends capture mode and returns the recorded pass in compact form (null when not capturing). */
   takeCompactCapture(): Capture | null {
     const capture = this.#capture;
     this.#capture = null;
@@ -503,7 +471,7 @@ export class CommandEncoder {
   }
 
   /**
-   * @internal Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
+   * @ignore Internal: Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
    * `words`, cut only at `cuts` (step boundaries, ascending, the last one the end; no step is larger
    * than a writer),
    * holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier between each two),
@@ -528,7 +496,7 @@ export class CommandEncoder {
     for (let c = 0; c < cuts.length;) {
       // the longest run of whole steps that fits the writer (one step always does)
       let to = from;
-      while (c < cuts.length && cuts[c] - from <= cap) to = cuts[c++];
+      while (c < cuts.length && cuts[c]! - from <= cap) to = cuts[c++]!;
       if (to === from) continue;
       w.reserve(to - from);
       w.words.set(words.subarray(from, to), w.pos);
@@ -541,7 +509,7 @@ export class CommandEncoder {
         this.#barriers++;
         policy.endGroup();
       }
-      for (let k = groupSizes[g]; k > 0; k--) policy.dispatched();
+      for (let k = groupSizes[g]!; k > 0; k--) policy.dispatched();
     }
     this.#dispatches = dispatches;
     this.#pipeline = lastPipeline;

@@ -11,7 +11,7 @@ import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
-import { ComputeGraph, type GraphEncodeTarget } from "./graph/compute_graph.ts";
+import { checkChunk, ComputeGraph, encodeChunk, type GraphEncodeTarget } from "./graph/compute_graph.ts";
 import type { Capture } from "./capture_recorder.ts";
 import {
   type CachedPlan,
@@ -24,51 +24,51 @@ import {
   RecordsBuilder,
   replaySteps,
 } from "./graph/plan_cache.ts";
-import type { KernelRegistry } from "./kernels.ts";
+import type { KernelRegistry, Pipeline } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
 import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
 
 /** Optimisations and checks, as executor defaults (the environment's kill switches always win). */
 export interface ExecutorOptions {
   /** Allow the fusion pass (MLXN_FUSION=0 forbids it). */
-  fusion?: boolean;
+  fusion?: boolean | undefined;
   /** Allow the reorder pass (MLXN_REORDER=0 forbids it). */
-  reorder?: boolean;
+  reorder?: boolean | undefined;
   /** Validate every command buffer for missing barriers (MLXN_VALIDATE=1). */
-  validate?: boolean;
+  validate?: boolean | undefined;
   /**
    * Sessions insert barriers automatically, exactly where accesses conflict (default on). With
    * `false`, barriers are placed by hand (`s.barrier()`), and the validator (MLXN_VALIDATE=1)
    * still reports any that are missing.
    */
-  autoBarriers?: boolean;
+  autoBarriers?: boolean | undefined;
   /**
    * Cache optimised recorded passes by topology and replay them (default on; MLXN_PLAN_CACHE=0
    * forbids it). See src/graph/plan_cache.ts for the key.
    */
-  planCache?: boolean;
+  planCache?: boolean | undefined;
   /** Most cached plans, least recently used evicted first (default 16). */
-  planCacheSize?: number;
+  planCacheSize?: number | undefined;
 }
 
 /** Options of one session. */
 export interface SessionOptions {
   /** Insert barriers automatically (default: the executor's setting, itself on by default). */
-  autoBarriers?: boolean;
+  autoBarriers?: boolean | undefined;
   /** Validate hazards at commit (default: the executor's setting). */
-  validate?: boolean;
+  validate?: boolean | undefined;
 }
 
 /** What `finish` / `commit` should do; every flag defaults to off. */
 export interface FinishOptions {
   /** Run the fusion pass (recorded sessions). */
-  fuse?: boolean;
+  fuse?: boolean | undefined;
   /** Run the reorder pass; barriers are then recomputed from ranges (recorded sessions). */
-  reorder?: boolean;
+  reorder?: boolean | undefined;
   /** Split over two command buffers, the first committed while the second is encoded (recorded). */
-  dualBuffer?: boolean;
+  dualBuffer?: boolean | undefined;
   /** Label of the command buffer(s). */
-  label?: string;
+  label?: string | undefined;
 }
 
 /** What a finished pass did and how long it took. */
@@ -159,7 +159,7 @@ export class GraphExecutor {
   readonly options: Readonly<Required<ExecutorOptions>>;
   /** Optimised recorded passes by topology (null when the plan cache is off). */
   readonly planCache: PlanCache | null;
-  /** @internal Scratch for topology keys. */
+  /** @ignore Internal: Scratch for topology keys. */
   readonly fingerprint: Fingerprint = new Fingerprint();
 
   /** An executor on `device`. */
@@ -234,13 +234,13 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
   #encoder: CommandEncoder;
   #done = false;
 
-  /** @internal Use GraphExecutor.begin / beginRecorded. */
+  /** @ignore Internal: Use GraphExecutor.begin / beginRecorded. */
   constructor(exec: GraphExecutor, recorded: boolean, options: SessionOptions) {
     super();
     this.#exec = exec;
     this.#registry = exec.registry;
     this.#recorded = recorded;
-    this.#validate = options.validate ?? exec.options.validate;
+    this.#validate = options.validate ?? exec.options.validate ?? false;
     this.#encoder = exec.device.commandEncoder({
       autoBarriers: options.autoBarriers ?? exec.options.autoBarriers,
       validate: this.#validate,
@@ -388,8 +388,8 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     if (plan !== undefined && plan.records !== null && !dual) {
       const buffers = capture.buffers;
       for (let i = 0; i < buffers.length; i++) {
-        if (buffers[i].rawHandle === 0) {
-          throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i].allocId}) was disposed`);
+        if (buffers[i]!.rawHandle === 0) {
+          throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i]!.allocId}) was disposed`);
         }
       }
       const r = plan.records;
@@ -452,7 +452,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
           replaySteps(plan, nodes, enc, 0, split);
           for (let i = split; i < steps.length; i++) {
             const st = steps[i];
-            if (st !== null) second.checkDispatch(planDescriptor(st, nodes));
+            if (st) second.checkDispatch(planDescriptor(st, nodes));
           }
           firstCommit();
           replaySteps(plan, nodes, second, split, steps.length);
@@ -461,16 +461,20 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
           const graph = new ComputeGraph(nodes);
           if (fuse) fusions = graph.fuse(this.#registry);
           if (reorder) reordered = graph.reorder();
-          const firstTarget: GraphEncodeTarget = {
+          const firstTarget: GraphEncodeTarget<Pipeline> = {
             dispatch: (d) => enc.dispatch(d),
             memoryBarrier: () => enc.memoryBarrier(),
             commit: firstCommit,
             resolvePipeline: (p) => enc.resolvePipeline(p),
           };
-          barriers = graph.encodeDualBuffer(
-            recorder ? recorder.wrap(firstTarget) : firstTarget,
-            recorder ? recorder.wrap(second) : second,
-          );
+          const t0 = recorder ? recorder.wrap(firstTarget) : firstTarget;
+          const t1 = recorder ? recorder.wrap(second) : second;
+          const [c0, c1] = graph.dualBufferChunks();
+          const b0 = encodeChunk(c0, t0);
+          // All or nothing: the second buffer's dispatches are checked before the first commits.
+          checkChunk(c1, second);
+          t0.commit(label);
+          barriers = [b0, encodeChunk(c1, t1)];
         }
         if (deferFirst) {
           second.checkHazards(label);

@@ -71,14 +71,14 @@ export function barrierGapNs(cb: ProfiledCommandBuffer): number {
   for (const d of cb.dispatches) {
     if (d.endNs <= d.startNs) continue; // not timed
     let g = 0;
-    while (g < cuts.length && d.index >= cuts[g]) g++;
-    if (d.endNs > end[g]) end[g] = d.endNs;
-    if (d.startNs < start[g]) start[g] = d.startNs;
+    while (g < cuts.length && d.index >= cuts[g]!) g++;
+    if (d.endNs > end[g]!) end[g] = d.endNs;
+    if (d.startNs < start[g]!) start[g] = d.startNs;
   }
   let total = 0;
   for (let g = 0; g + 1 < groups; g++) {
     if (end[g] === -Infinity || start[g + 1] === Infinity) continue;
-    total += Math.max(0, start[g + 1] - end[g]);
+    total += Math.max(0, start[g + 1]! - end[g]!);
   }
   return total;
 }
@@ -94,15 +94,15 @@ export interface TraceEvent {
   /** Microseconds from the first command buffer. */
   ts: number;
   /** Duration, microseconds (spans). */
-  dur?: number;
+  dur?: number | undefined;
   /** Process. */
   pid: number;
   /** Track: 0 = command buffers, 1… = concurrent lanes. */
   tid: number;
   /** Instant scope. */
-  s?: "t" | "p" | "g";
+  s?: "t" | "p" | "g" | undefined;
   /** Extra details. */
-  args?: Record<string, unknown>;
+  args?: Record<string, unknown> | undefined;
 }
 
 /**
@@ -133,7 +133,14 @@ export class Profiler {
    * A profiler; `tracePath` implies per-dispatch timings. `traceUndo` is how a user turns the trace
    * off (for error hints), e.g. "unset MLXN_TRACE".
    */
-  constructor(options: { dispatches?: boolean; tracePath?: string; backend?: string; traceUndo?: string } = {}) {
+  constructor(
+    options: {
+      dispatches?: boolean | undefined;
+      tracePath?: string | undefined;
+      backend?: string | undefined;
+      traceUndo?: string | undefined;
+    } = {},
+  ) {
     this.tracePath = options.tracePath;
     this.#traceUndo = options.traceUndo ?? "drop the trace path";
     this.dispatches = (options.dispatches ?? false) || options.tracePath !== undefined;
@@ -257,7 +264,7 @@ export class Profiler {
     const cuts = [0, ...cb.barriersBefore, Infinity];
     let previousEnd = cb.startNs;
     for (let g = 0; g + 1 < cuts.length; g++) {
-      const group = cb.dispatches.filter((d) => d.index >= cuts[g] && d.index < cuts[g + 1] && d.endNs > 0);
+      const group = cb.dispatches.filter((d) => d.index >= cuts[g]! && d.index < cuts[g + 1]! && d.endNs > 0);
       if (g > 0) {
         this.#events.push({
           name: "barrier",

@@ -8,7 +8,7 @@ const header = Deno.readTextFileSync(new URL("../native/mlxn.h", import.meta.url
 function defines(prefix: string): Record<string, number> {
   const out: Record<string, number> = {};
   for (const m of header.matchAll(/^#define MLXN_(\w+) (-?\d+)/gm)) {
-    if (m[1].startsWith(prefix)) out[m[1].slice(prefix.length)] = Number(m[2]);
+    if (m[1]!.startsWith(prefix)) out[m[1]!.slice(prefix.length)] = Number(m[2]);
   }
   return out;
 }

@@ -5,8 +5,7 @@
  * kernel fails the link; tests/metal_check_test.ts checks the MSL kernels are exactly the contracts.)
  */
 import { deepStrictEqual, equal, ok } from "node:assert/strict";
-import { allContracts } from "../mod.ts";
-import { contractSignature } from "../src/kernels.ts";
+import { allContracts, contractSignature } from "../src/kernels.ts";
 import "../src/ops/mod.ts";
 import { families } from "../kernels/spec/kernels.ts";
 import { generate } from "../scripts/gen_kernels.ts";
@@ -50,7 +49,7 @@ Deno.test("every CUDA kernel takes its arguments through kernel_args first (it w
       ok(body.includes("wait_producers();"), `${name} starts early but never calls wait_producers()`);
       continue;
     }
-    deepStrictEqual(first.trim(), "const mlxn_gpu_args &a = kernel_args(args);", name);
+    deepStrictEqual(first!.trim(), "const mlxn_gpu_args &a = kernel_args(args);", name);
   }
 });
 

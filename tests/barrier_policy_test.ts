@@ -22,7 +22,11 @@ Deno.test("property: the policy's binding walk decides exactly as accessesOf + C
   // Whole allocations, slices that overlap, touch and nest, an empty slice, and non-buffer bindings
   // that report a range (or not).
   const pool: unknown[] = [...allocs];
-  for (const a of allocs) for (const [o, n] of [[0, 16], [16, 16], [8, 24], [60, 4], [32, 0]]) pool.push(a.slice(o, n));
+  for (const a of allocs) {
+    for (const [o, n] of [[0, 16], [16, 16], [8, 24], [60, 4], [32, 0]] as [number, number][]) {
+      pool.push(a.slice(o, n));
+    }
+  }
   const foreign = 1e6;
   pool.push({ range: (): MemRange => [foreign, 0, 8] }, { range: (): MemRange => [foreign, 4, 12] });
   pool.push(undefined, [1, 2], new Uint32Array(1));

@@ -35,7 +35,7 @@ Deno.test("the build entry's flags are the Makefile's", () => {
   const make = Deno.readTextFileSync(new URL("Makefile", root));
   const m = make.match(/CFLAGS_COMMON := ((?:[^\n\\]|\\\n)*)/);
   ok(m, "CFLAGS_COMMON not found in the Makefile");
-  deepStrictEqual(m[1].replace(/\\\n/g, " ").trim().split(/\s+/), [...CPU_CFLAGS]);
+  deepStrictEqual(m[1]!.replace(/\\\n/g, " ").trim().split(/\s+/), [...CPU_CFLAGS]);
 });
 
 Deno.test("the build entry compiles a library that opens and computes", async () => {
@@ -86,7 +86,7 @@ Deno.test("the build entry compiles the Metal library with the Makefile's recipe
   const recipe = make.match(/^\$\(METAL_LIB\):.*\n((?:\t.*\\\n)*\t.*)$/m);
   ok(recipe, "the Makefile's METAL_LIB rule not found");
   const core = [...filesUnder("native/core/", [".c"]), ...filesUnder("native/contracts/", [".c"])].sort();
-  const want = recipe[1].replace(/\\\n/g, " ").trim().split(/\s+/).slice(1).flatMap((t) =>
+  const want = recipe[1]!.replace(/\\\n/g, " ").trim().split(/\s+/).slice(1).flatMap((t) =>
     t === "$(CFLAGS_COMMON)"
       ? [...CPU_CFLAGS, "-D_DARWIN_C_SOURCE"] // the Makefile adds it on Darwin
       : t === "$(CORE_SRC)"

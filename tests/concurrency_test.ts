@@ -24,7 +24,7 @@ function twoNorms(device: MlxDevice, barrier: boolean): readonly DispatchTiming[
   const t = enc.dispatchTimings!;
   equal(t.length, 2);
   ok(t.every((d) => d.endNs > d.startNs && d.kernel === "rms_norm_f32"), JSON.stringify(t));
-  ok(enc.gpuStartNs <= t[0].startNs && t[1].endNs <= enc.gpuEndNs, "dispatches lie inside the command buffer");
+  ok(enc.gpuStartNs <= t[0]!.startNs && t[1]!.endNs <= enc.gpuEndNs, "dispatches lie inside the command buffer");
   return t;
 }
 
@@ -35,7 +35,7 @@ const timed = (() => {
 })();
 
 const overlaps = (t: readonly DispatchTiming[]) =>
-  Math.max(t[0].startNs, t[1].startNs) < Math.min(t[0].endNs, t[1].endNs);
+  Math.max(t[0]!.startNs, t[1]!.startNs) < Math.min(t[0]!.endNs, t[1]!.endNs);
 
 Deno.test({ name: "two independent dispatches of one concurrent group overlap in time", ignore: !timed }, () => {
   using device = openDevice({ threads: 2, profileDispatches: true });
@@ -52,7 +52,10 @@ Deno.test(
     using device = openDevice({ threads: 2, profileDispatches: true });
     for (let i = 0; i < 3; i++) {
       const t = twoNorms(device, true);
-      ok(t[1].startNs >= t[0].endNs, `run ${i}: second started ${t[0].endNs - t[1].startNs} ns before the first ended`);
+      ok(
+        t[1]!.startNs >= t[0]!.endNs,
+        `run ${i}: second started ${t[0]!.endNs - t[1]!.startNs} ns before the first ended`,
+      );
     }
   },
 );
@@ -62,7 +65,7 @@ Deno.test({ name: "serial mode (concurrency off) never overlaps dispatches", ign
   equal(device.info.serial, true);
   for (let i = 0; i < 2; i++) {
     const t = twoNorms(device, false);
-    ok(t[1].startNs >= t[0].endNs, "serial dispatches overlapped");
+    ok(t[1]!.startNs >= t[0]!.endNs, "serial dispatches overlapped");
   }
 });
 

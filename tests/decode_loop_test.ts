@@ -29,12 +29,12 @@ function hostLoop(model: Llama, exec: GraphExecutor, first: number, steps: numbe
   const out: number[] = [];
   let token = first;
   for (let pos = 0; pos < steps; pos++) {
-    act.x.write(embedding.subarray(token * hidden, (token + 1) * hidden));
-    act.pos.write(new Uint32Array([pos]));
+    act.x!.write(embedding.subarray(token * hidden, (token + 1) * hidden));
+    act.pos!.write(new Uint32Array([pos]));
     const s = exec.begin({ autoBarriers: false });
     model.step(s, pos, () => s.barrier());
     s.finish();
-    const logits = act.logits.read() as Float32Array;
+    const logits = act.logits!.read() as Float32Array;
     const t = select.temperature
       ? refSample(logits, {
         ...select,
@@ -110,7 +110,7 @@ Deno.test("DecodeLoop: a generation split into runs (startPosition) equals one r
     encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier(), select),
   });
   const a = loop.run({ first: 9, steps: 7 }).tokens;
-  const b = loop.run({ first: a[6], steps: 9, startPosition: 7 }).tokens;
+  const b = loop.run({ first: a[6]!, steps: 9, startPosition: 7 }).tokens;
   deepStrictEqual([...a, ...b], whole);
 });
 
@@ -179,13 +179,13 @@ Deno.test("DecodeLoop: depth 2 encodes and commits step k+1 before waiting for s
     const t = m.loop.run({ first: 0, steps: 8 }).timings;
     deepStrictEqual(t.map((s) => s.index), [0, 1, 2, 3, 4, 5, 6, 7]);
     for (let k = 0; k + 1 < t.length; k++) {
-      if (depth === 1) ok(t[k].waitEndNs <= t[k + 1].encodeStartNs, `depth 1, step ${k}`);
+      if (depth === 1) ok(t[k]!.waitEndNs <= t[k + 1]!.encodeStartNs, `depth 1, step ${k}`);
       else {
         // Step k + depth − 1 is committed before the host starts waiting for step k.
-        const ahead = t[Math.min(k + depth - 1, t.length - 1)];
-        ok(ahead.committedNs <= t[k].waitStartNs, `depth ${depth}, step ${k}`);
+        const ahead = t[Math.min(k + depth - 1, t.length - 1)]!;
+        ok(ahead.committedNs <= t[k]!.waitStartNs, `depth ${depth}, step ${k}`);
       }
-      ok(t[k].deviceSpans.length === 1 && t[k].deviceSpans[0][1] >= t[k].deviceSpans[0][0]);
+      ok(t[k]!.deviceSpans.length === 1 && t[k]!.deviceSpans[0]![1] >= t[k]!.deviceSpans[0]![0]);
     }
   }
 });
@@ -310,8 +310,8 @@ Deno.test("pipeline trace: the clocks calibrate, and every pass starts on the de
   for (const t of r.timings) {
     // Causality holds whatever the scheduling: a pass cannot start before it is committed, nor end
     // after the wait for it returned.
-    ok(t.deviceSpans[0][0] >= t.committedNs + clock.offsetNs - slack, `step ${t.index} start`);
-    ok(t.deviceSpans[0][1] <= t.waitEndNs + clock.offsetNs + slack, `step ${t.index} end`);
+    ok(t.deviceSpans[0]![0] >= t.committedNs + clock.offsetNs - slack, `step ${t.index} start`);
+    ok(t.deviceSpans[0]![1] <= t.waitEndNs + clock.offsetNs + slack, `step ${t.index} end`);
   }
   equal(stepOverlaps(r, clock).length, 5);
 });

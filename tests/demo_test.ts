@@ -54,10 +54,10 @@ Deno.test("the result fits 80 columns and explains every mode and row", async ()
   for (const line of out.split("\n")) ok(line.length <= 80, `${line.length} columns: ${line}`);
   const [tablePart, legend] = out.split("\nmodes:\n");
   ok(legend, out);
-  const header = tablePart.split("\n")[1].trim().split(/\s+/);
+  const header = tablePart!.split("\n")[1]!.trim().split(/\s+/);
   deepStrictEqual(header, ["direct/hand", "direct/auto", "recorded/opt"]);
   for (const mode of header) match(legend, new RegExp(`^  ${mode}\\s+\\S`, "m"));
-  const rowLabels = tablePart.split("\n").slice(2).filter((l) => l.trim()).map((l) => l.replace(/(\s+\S+){3}$/, ""));
+  const rowLabels = tablePart!.split("\n").slice(2).filter((l) => l.trim()).map((l) => l.replace(/(\s+\S+){3}$/, ""));
   ok(rowLabels.length >= 10, tablePart);
   const rowsLegend = legend.slice(legend.indexOf("rows:"));
   for (const label of rowLabels) ok(rowsLegend.includes(`  ${label.trim()}  `), `row "${label}" is not explained`);

@@ -83,7 +83,7 @@ Deno.test("command buffers run in commit order: a later one sees an earlier one'
     enc.commit();
     encs.push(enc);
   }
-  await encs[encs.length - 1].completed();
+  await encs[encs.length - 1]!.completed();
   for (const e of encs) e.dispose();
   // x: 1 → y=2 → x=4 → … after 8 steps x = 2^8.
   equal(x.read()[n - 1], 256);

@@ -111,7 +111,7 @@ function checkLogits(got: ArrayLike<number>, want: Float64Array, what: string): 
   const bound = TOL * Math.max(1, ...Array.from(want, Math.abs));
   let worst = 0, at = 0;
   for (let i = 0; i < want.length; i++) {
-    const d = Math.abs(got[i] - want[i]);
+    const d = Math.abs(got[i]! - want[i]!);
     if (!(d <= worst)) [worst, at] = [d, i];
   }
   ok(worst <= bound, `${what}: logit ${at} is ${got[at]}, the reference ${want[at]} (|Δ| ${worst} > ${bound})`);
@@ -120,10 +120,10 @@ function checkLogits(got: ArrayLike<number>, want: Float64Array, what: string): 
 /** The index of the largest value and its margin over the second. */
 function top(v: Float64Array): { id: number; margin: number } {
   let id = 0;
-  for (let i = 1; i < v.length; i++) if (v[i] > v[id]) id = i;
+  for (let i = 1; i < v.length; i++) if (v[i]! > v[id]!) id = i;
   let second = -Infinity;
-  for (let i = 0; i < v.length; i++) if (i !== id && v[i] > second) second = v[i];
-  return { id, margin: v[id] - second };
+  for (let i = 0; i < v.length; i++) if (i !== id && v[i]! > second) second = v[i]!;
+  return { id, margin: v[id]! - second };
 }
 
 /**
@@ -182,7 +182,7 @@ Deno.test("an MLX checkpoint (affine 4-bit/64, an 8-bit/32 layer, a dense layer,
   using model = loadLlama(device, path, { ctx: 8 });
   equal(model.formats.output, "affine4/64");
   equal(model.formats.down, "affine4/64|affine8/32");
-  match(model.formats.qkv, /^bf16\+affine4\/64\+affine4\/64\|/);
+  match(model.formats.qkv!, /^bf16\+affine4\/64\+affine4\/64\|/);
   device.close();
   checkModel(path, refWeightsFromMlx(path), [9, 100, 250], 5);
 });
@@ -215,7 +215,7 @@ Deno.test("examples/generate.ts prints the greedy ids and writes the last logits
   ]);
   equal(r.code, 0, r.stderr);
   match(r.stdout, /tokens\/s/);
-  const ids = r.stdout.match(/^generated: ([\d,]+)$/m)?.[1].split(",").map(Number);
+  const ids = r.stdout.match(/^generated: ([\d,]+)$/m)![1]!.split(",").map(Number);
   ok(ids && ids.length === tokens, r.stdout);
   const ref = new ReferenceLlama(refWeightsFromGguf(path));
   let logits: Float64Array<ArrayBufferLike> = new Float64Array();
@@ -257,7 +257,7 @@ Deno.test("unsupported architectures, tensor types, head sizes and rope scaling 
     ...CHEAP,
     edit: (ts) => {
       const t = ts.find((t) => t.name === "blk.0.attn_k.weight")!;
-      Object.assign(t, { type: "q2_k", data: new Uint8Array(t.ne[1] * (t.ne[0] / 256) * 84) });
+      Object.assign(t, { type: "q2_k", data: new Uint8Array(t.ne[1]! * (t.ne[0]! / 256) * 84) });
     },
   });
   equal(q2k.code, "Unsupported");
@@ -368,7 +368,7 @@ Deno.test("random byte flips and truncations of a model file give a loaded model
     if (kind === 0) bytes = bytes.slice(0, Math.floor(r() * bytes.length));
     const [from, to] = kind === 1 ? [0, headerEnd] : [headerEnd, bytes.length];
     for (let f = 0; kind > 0 && f < 1 + (i % 4); f++) {
-      bytes[from + Math.floor(r() * (to - from))] ^= 1 << Math.floor(r() * 8);
+      bytes[from + Math.floor(r() * (to - from))]! ^= 1 << Math.floor(r() * 8);
     }
     Deno.writeFileSync(path, bytes);
     try {

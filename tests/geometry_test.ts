@@ -63,7 +63,7 @@ interface Case {
   /** The geometry src/ops uses. */
   canonical: { tg: Dim3; tgMemory: number };
   /** For kernels whose work size is the grid itself: the output elements a grid defines. */
-  defined?: (threads: Dim3, groups: Dim3) => number;
+  defined?: ((threads: Dim3, groups: Dim3) => number) | undefined;
   make(device: MlxDevice, registry: ReturnType<typeof testContext>["registry"]): Instance;
 }
 
@@ -71,8 +71,8 @@ const f32 = (n: number, seed: number, lo = -2, hi = 2) => randomValues(n, seed, 
 const nanBuffer = (device: MlxDevice, n: number) => device.upload(new Float32Array(n).fill(NaN), D.F32);
 /** Loose enough for any f32 summation order, far tighter than a partial (one lane's) result. */
 function close(got: ArrayLike<number>, want: ArrayLike<number>, what: string, limit = want.length): void {
-  const head = (v: ArrayLike<number>) => Array.from({ length: limit }, (_, i) => v[i]);
-  assertClose(head(got), head(want), (i) => 1e-4 * (1 + Math.abs(want[i])), what);
+  const head = (v: ArrayLike<number>) => Array.from({ length: limit }, (_, i) => v[i]!);
+  assertClose(head(got), head(want), (i) => 1e-4 * (1 + Math.abs(want[i]!)), what);
   for (let i = limit; i < got.length; i++) {
     if (!Number.isNaN(got[i])) throw new Error(`${what}: element ${i} is past the dispatched work but was written`);
   }
@@ -147,7 +147,7 @@ function q8Blocks(values: number[], k: number): Uint8Array {
     for (let b = 0; b < k / 32; b++) {
       out[o] = 0x00;
       out[o + 1] = 0x3c; // f16 1.0
-      for (let j = 0; j < 32; j++) out[o + 2 + j] = values[r * k + b * 32 + j] & 0xff;
+      for (let j = 0; j < 32; j++) out[o + 2 + j] = values[r * k + b * 32 + j]! & 0xff;
       o += 34;
     }
   }
@@ -163,7 +163,7 @@ function q41Blocks(values: number[], k: number): Uint8Array {
     for (let b = 0; b < k / 32; b++) {
       out[o + 1] = 0x3c; // d = f16 1.0; m = 0
       const v = (j: number) => values[r * k + b * 32 + j];
-      for (let j = 0; j < 16; j++) out[o + 4 + j] = v(j) | (v(j + 16) << 4);
+      for (let j = 0; j < 16; j++) out[o + 4 + j] = v(j)! | (v(j + 16)! << 4);
       o += 20;
     }
   }
@@ -175,7 +175,7 @@ function bitStream(codes: number[], k: number, bits: number): Uint8Array {
   const rowBytes = k / 8 * bits, out = new Uint8Array(codes.length / k * rowBytes);
   codes.forEach((c, i) => {
     const at = Math.floor(i / k) * rowBytes * 8 + (i % k) * bits;
-    for (let b = 0; b < bits; b++) if ((c >> b) & 1) out[(at + b) >> 3] |= 1 << ((at + b) & 7);
+    for (let b = 0; b < bits; b++) if ((c >> b) & 1) out[(at + b) >> 3]! |= 1 << ((at + b) & 7);
   });
   return out;
 }
@@ -194,7 +194,7 @@ function matmulDenseCase(swiglu: boolean, dtype: "f32" | "f16" = "f32"): Case {
       if (swiglu) {
         const g = refMatmul(xv, wv.subarray(0, n * k), m, n, k).y, u = refMatmul(xv, wv.subarray(n * k), m, n, k).y;
         const s = refSilu(g);
-        want = Float64Array.from(s, (v, i) => v * u[i]);
+        want = Float64Array.from(s, (v, i) => v * u[i]!);
       } else {
         want = refMatmul(xv, wv, m, n, k).y;
       }
@@ -262,7 +262,7 @@ const moeCase: Case = {
     const idb = device.upload(Uint32Array.from(ids), D.U32), y = nanBuffer(device, rows * n);
     const want = new Float64Array(rows * n);
     for (let r = 0; r < rows; r++) {
-      const t = Math.floor(r / topK), e = ids[r];
+      const t = Math.floor(r / topK), e = ids[r]!;
       want.set(refMatmul(xv.subarray(t * k, (t + 1) * k), q.slice(e * n * k, (e + 1) * n * k), 1, n, k).y, r * n);
     }
     return {
@@ -311,7 +311,7 @@ const affineGatherCase: Case = {
     const idb = device.upload(Uint32Array.from(ids), D.U32), y = nanBuffer(device, rows * n);
     const want = new Float64Array(rows * n);
     for (let r = 0; r < rows; r++) {
-      const t = Math.floor(r / topK), e = ids[r], wq = q.slice(e * n * k, (e + 1) * n * k).map((v) => v - 2);
+      const t = Math.floor(r / topK), e = ids[r]!, wq = q.slice(e * n * k, (e + 1) * n * k).map((v) => v - 2);
       want.set(refMatmul(xv.subarray(t * k, (t + 1) * k), wq, 1, n, k).y, r * n);
     }
     return {
@@ -332,8 +332,8 @@ function refRopeNorm(
   const { headDim: hd, ropeDim: rd, nHeads } = o, out = Float64Array.from(x);
   for (let r = 0; r < o.seqLen * nHeads; r++) {
     for (let i = 0; i < rd / 2; i++) {
-      const ang = neoxAngle(positions[Math.floor(r / nHeads)], i, o.theta, rd);
-      const x0 = x[r * hd + 2 * i], x1 = x[r * hd + 2 * i + 1];
+      const ang = neoxAngle(positions[Math.floor(r / nHeads)]!, i, o.theta, rd);
+      const x0 = x[r * hd + 2 * i]!, x1 = x[r * hd + 2 * i + 1]!;
       out[r * hd + 2 * i] = x0 * Math.cos(ang) - x1 * Math.sin(ang);
       out[r * hd + 2 * i + 1] = x0 * Math.sin(ang) + x1 * Math.cos(ang);
     }
@@ -420,14 +420,14 @@ const CASES: Case[] = [
   elementwiseCase("elementwise_add_f32", 37, [37], 2, refAdd),
   elementwiseCase("gelu_f32", 37, null, 1, refGelu),
   elementwiseCase("silu_f32", 37, null, 1, refSilu),
-  elementwiseCase("silu_mul_f32", 37, [37], 2, (a, b) => Float64Array.from(refSilu(a), (s, i) => s * b[i])),
+  elementwiseCase("silu_mul_f32", 37, [37], 2, (a, b) => Float64Array.from(refSilu(a), (s, i) => s * b[i]!)),
   elementwiseCase("softcap_f32", 37, [f32Bits(1.5), 37], 1, (a) => refSoftcap(a, 1.5)),
   elementwiseCase(
     "axpby_f32",
     37,
     [f32Bits(0.5), f32Bits(-2), 37, 0],
     2,
-    (a, b) => Float64Array.from(a, (x, i) => Math.fround(0.5 * x) + Math.fround(-2 * b[i])),
+    (a, b) => Float64Array.from(a, (x, i) => Math.fround(0.5 * x) + Math.fround(-2 * b[i]!)),
   ),
   {
     kernel: "strided_copy_f32",
@@ -437,7 +437,7 @@ const CASES: Case[] = [
     make(device) {
       const sv = f32(3 * 12, 91);
       const src = device.upload(sv), dst = nanBuffer(device, 3 * 10);
-      const want = Float64Array.from({ length: 30 }, (_, i) => sv[Math.floor(i / 10) * 12 + (i % 10)]);
+      const want = Float64Array.from({ length: 30 }, (_, i) => sv[Math.floor(i / 10) * 12 + (i % 10)]!);
       return {
         bindings: [src, dst, [3, 10, 12, 10]],
         check: () => close(dst.read() as Float32Array, want, "strided_copy_f32"),
@@ -499,7 +499,7 @@ const CASES: Case[] = [
     make(device) {
       const vocab = 5, dim = 12, idv = [4, 0, 2], tv = f32(vocab * dim, 131);
       const t = device.upload(tv), ids = device.upload(Uint32Array.from(idv), D.U32), out = nanBuffer(device, 3 * dim);
-      const want = Float64Array.from({ length: 3 * dim }, (_, i) => tv[idv[Math.floor(i / dim)] * dim + (i % dim)]);
+      const want = Float64Array.from({ length: 3 * dim }, (_, i) => tv[idv[Math.floor(i / dim)]! * dim + (i % dim)]!);
       return {
         bindings: [t, ids, out, [3, dim, vocab, 1, 0], undefined],
         check: () => close(out.read() as Float32Array, want, "embed_gather_f32"),
@@ -520,11 +520,11 @@ const CASES: Case[] = [
 /** The grid of a geometry: the shape that exactly covers the case's work, then the delta. */
 function gridOf(c: Case, g: Geometry): Dim3 {
   const grid = [0, 1, 2].map((i) => {
-    const e = c.extent[i], t = g.tg[i];
+    const e = c.extent[i]!, t = g.tg[i]!;
     if (c.unit === "threads") return g.kind === "threads" ? e : Math.ceil(e / t);
     return g.kind === "threadgroups" ? e : e * t;
   }) as Dim3;
-  grid[g.deltaDim] = Math.max(1, grid[g.deltaDim] + g.delta);
+  grid[g.deltaDim] = Math.max(1, grid[g.deltaDim]! + g.delta);
   return grid;
 }
 
@@ -561,8 +561,8 @@ function runOnce(ctx: ReturnType<typeof testContext>, c: Case, g: Geometry): "re
       if (!(e instanceof MlxError) || !GEOMETRY_REFUSAL.test(e.message)) throw e;
       return "refused";
     }
-    const threads = grid.map((v, i) => g.kind === "threads" ? v : v * g.tg[i]) as Dim3;
-    const groups = grid.map((v, i) => g.kind === "threads" ? Math.ceil(v / g.tg[i]) : v) as Dim3;
+    const threads = grid.map((v, i) => g.kind === "threads" ? v : v * g.tg[i]!) as Dim3;
+    const groups = grid.map((v, i) => g.kind === "threads" ? Math.ceil(v / g.tg[i]!) : v) as Dim3;
     inst.check(c.defined?.(threads, groups));
     return "computed";
   } finally {

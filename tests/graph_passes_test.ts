@@ -18,11 +18,9 @@ import {
   MlxError,
 } from "../mod.ts";
 import { placeBarriers } from "../src/graph/barriers.ts";
-import type { GraphEncodeTarget } from "../src/graph/compute_graph.ts";
+import { checkChunk, encodeChunk, type GraphEncodeTarget } from "../src/graph/compute_graph.ts";
 import { reorderLevels, reorderNodes } from "../src/graph/reorder.ts";
 import type { MemRange } from "../src/graph/ranges.ts";
-// Importing the ops registers the kernel contracts that fused nodes are checked against.
-import "../src/ops/mod.ts";
 
 const r = (alloc: number, start: number, end: number): MemRange => [alloc, start, end];
 const X = r(1, 0, 256), W = r(2, 0, 64), S = r(3, 0, 256), T = r(4, 0, 256), O = r(5, 0, 256), R = r(6, 0, 256);
@@ -177,20 +175,43 @@ Deno.test("counts: length, dispatches, barriers", () => {
   deepStrictEqual([g.length, g.dispatchCount, g.barrierCount, g.unannotatedDispatchCount], [3, 2, 1, 0]);
 });
 
-Deno.test("dual buffer: the first max(64, n/10) dispatches go first, committed before the rest is encoded", () => {
+/** Encodes a graph's two dual-buffer chunks the way an executor does; returns each chunk's barriers. */
+function encodeDual(g: ComputeGraph, t0: GraphEncodeTarget, t1: GraphEncodeTarget): number[] {
+  const [c0, c1] = g.dualBufferChunks();
+  const b0 = encodeChunk(c0, t0);
+  checkChunk(c1, t1);
+  t0.commit();
+  return [b0, encodeChunk(c1, t1)];
+}
+
+Deno.test("dual buffer: the first max(64, n/10) dispatches go first; the graph itself commits nothing", () => {
   equal(dualBufferSplit(10), 64);
   equal(dualBufferSplit(1000), 100);
   const nodes: CapturedNode[] = [];
   for (let i = 0; i < 700; i++) nodes.push(other(`k${i}`, [r(1, i * 8, i * 8 + 8)], [r(2, i * 8, i * 8 + 8)]));
   const g = new ComputeGraph(nodes);
+  const [c0, c1] = g.dualBufferChunks();
+  deepStrictEqual([c0.nodes.length, c0.firstDispatch, c1.nodes.length, c1.firstDispatch], [70, 0, 630, 70]);
   const shared: string[] = [];
   const t0 = recordingTarget(shared, "0"), t1 = recordingTarget(shared, "1");
-  deepStrictEqual(g.encodeDualBuffer(t0, t1), [0, 0]);
+  deepStrictEqual(encodeDual(g, t0, t1), [0, 0]);
   equal(t0.log.filter((x) => x.startsWith("k")).length, 70);
   equal(t1.log.filter((x) => x.startsWith("k")).length, 630);
-  // buffer 0 was committed before buffer 1 received its first dispatch
   ok(shared.indexOf("commit0") < shared.indexOf("1:k70"));
-  equal(t1.log.includes("commit"), false, "the caller commits the second buffer");
+  equal(shared.filter((x) => x.startsWith("commit")).length, 1, "only the caller committed");
+});
+
+Deno.test("dual buffer: checkChunk rejects a bad node of the second chunk, naming its graph-wide index", () => {
+  const nodes: CapturedNode[] = [];
+  for (let i = 0; i < 700; i++) nodes.push(other(`k${i}`, [], [r(2, i * 8, i * 8 + 8)]));
+  nodes[500] = { kind: "dispatch", pipeline: { name: "bare" }, opKind: K.Other, reads: [], writes: [] };
+  const [c0, c1] = new ComputeGraph(nodes).dualBufferChunks();
+  checkChunk(c0, recordingTarget());
+  throws(() => checkChunk(c1, recordingTarget()), (e: unknown) => {
+    ok(e instanceof MlxError && e.code === "InvalidArgument");
+    match(e.message, /node 500 \(bare\) has no bindings or geometry/);
+    return true;
+  });
 });
 
 Deno.test("dual buffer: the split moves to the end of the concurrent group it would cut", () => {
@@ -209,7 +230,7 @@ Deno.test("dual buffer: the split moves to the end of the concurrent group it wo
   // 22 groups → 21 barriers in the first buffer, 8 groups → 7 in the second: with the boundary, 29
   // orderings for 30 groups, the dependency bound. (The barrier after group 21 heads the second
   // buffer, where it costs nothing.)
-  deepStrictEqual(new ComputeGraph(nodes).encodeDualBuffer(t0, t1), [21, 7]);
+  deepStrictEqual(encodeDual(new ComputeGraph(nodes), t0, t1), [21, 7]);
   equal(t0.log.filter((x) => x.startsWith("g")).length, 66);
   // One wide group: no boundary within another n0 dispatches, so the plain split stays.
   const wide = Array.from({ length: 200 }, (_, i) => other(`w${i}`, [], [r(1, i * 8, i * 8 + 8)]));

@@ -67,7 +67,7 @@ const anyView = (count: number) =>
   );
 
 const opArb: fc.Arbitrary<Op | null> = fc.integer({ min: 0, max: 2 }).chain((sizeClass) => {
-  const n = [64, 128, 256][sizeClass];
+  const n = [64, 128, 256][sizeClass]!;
   const v = anyView(n);
   return fc.oneof(
     fc.record({ op: fc.constantFrom("add", "mul", "axpby") as fc.Arbitrary<"add">, a: v, b: v, out: v }).map((o) =>
@@ -135,7 +135,7 @@ Deno.test("random programs: direct, auto-barrier, recorded, +fuse, +reorder, +du
   const allocs = Array.from({ length: ALLOCS }, () => device.alloc(ELEMS * 4, DType.F32));
   const w = device.upload(randomValues(DIM, 99, DType.F32, 0.5, 1.5));
   const init = allocs.map((_, i) => randomValues(ELEMS, 1000 + i));
-  const views = (v: View) => allocs[v[0]].slice(v[1] * 4, v[2] * 4);
+  const views = (v: View) => allocs[v[0]]!.slice(v[1] * 4, v[2] * 4);
   let fusionsSeen = 0, reorderedSeen = 0, dualSplits = 0, longest = 0;
   type Mode = {
     name: string;
@@ -171,7 +171,7 @@ Deno.test("random programs: direct, auto-barrier, recorded, +fuse, +reorder, +du
     },
   ];
   const runMode = (prog: Op[], m: Mode | null): Uint32Array[] => {
-    allocs.forEach((a, i) => a.write(init[i]));
+    allocs.forEach((a, i) => a.write(init[i]!));
     using s = m?.recorded
       ? exec.beginRecorded({ autoBarriers: m.auto })
       : exec.begin({ autoBarriers: m?.auto ?? false });
@@ -205,7 +205,7 @@ Deno.test("random programs: direct, auto-barrier, recorded, +fuse, +reorder, +du
         if (n.kind !== "dispatch") continue;
         for (const range of n.writes) {
           const i = allocs.findIndex((a) => a.allocId === range[0]);
-          last[i].fill({ node: n, range }, range[1] / 4, range[2] / 4);
+          last[i]!.fill({ node: n, range }, range[1] / 4, range[2] / 4);
         }
       }
       return last;
@@ -214,13 +214,13 @@ Deno.test("random programs: direct, auto-barrier, recorded, +fuse, +reorder, +du
     return before.map((lw, i) =>
       Uint8Array.from(lw, (b, k) => {
         if (!b || kept.has(b.node)) return 0;
-        const a = after[i][k];
+        const a = after[i]![k];
         return a && !kept.has(a.node) && a.range === b.range ? 0 : 1;
       })
     );
   };
   const masked = (bits: Uint32Array[], dead: Uint8Array[] | null) =>
-    bits.map((b, i) => Array.from(b, (x, k) => dead && dead[i][k] ? 0 : x).join(","));
+    bits.map((b, i) => Array.from(b, (x, k) => dead && dead[i]![k] ? 0 : x).join(","));
   fc.assert(
     fc.property(programArb, (prog) => {
       longest = Math.max(longest, prog.reduce((n, o) => n + (o.op !== "normMul" ? 1 : o.out2 ? 3 : 2), 0));
@@ -271,7 +271,7 @@ Deno.test("reorder keeps every RAW/WAR/WAW dependency of the original order", ()
       equal(pos.size, original.length, "every dispatch kept exactly once");
       for (let j = 0; j < original.length; j++) {
         for (let i = 0; i < j; i++) {
-          if (dependent(original[i], original[j])) ok(pos.get(original[i])! < pos.get(original[j])!);
+          if (dependent(original[i]!, original[j]!)) ok(pos.get(original[i]!)! < pos.get(original[j]!)!);
         }
       }
       // … and barriers recomputed from ranges leave no hazard.
@@ -309,14 +309,14 @@ Deno.test("fusion never leaves a hazard in an explicit-barrier program", () => {
         pipeline: { name: "rms_norm_f32" },
         opKind: K.RmsNorm,
         reads: [X, Wt],
-        writes: [t],
+        writes: [t!],
       };
       const mul: DispatchNode = {
         kind: "dispatch",
         pipeline: { name: "elementwise_mul_f32" },
         opKind: K.ElemMul,
-        reads: [t, s],
-        writes: [o],
+        reads: [t!, s!],
+        writes: [o!],
       };
       const mid = Math.floor(nodes.length / 2);
       const program = placeBarriers([...nodes.slice(0, mid), norm, BARRIER, mul, ...nodes.slice(mid)], true);
@@ -355,9 +355,9 @@ function checkSchedule(original: DispatchNode[], scheduled: readonly DispatchNod
   equal(pos.size, original.length, "every dispatch kept exactly once");
   for (let j = 0; j < original.length; j++) {
     for (let i = 0; i < j; i++) {
-      if (!dependent(original[i], original[j])) continue;
-      ok(pos.get(original[i])! < pos.get(original[j])!, `dependency ${i} → ${j} reversed`);
-      ok(group.get(original[i])! < group.get(original[j])!, `dependency ${i} → ${j} shares a group`);
+      if (!dependent(original[i]!, original[j]!)) continue;
+      ok(pos.get(original[i]!)! < pos.get(original[j]!)!, `dependency ${i} → ${j} reversed`);
+      ok(group.get(original[i]!)! < group.get(original[j]!)!, `dependency ${i} → ${j} shares a group`);
     }
   }
   return g; // barriers

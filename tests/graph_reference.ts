@@ -25,8 +25,8 @@ export function referenceDepth(ds: readonly DispatchNode[], pinned: (d: Dispatch
   for (let j = 0; j < ds.length; j++) {
     level[j] = 1;
     for (let i = 0; i < j; i++) {
-      if (dependent(ds[i], ds[j])) level[j] = Math.max(level[j], level[i] + 1);
-      if (pinned(ds[j]) || pinned(ds[i])) level[j] = Math.max(level[j], level[i]);
+      if (dependent(ds[i]!, ds[j]!)) level[j] = Math.max(level[j]!, level[i]! + 1);
+      if (pinned(ds[j]!) || pinned(ds[i]!)) level[j] = Math.max(level[j]!, level[i]!);
     }
   }
   return Math.max(0, ...level);
@@ -40,12 +40,12 @@ export function referenceHazards(nodes: readonly CapturedNode[]) {
   let index = 0;
   for (const n of nodes) {
     if (n.kind === "barrier") groups.push([]);
-    else groups[groups.length - 1].push({ d: n, index: index++ });
+    else groups[groups.length - 1]!.push({ d: n, index: index++ });
   }
   for (const g of groups) {
     for (let j = 1; j < g.length; j++) {
       for (let i = 0; i < j; i++) {
-        const a = g[i].d, b = g[j].d, first = g[i].index, second = g[j].index;
+        const a = g[i]!.d, b = g[j]!.d, first = g[i]!.index, second = g[j]!.index;
         for (const r of b.reads) {
           for (const w of a.writes) if (overlaps(r, w)) out.push({ kind: "RAW", first, second, range: cut(r, w) });
         }
@@ -66,18 +66,18 @@ export function referenceRedundantBarriers(nodes: readonly CapturedNode[]): numb
   for (const n of nodes) {
     if (n.kind === "barrier") {
       if (seen) pending++;
-      if (groups[groups.length - 1].length > 0) groups.push([]);
+      if (groups[groups.length - 1]!.length > 0) groups.push([]);
       continue;
     }
     if (seen) redundant += Math.max(0, pending - 1);
     seen = true;
     pending = 0;
-    groups[groups.length - 1].push(n);
+    groups[groups.length - 1]!.push(n);
   }
   redundant += pending;
   const full = groups.filter((g) => g.length > 0);
   for (let g = 1; g < full.length; g++) {
-    if (full[g].every((b) => full[g - 1].every((a) => !dependent(a, b)))) redundant++;
+    if (full[g]!.every((b) => full[g - 1]!.every((a) => !dependent(a, b)))) redundant++;
   }
   return redundant;
 }
@@ -91,12 +91,12 @@ export function referenceLookahead(nodes: readonly CapturedNode[]): DispatchNode
   let group: DispatchNode[] = [];
   for (let i0 = 0; i0 < ds.length; i0++) {
     if (used.has(i0)) continue;
-    const node0 = ds[i0];
+    const node0 = ds[i0]!;
     if (annotated(node0) && group.some((g) => dependent(g, node0))) {
       const skipped = [node0];
       for (let i1 = i0 + 1; i1 < Math.min(ds.length, i0 + 64); i1++) {
         if (used.has(i1)) continue;
-        const node1 = ds[i1];
+        const node1 = ds[i1]!;
         if (!movable(node1)) break;
         const free = !annotated(node1) || !group.some((g) => dependent(g, node1));
         if (free && !skipped.some((s) => dependent(s, node1))) {

@@ -116,7 +116,7 @@ Deno.test("barrier counter: capture-mode barriers are nodes and not counted; rep
   deepStrictEqual(nodes.map((n) => n.kind), ["dispatch", "barrier", "dispatch"]);
   ok(!enc.isCapturing);
   equal(enc.takeCapture(), null);
-  const n0 = nodes[0];
+  const n0 = nodes[0]!;
   ok(n0.kind === "dispatch");
   equal(n0.opKind, CapturedOpKind.ElemAdd);
   deepStrictEqual(n0.reads, [a.range(), a.range()]);
@@ -135,13 +135,13 @@ Deno.test("capture annotations: op kind and ranges for the next dispatch, annota
   ops.elementwiseAdd(enc, registry, a, a, a); // back to the contract's kind and derived ranges
   enc.annotateLastDispatchIfMissing([[a.allocId, 0, 4]], []); // has ranges: unchanged
   const [first, second] = enc.takeCapture()!;
-  ok(first.kind === "dispatch" && second.kind === "dispatch");
-  equal(first.opKind, CapturedOpKind.Sdpa);
+  ok(first!.kind === "dispatch" && second!.kind === "dispatch");
+  equal(first!.opKind, CapturedOpKind.Sdpa);
   // The given ranges lie inside what the bindings touch, so the merged accesses are the derived ones.
-  deepStrictEqual(first.reads, [a.range(), a.range()]);
-  deepStrictEqual(first.writes, [a.range()]);
-  equal(second.opKind, CapturedOpKind.ElemAdd);
-  deepStrictEqual(second.writes, [a.range()]);
+  deepStrictEqual(first!.reads, [a.range(), a.range()]);
+  deepStrictEqual(first!.writes, [a.range()]);
+  equal(second!.opKind, CapturedOpKind.ElemAdd);
+  deepStrictEqual(second!.writes, [a.range()]);
 });
 
 Deno.test("auto barriers: a barrier exactly on conflict, counted; group histogram", () => {

@@ -60,7 +60,7 @@ export function assertClose(
   if (got.length !== want.length) throw new Error(`${what}: length ${got.length} != ${want.length}`);
   let worst = -1, worstExcess = 0;
   for (let i = 0; i < got.length; i++) {
-    const d = Math.abs(got[i] - want[i]);
+    const d = Math.abs(got[i]! - want[i]!);
     const excess = d - tol(i);
     if (!(excess <= 0) && (worst < 0 || excess > worstExcess || Number.isNaN(d))) {
       worst = i;
@@ -70,7 +70,7 @@ export function assertClose(
   if (worst >= 0) {
     throw new Error(
       `${what}: element ${worst} got ${got[worst]}, want ${want[worst]} (|diff| ${
-        Math.abs(got[worst] - want[worst])
+        Math.abs(got[worst]! - want[worst]!)
       } > tol ${tol(worst)})`,
     );
   }
@@ -79,7 +79,7 @@ export function assertClose(
 /** Largest absolute difference. */
 export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
   return m;
 }
 

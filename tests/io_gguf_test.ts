@@ -307,7 +307,7 @@ Deno.test("GGUF: dequantize gives each tensor's exact values (f32, f16, bf16 and
   const w = randomValues(2 * 256, 9);
   const bf16 = new Uint16Array(4);
   const bfValues = [1.5, -2, 0.0078125, -3.0625]; // exact in bf16
-  bfValues.forEach((v, i) => bf16[i] = new Uint32Array(Float32Array.of(v).buffer)[0] >>> 16);
+  bfValues.forEach((v, i) => bf16[i] = new Uint32Array(Float32Array.of(v).buffer)[0]! >>> 16);
   using f = GgufFile.open(writeGguf([], [
     { name: "f32", type: "f32", ne: [4], data: new Uint8Array(Float32Array.of(1, -2, 0.5, 3).buffer) },
     { name: "f16", type: "f16", ne: [3], data: new Uint8Array(Uint16Array.of(0x3c00, 0xc000, 0x0001).buffer) },

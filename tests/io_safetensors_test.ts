@@ -121,7 +121,7 @@ Deno.test("safetensors: malformed, truncated and oversized files get clear error
 function writeCheckpoint(config: Record<string, unknown>, shards: WriteSafetensor[][]): string {
   const dir = Deno.makeTempDirSync({ prefix: "mlxn_ckpt_" });
   Deno.writeTextFileSync(`${dir}/config.json`, JSON.stringify(config));
-  if (shards.length === 1) Deno.writeFileSync(`${dir}/model.safetensors`, writeSafetensors(shards[0]));
+  if (shards.length === 1) Deno.writeFileSync(`${dir}/model.safetensors`, writeSafetensors(shards[0]!));
   else {
     const weightMap: Record<string, string> = {};
     shards.forEach((tensors, i) => {

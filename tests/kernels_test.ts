@@ -55,7 +55,7 @@ Deno.test("elementwise add/mul match the reference for every dtype and odd sizes
         for (const [got, ref] of [[sum.read(), refAdd(av, bv)], [prod.read(), refMul(av, bv)]] as const) {
           const want = roundThrough(dtype, ref);
           if (dtype === D.F32) assertEquals(Array.from(got), Array.from(want));
-          else assertClose(got, want, (i) => 2 * u * Math.abs(want[i]) + subnormalFloor(dtype), `${dtype} n=${n}`);
+          else assertClose(got, want, (i) => 2 * u * Math.abs(want[i]!) + subnormalFloor(dtype), `${dtype} n=${n}`);
         }
       });
     }
@@ -87,7 +87,7 @@ Deno.test("rms_norm, rms_norm_mul and rms_norm_no_scale match the reference", as
         assertClose(
           y.read(),
           want,
-          (i) => Math.abs(want[i]) * ((dim + 8) * U32 + 2 * u) + subnormalFloor(dtype),
+          (i) => Math.abs(want[i]!) * ((dim + 8) * U32 + 2 * u) + subnormalFloor(dtype),
           "rms_norm",
         );
         // Fused: one more product and one more rounding through the dtype.
@@ -95,14 +95,14 @@ Deno.test("rms_norm, rms_norm_mul and rms_norm_no_scale match the reference", as
         assertClose(
           ym.read(),
           wantMul,
-          (i) => Math.abs(wantMul[i]) * ((dim + 10) * U32 + 4 * u) + 2 * subnormalFloor(dtype),
+          (i) => Math.abs(wantMul[i]!) * ((dim + 10) * U32 + 4 * u) + 2 * subnormalFloor(dtype),
           "rms_norm_mul",
         );
         if (dtype === D.F32) {
           using z = device.alloc(rows * dim * 4, D.F32);
           run((enc) => ops.rmsNormNoScale(enc, registry, x, z, { rows, dim, eps }), device);
           const wantNs = refRmsNorm(xv, null, rows, dim, eps);
-          assertClose(z.read(), wantNs, (i) => Math.abs(wantNs[i]) * (dim + 8) * U32, "rms_norm_no_scale");
+          assertClose(z.read(), wantNs, (i) => Math.abs(wantNs[i]!) * (dim + 8) * U32, "rms_norm_no_scale");
         }
       });
     }
@@ -143,7 +143,7 @@ Deno.test("softmax matches the reference", async (t) => {
       // exp of an argument with ≤ 1 rounding, an f32 sum of cols terms (≤ cols·u32 relative), one
       // reciprocal and one product: |err| ≤ |want|·(cols + 12)·u32.
       const want = refSoftmax(xv, rows, cols);
-      assertClose(y.read(), want, (i) => Math.abs(want[i]) * (cols + 12) * U32 + 1e-30, "softmax");
+      assertClose(y.read(), want, (i) => Math.abs(want[i]!) * (cols + 12) * U32 + 1e-30, "softmax");
     });
   }
 });
@@ -166,7 +166,7 @@ Deno.test("gelu (tanh form, clamped) and softcap match the reference", async (t)
         assertClose(
           y.read(),
           want,
-          (i) => 32 * U32 * (1 + Math.abs(xv[i])) + 2 * u * Math.abs(want[i]) + subnormalFloor(dtype),
+          (i) => 32 * U32 * (1 + Math.abs(xv[i]!)) + 2 * u * Math.abs(want[i]!) + subnormalFloor(dtype),
           "gelu",
         );
       });
@@ -197,8 +197,8 @@ Deno.test("axpby matches the reference", async (t) => {
       using y = device.alloc(n * 4, D.F32);
       run((enc) => ops.axpby(enc, registry, a, b, y, { alpha, beta }), device);
       // Two products and a sum in f32 (3 roundings, no FMA contraction): ≤ 3 u32 of the magnitudes.
-      const want = Float64Array.from(av, (x, i) => alpha * x + Math.fround(beta) * bv[i]);
-      assertClose(y.read(), want, (i) => 3 * U32 * (Math.abs(alpha * av[i]) + Math.abs(beta * bv[i])), "axpby");
+      const want = Float64Array.from(av, (x, i) => alpha * x + Math.fround(beta) * bv[i]!);
+      assertClose(y.read(), want, (i) => 3 * U32 * (Math.abs(alpha * av[i]!) + Math.abs(beta * bv[i]!)), "axpby");
     });
   }
 });
@@ -217,7 +217,7 @@ Deno.test("silu and silu_mul match the reference; strided_copy moves exactly its
         assertClose(
           y.read(),
           want,
-          (i) => Math.abs(want[i]) * (8 * U32 + 2 * u) + 1e-30 + subnormalFloor(dtype),
+          (i) => Math.abs(want[i]!) * (8 * U32 + 2 * u) + 1e-30 + subnormalFloor(dtype),
           "silu",
         );
       });
@@ -239,11 +239,11 @@ Deno.test("silu and silu_mul match the reference; strided_copy moves exactly its
         const got = fused.read(), unfused = pair.read();
         for (let i = 0; i < n; i++) assertEquals(got[i], unfused[i], `i=${i}`);
         // silu as above (≤ 8 u32 + a dtype rounding), then one product rounded to the dtype.
-        const sw = refSilu(gv), want = Float64Array.from(sw, (v, i) => v * uv[i]), u = unitRoundoff(dtype);
+        const sw = refSilu(gv), want = Float64Array.from(sw, (v, i) => v * uv[i]!), u = unitRoundoff(dtype);
         assertClose(
           got,
           want,
-          (i) => Math.abs(want[i]) * (8 * U32 + 4 * u) + 1e-30 + subnormalFloor(dtype) * (1 + Math.abs(uv[i])),
+          (i) => Math.abs(want[i]!) * (8 * U32 + 4 * u) + 1e-30 + subnormalFloor(dtype) * (1 + Math.abs(uv[i]!)),
           "silu_mul",
         );
       });
@@ -289,8 +289,8 @@ Deno.test("rope rotates adjacent pairs like the reference", async (t) => {
       const want = refRope(xv, pos, theta, hd, seq);
       assertClose(y.read(), want, (k) => {
         const t = Math.floor(k / hd), i = Math.floor((k % hd) / 2);
-        const ang = pos[t] * theta ** (-2 * i / hd);
-        return (Math.abs(xv[t * hd + 2 * i]) + Math.abs(xv[t * hd + 2 * i + 1])) * (12 * ang + 8) * U32;
+        const ang = pos[t]! * theta ** (-2 * i / hd);
+        return (Math.abs(xv[t * hd + 2 * i]!) + Math.abs(xv[t * hd + 2 * i + 1]!)) * (12 * ang + 8) * U32;
       }, "rope");
     });
   }
@@ -322,8 +322,8 @@ Deno.test("rope_neox: partial rotation, pass-through tail, freq factors, GQA-sty
         const r = Math.floor(k / c.headDim), d = k % c.headDim;
         if (d >= c.ropeDim) return 0; // pass-through: copied exactly
         const i = d % half;
-        const ang = neoxAngle(pos[Math.floor(r / c.nHeads)], i, theta, c.ropeDim, ffv);
-        const mag = Math.abs(xv[r * c.headDim + i]) + Math.abs(xv[r * c.headDim + i + half]);
+        const ang = neoxAngle(pos[Math.floor(r / c.nHeads)]!, i, theta, c.ropeDim, ffv);
+        const mag = Math.abs(xv[r * c.headDim + i]!) + Math.abs(xv[r * c.headDim + i + half]!);
         return mag * (16 * ang + 8) * U32; // as for rope, plus the freq-factor division
       }, "rope_neox");
     });
@@ -334,7 +334,7 @@ Deno.test("rope_neox writes strided rows straight into a [heads, capacity, headD
   using ctx = testContext();
   const { device, registry } = ctx;
   const theta = 1e4, headDim = 64, ropeDim = 32, nHeads = 3, capacity = 9;
-  for (const [first, seqLen] of [[0, 1], [5, 2], [8, 1]]) {
+  for (const [first, seqLen] of [[0, 1], [5, 2], [8, 1]] as [number, number][]) {
     await t.step(`tokens ${first}..${first + seqLen - 1}`, () => {
       const rows = seqLen * nHeads, sentinel = -7.25;
       const xv = randomValues(rows * headDim, first + 3);
@@ -360,7 +360,12 @@ Deno.test("rope_neox writes strided rows straight into a [heads, capacity, headD
         want.set(dense.subarray(r * headDim, (r + 1) * headDim), (h * capacity + first + tok) * headDim);
       }
       const got = cache.read();
-      assertClose(got, want, (k) => (want[k] === sentinel ? 0 : 64 * U32 * (1 + Math.abs(want[k]))), "rope into cache");
+      assertClose(
+        got,
+        want,
+        (k) => (want[k] === sentinel ? 0 : 64 * U32 * (1 + Math.abs(want[k]!))),
+        "rope into cache",
+      );
     });
   }
   await t.step("overlapping rows, or a strided output over the input, are refused", () => {
@@ -411,7 +416,7 @@ Deno.test("kernels honour slice offsets exactly (inputs and outputs)", () => {
   const got = out.read();
   for (let i = 0; i < 3 * n + 5; i++) {
     const inside = i >= 2 * n + 4 && i < 3 * n + 4;
-    const want = inside ? Math.fround(base[1 + i - (2 * n + 4)] + base[n + 3 + i - (2 * n + 4)]) : 0;
+    const want = inside ? Math.fround(base[1 + i - (2 * n + 4)]! + base[n + 3 + i - (2 * n + 4)]!) : 0;
     assertEquals(got[i], want, `element ${i}`);
   }
 });

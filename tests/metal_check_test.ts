@@ -4,7 +4,7 @@
  * into a copy of them are each reported, in the file that holds them.
  */
 import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
-import { allContracts } from "../mod.ts";
+import { allContracts } from "../src/kernels.ts";
 import "../src/ops/mod.ts";
 import { front, runtimeOrder, typeCheck } from "../metal_emu/msl_front.ts";
 

@@ -52,7 +52,7 @@ async function probe(defines: string[] = []): Promise<Map<string, string[]>> {
     const lines = run(`${dir}/probe`, []).trim().split("\n");
     return new Map(lines.map((l) => {
       const [name, ...rest] = l.split(" ");
-      return [name, rest];
+      return [name!, rest];
     }));
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -126,8 +126,8 @@ Deno.test(
 
     // threadgroup variables declared in the kernel are shared by the group; program-scope constants.
     const weights = [0.5, 1, 2, 4];
-    const tg = [Array.from({ length: 64 }, (_, t) => t * weights[t % 4]).reduce((a, b) => a + b) + 7];
-    for (let t = 0; t < 64; t++) tg.push(((t + 1) % 64) * weights[((t + 1) % 64) % 4]);
+    const tg = [Array.from({ length: 64 }, (_, t) => t * weights[t % 4]!).reduce((a, b) => a + b) + 7];
+    for (let t = 0; t < 64; t++) tg.push(((t + 1) % 64) * weights[((t + 1) % 64) % 4]!);
     deepStrictEqual(numbers(res.get("tg_variables"), "tg_variables"), tg);
     deepStrictEqual(numbers(res.get("tg_variables_reverse"), "tg_variables in reverse order"), tg);
 
@@ -175,9 +175,9 @@ function rmsNorm(device: MlxDevice, rows: number, dim: number): { got: Float32Ar
   const want = new Float32Array(rows * dim);
   for (let r = 0; r < rows; r++) {
     let ss = 0;
-    for (let k = 0; k < dim; k++) ss += xv[r * dim + k] ** 2;
+    for (let k = 0; k < dim; k++) ss += xv[r * dim + k]! ** 2;
     const inv = 1 / Math.sqrt(ss / dim + 1e-6);
-    for (let k = 0; k < dim; k++) want[r * dim + k] = xv[r * dim + k] * inv * wv[k];
+    for (let k = 0; k < dim; k++) want[r * dim + k] = xv[r * dim + k]! * inv * wv[k]!;
   }
   return { got: y.read() as Float32Array, want };
 }
@@ -199,7 +199,7 @@ Deno.test({
   using device = openChecked(builtLib);
   equal(device.info.name.includes("checker"), true, device.info.name);
   const { got, want } = rmsNorm(device, 3, 1000);
-  for (let i = 0; i < want.length; i++) ok(Math.abs(got[i] - want[i]) <= 1e-5 * (1 + Math.abs(want[i])), `at ${i}`);
+  for (let i = 0; i < want.length; i++) ok(Math.abs(got[i]! - want[i]!) <= 1e-5 * (1 + Math.abs(want[i]!)), `at ${i}`);
 });
 
 /** An axpby whose threadgroups all write the first elements of `out` (a race between threadgroups). */

@@ -15,7 +15,7 @@ import { bf16Value, f16Value } from "../src/quant/float32.ts";
 export interface RefWeights {
   config: LlamaConfig;
   rope: "norm" | "neox";
-  freqFactors?: Float64Array;
+  freqFactors?: Float64Array | undefined;
   embed: Float64Array;
   layers: {
     attnNorm: Float64Array;
@@ -81,7 +81,7 @@ export function refWeightsFromMlx(dir: string): RefWeights {
     if (!f.has(`${prefix}.scales`)) return floats(`${prefix}.weight`);
     const o = q[prefix] ?? q;
     const w = f.tensor(`${prefix}.weight`);
-    const n = w.shape[0], k = (w.shape[1] * 32) / o.bits;
+    const n = w.shape[0]!, k = (w.shape[1]! * 32) / o.bits;
     const half = (name: string) => {
       const b = f.readTensorBytes(name);
       return new Uint16Array(b.buffer, b.byteOffset, b.byteLength / 2);
@@ -128,10 +128,10 @@ function llama3Divisors(c: LlamaConfig, s: Record<string, number>): Float64Array
   return Float64Array.from({ length: d / 2 }, (_, i) => {
     const inv = 1 / Math.pow(c.ropeTheta, (2 * i) / d);
     const wavelen = (2 * Math.PI) / inv;
-    let adjusted = wavelen > old / low ? inv / factor : inv;
-    if (!(wavelen < old / high) && !(wavelen > old / low)) {
-      const smooth = (old / wavelen - low) / (high - low);
-      adjusted = ((1 - smooth) * adjusted) / factor + smooth * adjusted;
+    let adjusted = wavelen > old! / low! ? inv / factor! : inv;
+    if (!(wavelen < old! / high!) && !(wavelen > old! / low!)) {
+      const smooth = (old! / wavelen - low!) / (high! - low!);
+      adjusted = ((1 - smooth) * adjusted) / factor! + smooth * adjusted;
     }
     return inv / adjusted;
   });
@@ -141,7 +141,7 @@ function matvec(w: Float64Array, x: Float64Array, n: number, k: number): Float64
   const y = new Float64Array(n);
   for (let r = 0; r < n; r++) {
     let s = 0;
-    for (let j = 0; j < k; j++) s += w[r * k + j] * x[j];
+    for (let j = 0; j < k; j++) s += w[r * k + j]! * x[j]!;
     y[r] = s;
   }
   return y;
@@ -151,7 +151,7 @@ function rmsNorm(x: Float64Array, w: Float64Array, eps: number): Float64Array {
   let ss = 0;
   for (const v of x) ss += v * v;
   const inv = 1 / Math.sqrt(ss / x.length + eps);
-  return x.map((v, i) => v * inv * w[i]);
+  return x.map((v, i) => v * inv * w[i]!);
 }
 
 /** Rotates each head of `x` ([heads, headDim]) in place for position `pos`. */
@@ -160,10 +160,10 @@ function rope(x: Float64Array, heads: number, c: LlamaConfig, mode: "norm" | "ne
   for (let h = 0; h < heads; h++) {
     const base = h * c.headDim;
     for (let i = 0; i < half; i++) {
-      const angle = (pos * Math.pow(c.ropeTheta, (-2 * i) / d)) / (ff ? ff[i] : 1);
+      const angle = (pos * Math.pow(c.ropeTheta, (-2 * i) / d)) / (ff ? ff[i] : 1)!;
       const cos = Math.cos(angle), sin = Math.sin(angle);
       const a = mode === "norm" ? base + 2 * i : base + i, b = mode === "norm" ? a + 1 : a + half;
-      const x0 = x[a], x1 = x[b];
+      const x0 = x[a]!, x1 = x[b]!;
       x[a] = x0 * cos - x1 * sin;
       x[b] = x0 * sin + x1 * cos;
     }
@@ -198,30 +198,30 @@ export class ReferenceLlama {
       const v = matvec(L.v, h, kvHeads * headDim, hidden);
       rope(q, heads, c, w.rope, pos, w.freqFactors);
       rope(k, kvHeads, c, w.rope, pos, w.freqFactors);
-      this.#k[li].push(k);
-      this.#v[li].push(v);
+      this.#k[li]!.push(k);
+      this.#v[li]!.push(v);
       const attn = new Float64Array(heads * headDim);
       for (let hh = 0; hh < heads; hh++) {
         const kvh = Math.floor(hh / group);
-        const scores = this.#k[li].map((kk) => {
+        const scores = this.#k[li]!.map((kk) => {
           let s = 0;
-          for (let j = 0; j < headDim; j++) s += q[hh * headDim + j] * kk[kvh * headDim + j];
+          for (let j = 0; j < headDim; j++) s += q[hh * headDim + j]! * kk[kvh * headDim + j]!;
           return s / Math.sqrt(headDim);
         });
         const max = Math.max(...scores);
         const e = scores.map((s) => Math.exp(s - max));
         const sum = e.reduce((a, b) => a + b, 0);
-        this.#v[li].forEach((vv, t) => {
-          for (let j = 0; j < headDim; j++) attn[hh * headDim + j] += (e[t] / sum) * vv[kvh * headDim + j];
+        this.#v[li]!.forEach((vv, t) => {
+          for (let j = 0; j < headDim; j++) attn[hh * headDim + j]! += (e[t]! / sum) * vv[kvh * headDim + j]!;
         });
       }
       const o = matvec(L.o, attn, hidden, heads * headDim);
-      x = x.map((v, i) => v + o[i]);
+      x = x.map((v, i) => v + o[i]!);
       const h2 = rmsNorm(x, L.ffnNorm, c.rmsEps);
       const g = matvec(L.gate, h2, ffn, hidden), u = matvec(L.up, h2, ffn, hidden);
-      const act = g.map((gv, i) => (gv / (1 + Math.exp(-gv))) * u[i]);
+      const act = g.map((gv, i) => (gv / (1 + Math.exp(-gv))) * u[i]!);
       const dn = matvec(L.down, act, hidden, ffn);
-      x = x.map((v, i) => v + dn[i]);
+      x = x.map((v, i) => v + dn[i]!);
     });
     return matvec(w.lmHead, rmsNorm(x, w.outNorm, c.rmsEps), c.vocabSize, hidden);
   }

@@ -54,7 +54,7 @@ Deno.test("raw ABI: wait, status, timings, encode and free after mlxn_device_clo
   equal(sym.mlxn_cmdbuf_status(committed), CbStatus.COMPLETED);
   const t = new BigUint64Array(2 + 3);
   equal(sym.mlxn_cmdbuf_timings(committed, new Uint8Array(t.buffer), t.length), 1);
-  ok(t[0] > 0n && t[1] >= t[0], `timings ${t}`);
+  ok(t[0]! > 0n && t[1]! >= t[0]!, `timings ${t}`);
   equal(t[2], 7n, "the dispatch's tag");
   equal(sym.mlxn_cmdbuf_encode(committed, stream, stream.byteLength), Status.E_STATE);
   match(lastErrorText(sym), /device of this command buffer was closed/);

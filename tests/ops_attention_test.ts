@@ -41,7 +41,7 @@ Deno.test("sdpa: causal, GQA, capacity stride, batch, query blocks of 32 — f32
         const want = refSdpa(qv, kv, vv, { ...c, scale });
         const tol = tolFor(c.headDim, c.kvSeqLen, maxAbs(vv));
         const rounding = dtype === DType.BF16 ? 2 ** -8 : 0;
-        assertClose(out.read(), want, (i) => tol + rounding * Math.abs(want[i]), "sdpa");
+        assertClose(out.read(), want, (i) => tol + rounding * Math.abs(want[i]!), "sdpa");
       });
     }
   }

@@ -167,9 +167,9 @@ Deno.test("rope, matmul, attention and token ops reuse one descriptor, hold no b
     call(0);
     call(1);
     equal(t.seen.length, 2, name);
-    equal(t.seen[0].descriptor, t.seen[1].descriptor, `${name}: one descriptor object for both calls`);
-    deepStrictEqual(heldBuffers(t.seen[1].descriptor), [], `${name}: no buffer held after the call`);
-    const { descriptor: _, ...second } = t.seen[1];
+    equal(t.seen[0]!.descriptor, t.seen[1]!.descriptor, `${name}: one descriptor object for both calls`);
+    deepStrictEqual(heldBuffers(t.seen[1]!.descriptor), [], `${name}: no buffer held after the call`);
+    const { descriptor: _, ...second } = t.seen[1]!;
     deepStrictEqual(second, expected, name);
   }
 });

@@ -49,7 +49,7 @@ function randomBlocks(format: GgmlFormat, n: number, k: number, seed: number): U
   const blk = GGML_BLOCK[format], r = rng(seed);
   const out = Uint8Array.from({ length: n * (k / blk.values) * blk.bytes }, () => Math.floor(r() * 256));
   for (let at = 0; at < out.length; at += blk.bytes) {
-    for (const off of HALF_FIELDS[format]) {
+    for (const off of HALF_FIELDS[format]!) {
       const bits = (r() < 0.5 ? 0x8000 : 0) | ((15 - 8 + Math.floor(r() * 2)) << 10) | Math.floor(r() * 1024);
       out[at + off] = bits & 0xff;
       out[at + off + 1] = bits >> 8;
@@ -63,10 +63,10 @@ function checkRows(x: ArrayLike<number>, w: Float64Array, m: number, n: number, 
   const slack = new Float64Array(m * n);
   for (let j = 0; j < n; j++) {
     let wmax = 0;
-    for (let t = 0; t < k; t++) wmax = Math.max(wmax, Math.abs(w[j * k + t]));
+    for (let t = 0; t < k; t++) wmax = Math.max(wmax, Math.abs(w[j * k + t]!));
     for (let i = 0; i < m; i++) {
       let xs = 0;
-      for (let t = 0; t < k; t++) xs += Math.abs(x[i * k + t]);
+      for (let t = 0; t < k; t++) xs += Math.abs(x[i * k + t]!);
       slack[i * n + j] = 4 * U * xs * wmax;
     }
   }
@@ -82,7 +82,7 @@ function assertProduct(
 ) {
   const { m, n, k } = shape;
   const { ref, slack } = checkRows(x, w, m, n, k);
-  assertClose(got, ref.y, (i) => (k + 4) * U * ref.mag[i] + slack[i] + 1e-30, what);
+  assertClose(got, ref.y, (i) => (k + 4) * U * ref.mag[i]! + slack[i]! + 1e-30, what);
 }
 
 Deno.test("ggml Q4_1/Q5_0/Q5_1/Q4_K/Q5_K matmul: mat-vec and mat-mat match the float64 reference", async (t) => {
@@ -133,7 +133,7 @@ Deno.test("ggml Q4_1/Q5_0/Q5_1/Q4_K/Q5_K MoE: each output row uses its token and
         assertProduct(
           got.subarray(r * n, (r + 1) * n),
           xv.subarray(t0 * k, (t0 + 1) * k),
-          deq.subarray(ids[r] * n * k, (ids[r] + 1) * n * k),
+          deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
           { m: 1, n, k },
           `${format} row ${r}`,
         );
@@ -158,7 +158,7 @@ Deno.test("ggml K-quant matmul rejects K that is not a whole number of 256-value
 Deno.test("dense matmul with f16 weights: plain, residual and SwiGLU epilogues", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
-  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 1025]]) {
+  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 1025]] as [number, number, number][]) {
     await t.step(`m=${m} n=${n} k=${k}`, () => {
       const xv = randomValues(m * k, m + 3 * k), wv = randomValues(2 * n * k, n + k, DType.F16);
       const rv = randomValues(m * n, n + 1);
@@ -179,7 +179,7 @@ Deno.test("dense matmul with f16 weights: plain, residual and SwiGLU epilogues",
       }
       enc.commitAndWait();
       const ref = refMatmul(xv, wv.subarray(0, n * k), m, n, k);
-      assertClose(y.read(), ref.y, (i) => (k + 4) * U * ref.mag[i] + 1e-30, "f16 matmul");
+      assertClose(y.read(), ref.y, (i) => (k + 4) * U * ref.mag[i]! + 1e-30, "f16 matmul");
       // The epilogues equal the unfused sequences bit for bit, as for f32 and bf16 weights.
       deepStrictEqual(withRes.readBytes(), sum.readBytes());
       deepStrictEqual(glu.readBytes(), pair.readBytes());
@@ -203,7 +203,7 @@ Deno.test("MLX affine matmul: 2/3/5 bits and f16/f32 scales match the float64 re
     cases.push([bits, 64, "f16"], [bits, 32, "f32"]);
   }
   for (const [bits, gs, dtype] of cases) {
-    for (const [m, n, k] of [[1, 7, 256], [3, 16, 384]]) {
+    for (const [m, n, k] of [[1, 7, 256], [3, 16, 384]] as [number, number, number][]) {
       await t.step(`${bits}-bit g${gs} ${dtype} m=${m} n=${n} k=${k}`, () => {
         const xv = randomValues(m * k, 5 * k + m + bits), wv = randomValues(n * k, n * k + bits + gs);
         const qz = quantizeAffine(wv, n, k, bits, gs, { dtype });
@@ -242,7 +242,7 @@ Deno.test("MLX affine MoE (gather): each output row uses its token and its exper
         assertProduct(
           got.subarray(r * n, (r + 1) * n),
           xv.subarray(t0 * k, (t0 + 1) * k),
-          deq.subarray(ids[r] * n * k, (ids[r] + 1) * n * k),
+          deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
           { m: 1, n, k },
           `row ${r}`,
         );
@@ -296,8 +296,8 @@ function refRopeNorm(
   const { headDim: hd, ropeDim: rd, nHeads } = o, out = Float64Array.from(x);
   for (let r = 0; r < o.seqLen * nHeads; r++) {
     for (let i = 0; i < rd / 2; i++) {
-      const ang = pos[Math.floor(r / nHeads)] * o.theta ** (-2 * i / rd) / (ff ? ff[i] : 1);
-      const x0 = x[r * hd + 2 * i], x1 = x[r * hd + 2 * i + 1];
+      const ang = pos[Math.floor(r / nHeads)]! * o.theta ** (-2 * i / rd) / (ff ? ff[i] : 1)!;
+      const x0 = x[r * hd + 2 * i]!, x1 = x[r * hd + 2 * i + 1]!;
       out[r * hd + 2 * i] = x0 * Math.cos(ang) - x1 * Math.sin(ang);
       out[r * hd + 2 * i + 1] = x0 * Math.sin(ang) + x1 * Math.cos(ang);
     }
@@ -341,8 +341,8 @@ Deno.test("rope_norm (ggml normal mode): adjacent pairs, partial rotation, freq 
         const r = Math.floor(k / c.headDim), d = k % c.headDim;
         if (d >= c.ropeDim) return 0; // pass-through: copied exactly
         const i = Math.floor(d / 2);
-        const ang = pos[Math.floor(r / c.nHeads)] * theta ** (-2 * i / c.ropeDim) / (ffv ? ffv[i] : 1);
-        const mag = Math.abs(xv[r * c.headDim + 2 * i]) + Math.abs(xv[r * c.headDim + 2 * i + 1]);
+        const ang = pos[Math.floor(r / c.nHeads)]! * theta ** (-2 * i / c.ropeDim) / (ffv ? ffv[i] : 1)!;
+        const mag = Math.abs(xv[r * c.headDim + 2 * i]!) + Math.abs(xv[r * c.headDim + 2 * i + 1]!);
         return mag * (16 * ang + 8) * U;
       };
       const got = y.read();

@@ -21,18 +21,19 @@ import {
   quantizeAffine,
   quantizeGgml,
 } from "../mod.ts";
+import { affineFastApplies } from "../src/ops/matmul.ts";
 import { roundThrough } from "../src/dtype.ts";
 import { assertClose, randomValues, testContext } from "./helpers.ts";
 import { refMatmul } from "./reference.ts";
 
 const U = 2 ** -24;
 const close = (got: ArrayLike<number>, ref: { y: Float64Array; mag: Float64Array }, k: number, what: string) =>
-  assertClose(got, ref.y, (i) => (k + 4) * U * ref.mag[i] + 1e-30, what);
+  assertClose(got, ref.y, (i) => (k + 4) * U * ref.mag[i]! + 1e-30, what);
 
 Deno.test("dense matmul (f32 and bf16 weights) matches the reference", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
-  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 4097]]) {
+  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [9, 17, 4097]] as [number, number, number][]) {
     for (const wt of [DType.F32, DType.BF16]) {
       await t.step(`${wt} m=${m} n=${n} k=${k}`, () => {
         const xv = randomValues(m * k, m + k), wv = randomValues(n * k, n + k, wt);
@@ -72,7 +73,7 @@ Deno.test("dense matmul: weights written earlier in the same command buffer are 
     enc.commitAndWait();
     deepStrictEqual(y.read(), yConst.read(), `round ${round}`);
   }
-  const wv = roundThrough(DType.BF16, Float32Array.from(av, (v, i) => v + bv[i]));
+  const wv = roundThrough(DType.BF16, Float32Array.from(av, (v, i) => v + bv[i]!));
   close(y.read(), refMatmul(xv, wv, 1, n, k), k, "x · (A + B)ᵀ");
 });
 
@@ -121,7 +122,7 @@ Deno.test("validation mode refuses a constantWeights promise that an earlier dis
 Deno.test("dense matmul with a residual: the reference, bit-equal to matmul → add, in place too", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
-  for (const [m, n, k] of [[1, 7, 33], [3, 255, 64], [2, 2048, 2048]]) {
+  for (const [m, n, k] of [[1, 7, 33], [3, 255, 64], [2, 2048, 2048]] as [number, number, number][]) {
     for (const wt of [DType.F32, DType.BF16]) {
       await t.step(`${wt} m=${m} n=${n} k=${k}`, () => {
         const xv = randomValues(m * k, m + k), wv = randomValues(n * k, n + k, wt), rv = randomValues(m * n, n);
@@ -144,8 +145,8 @@ Deno.test("dense matmul with a residual: the reference, bit-equal to matmul → 
         const ref = refMatmul(xv, wv, m, n, k);
         assertClose(
           got,
-          ref.y.map((v, i) => v + rv[i]),
-          (i) => (k + 4) * U * ref.mag[i] + U * Math.abs(ref.y[i] + rv[i]) + 1e-30,
+          ref.y.map((v, i) => v + rv[i]!),
+          (i) => (k + 4) * U * ref.mag[i]! + U * Math.abs(ref.y[i]! + rv[i]!) + 1e-30,
           "matmul + residual",
         );
       });
@@ -181,7 +182,7 @@ Deno.test("dense matmul with the SwiGLU epilogue: the reference, bit-equal to ma
   const { device, registry } = ctx;
   // n = 5632, k = 2048: the decode step's gate/up shape (the GPU's fast bf16 path); the others take
   // the generic paths (k not a multiple of 8, odd n, several rows).
-  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [1, 5632, 2048]]) {
+  for (const [m, n, k] of [[1, 1, 1], [1, 7, 33], [3, 255, 64], [1, 5632, 2048]] as [number, number, number][]) {
     for (const wt of [DType.F32, DType.BF16]) {
       await t.step(`${wt} m=${m} n=${n} k=${k}`, () => {
         const xv = randomValues(m * k, m + k), wv = randomValues(2 * n * k, n + k, wt);
@@ -207,10 +208,10 @@ Deno.test("dense matmul with the SwiGLU epilogue: the reference, bit-equal to ma
         const silu = (v: number) => v / (1 + Math.exp(-v));
         assertClose(
           got,
-          Float64Array.from({ length: m * n }, (_, i) => silu(ref.y[at(i, 0)]) * ref.y[at(i, 1)]),
+          Float64Array.from({ length: m * n }, (_, i) => silu(ref.y[at(i, 0)]!) * ref.y[at(i, 1)]!),
           (i) => {
-            const g = ref.y[at(i, 0)], u = ref.y[at(i, 1)], eg = (k + 4) * U * ref.mag[at(i, 0)];
-            const eu = (k + 4) * U * ref.mag[at(i, 1)];
+            const g = ref.y[at(i, 0)]!, u = ref.y[at(i, 1)]!, eg = (k + 4) * U * ref.mag[at(i, 0)]!;
+            const eu = (k + 4) * U * ref.mag[at(i, 1)]!;
             return 1.1 * eg * (Math.abs(u) + eu) + Math.abs(silu(g)) * eu + 8 * U * Math.abs(silu(g) * u) + 1e-30;
           },
           "matmul + SwiGLU",
@@ -270,7 +271,7 @@ Deno.test("MLX affine quantized matmul: 4/6/8 bits × group 32/64/128, scalar an
           using sc = device.upload(qz.scales, DType.BF16), bi = device.upload(qz.biases, DType.BF16);
           using y = device.alloc(m * n * 4, DType.F32), yScalar = device.alloc(m * n * 4, DType.F32);
           const o = { m, n, k, bits, groupSize: gs };
-          const fast = ops.affineFastApplies(o);
+          const fast = affineFastApplies(o);
           using enc = device.commandEncoder();
           ops.quantizedMatmul(enc, registry, x, w, sc, bi, y, o); // fast whenever it applies
           ops.quantizedMatmul(enc, registry, x, w, sc, bi, yScalar, { ...o, variant: "scalar" });
@@ -320,7 +321,7 @@ Deno.test("quantizers reproduce weights within each format's resolution", () => 
   const n = 16, k = 512;
   const wv = randomValues(n * k, 5);
   const rms = (deq: ArrayLike<number>) =>
-    Math.sqrt(Array.from(wv, (v, i) => (v - deq[i]) ** 2).reduce((a, b) => a + b) / wv.length);
+    Math.sqrt(Array.from(wv, (v, i) => (v - deq[i]!) ** 2).reduce((a, b) => a + b) / wv.length);
   // Uniform values in [-2, 2): the step is 4/levels for affine, amax/… for blocks; RMS error of a
   // uniform rounding is step/√12. Bounds below leave room for the bf16/f16 scale rounding.
   const bounds: [string, number, number][] = [
@@ -359,7 +360,7 @@ Deno.test("MoE: each output row uses its token and its expert's weights", async 
       const got = y.read();
       for (let r = 0; r < tokens * topK; r++) {
         const xr = xv.subarray(Math.floor(r / topK) * k, (Math.floor(r / topK) + 1) * k);
-        const ref = refMatmul(xr, deq.subarray(ids[r] * n * k, (ids[r] + 1) * n * k), 1, n, k);
+        const ref = refMatmul(xr, deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k), 1, n, k);
         close(got.subarray(r * n, (r + 1) * n), ref, k, `row ${r}`);
       }
     });

@@ -47,7 +47,7 @@ Deno.test("every backend's sampler weight table is E[j] = round(2^31 · 2^(−j/
     const src = Deno.readTextFileSync(new URL(file, root));
     const body = src.match(/exp2_neg_q31\[257\] = \{([^}]*)\}/);
     ok(body, `${file}: table not found`);
-    deepStrictEqual([...body[1].matchAll(/0x([0-9a-f]{8})/g)].map((m) => parseInt(m[1], 16)), want, file);
+    deepStrictEqual([...body[1]!.matchAll(/0x([0-9a-f]{8})/g)].map((m) => parseInt(m[1]!, 16)), want, file);
   }
 });
 
@@ -71,7 +71,13 @@ Deno.test("argmax matches the reference (ties to the lowest index, −inf, ±0, 
   using ctx = testContext();
   const { device, registry } = ctx;
   for (const dtype of [DType.F32, DType.BF16]) {
-    for (const [rows, vocab, levels] of [[1, 1, 0], [3, 31, 4], [2, 1000, 0], [4, 5000, 7], [1, 262144, 0]]) {
+    for (
+      const [rows, vocab, levels] of [[1, 1, 0], [3, 31, 4], [2, 1000, 0], [4, 5000, 7], [1, 262144, 0]] as [
+        number,
+        number,
+        number,
+      ][]
+    ) {
       await t.step(`${dtype} rows=${rows} vocab=${vocab} levels=${levels}`, () => {
         const x = trickyLogits(rows * vocab, vocab + rows, dtype, { levels });
         using logits = device.upload(x, dtype), ids = device.alloc(rows * 4, DType.U32);
@@ -141,7 +147,13 @@ Deno.test("sample matches the reference token for token (f32, bf16, ties, −inf
   ];
   const rows = 6;
   for (const dtype of [DType.F32, DType.BF16]) {
-    for (const [vocab, levels, spread] of [[1, 0, 8], [7, 3, 2], [300, 0, 30], [2048, 16, 4], [5000, 0, 12]]) {
+    for (
+      const [vocab, levels, spread] of [[1, 0, 8], [7, 3, 2], [300, 0, 30], [2048, 16, 4], [5000, 0, 12]] as [
+        number,
+        number,
+        number,
+      ][]
+    ) {
       await t.step(`${dtype} vocab=${vocab} levels=${levels} spread=${spread}`, () => {
         const x = trickyLogits(rows * vocab, 3 * vocab + levels, dtype, { levels, spread });
         for (let r = 0; r < rows; r++) x[r * vocab] = 0; // never a row of only −inf
@@ -204,7 +216,7 @@ Deno.test("sample: temperature 0 and top-k 1 give the argmax; +inf logits share 
   const inf = new Float32Array(64).fill(1);
   inf[5] = inf[40] = Infinity;
   const picksRows = 64;
-  using li = device.upload(Float32Array.from({ length: picksRows * 64 }, (_, i) => inf[i % 64]));
+  using li = device.upload(Float32Array.from({ length: picksRows * 64 }, (_, i) => inf[i % 64]!));
   using picks = device.alloc(picksRows * 4, DType.U32);
   using enc2 = device.commandEncoder();
   ops.sample(enc2, registry, li, picks, { vocab: 64, rows: picksRows, temperature: 1, seed: 0 });
@@ -219,7 +231,7 @@ Deno.test("sample frequencies follow softmax(x / T) restricted by top-k and top-
   const { device, registry } = ctx;
   const vocab = 6, rows = 4000, temperature = 0.9;
   const row = [2, 1.5, 1.5, 0.2, -1, -Infinity];
-  using logits = device.upload(Float32Array.from({ length: rows * vocab }, (_, i) => row[i % vocab]));
+  using logits = device.upload(Float32Array.from({ length: rows * vocab }, (_, i) => row[i % vocab]!));
   using ids = device.alloc(rows * 4, DType.U32), cut = device.alloc(rows * 4, DType.U32);
   using enc = device.commandEncoder();
   ops.sample(enc, registry, logits, ids, { vocab, rows, temperature, seed: 2024 });
@@ -236,9 +248,9 @@ Deno.test("sample frequencies follow softmax(x / T) restricted by top-k and top-
     for (const id of readIds(buf)) counts[id]++;
     const p = expectFreq(keep);
     for (let i = 0; i < vocab; i++) {
-      const sd = Math.sqrt((p[i] * (1 - p[i])) / rows);
+      const sd = Math.sqrt((p[i]! * (1 - p[i]!)) / rows);
       ok(
-        Math.abs(counts[i] / rows - p[i]) <= 5 * sd + 1e-12,
+        Math.abs(counts[i] / rows - p[i]!) <= 5 * sd + 1e-12,
         `keep ${keep} token ${i}: ${counts[i] / rows} vs ${p[i]}`,
       );
     }
@@ -306,8 +318,8 @@ Deno.test("embedGather matches the reference for f32, bf16, q8_0 and q4_0 tables
       for (const [buf, slot] of [[out, 6 % ring], [first, 0]] as const) {
         const want = new Float32Array(rows * dim);
         for (let r = 0; r < rows; r++) {
-          const id = ringIds[slot * rows + r];
-          for (let j = 0; j < dim; j++) want[r * dim + j] = deq[id * dim + j];
+          const id = ringIds[slot * rows + r]!;
+          for (let j = 0; j < dim; j++) want[r * dim + j] = deq[id * dim + j]!;
         }
         deepStrictEqual(buf.read(), want, `${format} slot ${slot}`);
       }
@@ -438,7 +450,7 @@ Deno.test("sample: top-k cut inside a run of equal logits keeps the lowest indic
   using ctx = testContext();
   const { device, registry } = ctx;
   const row = [1, 3, 3, 3, 2, 3], rows = 300;
-  using logits = device.upload(Float32Array.from({ length: rows * row.length }, (_, i) => row[i % row.length]));
+  using logits = device.upload(Float32Array.from({ length: rows * row.length }, (_, i) => row[i % row.length]!));
   using ids = device.alloc(rows * 4, DType.U32);
   using enc = device.commandEncoder();
   ops.sample(enc, registry, logits, ids, { vocab: row.length, rows, temperature: 1, topK: 2, seed: 77 });
@@ -460,7 +472,7 @@ Deno.test("sample matches the reference on many small random rows and settings (
     raw[Math.floor(r() * vocab)] = r() * 4; // at least one finite logit
     const x = roundThrough(dtype, raw);
     const o = {
-      temperature: [0, 1e-5, 0.3, 1, 3][Math.floor(r() * 5)],
+      temperature: [0, 1e-5, 0.3, 1, 3][Math.floor(r() * 5)]!,
       topK: Math.floor(r() * 8),
       topP: r() < 0.5 ? 1 : r(),
       seed: BigInt(Math.floor(r() * 2 ** 32)) << 20n,

@@ -79,7 +79,7 @@ Deno.test("switches denied on purpose (--deny-env) are ignored without a notice"
 Deno.test("switches partly granted: the notice names the ones that cannot be read", async () => {
   const r = await runProbeWithStderr([`--allow-ffi=${cpuLib}`, "--allow-env=MLXN_LIB,MLXN_CONCURRENCY"], [], {});
   match(r.stderr, /MLXN_BACKEND, MLXN_FUSION, .*MLXN_CUDA_PDL, MLXN_PLAN_CACHE cannot be read/);
-  ok(!/MLXN_LIB|MLXN_CONCURRENCY/.test(r.stderr.split("cannot be read")[0]), r.stderr);
+  ok(!/MLXN_LIB|MLXN_CONCURRENCY/.test(r.stderr.split("cannot be read")[0]!), r.stderr);
 });
 
 Deno.test("a missing library is LibraryNotFound with the build command", async () => {

@@ -23,7 +23,7 @@ const ALLOCS = 3, ELEMS = 512, DIM = 32;
 /** A view: allocation, first element, element count. */
 type View = readonly [alloc: number, first: number, count: number];
 type Op =
-  | { op: "add" | "mul"; a: View; b: View; out: View; tg: number; note?: number }
+  | { op: "add" | "mul"; a: View; b: View; out: View; tg: number; note?: number | undefined }
   | { op: "axpby"; a: View; b: View; out: View; alpha: number; beta: number }
   | { op: "normMul"; x: View; tmp: View; s: View; out: View; eps: number };
 
@@ -75,7 +75,7 @@ function withNewConstants(prog: Op[], seed: number): Op[] {
 
 /** A change of topology: a range, a pipeline, a geometry or a user-given range. */
 function mutateTopology(prog: Op[], pick: number, kind: number): Op[] | null {
-  const i = pick % prog.length, o = prog[i];
+  const i = pick % prog.length, o = prog[i]!;
   let m: Op | null = null;
   if (kind === 0 && o.op !== "normMul") { // pipeline: add ↔ mul
     if (o.op === "add" || o.op === "mul") m = { ...o, op: o.op === "add" ? "mul" : "add" };
@@ -142,9 +142,9 @@ Deno.test("plan cache property: replays equal fresh optimisations bit for bit; t
   using w = device.upload(randomValues(DIM, 7, DType.F32, 0.5, 1.5));
   using notes = device.alloc(128, DType.F32);
   // A new view object per binding: a hit must not depend on buffer object identity.
-  const views = (v: View) => allocs[v[0]].slice(v[1] * 4, v[2] * 4);
+  const views = (v: View) => allocs[v[0]]!.slice(v[1] * 4, v[2] * 4);
   const run = (exec: GraphExecutor, prog: Op[], flags: Flags) => {
-    allocs.forEach((a, i) => a.write(init[i]));
+    allocs.forEach((a, i) => a.write(init[i]!));
     using s = exec.beginRecorded({ autoBarriers: true });
     emit(s, prog, views, w, notes);
     const report = s.finish(flags);
@@ -233,9 +233,9 @@ Deno.test("plan cache hit: counters, groups and outputs equal a fresh optimisati
   const pass = (exec: GraphExecutor, alpha: number) => {
     wide.write(new Float32Array(64 * 6));
     using s = exec.beginRecorded();
-    for (let i = 0; i < 3; i++) s.axpby(a, b, slices[i], { alpha: alpha + i, beta: 1 });
-    s.elementwiseAdd(slices[0], a, slices[3]);
-    s.elementwiseMul(slices[3], b, slices[4]);
+    for (let i = 0; i < 3; i++) s.axpby(a, b, slices[i]!, { alpha: alpha + i, beta: 1 });
+    s.elementwiseAdd(slices[0]!, a, slices[3]!);
+    s.elementwiseMul(slices[3]!, b, slices[4]!);
     const before = counters.snapshot();
     const report = s.finish({ fuse: true, reorder: true });
     const after = counters.snapshot();

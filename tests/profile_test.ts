@@ -53,15 +53,15 @@ Deno.test({
     const mine = spans.filter((e) => e.args!.commandBuffer === `pass ${pass}`);
     const norms = mine.filter((e) => e.name === "rms_norm_f32"),
       add = mine.find((e) => e.name === "elementwise_add_f32")!;
-    const cb = cbs[pass], barrier = barriers[pass];
+    const cb = cbs[pass]!, barrier = barriers[pass]!;
     // Ordering: every span inside its command buffer; the barrier after both norms, before the add.
     for (const e of mine) ok(e.ts >= cb.ts - 1e-3 && e.ts + e.dur! <= cb.ts + cb.dur! + 1e-3);
     for (const n of norms) ok(barrier.ts >= n.ts + n.dur! - 1e-3, "barrier after the first group");
     ok(add.ts >= barrier.ts - 1e-3, "second group after the barrier");
     // Lanes: spans that overlap in time are on different tracks.
     const [n0, n1] = norms;
-    const overlap = Math.max(n0.ts, n1.ts) < Math.min(n0.ts + n0.dur!, n1.ts + n1.dur!);
-    if (overlap) ok(n0.tid !== n1.tid, "overlapping spans share a lane");
+    const overlap = Math.max(n0!.ts, n1!.ts) < Math.min(n0!.ts + n0!.dur!, n1!.ts + n1!.dur!);
+    if (overlap) ok(n0!.tid !== n1!.tid, "overlapping spans share a lane");
   }
   const lanes = trace.traceEvents.filter((e) => e.ph === "M" && e.name === "thread_name").map((e) => e.args!.name);
   ok(lanes.includes("command buffers") && lanes.includes("lane 1"));
@@ -81,7 +81,7 @@ Deno.test("per-label command-buffer statistics on every backend", () => {
   deepStrictEqual([...stats.keys()], ["a", "b"]);
   equal(stats.get("a")!.count, 2);
   ok(stats.get("a")!.totalNs >= stats.get("a")!.maxNs && stats.get("a")!.minNs <= stats.get("a")!.maxNs);
-  equal(device.profiler!.table()["b"].count, 1);
+  equal(device.profiler!.table()["b"]!.count, 1);
 });
 
 Deno.test("MLXN_TRACE without write permission is a clear PermissionDenied at open", async () => {
@@ -190,7 +190,7 @@ Deno.test("counters: a session's finish() is a sync; barrierNs is the device gap
   const c = counters.snapshot();
   equal(c.syncs, 1, "finish waited once");
   equal(c.barriers, 2);
-  const timings = pass.encoders[0].dispatchTimings;
+  const timings = pass.encoders[0]!.dispatchTimings;
   if (!timed || timings === null) return; // no per-dispatch clock on this backend: barrierNs stays 0
   // Independent reference: groups are dispatches {0, 1}, {2}, {3}.
   const at = (i: number) => timings.find((x) => x.index === i)!;

@@ -99,8 +99,8 @@ Deno.test("every group's larger-magnitude end comes back exactly and the error s
           dtype === "f32"
             ? arr[g]
             : dtype === "f16"
-            ? new Float16Array(Uint16Array.of(arr[g]).buffer)[0]
-            : new Float32Array(Uint32Array.of(arr[g] << 16).buffer)[0];
+            ? new Float16Array(Uint16Array.of(arr[g]!).buffer)[0]
+            : new Float32Array(Uint32Array.of(arr[g]! << 16).buffer)[0];
         for (let g = 0; g < groups; g++) {
           const group = w.subarray(g * gs, (g + 1) * gs);
           let edge = 0, worst = 0;
@@ -108,11 +108,11 @@ Deno.test("every group's larger-magnitude end comes back exactly and the error s
           for (let j = 0; j < gs; j++) {
             const i = g * gs + j;
             if (w[i] === edge) equal(back[i], edge, `${bits}b g${gs} ${dtype}: anchor of group ${g}`);
-            worst = Math.max(worst, Math.abs(back[i] - w[i]));
+            worst = Math.max(worst, Math.abs(back[i]! - w[i]!));
           }
           // Half the stored step, or what the far end loses when q0's rounding shrank the step, plus
           // the step's rounding to the dtype over up to 2^bits − 1 codes.
-          const levels = (1 << bits) - 1, s = Math.abs(value(q.scales, g));
+          const levels = (1 << bits) - 1, s = Math.abs(value(q.scales, g)!);
           const range = Math.max(...group) - Math.min(...group);
           const rel = dtype === "bf16" ? 2 ** -8 : dtype === "f16" ? 2 ** -11 : 2 ** -24;
           const bound = Math.max(0.5 * s, range - levels * s) * (1 + rel) + 2 * levels * s * rel + 1e-7;
@@ -138,7 +138,7 @@ Deno.test("packing: code j of a row sits at bit j·bits of a little-endian strea
     deepStrictEqual(Array.from(q.weights), expected, `${bits} bits`);
     if (bits === 4 || bits === 8 || bits === 2) {
       const words = new Uint32Array(q.weights.buffer, 0, q.weights.length / 4), per = 32 / bits;
-      for (let j = 0; j < k; j++) equal((words[Math.floor(j / per)] >>> ((j % per) * bits)) & levels, codes[j]);
+      for (let j = 0; j < k; j++) equal((words[Math.floor(j / per)]! >>> ((j % per) * bits)) & levels, codes[j]);
     }
   }
 });
@@ -154,7 +154,7 @@ Deno.test("the GPU and CPU implementations differ where MLX's do: all-negative g
   // Ties: values −8 … 7 at scale 1 except one half-way value: rint (CPU) to even, round (GPU) away.
   const tie = Array.from({ length: 32 }, (_, j) => (j % 16) - 8);
   tie[5] = -8 + 2.5; // code 2.5
-  const codeOf = (q: AffineQuantized) => (q.weights[2] >> 4) & 15;
+  const codeOf = (q: AffineQuantized) => (q.weights[2]! >> 4) & 15;
   equal(codeOf(quantizeAffine(tie, 1, 32, 4, 32, { dtype: "f32" })), 3);
   equal(codeOf(quantizeAffine(tie, 1, 32, 4, 32, { dtype: "f32", variant: "cpu" })), 2);
 });

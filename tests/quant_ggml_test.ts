@@ -68,7 +68,7 @@ Deno.test("scaling the weights by 4 scales the f16 scales by 4 and leaves every 
       const half = (bytes: Uint8Array, at: number) => new Float16Array(bytes.slice(at, at + 2).buffer)[0];
       for (let i = 0; i < a.length; i++) {
         if (fields.has(i)) {
-          equal(half(b, i), 4 * half(a, i), `${format}: scale at byte ${i}`);
+          equal(half(b, i), 4 * half(a, i)!, `${format}: scale at byte ${i}`);
           i++;
         } else equal(b[i], a[i], `${format}: byte ${i}`);
       }
@@ -95,7 +95,7 @@ Deno.test("dequantize(quantize(w)) stays within each format's step", () => {
   for (const format of FORMATS) {
     const back = dequantizeGgml(quantizeGgml(w, n, k, format), n, k, format);
     let worst = 0;
-    for (let i = 0; i < w.length; i++) worst = Math.max(worst, Math.abs(back[i] - w[i]));
+    for (let i = 0; i < w.length; i++) worst = Math.max(worst, Math.abs(back[i]! - w[i]!));
     const bound = (format === "q4_0" || format === "q5_0" ? 1.01 : 0.75) * steps[format];
     ok(worst > 0 && worst <= bound, `${format}: worst error ${worst} > ${bound}`);
   }
@@ -122,9 +122,9 @@ Deno.test("Q4_K and Q5_K dequantizers read the packed 6-bit scales and mins of e
   const scales = Array.from({ length: 8 }, (_, j) => j + 40), mins = Array.from({ length: 8 }, (_, j) => 63 - j);
   const packed = new Uint8Array(12);
   for (let j = 0; j < 4; j++) {
-    packed[j] = (scales[j] & 63) | ((scales[j + 4] >> 4) << 6);
-    packed[j + 4] = (mins[j] & 63) | ((mins[j + 4] >> 4) << 6);
-    packed[j + 8] = (scales[j + 4] & 15) | ((mins[j + 4] & 15) << 4);
+    packed[j] = (scales[j]! & 63) | ((scales[j + 4]! >> 4) << 6);
+    packed[j + 4] = (mins[j]! & 63) | ((mins[j + 4]! >> 4) << 6);
+    packed[j + 8] = (scales[j + 4]! & 15) | ((mins[j + 4]! & 15) << 4);
   }
   for (const format of ["q4_k", "q5_k"] as const) {
     const block = new Uint8Array(GGML_FORMATS[format].bytes);
@@ -135,11 +135,13 @@ Deno.test("Q4_K and Q5_K dequantizers read the packed 6-bit scales and mins of e
     for (let v = 0; v < 256; v++) {
       // value v: chunk v/64, low nibble for the first 32 of a chunk, high for the second.
       const byte = qs + (v >> 6) * 32 + (v & 31), shift = (v >> 5) & 1 ? 4 : 0;
-      block[byte] |= (code(v) & 15) << shift;
-      if (format === "q5_k" && code(v) & 16) block[16 + (v & 31)] |= 1 << (v >> 5);
+      block[byte]! |= (code(v) & 15) << shift;
+      if (format === "q5_k" && code(v) & 16) block[16 + (v & 31)]! |= 1 << (v >> 5);
     }
     const out = dequantizeGgml(block, 1, 256, format);
-    for (let v = 0; v < 256; v++) equal(out[v], scales[v >> 5] * code(v) - 0.5 * mins[v >> 5], `${format} value ${v}`);
+    for (let v = 0; v < 256; v++) {
+      equal(out[v], scales[v >> 5]! * code(v) - 0.5 * mins[v >> 5]!, `${format} value ${v}`);
+    }
   }
 });
 
@@ -157,7 +159,7 @@ Deno.test("Q4_1, Q5_0 and Q5_1 dequantizers: hand-built blocks", () => {
   const codes = Array.from({ length: 32 }, (_, i) => (i * 11) % 32);
   let qh = 0;
   for (let j = 0; j < 16; j++) {
-    const lo = codes[j], hi = codes[j + 16];
+    const lo = codes[j]!, hi = codes[j + 16]!;
     q50[6 + j] = q51[8 + j] = (lo & 15) | ((hi & 15) << 4);
     qh |= ((lo >> 4) << j) | ((hi >> 4) << (j + 16));
   }

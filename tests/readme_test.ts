@@ -52,7 +52,7 @@ async function quickStartDir(readme: string): Promise<string> {
 function commandAfter(readme: string, phrase: RegExp): string[] {
   const m = phrase.exec(readme);
   ok(m, `README has no ${phrase}`);
-  return m[1].replaceAll(PLACEHOLDER, rootPath).replaceAll("'", "").split(/\s+/).slice(1);
+  return m[1]!.replaceAll(PLACEHOLDER, rootPath).replaceAll("'", "").split(/\s+/).slice(1);
 }
 
 function checkPrinted(stdout: string): void {
@@ -61,7 +61,7 @@ function checkPrinted(stdout: string): void {
   const printed = [...stdout.matchAll(/^\s+(-?\d+\.\d+(?:e-?\d+)?),?$/gm)].map((m) => Number(m[1]));
   equal(printed.length, 8, stdout); // two passes of four values
   printed.forEach((v, i) =>
-    ok(Math.abs(v - expected[i % 4]) < 1e-5, `y[${i % 4}] = ${v}, expected ${expected[i % 4]}`)
+    ok(Math.abs(v - expected[i % 4]!) < 1e-5, `y[${i % 4}] = ${v}, expected ${expected[i % 4]}`)
   );
   equal([...stdout.matchAll(/fusions: 1,/g)].length, 2, stdout); // the README's comment promises one fusion
   equal([...stdout.matchAll(/barriers: \[ 0, 0 \]/g)].length, 2, stdout);
@@ -89,7 +89,7 @@ Deno.test("the README's narrower grants run the quick start too, with one notice
   try {
     const m = /Narrower grants work too: `(--allow-ffi=[^`]+)`/.exec(readme);
     ok(m, "README names a library-scoped --allow-ffi");
-    const ffi = m[1].replaceAll(PLACEHOLDER, rootPath);
+    const ffi = m[1]!.replaceAll(PLACEHOLDER, rootPath);
     const r = await runIn(dir, Deno.execPath(), ["run", ffi, "script.ts"]);
     equal(r.code, 0, r.stderr);
     checkPrinted(r.stdout);

@@ -6,12 +6,12 @@
 
 /** a + b. */
 export function refAdd(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
-  return Float64Array.from({ length: a.length }, (_, i) => a[i] + b[i]);
+  return Float64Array.from({ length: a.length }, (_, i) => a[i]! + b[i]!);
 }
 
 /** a · b. */
 export function refMul(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
-  return Float64Array.from({ length: a.length }, (_, i) => a[i] * b[i]);
+  return Float64Array.from({ length: a.length }, (_, i) => a[i]! * b[i]!);
 }
 
 /** Per row: x / sqrt(mean(x²) + eps) · weight (weight optional). */
@@ -25,9 +25,9 @@ export function refRmsNorm(
   const out = new Float64Array(rows * dim);
   for (let r = 0; r < rows; r++) {
     let ss = 0;
-    for (let i = 0; i < dim; i++) ss += x[r * dim + i] ** 2;
+    for (let i = 0; i < dim; i++) ss += x[r * dim + i]! ** 2;
     const inv = 1 / Math.sqrt(ss / dim + eps);
-    for (let i = 0; i < dim; i++) out[r * dim + i] = x[r * dim + i] * inv * (weight ? weight[i] : 1);
+    for (let i = 0; i < dim; i++) out[r * dim + i] = x[r * dim + i]! * inv * (weight ? weight[i] : 1)!;
   }
   return out;
 }
@@ -37,10 +37,10 @@ export function refSoftmax(x: ArrayLike<number>, rows: number, cols: number): Fl
   const out = new Float64Array(rows * cols);
   for (let r = 0; r < rows; r++) {
     let m = -Infinity;
-    for (let i = 0; i < cols; i++) m = Math.max(m, x[r * cols + i]);
+    for (let i = 0; i < cols; i++) m = Math.max(m, x[r * cols + i]!);
     let s = 0;
-    for (let i = 0; i < cols; i++) s += Math.exp(x[r * cols + i] - m);
-    for (let i = 0; i < cols; i++) out[r * cols + i] = Math.exp(x[r * cols + i] - m) / s;
+    for (let i = 0; i < cols; i++) s += Math.exp(x[r * cols + i]! - m);
+    for (let i = 0; i < cols; i++) out[r * cols + i] = Math.exp(x[r * cols + i]! - m) / s;
   }
   return out;
 }
@@ -48,7 +48,7 @@ export function refSoftmax(x: ArrayLike<number>, rows: number, cols: number): Fl
 /** GELU, tanh approximation with the tanh argument clamped to ±15. */
 export function refGelu(x: ArrayLike<number>): Float64Array {
   return Float64Array.from({ length: x.length }, (_, i) => {
-    const v = x[i];
+    const v = x[i]!;
     const inner = Math.max(-15, Math.min(15, Math.sqrt(2 / Math.PI) * (v + 0.044715 * v ** 3)));
     return 0.5 * v * (1 + Math.tanh(inner));
   });
@@ -56,7 +56,7 @@ export function refGelu(x: ArrayLike<number>): Float64Array {
 
 /** tanh(x / cap) · cap. */
 export function refSoftcap(x: ArrayLike<number>, cap: number): Float64Array {
-  return Float64Array.from({ length: x.length }, (_, i) => Math.tanh(x[i] / cap) * cap);
+  return Float64Array.from({ length: x.length }, (_, i) => Math.tanh(x[i]! / cap) * cap);
 }
 
 /** Rope over [seq, hd]: pair (2i, 2i+1) rotated by pos · theta^(−2i/hd). */
@@ -70,10 +70,10 @@ export function refRope(
   const out = new Float64Array(seq * hd);
   for (let t = 0; t < seq; t++) {
     for (let i = 0; i < hd / 2; i++) {
-      const ang = positions[t] * theta ** (-2 * i / hd);
+      const ang = positions[t]! * theta ** (-2 * i / hd);
       const [x0, x1] = [x[t * hd + 2 * i], x[t * hd + 2 * i + 1]];
-      out[t * hd + 2 * i] = x0 * Math.cos(ang) - x1 * Math.sin(ang);
-      out[t * hd + 2 * i + 1] = x0 * Math.sin(ang) + x1 * Math.cos(ang);
+      out[t * hd + 2 * i] = x0! * Math.cos(ang) - x1! * Math.sin(ang);
+      out[t * hd + 2 * i + 1] = x0! * Math.sin(ang) + x1! * Math.cos(ang);
     }
   }
   return out;
@@ -81,7 +81,7 @@ export function refRope(
 
 /** The rotation angle of pair i of a neox row. */
 export function neoxAngle(pos: number, i: number, theta: number, ropeDim: number, ff?: ArrayLike<number>): number {
-  return pos * theta ** (-2 * i / ropeDim) / (ff ? ff[i] : 1);
+  return pos * theta ** (-2 * i / ropeDim) / (ff ? ff[i] : 1)!;
 }
 
 /** NeoX rope over [seq·heads, hd]: pairs (i, i + ropeDim/2); dims ≥ ropeDim copied. */
@@ -95,14 +95,14 @@ export function refRopeNeox(
   const out = new Float64Array(seqLen * nHeads * hd);
   const half = rd / 2;
   for (let r = 0; r < seqLen * nHeads; r++) {
-    const pos = positions[Math.floor(r / nHeads)];
+    const pos = positions[Math.floor(r / nHeads)]!;
     for (let i = 0; i < half; i++) {
       const ang = neoxAngle(pos, i, o.theta, rd, ff);
-      const x0 = x[r * hd + i], x1 = x[r * hd + i + half];
+      const x0 = x[r * hd + i]!, x1 = x[r * hd + i + half]!;
       out[r * hd + i] = x0 * Math.cos(ang) - x1 * Math.sin(ang);
       out[r * hd + i + half] = x0 * Math.sin(ang) + x1 * Math.cos(ang);
     }
-    for (let d = rd; d < hd; d++) out[r * hd + d] = x[r * hd + d];
+    for (let d = rd; d < hd; d++) out[r * hd + d] = x[r * hd + d]!;
   }
   return out;
 }
@@ -120,7 +120,7 @@ export function refMatmul(
     for (let j = 0; j < n; j++) {
       let s = 0, a = 0;
       for (let t = 0; t < k; t++) {
-        const p = x[i * k + t] * w[j * k + t];
+        const p = x[i * k + t]! * w[j * k + t]!;
         s += p;
         a += Math.abs(p);
       }
@@ -142,7 +142,7 @@ function attendOne(
 ): Float64Array {
   const scores = keys.map((key) => {
     let s = 0;
-    for (let d = 0; d < kv.hd; d++) s += q[qOff + d] * kv.k[kv.base + key * kv.hd + d];
+    for (let d = 0; d < kv.hd; d++) s += q[qOff + d]! * kv.k[kv.base + key * kv.hd + d]!;
     s *= scale;
     return softcap > 0 ? softcap * Math.tanh(s / softcap) : s;
   });
@@ -151,7 +151,7 @@ function attendOne(
   const l = p.reduce((a, b) => a + b, 0);
   const out = new Float64Array(kv.hd);
   keys.forEach((key, i) => {
-    for (let d = 0; d < kv.hd; d++) out[d] += (p[i] / l) * kv.v[kv.base + key * kv.hd + d];
+    for (let d = 0; d < kv.hd; d++) out[d]! += (p[i]! / l) * kv.v[kv.base + key * kv.hd + d]!;
   });
   return out;
 }
@@ -219,14 +219,14 @@ export function refAttentionDecode(
 
 /** SiLU: x · sigmoid(x). */
 export function refSilu(x: ArrayLike<number>): Float64Array {
-  return Float64Array.from({ length: x.length }, (_, i) => x[i] / (1 + Math.exp(-x[i])));
+  return Float64Array.from({ length: x.length }, (_, i) => x[i]! / (1 + Math.exp(-x[i]!)));
 }
 
 /** Index of the largest value, ties to the lowest index (−0 equals +0); NaN ranks below −inf. */
 export function refArgmax(x: ArrayLike<number>): number {
   let best = 0;
   for (let i = 1; i < x.length; i++) {
-    if (Number.isNaN(x[best]) ? !Number.isNaN(x[i]) : x[i] > x[best]) best = i;
+    if (Number.isNaN(x[best]) ? !Number.isNaN(x[i]) : x[i]! > x[best]!) best = i;
   }
   return best;
 }
@@ -246,13 +246,13 @@ export function refPhilox4x32(counter: readonly number[], key: readonly number[]
   let [k0, k1] = key.map((v) => v >>> 0);
   for (let round = 0; round < 10; round++) {
     if (round > 0) {
-      k0 = (k0 + 0x9e3779b9) >>> 0;
-      k1 = (k1 + 0xbb67ae85) >>> 0;
+      k0 = (k0! + 0x9e3779b9) >>> 0;
+      k1 = (k1! + 0xbb67ae85) >>> 0;
     }
-    const [hi0, lo0] = mulhilo(0xd2511f53n, c0), [hi1, lo1] = mulhilo(0xcd9e8d57n, c2);
-    [c0, c1, c2, c3] = [(hi1 ^ c1 ^ k0) >>> 0, lo1, (hi0 ^ c3 ^ k1) >>> 0, lo0];
+    const [hi0, lo0] = mulhilo(0xd2511f53n, c0!), [hi1, lo1] = mulhilo(0xcd9e8d57n, c2!);
+    [c0, c1, c2, c3] = [(hi1 ^ c1! ^ k0!) >>> 0, lo1, (hi0 ^ c3! ^ k1!) >>> 0, lo0];
   }
-  return [c0, c1, c2, c3];
+  return [c0!, c1!, c2!, c3!];
 }
 
 /** The sampler's integer weight of logit x below maximum m (see ops.sample, step 3). */
@@ -262,7 +262,7 @@ export function refSampleWeight(x: number, m: number, c: number, table: readonly
   const d = xf === mf ? 0 : Math.fround(Math.fround(mf - xf) * c);
   if (!(d < 31)) return 0;
   const q = Math.floor(d * 65536), h = (q >>> 8) & 0xff, l = q & 0xff;
-  const v = table[h] - Math.floor(((table[h] - table[h + 1]) * l) / 256);
+  const v = table[h]! - Math.floor(((table[h]! - table[h + 1]!) * l) / 256);
   return Math.floor(v / 2 ** (q >>> 16));
 }
 
@@ -278,27 +278,27 @@ export function refSample(
   let m = -Infinity;
   for (let i = 0; i < n; i++) {
     if (Number.isNaN(x[i])) return null;
-    m = Math.max(m, x[i]);
+    m = Math.max(m, x[i]!);
   }
   if (m === -Infinity) return null;
   if (o.temperature === 0) return refArgmax(x);
   const c = Math.fround(Math.LOG2E / o.temperature), table = refSampleTable();
-  const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => (x[b] - x[a]) || (a - b));
-  const w = order.map((i) => BigInt(refSampleWeight(x[i], m, c, table)));
+  const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => (x[b]! - x[a]!) || (a - b));
+  const w = order.map((i) => BigInt(refSampleWeight(x[i]!, m, c, table)));
   const cum = [0n];
-  for (const v of w) cum.push(cum[cum.length - 1] + v);
+  for (const v of w) cum.push(cum[cum.length - 1]! + v);
   const k = o.topK ? Math.min(o.topK, n) : n;
-  let total = cum[k];
+  let total = cum[k]!;
   const pq = Math.max(1, Math.min(2 ** 31, Math.round((o.topP ?? 1) * 2 ** 31)));
   if (pq < 2 ** 31) {
     const target = (total * BigInt(pq)) >> 31n;
     let len = 1;
-    while (cum[len] < target) len++;
-    total = cum[len];
+    while (cum[len]! < target) len++;
+    total = cum[len]!;
   }
   const [x0, x1] = refPhilox4x32([o.counter, o.row, 0, 0], [Number(o.seed & 0xffffffffn), Number(o.seed >> 32n)]);
-  const r = (total * ((BigInt(x1) << 32n) | BigInt(x0))) >> 64n;
+  const r = (total * ((BigInt(x1!) << 32n) | BigInt(x0!))) >> 64n;
   let j = 1;
-  while (cum[j] <= r) j++;
-  return order[j - 1];
+  while (cum[j]! <= r) j++;
+  return order[j - 1]!;
 }

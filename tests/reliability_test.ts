@@ -5,6 +5,7 @@
  */
 import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import { DType, GraphExecutor, type MlxBuffer, MlxDevice, MlxError, type MlxErrorCode, ops } from "../mod.ts";
+import { debugFault } from "../src/ops/elementwise.ts";
 import { ABI_VERSION } from "../src/native/abi.ts";
 import { loadLibrary } from "../src/native/loader.ts";
 import { randomValues, runDeno, testContext } from "./helpers.ts";
@@ -29,7 +30,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
   const norm = { rows: 1, dim: 16, eps: 1e-5 };
   const fav = { nHeads: 1, nKvHeads: 1, headDim: 64 as const, kvSeqLen: 1, kvCapacity: 1 };
   const add = (e: ReturnType<typeof enc>, c: Ctx, b: Record<string, MlxBuffer>) =>
-    ops.elementwiseAdd(e, c.registry, b.f32, b.f32, b.out);
+    ops.elementwiseAdd(e, c.registry, b.f32!, b.f32!, b.out!);
   const desc = (c: Ctx, b: Record<string, MlxBuffer>) => ({
     pipeline: c.registry.get("elementwise_add_f32"),
     bindings: [b.f32, b.f32, b.out, [16]] as (MlxBuffer | number[])[],
@@ -44,58 +45,64 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       name: "add with mixed dtypes",
       code: IA,
       message: /b must be f32, got f16/,
-      run: withEnc((e, c, b) => ops.elementwiseAdd(e, c.registry, b.f32, b.f16, b.out)),
+      run: withEnc((e, c, b) => ops.elementwiseAdd(e, c.registry, b.f32!, b.f16!, b.out!)),
     },
     {
       name: "add with n past the buffers",
       code: IA,
       message: /holds 64 bytes, needs 400/,
-      run: withEnc((e, c, b) => ops.elementwiseAdd(e, c.registry, b.f32, b.f32, b.out, 100)),
+      run: withEnc((e, c, b) => ops.elementwiseAdd(e, c.registry, b.f32!, b.f32!, b.out!, 100)),
     },
     {
       name: "rms_norm dim 0",
       code: IA,
       message: /dim must be an integer >= 1/,
-      run: withEnc((e, c, b) => ops.rmsNorm(e, c.registry, b.f32, b.f32, b.out, { ...norm, dim: 0 })),
+      run: withEnc((e, c, b) => ops.rmsNorm(e, c.registry, b.f32!, b.f32!, b.out!, { ...norm, dim: 0 })),
     },
     {
       name: "rms_norm fractional rows",
       code: IA,
       message: /rows must be an integer/,
-      run: withEnc((e, c, b) => ops.rmsNorm(e, c.registry, b.f32, b.f32, b.out, { ...norm, rows: 1.5 })),
+      run: withEnc((e, c, b) => ops.rmsNorm(e, c.registry, b.f32!, b.f32!, b.out!, { ...norm, rows: 1.5 })),
     },
     {
       name: "softmax negative cols",
       code: IA,
       message: /cols must be an integer >= 1/,
-      run: withEnc((e, c, b) => ops.softmax(e, c.registry, b.f32, b.out, { rows: 1, cols: -4 })),
+      run: withEnc((e, c, b) => ops.softmax(e, c.registry, b.f32!, b.out!, { rows: 1, cols: -4 })),
     },
     {
       name: "rope odd head dim",
       code: IA,
       message: /headDim must be even/,
-      run: withEnc((e, c, b) => ops.rope(e, c.registry, b.f32, b.out, b.u32, { theta: 1e4, headDim: 5, seqLen: 1 })),
+      run: withEnc((e, c, b) => ops.rope(e, c.registry, b.f32!, b.out!, b.u32!, { theta: 1e4, headDim: 5, seqLen: 1 })),
     },
     {
       name: "rope_neox rope dim > head dim",
       code: IA,
       message: /ropeDim 32 exceeds headDim 16/,
       run: withEnc((e, c, b) =>
-        ops.ropeNeox(e, c.registry, b.f32, b.out, b.u32, { theta: 1e4, headDim: 16, ropeDim: 32, nHeads: 1, seqLen: 1 })
+        ops.ropeNeox(e, c.registry, b.f32!, b.out!, b.u32!, {
+          theta: 1e4,
+          headDim: 16,
+          ropeDim: 32,
+          nHeads: 1,
+          seqLen: 1,
+        })
       ),
     },
     {
       name: "matmul with u8 weights",
       code: IA,
       message: /weights must be f32, bf16 or f16, got u8/,
-      run: withEnc((e, c, b) => ops.matmul(e, c.registry, b.f32, b.u8, b.out, { m: 1, n: 1, k: 4 })),
+      run: withEnc((e, c, b) => ops.matmul(e, c.registry, b.f32!, b.u8!, b.out!, { m: 1, n: 1, k: 4 })),
     },
     {
       name: "ggml k not a block multiple",
       code: IA,
       message: /multiple of 32 for q4_0/,
       run: withEnc((e, c, b) =>
-        ops.quantizedMatmulGgml(e, c.registry, b.f32, b.u8, b.out, { m: 1, n: 1, k: 40, format: "q4_0" })
+        ops.quantizedMatmulGgml(e, c.registry, b.f32!, b.u8!, b.out!, { m: 1, n: 1, k: 40, format: "q4_0" })
       ),
     },
     {
@@ -103,7 +110,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /unknown format q3_k/,
       run: withEnc((e, c, b) =>
-        ops.quantizedMatmulGgml(e, c.registry, b.f32, b.u8, b.out, { m: 1, n: 1, k: 32, format: "q3_k" as "q4_0" })
+        ops.quantizedMatmulGgml(e, c.registry, b.f32!, b.u8!, b.out!, { m: 1, n: 1, k: 32, format: "q3_k" as "q4_0" })
       ),
     },
     {
@@ -111,7 +118,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /bits must be 2, 3, 4, 5, 6 or 8/,
       run: withEnc((e, c, b) =>
-        ops.quantizedMatmul(e, c.registry, b.f32, b.u8, b.bf16, b.bf16, b.out, {
+        ops.quantizedMatmul(e, c.registry, b.f32!, b.u8!, b.bf16!, b.bf16!, b.out!, {
           m: 1,
           n: 1,
           k: 32,
@@ -125,7 +132,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /groupSize must be 32, 64 or 128/,
       run: withEnc((e, c, b) =>
-        ops.quantizedMatmul(e, c.registry, b.f32, b.u8, b.bf16, b.bf16, b.out, {
+        ops.quantizedMatmul(e, c.registry, b.f32!, b.u8!, b.bf16!, b.bf16!, b.out!, {
           m: 1,
           n: 1,
           k: 48,
@@ -139,7 +146,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /nKvHeads \(3\) must divide nHeads \(4\)/,
       run: withEnc((e, c, b) =>
-        ops.sdpa(e, c.registry, b.f32, b.f32, b.f32, b.out, {
+        ops.sdpa(e, c.registry, b.f32!, b.f32!, b.f32!, b.out!, {
           nHeads: 4,
           nKvHeads: 3,
           headDim: 4,
@@ -154,7 +161,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /seqLen \(2\) <= kvSeqLen \(1\)/,
       run: withEnc((e, c, b) =>
-        ops.sdpa(e, c.registry, b.f32, b.f32, b.f32, b.out, {
+        ops.sdpa(e, c.registry, b.f32!, b.f32!, b.f32!, b.out!, {
           nHeads: 1,
           nKvHeads: 1,
           headDim: 4,
@@ -169,7 +176,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /headDim must be 64, 128, 256 or 512, got 96/,
       run: withEnc((e, c, b) =>
-        ops.flashAttnVec(e, c.registry, b.f32, b.f32, b.f32, b.f32, b.out, { ...fav, headDim: 96 as 64 })
+        ops.flashAttnVec(e, c.registry, b.f32!, b.f32!, b.f32!, b.f32!, b.out!, { ...fav, headDim: 96 as 64 })
       ),
     },
     {
@@ -177,7 +184,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /kvSeqLen \(5\) exceeds kvCapacity \(4\)/,
       run: withEnc((e, c, b) =>
-        ops.flashAttnVec(e, c.registry, b.f32, b.f32, b.f32, b.f32, b.out, { ...fav, kvSeqLen: 5, kvCapacity: 4 })
+        ops.flashAttnVec(e, c.registry, b.f32!, b.f32!, b.f32!, b.f32!, b.out!, { ...fav, kvSeqLen: 5, kvCapacity: 4 })
       ),
     },
     {
@@ -185,46 +192,46 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /mask must be none, causal or sliding/,
       run: withEnc((e, c, b) =>
-        ops.flashAttnVec(e, c.registry, b.f32, b.f32, b.f32, b.f32, b.out, { ...fav, mask: "bogus" as "none" })
+        ops.flashAttnVec(e, c.registry, b.f32!, b.f32!, b.f32!, b.f32!, b.out!, { ...fav, mask: "bogus" as "none" })
       ),
     },
     {
       name: "strided copy stride < cols",
       code: IA,
       message: /dstStride must be an integer >= 8/,
-      run: withEnc((e, c, b) => ops.stridedCopy(e, c.registry, b.f32, b.out, { rows: 2, cols: 8, dstStride: 4 })),
+      run: withEnc((e, c, b) => ops.stridedCopy(e, c.registry, b.f32!, b.out!, { rows: 2, cols: 8, dstStride: 4 })),
     },
     // NaN / Inf parameters
     {
       name: "rms_norm eps NaN",
       code: IA,
       message: /eps must be finite/,
-      run: withEnc((e, c, b) => ops.rmsNorm(e, c.registry, b.f32, b.f32, b.out, { ...norm, eps: NaN })),
+      run: withEnc((e, c, b) => ops.rmsNorm(e, c.registry, b.f32!, b.f32!, b.out!, { ...norm, eps: NaN })),
     },
     {
       name: "softcap cap Infinity",
       code: IA,
       message: /cap must be finite/,
-      run: withEnc((e, c, b) => ops.softcap(e, c.registry, b.f32, b.out, { cap: Infinity })),
+      run: withEnc((e, c, b) => ops.softcap(e, c.registry, b.f32!, b.out!, { cap: Infinity })),
     },
     {
       name: "axpby alpha NaN",
       code: IA,
       message: /alpha must be finite/,
-      run: withEnc((e, c, b) => ops.axpby(e, c.registry, b.f32, b.f32, b.out, { alpha: NaN, beta: 1 })),
+      run: withEnc((e, c, b) => ops.axpby(e, c.registry, b.f32!, b.f32!, b.out!, { alpha: NaN, beta: 1 })),
     },
     {
       name: "rope theta negative",
       code: IA,
       message: /theta must be > 0/,
-      run: withEnc((e, c, b) => ops.rope(e, c.registry, b.f32, b.out, b.u32, { theta: -1, headDim: 4, seqLen: 1 })),
+      run: withEnc((e, c, b) => ops.rope(e, c.registry, b.f32!, b.out!, b.u32!, { theta: -1, headDim: 4, seqLen: 1 })),
     },
     {
       name: "sdpa scale NaN",
       code: IA,
       message: /scale must be finite/,
       run: withEnc((e, c, b) =>
-        ops.sdpa(e, c.registry, b.f32, b.f32, b.f32, b.out, {
+        ops.sdpa(e, c.registry, b.f32!, b.f32!, b.f32!, b.out!, {
           nHeads: 1,
           nKvHeads: 1,
           headDim: 4,
@@ -240,7 +247,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       code: IA,
       message: /softcap must be >= 0/,
       run: withEnc((e, c, b) =>
-        ops.flashAttnVec(e, c.registry, b.f32, b.f32, b.f32, b.f32, b.out, { ...fav, softcap: -1 })
+        ops.flashAttnVec(e, c.registry, b.f32!, b.f32!, b.f32!, b.f32!, b.out!, { ...fav, softcap: -1 })
       ),
     },
     // slices, sizes, allocation
@@ -248,25 +255,25 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       name: "slice past the end",
       code: IA,
       message: /outside this 64-byte view/,
-      run: (_c, b) => void b.f32.slice(32, 64),
+      run: (_c, b) => void b.f32!.slice(32, 64),
     },
     {
       name: "slice negative offset",
       code: IA,
       message: /outside this 64-byte view/,
-      run: (_c, b) => void b.f32.slice(-4, 4),
+      run: (_c, b) => void b.f32!.slice(-4, 4),
     },
     {
       name: "slice misaligned for its dtype",
       code: IA,
       message: /multiples of 4 bytes for f32/,
-      run: (_c, b) => void b.f32.slice(2, 8),
+      run: (_c, b) => void b.f32!.slice(2, 8),
     },
     {
       name: "write past the end",
       code: IA,
       message: /does not fit this 64-byte view/,
-      run: (_c, b) => b.f32.write(new Float32Array(17)),
+      run: (_c, b) => b.f32!.write(new Float32Array(17)),
     },
     {
       name: "zero-length allocation",
@@ -311,7 +318,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       run: withEnc((e, c, b) => {
         const x = c.device.alloc(64, DType.F32);
         x.dispose();
-        ops.elementwiseAdd(e, c.registry, x, b.f32, b.out);
+        ops.elementwiseAdd(e, c.registry, x, b.f32!, b.out!);
       }),
     },
     {
@@ -381,7 +388,7 @@ function matrix(fakeAbiLib: string, textFile: string, dir: string): Case[] {
       run: (c, b) => {
         const s = new GraphExecutor(c.device).begin();
         s.finish();
-        s.elementwiseAdd(b.f32, b.f32, b.out);
+        s.elementwiseAdd(b.f32!, b.f32!, b.out!);
       },
     },
     {
@@ -523,7 +530,7 @@ Deno.test("fault injection: a failing dispatch fails its command buffer (sticky)
   using marker = device.alloc(4, DType.U32), after = device.alloc(64, DType.F32);
   using x = device.upload(new Float32Array(16).fill(1));
   const enc = device.commandEncoder();
-  ops.debugFault(enc, registry, marker, { fail: true });
+  debugFault(enc, registry, marker, { fail: true });
   enc.memoryBarrier();
   ops.elementwiseAdd(enc, registry, x, x, after); // a later group: must not run
   enc.commit("faulty");
@@ -548,7 +555,7 @@ Deno.test("fault injection: a failing dispatch fails its command buffer (sticky)
   void after;
   enc.dispose();
   using ok2 = device.commandEncoder();
-  ops.debugFault(ok2, registry, marker, { fail: false });
+  debugFault(ok2, registry, marker, { fail: false });
   ok2.commitAndWait();
   equal(marker.read()[0], 1, "the next command buffer runs");
   equal(MlxDevice.liveObjects(device).commandBuffers, 0);

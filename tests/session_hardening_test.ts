@@ -77,9 +77,9 @@ Deno.test("user ranges in recorded sessions are merged with the contract's acces
     dispatchKind: "threads",
   });
   const [node] = enc.takeCapture()!;
-  ok(node.kind === "dispatch");
-  deepStrictEqual(node.reads, [t.range(), x.range(), unrelated.range()]);
-  deepStrictEqual(node.writes, [y.range()]);
+  ok(node!.kind === "dispatch");
+  deepStrictEqual(node!.reads, [t.range(), x.range(), unrelated.range()]);
+  deepStrictEqual(node!.writes, [y.range()]);
 });
 
 Deno.test("a dual-buffer finish that fails in its second chunk runs nothing (all or nothing)", () => {

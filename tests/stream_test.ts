@@ -32,7 +32,7 @@ class Raw {
   }
   byteOffsetOfRecord(index: number): number {
     let off = 0;
-    for (let i = 0; i < index; i++) off += (this.words[off / 4] >>> 16) * 4;
+    for (let i = 0; i < index; i++) off += (this.words[off / 4]! >>> 16) * 4;
     return off;
   }
 }
@@ -307,7 +307,7 @@ Deno.test("random corruptions of a valid stream never crash the decoder", () => 
       mutated[at] = mode < 0.4
         ? (r() * 2 ** 32) >>> 0
         : mode < 0.7
-        ? mutated[at] ^ (1 << Math.floor(r() * 32))
+        ? mutated[at]! ^ (1 << Math.floor(r() * 32))
         : Math.floor(r() * 8);
     }
     const cut = r() < 0.2 ? Math.floor(r() * mutated.length) * 4 : mutated.length * 4;

@@ -47,87 +47,87 @@ class LevelIndex {
           if (r[1] === r[2]) continue;
           let a = slotOf.get(r[0]);
           if (a === undefined) slotOf.set(r[0], a = counts.push(0) - 1);
-          counts[a] += 2;
+          counts[a]! += 2;
           ranges.push(r);
         }
       }
     }
     const rangeAlloc = new Int32Array(ranges.length);
-    for (let k = 0; k < ranges.length; k++) rangeAlloc[k] = slotOf.get(ranges[k][0])!;
+    for (let k = 0; k < ranges.length; k++) rangeAlloc[k] = slotOf.get(ranges[k]![0])!;
     // Counting sort of the offsets by allocation, then each allocation's run sorted and deduplicated.
     const allocs = counts.length, start = new Int32Array(allocs + 1);
-    for (let a = 0; a < allocs; a++) start[a + 1] = start[a] + counts[a];
-    const cuts = new Float64Array(start[allocs]), fill = start.slice(0, allocs);
+    for (let a = 0; a < allocs; a++) start[a + 1] = start[a]! + counts[a]!;
+    const cuts = new Float64Array(start[allocs]!), fill = start.slice(0, allocs);
     for (let k = 0; k < ranges.length; k++) {
-      const a = rangeAlloc[k];
-      cuts[fill[a]++] = ranges[k][1];
-      cuts[fill[a]++] = ranges[k][2];
+      const a = rangeAlloc[k]!;
+      cuts[fill[a]!++] = ranges[k]![1];
+      cuts[fill[a]!++] = ranges[k]![2];
     }
     const cutEnd = new Int32Array(allocs), intervals = new Int32Array(allocs);
     const treeBase = new Int32Array(allocs + 1);
     for (let a = 0; a < allocs; a++) {
-      const from = start[a], to = start[a + 1];
+      const from = start[a]!, to = start[a + 1]!;
       sortRun(cuts, from, to);
       let out = from;
-      for (let i = from; i < to; i++) if (i === from || cuts[i] !== cuts[out - 1]) cuts[out++] = cuts[i];
+      for (let i = from; i < to; i++) if (i === from || cuts[i] !== cuts[out - 1]) cuts[out++] = cuts[i]!;
       cutEnd[a] = out;
       intervals[a] = out - from - 1;
-      treeBase[a + 1] = treeBase[a] + 2 * 4 * intervals[a];
+      treeBase[a + 1] = treeBase[a]! + 2 * 4 * intervals[a]!;
     }
     const cutIndex = (a: number, x: number) => {
-      let lo = start[a], hi = cutEnd[a] - 1;
+      let lo = start[a]!, hi = cutEnd[a]! - 1;
       while (lo < hi) {
         const mid = (lo + hi) >> 1;
-        if (cuts[mid] < x) lo = mid + 1;
+        if (cuts[mid]! < x) lo = mid + 1;
         else hi = mid;
       }
-      return lo - start[a];
+      return lo - start[a]!;
     };
     this.#rangeFrom = new Int32Array(ranges.length);
     this.#rangeTo = new Int32Array(ranges.length);
     for (let k = 0; k < ranges.length; k++) {
-      this.#rangeFrom[k] = cutIndex(rangeAlloc[k], ranges[k][1]);
-      this.#rangeTo[k] = cutIndex(rangeAlloc[k], ranges[k][2]);
+      this.#rangeFrom[k] = cutIndex(rangeAlloc[k]!, ranges[k]![1]);
+      this.#rangeTo[k] = cutIndex(rangeAlloc[k]!, ranges[k]![2]);
     }
     this.#rangeAlloc = rangeAlloc;
     this.#intervals = intervals;
     this.#treeBase = treeBase;
-    this.#max = new Int32Array(treeBase[allocs]);
-    this.#raised = new Int32Array(treeBase[allocs]);
+    this.#max = new Int32Array(treeBase[allocs]!);
+    this.#raised = new Int32Array(treeBase[allocs]!);
   }
 
   /** The highest level written (`written`) or touched over non-empty range number `k`, 0 if none. */
   highest(k: number, written: boolean): number {
-    const a = this.#rangeAlloc[k], m = this.#intervals[a];
-    const base = this.#treeBase[a] + (written ? 0 : 4 * m);
-    return this.#query(base, 1, 0, m, this.#rangeFrom[k], this.#rangeTo[k]);
+    const a = this.#rangeAlloc[k]!, m = this.#intervals[a]!;
+    const base = this.#treeBase[a]! + (written ? 0 : 4 * m);
+    return this.#query(base, 1, 0, m, this.#rangeFrom[k]!, this.#rangeTo[k]!);
   }
 
   /** Raises the written (`written`) or touched level over non-empty range number `k` to at least `level`. */
   raise(k: number, written: boolean, level: number): void {
-    const a = this.#rangeAlloc[k], m = this.#intervals[a];
-    const base = this.#treeBase[a] + (written ? 0 : 4 * m);
-    this.#update(base, 1, 0, m, this.#rangeFrom[k], this.#rangeTo[k], level);
+    const a = this.#rangeAlloc[k]!, m = this.#intervals[a]!;
+    const base = this.#treeBase[a]! + (written ? 0 : 4 * m);
+    this.#update(base, 1, 0, m, this.#rangeFrom[k]!, this.#rangeTo[k]!, level);
   }
 
   // Node `node` (1-based heap order) covers elementary intervals [lo, hi).
   #query(base: number, node: number, lo: number, hi: number, from: number, to: number): number {
     if (to <= lo || hi <= from) return 0;
     const k = base + node - 1;
-    if (from <= lo && hi <= to) return this.#max[k];
+    if (from <= lo && hi <= to) return this.#max[k]!;
     const mid = (lo + hi) >> 1;
     const left = this.#query(base, 2 * node, lo, mid, from, to);
     const right = this.#query(base, 2 * node + 1, mid, hi, from, to);
-    const raised = this.#raised[k];
+    const raised = this.#raised[k]!;
     return left > right ? (left > raised ? left : raised) : (right > raised ? right : raised);
   }
 
   #update(base: number, node: number, lo: number, hi: number, from: number, to: number, v: number): void {
     if (to <= lo || hi <= from) return;
     const k = base + node - 1;
-    if (v > this.#max[k]) this.#max[k] = v;
+    if (v > this.#max[k]!) this.#max[k] = v;
     if (from <= lo && hi <= to) {
-      if (v > this.#raised[k]) this.#raised[k] = v;
+      if (v > this.#raised[k]!) this.#raised[k] = v;
       return;
     }
     const mid = (lo + hi) >> 1;
@@ -143,10 +143,10 @@ function sortRun(a: Float64Array, from: number, to: number): void {
     return;
   }
   for (let i = from + 1; i < to; i++) {
-    const x = a[i];
+    const x = a[i]!;
     let j = i - 1;
-    while (j >= from && a[j] > x) {
-      a[j + 1] = a[j];
+    while (j >= from && a[j]! > x) {
+      a[j + 1] = a[j]!;
       j--;
     }
     a[j + 1] = x;
@@ -168,7 +168,7 @@ export function dependencyLevels(accesses: readonly Accesses[], pinned?: (index:
   const levels = new Int32Array(accesses.length);
   let highest = 0, floor = 1, next = 0; // next: the number of this entry's first non-empty range
   for (let i = 0; i < accesses.length; i++) {
-    const { reads, writes } = accesses[i];
+    const { reads, writes } = accesses[i]!;
     let after = 0, k = next; // after: the highest level this entry depends on
     for (const r of reads) if (r[1] < r[2]) after = Math.max(after, index.highest(k++, true)); // RAW
     for (const w of writes) if (w[1] < w[2]) after = Math.max(after, index.highest(k++, false)); // WAR, WAW

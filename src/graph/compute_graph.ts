@@ -6,42 +6,87 @@
  * @module
  */
 
-import type { DispatchDescriptor } from "../encoder.ts";
 import { MlxError } from "../errors.ts";
-import type { Pipeline } from "../kernels.ts";
 import { fuseNodes } from "./fuse.ts";
-import { type CapturedNode, type DispatchNode, isAnnotated, isDispatch, type PipelineRef } from "./nodes.ts";
+import {
+  type Binding,
+  type CapturedNode,
+  type Dims,
+  type DispatchKind,
+  type DispatchNode,
+  isAnnotated,
+  isDispatch,
+  type PipelineRef,
+} from "./nodes.ts";
+import type { CapturedOpKind } from "./op_kind.ts";
 import { reorderLevels, reorderNodes } from "./reorder.ts";
+import { GroupWalker } from "./tracker.ts";
+import { countRedundantBarriers, findHazards, type Hazard, type KernelAccessLookup } from "./validate.ts";
 
 /** The reorder schedules: the seed's 64-node look-ahead, or dependency levels (barriers = DAG depth − 1). */
 export type ReorderMode = "lookahead" | "levels";
-import { ConflictTracker } from "./tracker.ts";
-import { countRedundantBarriers, findHazards, type Hazard } from "./validate.ts";
 
-/** Where a graph is encoded: a CommandEncoder. */
-export interface GraphEncodeTarget {
+/** One dispatch as the graph hands it to its target, with the pipeline the target resolved. */
+export interface GraphDispatch<P extends PipelineRef = PipelineRef> {
+  /** The kernel, as resolved by the target. */
+  readonly pipeline: P;
+  /** One entry per slot of the kernel, in slot order. */
+  readonly bindings: readonly Binding[];
+  /** Threads or threadgroups per dimension, per `dispatchKind`. */
+  readonly grid: Dims;
+  /** Threads per threadgroup. */
+  readonly threadgroup: Dims;
+  /** Threadgroup memory in bytes. */
+  readonly threadgroupMemory?: number | undefined;
+  /** How to read `grid`. */
+  readonly dispatchKind?: DispatchKind | undefined;
+  /** The node's op kind. */
+  readonly opKind?: CapturedOpKind | undefined;
+}
+
+/**
+ * Where a graph is encoded (a CommandEncoder fits, with `P` its Pipeline). The graph only issues
+ * dispatches and barriers: whoever owns the command buffers commits them.
+ */
+export interface EncodeTarget<P extends PipelineRef = PipelineRef> {
   /** Encodes one dispatch. */
-  dispatch(d: DispatchDescriptor): void;
+  dispatch(d: GraphDispatch<P>): void;
   /** Issues a barrier. */
   memoryBarrier(): void;
-  /** Commits without waiting. */
-  commit(label?: string): void;
   /** Resolves a pipeline reference on the target's device. */
-  resolvePipeline(ref: PipelineRef): Pipeline;
+  resolvePipeline(ref: PipelineRef): P;
   /** Throws what `dispatch` would throw for `d`, encoding nothing (optional). */
-  checkDispatch?(d: DispatchDescriptor): void;
+  checkDispatch?: ((d: GraphDispatch<P>) => void) | undefined;
+}
+
+/**
+ * An encode target whose command buffer its owner also commits (a CommandEncoder): what an
+ * executor hands around. The graph never calls `commit`.
+ */
+// deno-lint-ignore no-explicit-any -- the default keeps targets whose `dispatch` takes a Pipeline assignable
+export interface GraphEncodeTarget<P extends PipelineRef = any> extends EncodeTarget<P> {
+  /** Commits the target's command buffer without waiting. */
+  commit(label?: string): void;
 }
 
 /** Something that resolves kernel names to pipelines (a KernelRegistry). */
 export interface PipelineResolver {
   /** The pipeline of a kernel. */
-  get(name: string): Pipeline;
+  get(name: string): PipelineRef;
+}
+
+/** A run of a graph's nodes that goes into one command buffer. */
+export interface GraphChunk {
+  /** The nodes, in order. */
+  readonly nodes: readonly CapturedNode[];
+  /** Index (among the graph's dispatches) of the chunk's first dispatch, for messages. */
+  readonly firstDispatch: number;
 }
 
 /**
  * The first max(64, n/10) dispatches go into the first command buffer (llama.cpp's split); the
  * split then moves forward to the next concurrent-group boundary (see
- * {@link ComputeGraph.encodeDualBuffer}).
+ * {@link ComputeGraph.dualBufferChunks}).
  */
 export function dualBufferSplit(dispatches: number): number {
   return Math.max(64, Math.floor(dispatches / 10));
@@ -50,40 +95,38 @@ export function dualBufferSplit(dispatches: number): number {
 /**
  * Where the first command buffer of a dual-buffer encode ends (a node index): after `n0`
  * dispatches, moved forward to the first node that starts a new concurrent group under the barrier
- * placement of {@link encodeChunkWithBarriers}, so that the command-buffer boundary, which orders
- * like a barrier, never cuts a group in two. When no boundary comes within another `n0` dispatches
- * (one very wide group), the split stays after `n0` dispatches.
+ * placement of {@link encodeChunk}, so that the command-buffer boundary, which orders like a
+ * barrier, never cuts a group in two. When no boundary comes within another `n0` dispatches (one
+ * very wide group), the split stays after `n0` dispatches.
  */
 export function dualBufferSplitIndex(nodes: readonly CapturedNode[], n0: number): number {
-  const tracker = new ConflictTracker();
-  let seen = 0, inGroup = 0, cut = nodes.length;
+  const walker = new GroupWalker();
+  let seen = 0, cut = nodes.length;
   for (let i = 0; i < nodes.length; i++) {
-    const n = nodes[i];
+    const n = nodes[i]!;
     if (!isDispatch(n)) {
-      tracker.reset();
-      inGroup = 0;
+      walker.barrier();
       continue;
     }
-    const startsGroup = inGroup === 0 || (isAnnotated(n) && tracker.conflicts(n.reads, n.writes));
+    const first = walker.groupSize === 0;
+    const startsGroup = walker.dispatch(n) || first;
     if (seen >= n0 && startsGroup) {
       // Barrier nodes just before the group go with it: at the head of a buffer they cost nothing.
-      while (i > 0 && !isDispatch(nodes[i - 1])) i--;
+      while (i > 0 && !isDispatch(nodes[i - 1]!)) i--;
       return i;
     }
     if (seen === n0) cut = i; // the plain split, if no boundary comes soon enough
     if (seen >= 2 * n0) return cut;
-    if (startsGroup && inGroup > 0) {
-      tracker.reset();
-      inGroup = 0;
-    }
-    tracker.add(n.reads, n.writes);
-    inGroup++;
     seen++;
   }
   return cut;
 }
 
-function descriptorOf(node: DispatchNode, target: GraphEncodeTarget, index: number): DispatchDescriptor {
+function descriptorOf<P extends PipelineRef>(
+  node: DispatchNode,
+  target: EncodeTarget<P>,
+  index: number,
+): GraphDispatch<P> {
   if (!node.bindings || node.grid === undefined || node.threadgroup === undefined) {
     throw new MlxError(
       "InvalidArgument",
@@ -102,31 +145,42 @@ function descriptorOf(node: DispatchNode, target: GraphEncodeTarget, index: numb
   };
 }
 
-/** Encodes nodes with barriers where ranges conflict (explicit barrier nodes are kept). */
-function encodeChunkWithBarriers(nodes: readonly CapturedNode[], target: GraphEncodeTarget, first: number): number {
-  const tracker = new ConflictTracker();
-  let barriers = 0, inGroup = 0, index = first;
-  for (const n of nodes) {
+/**
+ * Encodes a chunk's nodes with a barrier wherever a dispatch conflicts with its concurrent group
+ * (explicit barrier nodes are kept; none before the first dispatch). Returns the barriers issued.
+ */
+export function encodeChunk<P extends PipelineRef>(chunk: GraphChunk, target: EncodeTarget<P>): number {
+  const walker = new GroupWalker();
+  let barriers = 0, index = chunk.firstDispatch;
+  for (const n of chunk.nodes) {
     if (!isDispatch(n)) {
-      if (inGroup > 0) {
+      if (walker.barrier()) {
         target.memoryBarrier();
         barriers++;
       }
-      tracker.reset();
-      inGroup = 0;
       continue;
     }
-    if (isAnnotated(n) && inGroup > 0 && tracker.conflicts(n.reads, n.writes)) {
+    if (walker.dispatch(n)) {
       target.memoryBarrier();
       barriers++;
-      tracker.reset();
-      inGroup = 0;
     }
-    tracker.add(n.reads, n.writes);
     target.dispatch(descriptorOf(n, target, index++));
-    inGroup++;
   }
   return barriers;
+}
+
+/**
+ * Throws what encoding the chunk into `target` would throw (a node without bindings or geometry, or
+ * what `target.checkDispatch` rejects), encoding nothing: so a caller can check a later command
+ * buffer before it commits an earlier one.
+ */
+export function checkChunk<P extends PipelineRef>(chunk: GraphChunk, target: EncodeTarget<P>): void {
+  let index = chunk.firstDispatch;
+  for (const n of chunk.nodes) {
+    if (!isDispatch(n)) continue;
+    const d = descriptorOf(n, target, index++);
+    target.checkDispatch?.(d);
+  }
 }
 
 /**
@@ -213,57 +267,53 @@ export class ComputeGraph {
   }
 
   /** Encodes the nodes as recorded (barrier nodes become barriers). Returns the barriers issued. */
-  encodeSequential(target: GraphEncodeTarget): number {
-    let barriers = 0, index = 0, inGroup = 0;
+  encodeSequential<P extends PipelineRef>(target: EncodeTarget<P>): number {
+    const walker = new GroupWalker({ recompute: false }); // the groups as placed
+    let barriers = 0, index = 0;
     for (const n of this.#nodes) {
       if (isDispatch(n)) {
+        walker.dispatch(n);
         target.dispatch(descriptorOf(n, target, index++));
-        inGroup++;
-      } else if (inGroup > 0) {
+      } else if (walker.barrier()) {
         target.memoryBarrier();
         barriers++;
-        inGroup = 0;
       }
     }
     return barriers;
   }
 
   /** Encodes with barriers recomputed from memory ranges. Returns the barriers issued. */
-  encodeWithBarriers(target: GraphEncodeTarget): number {
-    return encodeChunkWithBarriers(this.#nodes, target, 0);
+  encodeWithBarriers<P extends PipelineRef>(target: EncodeTarget<P>): number {
+    return encodeChunk({ nodes: this.#nodes, firstDispatch: 0 }, target);
   }
 
   /**
-   * Encodes the first max(64, n/10) dispatches, up to the end of their concurrent group
-   * ({@link dualBufferSplitIndex}), into `first` and commits it, then the rest into `second`
-   * (not committed: the caller commits it). Queue order makes the split safe; barriers are
-   * recomputed inside each chunk. All or nothing: every dispatch of the second chunk is checked
-   * (`second.checkDispatch`) before `first` is committed, so a bad node runs nothing. Returns the
-   * barriers of each command buffer.
+   * The graph as two command-buffer chunks: the first max(64, n/10) dispatches, up to the end of
+   * their concurrent group ({@link dualBufferSplitIndex}), then the rest. Queue order makes the
+   * split safe. The caller encodes each with {@link encodeChunk} (barriers recomputed inside it)
+   * and commits the first before it encodes the second, so the GPU starts early; checking the
+   * second first ({@link checkChunk}) keeps the pair all or nothing.
    */
-  encodeDualBuffer(first: GraphEncodeTarget, second: GraphEncodeTarget): [number, number] {
+  dualBufferChunks(): [GraphChunk, GraphChunk] {
     const split = dualBufferSplitIndex(this.#nodes, dualBufferSplit(this.dispatchCount));
     let seen = 0;
-    for (let i = 0; i < split; i++) if (isDispatch(this.#nodes[i])) seen++;
-    const b0 = encodeChunkWithBarriers(this.#nodes.slice(0, split), first, 0);
-    if (second.checkDispatch) {
-      for (let i = split, index = seen; i < this.#nodes.length; i++) {
-        const n = this.#nodes[i];
-        if (isDispatch(n)) second.checkDispatch(descriptorOf(n, second, index++));
-      }
-    }
-    first.commit();
-    const b1 = encodeChunkWithBarriers(this.#nodes.slice(split), second, seen);
-    return [b0, b1];
+    for (let i = 0; i < split; i++) if (isDispatch(this.#nodes[i]!)) seen++;
+    return [
+      { nodes: this.#nodes.slice(0, split), firstDispatch: 0 },
+      { nodes: this.#nodes.slice(split), firstDispatch: seen },
+    ];
   }
 
-  /** Every hazard of the graph as it stands (barrier nodes as placed). */
-  hazards(): Hazard[] {
-    return findHazards(this.#nodes);
+  /**
+   * Every hazard of the graph as it stands (barrier nodes as placed); `lookup` gives the slot
+   * accesses of kernels whose nodes' pipelines carry none.
+   */
+  hazards(lookup?: KernelAccessLookup): Hazard[] {
+    return findHazards(this.#nodes, lookup);
   }
 
   /** Barriers whose removal would create no hazard. */
-  redundantBarriers(): number {
-    return countRedundantBarriers(this.#nodes);
+  redundantBarriers(lookup?: KernelAccessLookup): number {
+    return countRedundantBarriers(this.#nodes, lookup);
   }
 }

@@ -14,7 +14,6 @@
  * @module
  */
 
-import { contractOf } from "../kernels.ts";
 import { placeBarriers } from "./barriers.ts";
 import { type CapturedNode, type DispatchNode, isDispatch, type PipelineRef } from "./nodes.ts";
 import { CapturedOpKind } from "./op_kind.ts";
@@ -33,7 +32,7 @@ export interface FuseResult {
 /** Index of the next dispatch after `i`, requiring at least one barrier in between; -1 if none. */
 function nextAfterBarrier(nodes: readonly CapturedNode[], i: number): number {
   let j = i + 1, barriers = 0;
-  while (j < nodes.length && nodes[j].kind === "barrier") {
+  while (j < nodes.length && nodes[j]!.kind === "barrier") {
     barriers++;
     j++;
   }
@@ -45,10 +44,10 @@ const len = (r: MemRange) => r[2] - r[1];
 /** The operand of a binary op that is not `produced`, or null if `produced` is not exactly one of them. */
 function otherOperand(op: DispatchNode, produced: MemRange): { other: MemRange; slot: number } | null {
   if (op.reads.length !== 2 || op.writes.length !== 1) return null;
-  const [a, b] = op.reads;
+  const a = op.reads[0]!, b = op.reads[1]!;
   const isA = sameRange(a, produced), isB = sameRange(b, produced);
   if (isA === isB) return null; // neither, or both (x·x: the intermediate would be the scale)
-  if (len(op.writes[0]) !== len(produced)) return null;
+  if (len(op.writes[0]!) !== len(produced)) return null;
   const other = isA ? b : a;
   if (len(other) !== len(produced)) return null;
   return { other, slot: isA ? 1 : 0 };
@@ -93,11 +92,11 @@ function singleUse(nodes: readonly CapturedNode[], uses: UseIndex, consumer: num
   let lo = 0, hi = list.length; // first entry after the consumer
   while (lo < hi) {
     const mid = (lo + hi) >>> 1;
-    if (list[mid] <= consumer) lo = mid + 1;
+    if (list[mid]! <= consumer) lo = mid + 1;
     else hi = mid;
   }
   for (let k = lo; k < list.length; k++) {
-    const n = nodes[list[k]] as DispatchNode;
+    const n = nodes[list[k]!] as DispatchNode;
     if (n.reads.some((r) => rangesOverlap(r, range))) return false;
     if (n.writes.some((w) => rangeCovers(w, range))) return true;
   }
@@ -121,9 +120,9 @@ export function fuseNodes(nodes: readonly CapturedNode[], resolve?: (name: strin
   let fusions = 0;
   let i = 0;
   while (i < nodes.length) {
-    const norm = nodes[i];
+    const norm = nodes[i]!;
     const m = isDispatch(norm) && norm.opKind === CapturedOpKind.RmsNorm ? NORM.exec(norm.pipeline.name) : null;
-    const fused = m ? tryFuse(nodes, uses, i, m[1], resolve) : null;
+    const fused = m ? tryFuse(nodes, uses, i, m[1]!, resolve) : null;
     if (!fused) {
       out.push(norm);
       i++;
@@ -147,17 +146,17 @@ function tryFuse(
 ): { node: DispatchNode; next: number } | null {
   const norm = nodes[i] as DispatchNode;
   if (norm.reads.length !== 2 || norm.writes.length !== 1) return null;
-  const [input, weight] = norm.reads;
-  const normOut = norm.writes[0];
+  const input = norm.reads[0]!, weight = norm.reads[1]!;
+  const normOut = norm.writes[0]!;
   const j = nextAfterBarrier(nodes, i);
   if (j < 0) return null;
-  const mul = nodes[j];
+  const mul = nodes[j]!;
   if (!isDispatch(mul) || mul.opKind !== CapturedOpKind.ElemMul || mul.pipeline.name !== `elementwise_mul_${dtype}`) {
     return null;
   }
   const mulArgs = otherOperand(mul, normOut);
   if (!mulArgs) return null;
-  const scale = mulArgs.other, mulOut = mul.writes[0];
+  const scale = mulArgs.other, mulOut = mul.writes[0]!;
   const normOutDead = sameRange(mulOut, normOut) || singleUse(nodes, uses, j, normOut);
   if (!normOutDead || (rangesOverlap(mulOut, normOut) && !sameRange(mulOut, normOut))) return null;
 
@@ -168,7 +167,7 @@ function tryFuse(
     add && isDispatch(add) && add.opKind === CapturedOpKind.ElemAdd && add.pipeline.name === `elementwise_add_${dtype}`
   ) {
     const addArgs = otherOperand(add, mulOut);
-    const result = add.writes[0];
+    const result = add.writes[0]!;
     if (
       addArgs && (sameRange(result, mulOut) || singleUse(nodes, uses, k, mulOut)) &&
       (!rangesOverlap(result, mulOut) || sameRange(result, mulOut)) &&
@@ -215,7 +214,7 @@ function fusedNode(
     threadgroup: norm.threadgroup,
     threadgroupMemory: norm.threadgroupMemory,
     dispatchKind: norm.dispatchKind,
-    opKind: contractOf(name)?.opKind ?? CapturedOpKind.RmsNormMul,
+    opKind: CapturedOpKind.RmsNormMul,
     reads,
     writes: [write],
   };

@@ -155,7 +155,7 @@ export class Fingerprint {
     // one exact comparison, which needs no walk over the records.
     let h = 0x811c9dc5;
     h = Math.imul(h ^ capture.length, 0x01000193);
-    for (let i = 0; i < this.#len; i++) h = Math.imul(h ^ (this.#extra[i] | 0), 0x01000193);
+    for (let i = 0; i < this.#len; i++) h = Math.imul(h ^ (this.#extra[i]! | 0), 0x01000193);
     this.#hash = h;
   }
 
@@ -195,7 +195,7 @@ export class Fingerprint {
   #ranges(list: readonly MemRange[]): void {
     this.#push(list.length);
     for (let i = 0; i < list.length; i++) {
-      const r = list[i];
+      const r = list[i]!;
       this.#push(r[0]);
       this.#push(r[1]);
       this.#push(r[2]);
@@ -236,7 +236,7 @@ interface Entry extends Sighting {
 function constantWords(words: Uint32Array): Uint8Array {
   const mask = new Uint8Array(words.length);
   for (let at = 0; at < words.length;) {
-    const h = words[at], len = h >>> LEN_SHIFT;
+    const h = words[at]!, len = h >>> LEN_SHIFT;
     if ((h & OP_MASK) === Op.SET_BYTES) mask.fill(1, at + 2, at + len);
     at += len;
   }
@@ -481,9 +481,9 @@ export function planDescriptor(step: PlanDispatch, nodes: readonly CapturedNode[
   const src = step.sources;
   const bindings: Binding[] = new Array(src.length);
   for (let s = 0; s < src.length; s++) {
-    const k = src[s];
+    const k = src[s]!;
     if (k < 0) continue;
-    const node = nodes[(k / MAX_SLOTS) | 0];
+    const node = nodes[(k / MAX_SLOTS) | 0]!;
     bindings[s] = node.kind === "dispatch" ? node.bindings![k % MAX_SLOTS] : undefined;
   }
   return {
@@ -507,7 +507,7 @@ export function replaySteps(
 ): void {
   const steps = plan.steps;
   for (let i = from; i < to; i++) {
-    const st = steps[i];
+    const st = steps[i]!;
     if (st === BARRIER_STEP) target.memoryBarrier();
     else target.dispatch(planDescriptor(st, nodes));
   }
@@ -591,14 +591,14 @@ export class RecordsBuilder implements GraphEncodeTarget {
     const patches: number[] = [];
     for (let k = 0; k < steps.length; k++) {
       const st = steps[k];
-      if (st === null) continue;
-      for (let at = k > 0 ? cuts[k - 1] : 0, end = cuts[k]; at < end;) {
-        const h = words[at], len = h >>> LEN_SHIFT;
+      if (!st) continue;
+      for (let at = k > 0 ? cuts[k - 1]! : 0, end = cuts[k]!; at < end;) {
+        const h = words[at]!, len = h >>> LEN_SHIFT;
         if ((h & OP_MASK) === Op.SET_BYTES) {
           const src = st.sources[(h >>> 8) & OP_MASK];
           if (src === undefined || src < 0) return null;
           const from = capture.constantOffset((src / MAX_SLOTS) | 0, src % MAX_SLOTS);
-          if (from < 0 || capture.words[from] >>> LEN_SHIFT !== len) return null;
+          if (from < 0 || capture.words[from]! >>> LEN_SHIFT !== len) return null;
           patches.push(at + 2, from + 2, len - 2);
         }
         at += len;
@@ -630,7 +630,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
 export function patchConstants(records: PlanRecords, capture: Capture): void {
   const t = records.words, src = capture.words, p = records.patches;
   for (let i = 0; i < p.length; i += 3) {
-    const d = p[i], s = p[i + 1], n = p[i + 2];
-    for (let k = 0; k < n; k++) t[d + k] = src[s + k];
+    const d = p[i]!, s = p[i + 1]!, n = p[i + 2]!;
+    for (let k = 0; k < n; k++) t[d + k] = src[s + k]!;
   }
 }

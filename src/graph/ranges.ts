@@ -6,7 +6,6 @@
  */
 
 import { MlxError } from "../errors.ts";
-import type { KernelContract } from "../kernels.ts";
 
 /** A byte range of one allocation: `[allocation id, start, end)`. */
 export type MemRange = readonly [alloc: number, start: number, end: number];
@@ -124,6 +123,33 @@ export interface Accesses {
   readonly writes: readonly MemRange[];
 }
 
+/** How a kernel touches a buffer slot. */
+export type SlotAccess = "read" | "write" | "readwrite";
+
+/** What the graph needs to know of one kernel slot (a kernel contract's SlotSpec fits). */
+export interface SlotAccesses {
+  /** Name, for messages. */
+  readonly name: string;
+  /** A buffer, or inline constant bytes. */
+  readonly kind: "buffer" | "bytes";
+  /** For buffers: how the kernel accesses it (default "readwrite"). */
+  readonly access?: SlotAccess | undefined;
+  /**
+   * For read buffers: the dispatch promises that no earlier dispatch of its command buffer writes
+   * this buffer when bit(s) `mask` of u32 word `word` of bytes slot `slot` are set.
+   */
+  readonly constantIf?: { readonly slot: number; readonly word: number; readonly mask: number } | undefined;
+}
+
+/**
+ * A kernel's slot accesses as data: what the graph derives a dispatch's reads and writes from (a
+ * KernelContract fits; the encoder and executor hand theirs in on each node's pipeline).
+ */
+export interface KernelAccesses {
+  /** Argument slots in order. */
+  readonly slots: readonly SlotAccesses[];
+}
+
 /** Anything bound to a buffer slot that can report its byte range (an MlxBuffer). */
 export interface RangedBinding {
   /** The bytes it covers. */
@@ -138,11 +164,11 @@ function isRanged(b: unknown): b is RangedBinding {
  * The true accesses of a dispatch: every bound buffer slot contributes its exact range, as a read,
  * a write or both according to the kernel contract's declared access mode.
  */
-export function accessesOf(contract: KernelContract, bindings: readonly unknown[]): Accesses {
+export function accessesOf(contract: KernelAccesses, bindings: readonly unknown[]): Accesses {
   const reads: MemRange[] = [], writes: MemRange[] = [];
   const slots = contract.slots;
   for (let i = 0; i < slots.length && i < bindings.length; i++) {
-    const s = slots[i], b = bindings[i];
+    const s = slots[i]!, b = bindings[i];
     if (s.kind !== "buffer" || !isRanged(b)) continue;
     const r = b.range();
     if (r[2] === r[1]) continue; // zero bytes touch nothing

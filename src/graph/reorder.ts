@@ -41,14 +41,14 @@ export function reorderNodes(input: readonly CapturedNode[]): ReorderResult {
   const skipped = new ConflictTracker(); // nodes passed over during one look-ahead
   for (let i0 = 0; i0 < n; i0++) {
     if (used[i0]) continue;
-    const node0 = nodes[i0];
+    const node0 = nodes[i0]!;
     if (isAnnotated(node0) && group.conflicts(node0.reads, node0.writes)) {
       skipped.reset();
       skipped.add(node0.reads, node0.writes);
       const end = Math.min(n, i0 + REORDER_LOOKAHEAD);
       for (let i1 = i0 + 1; i1 < end; i1++) {
         if (used[i1]) continue;
-        const node1 = nodes[i1];
+        const node1 = nodes[i1]!;
         if (!isReorderable(node1.opKind)) break;
         const free = !isAnnotated(node1) || !group.conflicts(node1.reads, node1.writes);
         if (free && !skipped.conflicts(node1.reads, node1.writes)) {
@@ -67,7 +67,7 @@ export function reorderNodes(input: readonly CapturedNode[]): ReorderResult {
   }
   let reordered = 0;
   for (let p = 0; p < order.length; p++) if (order[p] !== p) reordered++;
-  return { nodes: order.map((i) => nodes[i]), reordered };
+  return { nodes: order.map((i) => nodes[i]!), reordered };
 }
 
 /**
@@ -78,10 +78,10 @@ export function reorderLevels(input: readonly CapturedNode[]): ReorderResult {
   const nodes = input.filter(isDispatch);
   // A non-reorderable op sits at the highest level so far, and every later dispatch at its level
   // or above; in recorded order within a level, so it keeps its place relative to every dispatch.
-  const levels = dependencyLevels(nodes, (i) => !isReorderable(nodes[i].opKind));
+  const levels = dependencyLevels(nodes, (i) => !isReorderable(nodes[i]!.opKind));
   const order = Array.from(nodes.keys());
-  order.sort((a, b) => levels[a] - levels[b] || a - b);
+  order.sort((a, b) => levels[a]! - levels[b]! || a - b);
   let reordered = 0;
   for (let p = 0; p < order.length; p++) if (order[p] !== p) reordered++;
-  return { nodes: order.map((i) => nodes[i]), reordered };
+  return { nodes: order.map((i) => nodes[i]!), reordered };
 }

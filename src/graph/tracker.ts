@@ -30,7 +30,7 @@ function firstEndingFrom(set: Float64Array, count: number, s: number): number {
   let lo = 0, hi = count;
   while (lo < hi) {
     const mid = (lo + hi) >> 1;
-    if (set[2 * mid + 1] < s) lo = mid + 1;
+    if (set[2 * mid + 1]! < s) lo = mid + 1;
     else hi = mid;
   }
   return lo;
@@ -62,9 +62,9 @@ export class ByteIntervals {
   /** Whether [s, e) shares a byte with the set (an empty range never does). */
   intersects(s: number, e: number): boolean {
     const set = this.#set, n = this.#n;
-    if (n === 0 || s >= e || s >= set[n - 1] || e <= set[0]) return false;
-    if (s >= set[n - 2]) return true; // starts inside the last interval
-    return set[2 * firstEndingFrom(set, n >> 1, s + 1)] < e; // the first interval ending after s
+    if (n === 0 || s >= e || s >= set[n - 1]! || e <= set[0]!) return false;
+    if (s >= set[n - 2]!) return true; // starts inside the last interval
+    return set[2 * firstEndingFrom(set, n >> 1, s + 1)]! < e; // the first interval ending after s
   }
 
   /** Adds [s, e), merging every interval it overlaps or touches (an empty range adds nothing). */
@@ -72,33 +72,33 @@ export class ByteIntervals {
     const n = this.#n;
     if (s >= e) return;
     let set: Float64Array = this.#set;
-    if (n === 0 || s > set[n - 1]) { // after everything: the address-order case
+    if (n === 0 || s > set[n - 1]!) { // after everything: the address-order case
       if (n === set.length) set = this.#grow();
       set[n] = s;
       set[n + 1] = e;
       this.#n = n + 2;
       return;
     }
-    if (s >= set[n - 2]) { // inside or touching the last interval
-      if (e > set[n - 1]) set[n - 1] = e;
+    if (s >= set[n - 2]!) { // inside or touching the last interval
+      if (e > set[n - 1]!) set[n - 1] = e;
       return;
     }
     const count = n >> 1;
     const i = firstEndingFrom(set, count, s); // the first interval touching or after [s, e)
     let j = i; // one past the last interval touching [s, e); each merged one is removed, so O(1) amortised
-    while (j < count && set[2 * j] <= e) j++;
+    while (j < count && set[2 * j]! <= e) j++;
     if (j === i) { // touches nothing: insert at i
       if (n === set.length) set = this.#grow();
       if (n - 2 * i <= SHORT_MOVE) { // a loop beats copyWithin's call for a short move
-        for (let k = n - 1; k >= 2 * i; k--) set[k + 2] = set[k];
+        for (let k = n - 1; k >= 2 * i; k--) set[k + 2] = set[k]!;
       } else set.copyWithin(2 * i + 2, 2 * i, n);
       set[2 * i] = s;
       set[2 * i + 1] = e;
       this.#n = n + 2;
       return;
     }
-    set[2 * i] = Math.min(s, set[2 * i]);
-    set[2 * i + 1] = Math.max(e, set[2 * j - 1]);
+    set[2 * i] = Math.min(s, set[2 * i]!);
+    set[2 * i + 1] = Math.max(e, set[2 * j - 1]!);
     if (j - i > 1) {
       set.copyWithin(2 * i + 2, 2 * j, n);
       this.#n = n - 2 * (j - i - 1);
@@ -164,8 +164,8 @@ export class GroupAccesses {
       k = i * SLOT;
     }
     if (slots[k + EPOCH] !== epoch) return false;
-    const f = k + (write ? TOUCHED : WRITTEN), s = slots[f];
-    if (s !== SPILLED) return s < end && start < slots[f + 1];
+    const f = k + (write ? TOUCHED : WRITTEN), s = slots[f]!;
+    if (s !== SPILLED) return s < end && start < slots[f + 1]!;
     return (write ? this.#spillTouched : this.#spillWritten)[i]!.intersects(start, end);
   }
 
@@ -201,7 +201,7 @@ export class GroupAccesses {
 
   /** Adds [s, e) (non-empty) to the slot's written or touched bytes. */
   #addTo(slot: number, field: number, s: number, e: number): void {
-    const slots = this.#slots, k = slot * SLOT + field, start = slots[k], end = slots[k + 1];
+    const slots = this.#slots, k = slot * SLOT + field, start = slots[k]!, end = slots[k + 1]!;
     const spill = field === WRITTEN ? this.#spillWritten : this.#spillTouched;
     if (start === SPILLED) spill[slot]!.add(s, e);
     else if (start === end) { // empty
@@ -229,7 +229,7 @@ export class GroupAccesses {
     this.#mask = cap - 1;
     for (let j = 0; j < old.length / SLOT; j++) {
       if (old[j * SLOT + EPOCH] !== this.#epoch) continue;
-      const i = this.#slot(old[j * SLOT + KEY]);
+      const i = this.#slot(old[j * SLOT + KEY]!);
       this.#slots.set(old.subarray(j * SLOT, j * SLOT + SLOT), i * SLOT);
       this.#spillWritten[i] = oldWritten[j];
       this.#spillTouched[i] = oldTouched[j];
@@ -283,8 +283,8 @@ export class ConflictTracker {
       checkRanges(writes, "ConflictTracker.add writes");
     }
     this.#checkedReads = this.#checkedWrites = null;
-    for (let i = 0; i < reads.length; i++) this.#record(reads[i], false);
-    for (let i = 0; i < writes.length; i++) this.#record(writes[i], true);
+    for (let i = 0; i < reads.length; i++) this.#record(reads[i]!, false);
+    for (let i = 0; i < writes.length; i++) this.#record(writes[i]!, true);
   }
 
   /**
@@ -308,9 +308,9 @@ export class ConflictTracker {
     // Diagnostics only: the recorded range is found by a scan of the group.
     const incomingWrites = (k & 1) === 1, hit = incomingWrites ? writes[k >> 1] : reads[k >> 1];
     for (let j = 0; j < this.#n; j++) {
-      const existing: MemRange = [this.#alloc[j], this.#start[j], this.#end[j]];
+      const existing: MemRange = [this.#alloc[j]!, this.#start[j]!, this.#end[j]!];
       const kind = conflictKind(this.#write[j] === 1, incomingWrites);
-      if (kind !== null && rangesOverlap(hit, existing)) return { kind, incoming: hit, existing };
+      if (kind !== null && rangesOverlap(hit!, existing)) return { kind, incoming: hit!, existing };
     }
     return null; // unreachable: the interval sets hold exactly the recorded ranges
   }
@@ -323,11 +323,11 @@ export class ConflictTracker {
     const g = this.#group;
     if (g.empty) return -1;
     for (let i = 0; i < reads.length; i++) {
-      const r = reads[i];
+      const r = reads[i]!;
       if (g.conflicts(r[0], r[1], r[2], false)) return 2 * i;
     }
     for (let i = 0; i < writes.length; i++) {
-      const r = writes[i];
+      const r = writes[i]!;
       if (g.conflicts(r[0], r[1], r[2], true)) return 2 * i + 1;
     }
     return -1;

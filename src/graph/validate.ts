@@ -8,7 +8,6 @@
  * @module
  */
 
-import { contractOf, type KernelContract } from "../kernels.ts";
 import { type CapturedNode, type DispatchNode, isDispatch } from "./nodes.ts";
 import {
   type Accesses,
@@ -16,6 +15,7 @@ import {
   checkRanges,
   conflictKind,
   formatRange,
+  type KernelAccesses,
   type MemRange,
   rangesOverlap,
 } from "./ranges.ts";
@@ -41,16 +41,25 @@ export interface Hazard {
   readonly range: MemRange;
 }
 
-/** The contract of a dispatch node's kernel, when the node carries bindings to read through it. */
-function boundContract(n: DispatchNode): KernelContract | undefined {
+/**
+ * The slot accesses of a kernel by name, for nodes whose pipeline carries none (a plain `{ name }`
+ * built by hand): the caller hands in what it knows, e.g. `(name) => contracts.get(name)`.
+ */
+export type KernelAccessLookup = (kernel: string) => KernelAccesses | undefined;
+
+/** The slot accesses of a dispatch node's kernel, when the node carries bindings to read through them. */
+function boundContract(n: DispatchNode, lookup?: KernelAccessLookup): KernelAccesses | undefined {
   if (!n.bindings) return undefined;
-  return (n.pipeline as { contract?: KernelContract }).contract ?? contractOf(n.pipeline.name);
+  return n.pipeline.contract ?? lookup?.(n.pipeline.name);
 }
 
-/** The true accesses of a dispatch node: from its bindings when it has them, else its annotation. */
-export function trueAccesses(n: DispatchNode): Accesses {
-  const contract = boundContract(n);
-  return contract ? accessesOf(contract, n.bindings!) : n;
+/**
+ * The true accesses of a dispatch node: from its bindings through its kernel's slot accesses (its
+ * pipeline's, else `lookup`'s) when it has both, else its annotation.
+ */
+export function trueAccesses(n: DispatchNode, lookup?: KernelAccessLookup): Accesses {
+  const contract = boundContract(n, lookup);
+  return contract && n.bindings ? accessesOf(contract, n.bindings) : n;
 }
 
 function intersect(a: MemRange, b: MemRange): MemRange {
@@ -74,7 +83,7 @@ interface Walked {
 }
 
 /** Splits a sequence at its barrier nodes (the groups as placed) and checks every range once. */
-function walk(nodes: readonly CapturedNode[]): Walked {
+function walk(nodes: readonly CapturedNode[], lookup?: KernelAccessLookup): Walked {
   const refs: DispatchRef[] = [], accesses: Accesses[] = [], bounds = [0];
   const walker = new GroupWalker({ recompute: false });
   for (const n of nodes) {
@@ -82,7 +91,7 @@ function walk(nodes: readonly CapturedNode[]): Walked {
       if (walker.barrier()) bounds.push(refs.length);
       continue;
     }
-    const ref = { index: refs.length, kernel: n.pipeline.name }, acc = trueAccesses(n);
+    const ref = { index: refs.length, kernel: n.pipeline.name }, acc = trueAccesses(n, lookup);
     const where = `dispatch ${ref.index} (${ref.kernel})`;
     checkRanges(acc.reads, `${where} reads`);
     checkRanges(acc.writes, `${where} writes`);
@@ -101,7 +110,7 @@ interface Found {
 }
 
 function compareKeys(a: Found, b: Found): number {
-  for (let i = 0; i < a.key.length; i++) if (a.key[i] !== b.key[i]) return a.key[i] - b.key[i];
+  for (let i = 0; i < a.key.length; i++) if (a.key[i] !== b.key[i]) return a.key[i]! - b.key[i]!;
   return 0;
 }
 
@@ -124,8 +133,8 @@ function sweep(list: Access[], refs: readonly DispatchRef[], out: Found[]): void
       out.push({
         hazard: {
           kind,
-          first: refs[early.dispatch],
-          second: refs[late.dispatch],
+          first: refs[early.dispatch]!,
+          second: refs[late.dispatch]!,
           range: intersect(late.range, early.range),
         },
         key: [late.dispatch, early.dispatch, late.writes ? 1 : 0, late.pos, early.writes ? 1 : 0, early.pos],
@@ -142,13 +151,15 @@ function sweep(list: Access[], refs: readonly DispatchRef[], out: Found[]): void
 
 /**
  * Every hazard of a sequence of dispatches and barriers (empty when it is race-free), ordered by the
- * later dispatch, then the earlier one. Throws InvalidArgument for a malformed range.
+ * later dispatch, then the earlier one. A node's accesses come from its bindings when its pipeline
+ * (or `lookup`) gives the kernel's slot accesses, else from its annotation. Throws InvalidArgument
+ * for a malformed range.
  */
-export function findHazards(nodes: readonly CapturedNode[]): Hazard[] {
-  const { refs, accesses, bounds } = walk(nodes);
+export function findHazards(nodes: readonly CapturedNode[], lookup?: KernelAccessLookup): Hazard[] {
+  const { refs, accesses, bounds } = walk(nodes, lookup);
   const found: Found[] = [];
   for (let g = 0; g + 1 < bounds.length; g++) {
-    if (bounds[g + 1] - bounds[g] < 2) continue;
+    if (bounds[g + 1]! - bounds[g]! < 2) continue;
     const byAlloc = new Map<number, Access[]>();
     const note = (range: MemRange, dispatch: number, writes: boolean, pos: number) => {
       if (range[1] === range[2]) return; // touches nothing
@@ -156,9 +167,9 @@ export function findHazards(nodes: readonly CapturedNode[]): Hazard[] {
       if (!list) byAlloc.set(range[0], list = []);
       list.push({ range, dispatch, writes, pos });
     };
-    for (let d = bounds[g]; d < bounds[g + 1]; d++) {
-      accesses[d].reads.forEach((r, pos) => note(r, d, false, pos));
-      accesses[d].writes.forEach((r, pos) => note(r, d, true, pos));
+    for (let d = bounds[g]!; d < bounds[g + 1]!; d++) {
+      accesses[d]!.reads.forEach((r, pos) => note(r, d, false, pos));
+      accesses[d]!.writes.forEach((r, pos) => note(r, d, true, pos));
     }
     for (const list of byAlloc.values()) if (list.length > 1) sweep(list, refs, found);
   }
@@ -166,8 +177,8 @@ export function findHazards(nodes: readonly CapturedNode[]): Hazard[] {
 }
 
 /** Barriers that separate two groups with no conflict between them (removable without a hazard). */
-export function countRedundantBarriers(nodes: readonly CapturedNode[]): number {
-  const { accesses, bounds } = walk(nodes);
+export function countRedundantBarriers(nodes: readonly CapturedNode[], lookup?: KernelAccessLookup): number {
+  const { accesses, bounds } = walk(nodes, lookup);
   let barriers = 0;
   let seenDispatch = false, pendingBarriers = 0;
   for (const n of nodes) {
@@ -181,10 +192,10 @@ export function countRedundantBarriers(nodes: readonly CapturedNode[]): number {
   const earlier = new ConflictTracker();
   for (let g = 1; g + 1 < bounds.length; g++) {
     earlier.reset();
-    for (let d = bounds[g - 1]; d < bounds[g]; d++) earlier.add(accesses[d].reads, accesses[d].writes);
+    for (let d = bounds[g - 1]!; d < bounds[g]!; d++) earlier.add(accesses[d]!.reads, accesses[d]!.writes);
     let independent = true;
-    for (let d = bounds[g]; d < bounds[g + 1] && independent; d++) {
-      independent = !earlier.conflicts(accesses[d].reads, accesses[d].writes);
+    for (let d = bounds[g]!; d < bounds[g + 1]! && independent; d++) {
+      independent = !earlier.conflicts(accesses[d]!.reads, accesses[d]!.writes);
     }
     if (independent) barriers++;
   }
@@ -216,7 +227,10 @@ function bytesWord(b: unknown, word: number): number {
  * Every constant-buffer promise of a command buffer's sequence that an earlier dispatch breaks by
  * writing that buffer, barriers or not (the promised reads may start before any producer ends).
  */
-export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): BrokenConstantPromise[] {
+export function findBrokenConstantPromises(
+  nodes: readonly CapturedNode[],
+  lookup?: KernelAccessLookup,
+): BrokenConstantPromise[] {
   const broken: BrokenConstantPromise[] = [];
   // Earlier writes per allocation: the bytes (a quick no for the common, clean case) and the list
   // (scanned only to name the writers of a promise that is broken).
@@ -225,9 +239,10 @@ export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): Brok
   for (const n of nodes) {
     if (!isDispatch(n)) continue;
     const ref = { index: index++, kernel: n.pipeline.name };
-    boundContract(n)?.slots.forEach((s, i) => {
-      const c = s.constantIf, b = n.bindings![i];
-      if (!c || !(bytesWord(n.bindings![c.slot], c.word) & c.mask)) return;
+    const bindings = n.bindings ?? [];
+    boundContract(n, lookup)?.slots.forEach((s, i) => {
+      const c = s.constantIf, b = bindings[i];
+      if (!c || !(bytesWord(bindings[c.slot], c.word) & c.mask)) return;
       const r = (b as { range?: () => MemRange } | undefined)?.range?.();
       const written = r && writesByAlloc.get(r[0]);
       if (!r || !written || !written.bytes.intersects(r[1], r[2])) return;
@@ -237,7 +252,7 @@ export function findBrokenConstantPromises(nodes: readonly CapturedNode[]): Brok
         }
       }
     });
-    for (const range of trueAccesses(n).writes) {
+    for (const range of trueAccesses(n, lookup).writes) {
       let written = writesByAlloc.get(range[0]);
       if (!written) writesByAlloc.set(range[0], written = { bytes: new ByteIntervals(), list: [] });
       written.bytes.add(range[1], range[2]);

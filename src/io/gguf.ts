@@ -185,7 +185,7 @@ class Cursor {
 
 function readScalar(c: Cursor, type: number, what: string): number | bigint | boolean {
   const at = c.pos;
-  const v = c.view(SCALAR_SIZE[type], what);
+  const v = c.view(SCALAR_SIZE[type]!, what);
   switch (type) {
     case GgufValueType.UINT8:
       return v.getUint8(0);
@@ -230,7 +230,7 @@ function readArray(c: Cursor, what: string): { elementType: GgufValueType; value
     for (let i = 0; i < n; i++) out[i] = c.string(`${what}[${i}]`);
     return { elementType, value: out };
   }
-  const size = SCALAR_SIZE[elementType];
+  const size = SCALAR_SIZE[elementType]!;
   const raw = c.bytes(n * size, `${what} (${n} × ${TYPE_NAME[elementType]})`);
   const copy = raw.slice().buffer;
   switch (elementType) {
@@ -352,7 +352,7 @@ export function parseGgufHeader(source: ByteSource): GgufHeader {
     const typeId = c.u32(`type of ${name}`);
     const type = ggmlTypeById(typeId);
     if (!type) c.fail(`tensor ${name} has unknown ggml type ${typeId}`, typeAt);
-    const rowLength = ne.length > 0 ? ne[0] : 1;
+    const rowLength = ne[0] ?? 1;
     if (rowLength % type.blockValues !== 0) {
       c.fail(
         `tensor ${name} (${type.name}) has rows of ${rowLength} values, not a multiple of ${type.blockValues}`,
@@ -485,10 +485,10 @@ export class GgufFile {
     if (t.type.name === "f32") return Float64Array.from(new Float32Array(bytes.buffer, 0, t.elements));
     if (t.type.name === "bf16") {
       const u = new Uint32Array(t.elements);
-      for (let i = 0; i < t.elements; i++) u[i] = (bytes[2 * i] | (bytes[2 * i + 1] << 8)) << 16;
+      for (let i = 0; i < t.elements; i++) u[i] = (bytes[2 * i]! | (bytes[2 * i + 1]! << 8)) << 16;
       return Float64Array.from(new Float32Array(u.buffer));
     }
-    const k = t.ne.length > 0 ? t.ne[0] : 1;
+    const k = t.ne[0] ?? 1;
     return dequantizeGgml(bytes, t.elements / k, k, loadable.format!);
   }
 

@@ -236,13 +236,13 @@ export class MlxCheckpoint {
     if (weight.dtype !== "U32" || weight.shape.length !== 2) {
       bad(`weight must be U32 [n, k·bits/32], got ${weight.dtype}${JSON.stringify(weight.shape)}`);
     }
-    const [n, words] = weight.shape;
+    const n = weight.shape[0]!, words = weight.shape[1]!;
     const k = (words * 32) / q.bits;
     if (!Number.isInteger(k) || k === 0 || k % q.groupSize !== 0) {
       bad(`${words} u32 words per row at ${q.bits} bits is not a whole number of ${q.groupSize}-value groups`);
     }
     const scaleDtype = SCALE_DTYPES[scales.dtype];
-    if (!scaleDtype) bad(`scales must be BF16, F16 or F32, got ${scales.dtype}`);
+    if (!scaleDtype) return bad(`scales must be BF16, F16 or F32, got ${scales.dtype}`);
     if (biases.dtype !== scales.dtype) bad(`biases are ${biases.dtype} but scales are ${scales.dtype}`);
     for (const t of [scales, biases]) {
       if (t.shape.length !== 2 || t.shape[0] !== n || t.shape[1] !== k / q.groupSize) {

@@ -48,7 +48,7 @@ const DEVICE_DTYPE: Readonly<Record<string, DType>> = {
 /** Options of {@link SafetensorsFile.upload}. */
 export interface SafetensorsUploadOptions extends UploadOptions {
   /** Upload the raw bytes as a u8 buffer (e.g. packed quantized codes stored as U32). */
-  readonly asBytes?: boolean;
+  readonly asBytes?: boolean | undefined;
 }
 
 /** One tensor of a safetensors file. */
@@ -157,10 +157,10 @@ export function parseSafetensorsHeader(source: ByteSource): SafetensorsHeader {
       elements *= d;
       if (!Number.isSafeInteger(elements)) bad(`tensor ${JSON.stringify(name)} has more than 2^53 elements`);
     }
-    const [begin, end] = offsets as number[];
-    if (!Number.isSafeInteger(elements * size!) || elements * size! !== end - begin) {
+    const [begin, end] = offsets as [number, number];
+    if (!Number.isSafeInteger(elements * size) || elements * size !== end - begin) {
       bad(
-        `tensor ${JSON.stringify(name)}: ${dtype}${JSON.stringify(shape)} takes ${elements * size!} bytes, ` +
+        `tensor ${JSON.stringify(name)}: ${dtype}${JSON.stringify(shape)} takes ${elements * size} bytes, ` +
           `its data_offsets span ${end - begin}`,
       );
     }

@@ -110,7 +110,7 @@ function fileError(path: string | URL, e: unknown): MlxError {
 /** Options of {@link uploadRange}. */
 export interface UploadOptions {
   /** Bytes read and written per step (default 8 MiB): host memory used stays at one chunk. */
-  readonly chunkBytes?: number;
+  readonly chunkBytes?: number | undefined;
 }
 
 /**

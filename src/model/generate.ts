@@ -74,7 +74,7 @@ export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOpti
   }
   model.resetCache();
   const t0 = performance.now();
-  for (let i = 0; i < prompt.length - 1; i++) model.forward(exec, prompt[i], i);
+  for (let i = 0; i < prompt.length - 1; i++) model.forward(exec, prompt[i]!, i);
   const promptMs = performance.now() - t0;
 
   using loop = new DecodeLoop(exec, {
@@ -90,10 +90,10 @@ export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOpti
     tokens.push(...ids);
     o.onTokens?.(ids);
   };
-  let first = prompt[prompt.length - 1], start = prompt.length - 1;
+  let first = prompt[prompt.length - 1]!, start = prompt.length - 1;
   if (warmup > 0) {
     const r = loop.run({ first, steps: warmup, startPosition: start, onTokens });
-    first = r.tokens[warmup - 1];
+    first = r.tokens[warmup - 1]!;
     start += warmup;
   }
   const rep = loop.run({ first, steps: n - warmup, startPosition: start, onTokens });

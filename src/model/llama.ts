@@ -58,6 +58,25 @@ interface Layer {
   vCache: MlxBuffer;
 }
 
+/** The per-token activation buffers of one model. */
+type ActivationName =
+  | "x"
+  | "t"
+  | "h"
+  | "qkv"
+  | "q"
+  | "k"
+  | "v"
+  | "qr"
+  | "attn"
+  | "o"
+  | "gu"
+  | "ff"
+  | "d"
+  | "tmp"
+  | "positions"
+  | "ids";
+
 /** A loaded llama model on a device. Dispose it (`using`) to free its buffers. */
 export class LlamaModel {
   /** The hyperparameters. */
@@ -83,7 +102,7 @@ export class LlamaModel {
   readonly #outNorm: MlxBuffer;
   readonly #ones: MlxBuffer;
   readonly #freqFactors: MlxBuffer | undefined;
-  readonly #act: Record<string, MlxBuffer>;
+  readonly #act: Record<ActivationName, MlxBuffer>;
   readonly #owned: { dispose(): void }[] = [];
 
   /** @internal Use {@link loadLlama}. */
@@ -120,24 +139,24 @@ export class LlamaModel {
         const qkv = w.projections(device, i, ["q", "k", "v"]);
         qkv.forEach((p) => own(p.linear));
         const [o] = w.projections(device, i, ["o"]);
-        own(o.linear);
+        own(o!.linear);
         const gateUp = w.projections(device, i, ["gate", "up"]);
         gateUp.forEach((p) => own(p.linear));
         const [down] = w.projections(device, i, ["down"]);
-        own(down.linear);
+        own(down!.linear);
         note("qkv", qkv);
-        note("attn_output", [o]);
+        note("attn_output", [o!]);
         note("gate_up", gateUp);
-        note("down", [down]);
+        note("down", [down!]);
         this.#layers.push({
           attnNorm: upload(w.layerVector(device, i, "attn_norm")),
           ffnNorm: upload(w.layerVector(device, i, "ffn_norm")),
           qkv,
           qkvOut: [],
-          o: o.linear,
+          o: o!.linear,
           gateUp,
           gateUpOut: [],
-          down: down.linear,
+          down: down!.linear,
           kCache: f32(kvElems),
           vCache: f32(kvElems),
         });
@@ -223,7 +242,7 @@ export class LlamaModel {
       barrier();
       s.elementwiseMul(a.t, L.attnNorm, a.h);
       barrier();
-      L.qkv.forEach((p, i) => p.linear.run(s, a.h, L.qkvOut[i]));
+      L.qkv.forEach((p, i) => p.linear.run(s, a.h, L.qkvOut[i]!));
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
       const row = (cache: MlxBuffer) =>
@@ -246,9 +265,9 @@ export class LlamaModel {
       barrier();
       s.elementwiseMul(a.t, L.ffnNorm, a.h);
       barrier();
-      if (L.gateUp.length === 1) L.gateUp[0].linear.gluInto(s, a.h, a.ff, a.gu, barrier);
+      if (L.gateUp.length === 1) L.gateUp[0]!.linear.gluInto(s, a.h, a.ff, a.gu, barrier);
       else {
-        L.gateUp.forEach((p, i) => p.linear.run(s, a.h, L.gateUpOut[i]));
+        L.gateUp.forEach((p, i) => p.linear.run(s, a.h, L.gateUpOut[i]!));
         barrier();
         s.siluMul(a.gu.slice(0, ffn * 4), a.gu.slice(ffn * 4, ffn * 4), a.ff);
       }
@@ -277,8 +296,8 @@ export class LlamaModel {
       sample(s, reg, this.logits, step.output, {
         vocab,
         temperature,
-        topK: select.topK,
-        topP: select.topP,
+        ...(select.topK === undefined ? {} : { topK: select.topK }),
+        ...(select.topP === undefined ? {} : { topP: select.topP }),
         seed: select.seed ?? 0,
         counter: step.position,
       });

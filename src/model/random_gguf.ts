@@ -52,7 +52,7 @@ function plan(s: RandomLlamaShape): Planned[] {
     const type = ne.length === 1 ? "f32" : quant(role);
     const t = ggmlTypeByName(type)!;
     const elems = ne.reduce((a, b) => a * b, 1);
-    if (ne[0] % t.blockValues !== 0) {
+    if (ne[0]! % t.blockValues !== 0) {
       throw new MlxError(
         "InvalidArgument",
         `${name}: rows of ${ne[0]} are not whole ${type} blocks of ${t.blockValues}`,
@@ -209,14 +209,14 @@ export function writeRandomLlamaGguf(path: string, s: RandomLlamaShape): number 
     // A whole number of Q4_K (144 B) and Q6_K (210 B) blocks, so every chunk starts a block.
     const chunk = new Uint8Array(5040 * 1664);
     for (const t of tensors) {
-      const table = t.type === "bf16" ? bf16Table(next, t.name === "token_embd.weight" ? 3 : t.ne[0]) : undefined;
+      const table = t.type === "bf16" ? bf16Table(next, t.name === "token_embd.weight" ? 3 : t.ne[0]!) : undefined;
       for (let done = 0; done < t.bytes;) {
         const part = chunk.subarray(0, Math.min(chunk.length, t.bytes - done));
         if (table) {
           const u16 = new Uint16Array(part.buffer, part.byteOffset, part.length >> 1);
           const base = done >> 1;
-          for (let i = 0; i < u16.length; i++) u16[i] = table[(Math.imul(base + i, 2654435761) >>> 21) & 2047];
-        } else fillBlocks(part, t.type, t.ne[0], next);
+          for (let i = 0; i < u16.length; i++) u16[i] = table[(Math.imul(base + i, 2654435761) >>> 21) & 2047]!;
+        } else fillBlocks(part, t.type, t.ne[0]!, next);
         writeAll(part);
         done += part.length;
       }

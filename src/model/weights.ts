@@ -240,10 +240,10 @@ class GgufWeights implements WeightSource {
   }
 
   #linear(device: MlxDevice, parts: readonly GgufTensorInfo[], k: number): Linear {
-    const type = parts[0].type.name;
-    const n = parts.reduce((t, p) => t + p.ne[1], 0);
+    const type = parts[0]!.type.name;
+    const n = parts.reduce((t, p) => t + p.ne[1]!, 0);
     const ranges = parts.map((p) => ({ offset: p.fileOffset, length: p.byteLength }));
-    const loadable = LOADABLE_GGML_TYPES[type];
+    const loadable = LOADABLE_GGML_TYPES[type]!;
     if (loadable.dtype !== "u8") {
       return denseLinear(uploadRanges(device, this.#source, ranges, loadable.dtype, [n, k]), n, k);
     }
@@ -261,8 +261,8 @@ class GgufWeights implements WeightSource {
     try {
       for (let i = 0; i < infos.length;) {
         let j = i + 1;
-        while (j < infos.length && infos[j].type === infos[i].type && infos[j].ne[0] === infos[i].ne[0]) j++;
-        const linear = this.#linear(device, infos.slice(i, j), infos[i].ne[0]);
+        while (j < infos.length && infos[j]!.type === infos[i]!.type && infos[j]!.ne[0] === infos[i]!.ne[0]) j++;
+        const linear = this.#linear(device, infos.slice(i, j), infos[i]!.ne[0]!);
         out.push({ linear, row });
         row += linear.n;
         i = j;
@@ -303,7 +303,7 @@ class GgufWeights implements WeightSource {
       return { table: uploadRanges(device, this.#source, range, "u8", [t.byteLength]), format: name };
     }
     // Other formats: dequantized on the host into an exact f32 table, a slice of rows at a time.
-    const format = LOADABLE_GGML_TYPES[name].format!;
+    const format = LOADABLE_GGML_TYPES[name]!.format!;
     const rowBytes = t.byteLength / vocab;
     const rowsPerChunk = Math.max(1, Math.floor((4 << 20) / (hidden * 4)));
     const table = device.alloc(vocab * hidden * 4, "f32", [vocab, hidden]);

@@ -66,9 +66,9 @@ export function defaultLibraryPath(backend: BackendName): string {
   if (candidates.length === 0) throw unlocatable();
   const known = candidates.map(libraryExists);
   const i = known.indexOf(true);
-  if (i >= 0) return candidates[i];
+  if (i >= 0) return candidates[i]!;
   const unknown = known.indexOf(undefined);
-  return candidates[unknown >= 0 ? unknown : 0];
+  return candidates[unknown >= 0 ? unknown : 0]!;
 }
 
 /** Whether a library file exists: true, false, or undefined when checking it needs a permission. */

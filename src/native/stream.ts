@@ -123,7 +123,7 @@ export class StreamWriter {
     w[p + 1 + dataWords] = 0; // zero the padding of the last word
     const b = this.bytes, at = (p + 2) * 4;
     if (n <= 32) {
-      for (let i = 0; i < n; i++) b[at + i] = data[i];
+      for (let i = 0; i < n; i++) b[at + i] = data[i]!;
     } else {
       b.set(data, at);
     }
@@ -136,7 +136,7 @@ export class StreamWriter {
     const w = this.words, p = this.pos;
     w[p] = recordHeader(Op.SET_BYTES, 2 + n, slot);
     w[p + 1] = n * 4;
-    for (let i = 0; i < n; i++) w[p + 2 + i] = data[i];
+    for (let i = 0; i < n; i++) w[p + 2 + i] = data[i]!;
     this.pos = p + 2 + n;
   }
 

@@ -93,7 +93,7 @@ export interface DenseMatmulOptions extends MatmulShape {
    * connection's add, one dependent step shorter, bit-identical to matmul then elementwiseAdd). It
    * may be y itself (y += x · Wᵀ) but must not partly overlap it.
    */
-  residual?: MlxBuffer;
+  residual?: MlxBuffer | undefined;
   /**
    * SwiGLU in the same kernel: W holds 2n rows, the gate rows then the up rows (one stacked
    * projection), and y[j] = silu(x · W[j]) · (x · W[n + j]). Bit-identical to the product into a

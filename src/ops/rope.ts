@@ -85,7 +85,7 @@ export interface RopeNeoxOptions {
   /** Tokens. */
   seqLen: number;
   /** Optional f32 [ropeDim/2] divisors of each frequency. */
-  freqFactors?: MlxBuffer;
+  freqFactors?: MlxBuffer | undefined;
   /**
    * Elements between consecutive heads of one token in `output` (default headDim). With
    * `outTokenStride`, this places each row anywhere: for a KV cache laid out [heads, capacity,

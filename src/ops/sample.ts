@@ -72,7 +72,7 @@ export interface TokenRing {
   /** Slots of `rows` ids in the ids buffer; default 1. */
   ring?: number;
   /** u32 buffer whose element 0, modulo `ring`, picks the slot on the device. */
-  cursor?: MlxBuffer;
+  cursor?: MlxBuffer | undefined;
 }
 
 /** Threads per threadgroup of {@link argmax} and {@link sample} for a vocabulary (32 to 1024). */

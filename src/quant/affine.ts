@@ -48,9 +48,9 @@ export type AffineScaleDtype = "bf16" | "f16" | "f32";
 /** Options of {@link quantizeAffine}. */
 export interface AffineQuantizeOptions {
   /** The weights' dtype; scales and biases are stored in it. Default "bf16". */
-  readonly dtype?: AffineScaleDtype;
+  readonly dtype?: AffineScaleDtype | undefined;
   /** Which MLX implementation to match (see the module doc). Default "gpu". */
-  readonly variant?: "gpu" | "cpu";
+  readonly variant?: "gpu" | "cpu" | undefined;
 }
 
 /** An MLX affine-quantized [N, K] matrix. */
@@ -66,7 +66,7 @@ export interface AffineQuantized {
   /** Packed weights, N·K·bits/8 bytes. */
   readonly weights: Uint8Array;
   /** Dtype of `scales` and `biases`; absent means bf16. */
-  readonly scaleDtype?: AffineScaleDtype;
+  readonly scaleDtype?: AffineScaleDtype | undefined;
   /** [N, K/groupSize]: bf16 or f16 bits (Uint16Array), or f32 values (Float32Array). */
   readonly scales: Uint16Array | Float32Array;
   /** [N, K/groupSize], same dtype as `scales`. */
@@ -130,7 +130,7 @@ export function quantizeAffine(
       const base = row * k + g * groupSize;
       let wMin = Infinity, wMax = gpu ? 0 : -Infinity;
       for (let j = 0; j < groupSize; j++) {
-        const v = toDtype(dtype, w[base + j]);
+        const v = toDtype(dtype, w[base + j]!);
         if (!Number.isFinite(v)) {
           throw new MlxError(
             "InvalidArgument",
@@ -153,12 +153,12 @@ export function quantizeAffine(
         bias = edge;
       }
       for (let j = 0; j < groupSize; j++) {
-        const q = Math.min(Math.max(round(f32(f32(x[j] - bias) / scale)), 0), nBins);
+        const q = Math.min(Math.max(round(f32(f32(x[j]! - bias) / scale)), 0), nBins);
         const bit = (g * groupSize + j) * bits, at = row * rowBytes + (bit >> 3), shift = bit & 7;
         // A code spans at most two bytes (bits ≤ 8).
         const word = q << shift;
-        out[at] |= word & 0xff;
-        if (shift + bits > 8) out[at + 1] |= word >> 8;
+        out[at]! |= word & 0xff;
+        if (shift + bits > 8) out[at + 1]! |= word >> 8;
       }
       store(scales, row * groups + g, scale);
       store(biases, row * groups + g, bias);
@@ -170,7 +170,7 @@ export function quantizeAffine(
 /** The integer code of weight (row, j) of an affine matrix. */
 function affineCode(weights: Uint8Array, rowBytes: number, bits: number, row: number, j: number): number {
   const bit = j * bits, at = row * rowBytes + (bit >> 3), shift = bit & 7;
-  const word = weights[at] | (shift + bits > 8 ? weights[at + 1] << 8 : 0);
+  const word = weights[at]! | (shift + bits > 8 ? weights[at + 1]! << 8 : 0);
   return (word >> shift) & ((1 << bits) - 1);
 }
 
@@ -200,12 +200,12 @@ export function dequantizeAffine(q: AffineQuantized): Float64Array {
     }
   }
   const value = (arr: Uint16Array | Float32Array, i: number) =>
-    dtype === "f32" ? arr[i] : dtype === "f16" ? f16Value(arr[i]) : bf16Value(arr[i]);
+    dtype === "f32" ? arr[i] : dtype === "f16" ? f16Value(arr[i]!) : bf16Value(arr[i]!);
   const out = new Float64Array(q.n * q.k);
   for (let row = 0; row < q.n; row++) {
     for (let j = 0; j < q.k; j++) {
       const g = row * groups + Math.floor(j / q.groupSize);
-      out[row * q.k + j] = value(q.scales, g) * affineCode(q.weights, rowBytes, q.bits, row, j) + value(q.biases, g);
+      out[row * q.k + j] = value(q.scales, g)! * affineCode(q.weights, rowBytes, q.bits, row, j) + value(q.biases, g)!;
     }
   }
   return out;

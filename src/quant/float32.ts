@@ -23,7 +23,7 @@ const scratchU16 = new Uint16Array(scratchF16.buffer);
 /** The binary32 bit pattern of `v` (after rounding `v` to binary32). */
 export function f32Bits(v: number): number {
   scratchF32[0] = v;
-  return scratchU32[0];
+  return scratchU32[0]!;
 }
 
 /**
@@ -76,13 +76,13 @@ export function roundHalfEven(v: number): number {
 /** IEEE binary16 bits of `v` (round to nearest even; overflow to ±∞). */
 export function f16BitsOf(v: number): number {
   scratchF16[0] = f32(v);
-  return scratchU16[0];
+  return scratchU16[0]!;
 }
 
 /** The value of IEEE binary16 bits. */
 export function f16Value(bits: number): number {
   scratchU16[0] = bits;
-  return scratchF16[0];
+  return scratchF16[0]!;
 }
 
 /** bfloat16 bits of `v` (round to nearest even; NaN stays NaN). */
@@ -95,7 +95,7 @@ export function bf16BitsOf(v: number): number {
 /** The value of bfloat16 bits. */
 export function bf16Value(bits: number): number {
   scratchU32[0] = (bits & 0xffff) << 16;
-  return scratchF32[0];
+  return scratchF32[0]!;
 }
 
 /**

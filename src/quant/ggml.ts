@@ -96,7 +96,7 @@ function setHalf(out: Uint8Array, at: number, v: number): void {
 }
 
 function getHalf(b: Uint8Array, at: number): number {
-  return f16Value(b[at] | (b[at + 1] << 8));
+  return f16Value(b[at]! | (b[at + 1]! << 8));
 }
 
 function setU32(out: Uint8Array, at: number, v: number): void {
@@ -107,7 +107,7 @@ function setU32(out: Uint8Array, at: number, v: number): void {
 }
 
 function getU32(b: Uint8Array, at: number): number {
-  return (b[at] | (b[at + 1] << 8) | (b[at + 2] << 16) | (b[at + 3] << 24)) >>> 0;
+  return (b[at]! | (b[at + 1]! << 8) | (b[at + 2]! << 16) | (b[at + 3]! << 24)) >>> 0;
 }
 
 // ---- 32-value formats ------------------------------------------------------------------------
@@ -116,7 +116,7 @@ function getU32(b: Uint8Array, at: number): number {
 function signedAbsMax(x: Float32Array, at: number, n: number): number {
   let amax = 0, max = 0;
   for (let j = 0; j < n; j++) {
-    const v = x[at + j];
+    const v = x[at + j]!;
     if (amax < Math.abs(v)) {
       amax = Math.abs(v);
       max = v;
@@ -128,7 +128,7 @@ function signedAbsMax(x: Float32Array, at: number, n: number): number {
 function minMax(x: Float32Array, at: number, n: number): [number, number] {
   let min = FLT_MAX, max = -FLT_MAX;
   for (let j = 0; j < n; j++) {
-    const v = x[at + j];
+    const v = x[at + j]!;
     if (v < min) min = v;
     if (v > max) max = v;
   }
@@ -139,8 +139,8 @@ function quantQ4_0(x: Float32Array, xa: number, out: Uint8Array, at: number): vo
   const d = f32(signedAbsMax(x, xa, 32) / -8), id = d ? f32(1 / d) : 0;
   setHalf(out, at, d);
   for (let j = 0; j < 16; j++) {
-    const q0 = Math.min(15, truncToInt8(f32(f32(x[xa + j] * id) + 8.5))) & 0xff;
-    const q1 = Math.min(15, truncToInt8(f32(f32(x[xa + j + 16] * id) + 8.5))) & 0xff;
+    const q0 = Math.min(15, truncToInt8(f32(f32(x[xa + j]! * id) + 8.5))) & 0xff;
+    const q1 = Math.min(15, truncToInt8(f32(f32(x[xa + j + 16]! * id) + 8.5))) & 0xff;
     out[at + 2 + j] = q0 | (q1 << 4);
   }
 }
@@ -151,8 +151,8 @@ function quantQ4_1(x: Float32Array, xa: number, out: Uint8Array, at: number): vo
   setHalf(out, at, d);
   setHalf(out, at + 2, min);
   for (let j = 0; j < 16; j++) {
-    const q0 = Math.min(15, truncToInt8(f32(f32(f32(x[xa + j] - min) * id) + 0.5))) & 0xff;
-    const q1 = Math.min(15, truncToInt8(f32(f32(f32(x[xa + j + 16] - min) * id) + 0.5))) & 0xff;
+    const q0 = Math.min(15, truncToInt8(f32(f32(f32(x[xa + j]! - min) * id) + 0.5))) & 0xff;
+    const q1 = Math.min(15, truncToInt8(f32(f32(f32(x[xa + j + 16]! - min) * id) + 0.5))) & 0xff;
     out[at + 4 + j] = q0 | (q1 << 4);
   }
 }
@@ -162,8 +162,8 @@ function quantQ5_0(x: Float32Array, xa: number, out: Uint8Array, at: number): vo
   setHalf(out, at, d);
   let qh = 0;
   for (let j = 0; j < 16; j++) {
-    const q0 = Math.min(31, truncToInt8(f32(f32(x[xa + j] * id) + 16.5))) & 0xff;
-    const q1 = Math.min(31, truncToInt8(f32(f32(x[xa + j + 16] * id) + 16.5))) & 0xff;
+    const q0 = Math.min(31, truncToInt8(f32(f32(x[xa + j]! * id) + 16.5))) & 0xff;
+    const q1 = Math.min(31, truncToInt8(f32(f32(x[xa + j + 16]! * id) + 16.5))) & 0xff;
     out[at + 6 + j] = (q0 & 0xf) | ((q1 & 0xf) << 4);
     qh |= ((q0 & 0x10) >> 4) << j;
     qh |= ((q1 & 0x10) >> 4) << (j + 16);
@@ -178,8 +178,8 @@ function quantQ5_1(x: Float32Array, xa: number, out: Uint8Array, at: number): vo
   setHalf(out, at + 2, min);
   let qh = 0;
   for (let j = 0; j < 16; j++) {
-    const q0 = truncToUint8(f32(f32(f32(x[xa + j] - min) * id) + 0.5));
-    const q1 = truncToUint8(f32(f32(f32(x[xa + j + 16] - min) * id) + 0.5));
+    const q0 = truncToUint8(f32(f32(f32(x[xa + j]! - min) * id) + 0.5));
+    const q1 = truncToUint8(f32(f32(f32(x[xa + j + 16]! - min) * id) + 0.5));
     out[at + 8 + j] = (q0 & 0xf) | ((q1 & 0xf) << 4);
     qh |= ((q0 & 0x10) >> 4) << j;
     qh |= ((q1 & 0x10) >> 4) << (j + 16);
@@ -190,12 +190,12 @@ function quantQ5_1(x: Float32Array, xa: number, out: Uint8Array, at: number): vo
 function quantQ8_0(x: Float32Array, xa: number, out: Uint8Array, at: number): void {
   let amax = 0;
   for (let j = 0; j < 32; j++) {
-    const a = Math.abs(x[xa + j]);
+    const a = Math.abs(x[xa + j]!);
     amax = amax > a ? amax : a;
   }
   const d = f32(amax / 127), id = d ? f32(1 / d) : 0;
   setHalf(out, at, d);
-  for (let j = 0; j < 32; j++) out[at + 2 + j] = truncToInt8(roundHalfAway(f32(x[xa + j] * id))) & 0xff;
+  for (let j = 0; j < 32; j++) out[at + 2 + j] = truncToInt8(roundHalfAway(f32(x[xa + j]! * id))) & 0xff;
 }
 
 // ---- k-quants ------------------------------------------------------------------------------------
@@ -204,10 +204,10 @@ function quantQ8_0(x: Float32Array, xa: number, out: Uint8Array, at: number): vo
 function makeQxQuants(n: number, nmax: number, x: Float32Array, xa: number, L: Uint8Array, la: number): number {
   let max = 0, amax = 0;
   for (let i = 0; i < n; i++) {
-    const ax = Math.abs(x[xa + i]);
+    const ax = Math.abs(x[xa + i]!);
     if (ax > amax) {
       amax = ax;
-      max = x[xa + i];
+      max = x[xa + i]!;
     }
   }
   if (amax < GROUP_MAX_EPS) {
@@ -218,7 +218,7 @@ function makeQxQuants(n: number, nmax: number, x: Float32Array, xa: number, L: U
   let iscale = f32(-nmax / max);
   let sumlx = 0, suml2 = 0;
   for (let i = 0; i < n; i++) {
-    const v = x[xa + i];
+    const v = x[xa + i]!;
     const l = clampL(nearestInt(f32(iscale * v)));
     L[la + i] = l + nmax;
     const w = f32(v * v);
@@ -232,14 +232,14 @@ function makeQxQuants(n: number, nmax: number, x: Float32Array, xa: number, L: U
     iscale = f32(-f32(nmax + f32(f32(0.1) * is)) / max);
     sumlx = suml2 = 0;
     for (let i = 0; i < n; i++) {
-      const v = x[xa + i];
+      const v = x[xa + i]!;
       const l = clampL(nearestInt(f32(iscale * v)));
       const w = f32(v * v);
       sumlx = f32(sumlx + f32(f32(w * v) * l));
       suml2 = f32(suml2 + f32(f32(w * l) * l));
     }
     if (suml2 > 0 && f32(sumlx * sumlx) > f32(best * suml2)) {
-      for (let i = 0; i < n; i++) L[la + i] = nmax + clampL(nearestInt(f32(iscale * x[xa + i])));
+      for (let i = 0; i < n; i++) L[la + i] = nmax + clampL(nearestInt(f32(iscale * x[xa + i]!)));
       scale = f32(sumlx / suml2);
       best = f32(scale * sumlx);
     }
@@ -264,14 +264,14 @@ function makeQkx2Quants(
   rdelta: number,
   nstep: number,
 ): [number, number] {
-  let min = x[xa], max = x[xa];
-  let sumW = weights[0];
-  let sumX = f32(sumW * x[xa]);
+  let min = x[xa]!, max = x[xa]!;
+  let sumW = weights[0]!;
+  let sumX = f32(sumW * x[xa]!);
   for (let i = 1; i < n; i++) {
-    const v = x[xa + i];
+    const v = x[xa + i]!;
     if (v < min) min = v;
     if (v > max) max = v;
-    const w = weights[i];
+    const w = weights[i]!;
     sumW = f32(sumW + w);
     sumX = f32(sumX + f32(w * v));
   }
@@ -284,21 +284,21 @@ function makeQkx2Quants(
   let scale = f32(1 / iscale);
   let bestError = 0;
   for (let i = 0; i < n; i++) {
-    const l = Math.max(0, Math.min(nmax, nearestInt(f32(iscale * f32(x[xa + i] - min)))));
+    const l = Math.max(0, Math.min(nmax, nearestInt(f32(iscale * f32(x[xa + i]! - min)))));
     L[la + i] = l;
-    let diff = f32(f32(f32(scale * l) + min) - x[xa + i]);
+    let diff = f32(f32(f32(scale * l) + min) - x[xa + i]!);
     diff = f32(diff * diff);
-    bestError = f32(bestError + f32(weights[i] * diff));
+    bestError = f32(bestError + f32(weights[i]! * diff));
   }
   for (let is = 0; is <= nstep; is++) {
     // `min` moves to the best candidate's min, so later candidates use the updated range.
     iscale = f32(f32(f32(rmin + f32(rdelta * is)) + nmax) / f32(max - min));
     let sumL = 0, sumL2 = 0, sumXL = 0;
     for (let i = 0; i < n; i++) {
-      const v = x[xa + i];
+      const v = x[xa + i]!;
       const l = Math.max(0, Math.min(nmax, nearestInt(f32(iscale * f32(v - min)))));
       Laux[i] = l;
-      const w = weights[i];
+      const w = weights[i]!;
       const wl = f32(w * l);
       sumL = f32(sumL + wl);
       sumL2 = f32(sumL2 + f32(wl * l));
@@ -314,9 +314,9 @@ function makeQkx2Quants(
       }
       let curError = 0;
       for (let i = 0; i < n; i++) {
-        let diff = f32(f32(f32(thisScale * Laux[i]) + thisMin) - x[xa + i]);
+        let diff = f32(f32(f32(thisScale * Laux[i]!) + thisMin) - x[xa + i]!);
         diff = f32(diff * diff);
-        curError = f32(curError + f32(weights[i] * diff));
+        curError = f32(curError + f32(weights[i]! * diff));
       }
       if (curError < bestError) {
         L.set(Laux.subarray(0, n), la);
@@ -331,10 +331,10 @@ function makeQkx2Quants(
 
 /** ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
 function scaleMinK4(j: number, q: Uint8Array, at: number): [number, number] {
-  if (j < 4) return [q[at + j] & 63, q[at + j + 4] & 63];
+  if (j < 4) return [q[at + j]! & 63, q[at + j + 4]! & 63];
   return [
-    (q[at + j + 4] & 0xf) | ((q[at + j - 4] >> 6) << 4),
-    (q[at + j + 4] >> 4) | ((q[at + j] >> 6) << 4),
+    (q[at + j + 4]! & 0xf) | ((q[at + j - 4]! >> 6) << 4),
+    (q[at + j + 4]! >> 4) | ((q[at + j]! >> 6) << 4),
   ];
 }
 
@@ -359,9 +359,9 @@ function quantKScaleMin(
   for (let j = 0; j < 8; j++) {
     const sa = xa + 32 * j;
     let sumX2 = 0;
-    for (let l = 0; l < 32; l++) sumX2 = f32(sumX2 + f32(x[sa + l] * x[sa + l]));
+    for (let l = 0; l < 32; l++) sumX2 = f32(sumX2 + f32(x[sa + l]! * x[sa + l]!));
     const avX = f32(Math.sqrt(f32(sumX2 / 32)));
-    for (let l = 0; l < 32; l++) weights[l] = f32(avX + Math.abs(x[sa + l]));
+    for (let l = 0; l < 32; l++) weights[l] = f32(avX + Math.abs(x[sa + l]!));
     const [scale, min] = makeQkx2Quants(32, nmax, x, sa, weights, L, 32 * j, Laux, rmin, f32(0.1), nstep);
     scales[j] = scale;
     mins[j] = min;
@@ -372,15 +372,15 @@ function quantKScaleMin(
   const invMin = maxMin > 0 ? f32(63 / maxMin) : 0;
   const sc = at + 4;
   for (let j = 0; j < 8; j++) {
-    const ls = Math.min(63, nearestInt(f32(invScale * scales[j])) & 0xff);
-    const lm = Math.min(63, nearestInt(f32(invMin * mins[j])) & 0xff);
+    const ls = Math.min(63, nearestInt(f32(invScale * scales[j]!)) & 0xff);
+    const lm = Math.min(63, nearestInt(f32(invMin * mins[j]!)) & 0xff);
     if (j < 4) {
       out[sc + j] = ls;
       out[sc + j + 4] = lm;
     } else {
       out[sc + j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
-      out[sc + j - 4] |= (ls >> 4) << 6;
-      out[sc + j] |= (lm >> 4) << 6;
+      out[sc + j - 4]! |= (ls >> 4) << 6;
+      out[sc + j]! |= (lm >> 4) << 6;
     }
   }
   setHalf(out, at, f32(maxScale / 63));
@@ -392,7 +392,7 @@ function quantKScaleMin(
     if (!d) continue;
     const dm = f32(dminAll * m);
     for (let ii = 0; ii < 32; ii++) {
-      L[32 * j + ii] = Math.max(0, Math.min(nmax, nearestInt(f32(f32(x[xa + 32 * j + ii] + dm) / d))));
+      L[32 * j + ii] = Math.max(0, Math.min(nmax, nearestInt(f32(f32(x[xa + 32 * j + ii]! + dm) / d))));
     }
   }
 }
@@ -401,7 +401,7 @@ function quantQ4K(x: Float32Array, xa: number, out: Uint8Array, at: number): voi
   const L = kL;
   quantKScaleMin(x, xa, out, at, 15, -1, 20, L);
   for (let j = 0, q = at + 16; j < 256; j += 64, q += 32) {
-    for (let l = 0; l < 32; l++) out[q + l] = L[j + l] | (L[j + l + 32] << 4);
+    for (let l = 0; l < 32; l++) out[q + l] = L[j + l]! | (L[j + l + 32]! << 4);
   }
 }
 
@@ -413,14 +413,14 @@ function quantQ5K(x: Float32Array, xa: number, out: Uint8Array, at: number): voi
   let m1 = 1, m2 = 2;
   for (let n = 0, ql = at + 48; n < 256; n += 64, ql += 32) {
     for (let j = 0; j < 32; j++) {
-      let l1 = L[n + j], l2 = L[n + j + 32];
+      let l1 = L[n + j]!, l2 = L[n + j + 32]!;
       if (l1 > 15) {
         l1 -= 16;
-        out[qh + j] |= m1;
+        out[qh + j]! |= m1;
       }
       if (l2 > 15) {
         l2 -= 16;
-        out[qh + j] |= m2;
+        out[qh + j]! |= m2;
       }
       out[ql + j] = l1 | (l2 << 4);
     }
@@ -444,19 +444,19 @@ function quantQ6K(x: Float32Array, xa: number, out: Uint8Array, at: number): voi
   if (maxAbsScale < GROUP_MAX_EPS) return; // an all-zero block, d = +0
   const iscale = f32(-128 / maxScale);
   setHalf(out, at + 208, f32(1 / iscale));
-  for (let ib = 0; ib < 16; ib++) out[at + 192 + ib] = Math.min(127, nearestInt(f32(iscale * scales[ib]))) & 0xff;
+  for (let ib = 0; ib < 16; ib++) out[at + 192 + ib] = Math.min(127, nearestInt(f32(iscale * scales[ib]!))) & 0xff;
   const d16 = getHalf(out, at + 208);
   for (let j = 0; j < 16; j++) {
-    const d = f32(d16 * ((out[at + 192 + j] << 24) >> 24));
+    const d = f32(d16 * ((out[at + 192 + j]! << 24) >> 24));
     if (!d) continue;
     for (let ii = 0; ii < 16; ii++) {
-      L[16 * j + ii] = Math.max(-32, Math.min(31, nearestInt(f32(x[xa + 16 * j + ii] / d)))) + 32;
+      L[16 * j + ii] = Math.max(-32, Math.min(31, nearestInt(f32(x[xa + 16 * j + ii]! / d)))) + 32;
     }
   }
   for (let half = 0; half < 2; half++) {
     const n = half * 128;
     for (let l = 0; l < 32; l++) {
-      const q1 = L[n + l], q2 = L[n + l + 32], q3 = L[n + l + 64], q4 = L[n + l + 96];
+      const q1 = L[n + l]!, q2 = L[n + l + 32]!, q3 = L[n + l + 64]!, q4 = L[n + l + 96]!;
       out[at + half * 64 + l] = (q1 & 0xf) | ((q3 & 0xf) << 4);
       out[at + half * 64 + l + 32] = (q2 & 0xf) | ((q4 & 0xf) << 4);
       out[at + 128 + half * 32 + l] = ((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)) & 0xff;
@@ -465,7 +465,7 @@ function quantQ6K(x: Float32Array, xa: number, out: Uint8Array, at: number): voi
 }
 
 function quantF16(x: Float32Array, xa: number, out: Uint8Array, at: number): void {
-  setHalf(out, at, x[xa]);
+  setHalf(out, at, x[xa]!);
 }
 
 type BlockQuantizer = (x: Float32Array, xa: number, out: Uint8Array, at: number) => void;
@@ -498,7 +498,7 @@ export function quantizeGgml(w: ArrayLike<number>, n: number, k: number, format:
   // One row of float32 at a time: the C code reads float32 and every block is independent.
   const x = new Float32Array(k);
   for (let row = 0; row < n; row++) {
-    for (let j = 0; j < k; j++) x[j] = w[row * k + j];
+    for (let j = 0; j < k; j++) x[j] = w[row * k + j]!;
     const rowAt = row * (k / blk.values) * blk.bytes;
     for (let b = 0; b < k / blk.values; b++) quant(x, b * blk.values, out, rowAt + b * blk.bytes);
   }
@@ -516,41 +516,41 @@ const DEQUANTIZERS: Record<GgmlQuantFormat, BlockDequantizer> = {
   q4_0: (b, at, out, o) => {
     const d = getHalf(b, at);
     for (let j = 0; j < 16; j++) {
-      out[o + j] = ((b[at + 2 + j] & 0xf) - 8) * d;
-      out[o + j + 16] = ((b[at + 2 + j] >> 4) - 8) * d;
+      out[o + j] = ((b[at + 2 + j]! & 0xf) - 8) * d;
+      out[o + j + 16] = ((b[at + 2 + j]! >> 4) - 8) * d;
     }
   },
   q4_1: (b, at, out, o) => {
     const d = getHalf(b, at), m = getHalf(b, at + 2);
     for (let j = 0; j < 16; j++) {
-      out[o + j] = (b[at + 4 + j] & 0xf) * d + m;
-      out[o + j + 16] = (b[at + 4 + j] >> 4) * d + m;
+      out[o + j] = (b[at + 4 + j]! & 0xf) * d + m;
+      out[o + j + 16] = (b[at + 4 + j]! >> 4) * d + m;
     }
   },
   q5_0: (b, at, out, o) => {
     const d = getHalf(b, at), qh = getU32(b, at + 2);
     for (let j = 0; j < 16; j++) {
-      out[o + j] = (((b[at + 6 + j] & 0xf) | (((qh >>> j) & 1) << 4)) - 16) * d;
-      out[o + j + 16] = (((b[at + 6 + j] >> 4) | (((qh >>> (j + 16)) & 1) << 4)) - 16) * d;
+      out[o + j] = (((b[at + 6 + j]! & 0xf) | (((qh >>> j) & 1) << 4)) - 16) * d;
+      out[o + j + 16] = (((b[at + 6 + j]! >> 4) | (((qh >>> (j + 16)) & 1) << 4)) - 16) * d;
     }
   },
   q5_1: (b, at, out, o) => {
     const d = getHalf(b, at), m = getHalf(b, at + 2), qh = getU32(b, at + 4);
     for (let j = 0; j < 16; j++) {
-      out[o + j] = ((b[at + 8 + j] & 0xf) | (((qh >>> j) & 1) << 4)) * d + m;
-      out[o + j + 16] = ((b[at + 8 + j] >> 4) | (((qh >>> (j + 16)) & 1) << 4)) * d + m;
+      out[o + j] = ((b[at + 8 + j]! & 0xf) | (((qh >>> j) & 1) << 4)) * d + m;
+      out[o + j + 16] = ((b[at + 8 + j]! >> 4) | (((qh >>> (j + 16)) & 1) << 4)) * d + m;
     }
   },
   q8_0: (b, at, out, o) => {
     const d = getHalf(b, at);
-    for (let j = 0; j < 32; j++) out[o + j] = ((b[at + 2 + j] << 24) >> 24) * d;
+    for (let j = 0; j < 32; j++) out[o + j] = ((b[at + 2 + j]! << 24) >> 24) * d;
   },
   q4_k: (b, at, out, o) => {
     const d = getHalf(b, at), dmin = getHalf(b, at + 2);
     for (let v = 0; v < 256; v++) {
       const [sc, m] = scaleMinK4(v >> 5, b, at + 4);
       const chunk = v >> 6, l = v & 31, high = (v >> 5) & 1;
-      const byte = b[at + 16 + chunk * 32 + l];
+      const byte = b[at + 16 + chunk * 32 + l]!;
       out[o + v] = d * sc * (high ? byte >> 4 : byte & 0xf) - dmin * m;
     }
   },
@@ -559,8 +559,8 @@ const DEQUANTIZERS: Record<GgmlQuantFormat, BlockDequantizer> = {
     for (let v = 0; v < 256; v++) {
       const sub = v >> 5, [sc, m] = scaleMinK4(sub, b, at + 4);
       const chunk = v >> 6, l = v & 31, high = sub & 1;
-      const byte = b[at + 48 + chunk * 32 + l];
-      const q = (high ? byte >> 4 : byte & 0xf) | (((b[at + 16 + l] >> sub) & 1) << 4);
+      const byte = b[at + 48 + chunk * 32 + l]!;
+      const q = (high ? byte >> 4 : byte & 0xf) | (((b[at + 16 + l]! >> sub) & 1) << 4);
       out[o + v] = d * sc * q - dmin * m;
     }
   },
@@ -568,10 +568,10 @@ const DEQUANTIZERS: Record<GgmlQuantFormat, BlockDequantizer> = {
     const d = getHalf(b, at + 208);
     for (let v = 0; v < 256; v++) {
       const half = v >> 7, off = v & 127, quad = off >> 5, l = off & 31;
-      const ql = b[at + half * 64 + l + (quad & 1) * 32];
+      const ql = b[at + half * 64 + l + (quad & 1) * 32]!;
       const low = quad < 2 ? ql & 0xf : ql >> 4;
-      const high = (b[at + 128 + half * 32 + l] >> (2 * quad)) & 3;
-      const sc = (b[at + 192 + (v >> 4)] << 24) >> 24;
+      const high = (b[at + 128 + half * 32 + l]! >> (2 * quad)) & 3;
+      const sc = (b[at + 192 + (v >> 4)]! << 24) >> 24;
       out[o + v] = d * sc * ((low | (high << 4)) - 32);
     }
   },

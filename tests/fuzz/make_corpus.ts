@@ -254,8 +254,8 @@ if (missing.length > 0) throw new Error(`no seed for: ${missing.join(", ")}`);
 
 function dispatchesKernel(words: Words, name: string): boolean {
   const h = reg.get(name).handle;
-  for (let i = 0; i < words.length; i += words[i] >>> 16) {
-    if ((words[i] & 0xff) === Op.SET_PIPELINE && words[i + 1] === h) return true;
+  for (let i = 0; i < words.length; i += words[i]! >>> 16) {
+    if ((words[i]! & 0xff) === Op.SET_PIPELINE && words[i + 1] === h) return true;
   }
   return false;
 }
@@ -270,7 +270,7 @@ for (const [name, words] of Object.entries(seeds)) {
   const file = new Uint8Array(2 + body.length);
   // Split at the record boundary nearest the middle: a record never spans two chunks.
   let split = 0;
-  for (let i = 0; i < words.length; i += words[i] >>> 16) {
+  for (let i = 0; i < words.length; i += words[i]! >>> 16) {
     if (Math.abs(i * 4 - body.length / 2) < Math.abs(split - body.length / 2)) split = i * 4;
   }
   file.set([split & 0xff, split >> 8], 0);

@@ -86,16 +86,16 @@ export function mutate(input: Uint8Array, other: Uint8Array, next: () => number)
     const at = out.length ? pick(out.length) : 0;
     switch (pick(9)) {
       case 0: // bit flip
-        if (out.length) out[at] ^= 1 << pick(8);
+        if (out.length) out[at]! ^= 1 << pick(8);
         break;
       case 1: // interesting byte
-        if (out.length) out[at] = [0, 1, 0x7f, 0x80, 0xff, 0x20, 0x7b, 0x22][pick(8)];
+        if (out.length) out[at] = [0, 1, 0x7f, 0x80, 0xff, 0x20, 0x7b, 0x22][pick(8)]!;
         break;
       case 2: { // interesting little-endian u64 / u32 at an 4-aligned position (counts, lengths, offsets)
-        const v = INTERESTING_U64[pick(INTERESTING_U64.length)] + BigInt(pick(3)) - 1n;
+        const v = INTERESTING_U64[pick(INTERESTING_U64.length)]! + BigInt(pick(3)) - 1n;
         const bytes = new Uint8Array(BigUint64Array.of(BigInt.asUintN(64, v)).buffer);
         const a = at & ~3, len = pick(2) ? 8 : 4;
-        for (let i = 0; i < len && a + i < out.length; i++) out[a + i] = bytes[i];
+        for (let i = 0; i < len && a + i < out.length; i++) out[a + i] = bytes[i]!;
         break;
       }
       case 3: // truncate
@@ -166,8 +166,8 @@ export function mutateSafetensorsHeader(input: Uint8Array, next: () => number): 
   >;
   const names = Object.keys(header);
   if (names.length === 0) return input;
-  const name = names[pick(names.length)];
-  const field = ["dtype", "shape", "data_offsets", "extra"][pick(4)];
+  const name = names[pick(names.length)]!;
+  const field = ["dtype", "shape", "data_offsets", "extra"][pick(4)]!;
   const value = JSON_VALUES[pick(JSON_VALUES.length)];
   if (pick(8) === 0) header[name] = value as Record<string, unknown>;
   else if (field === "shape" && Array.isArray(header[name]?.shape) && pick(2)) {
@@ -216,7 +216,7 @@ export function fuzz(
   for (let i = 0; i < iterations; i++) {
     const kind = next() < 0.6 ? "gguf" : "safetensors";
     const pool = s[kind];
-    const a = pool[Math.floor(next() * pool.length)], b = pool[Math.floor(next() * pool.length)];
+    const a = pool[Math.floor(next() * pool.length)]!, b = pool[Math.floor(next() * pool.length)]!;
     let input: Uint8Array;
     try {
       input = kind === "safetensors" && next() < 0.5 ? mutateSafetensorsHeader(a, next) : mutate(a, b, next);

@@ -126,7 +126,7 @@ export function writeGguf(
   const dataOffset = tensors.length > 0 ? Math.ceil(header.length / alignment) * alignment : header.length;
   const out = new Uint8Array(dataOffset + (tensors.length ? offsets.at(-1)! + tensors.at(-1)!.data.length : 0));
   out.set(header);
-  tensors.forEach((t, i) => out.set(t.data, dataOffset + offsets[i]));
+  tensors.forEach((t, i) => out.set(t.data, dataOffset + offsets[i]!));
   return out;
 }
 
@@ -238,8 +238,8 @@ export function writeTinyLlamaGguf(spec: TinyLlamaSpec): Uint8Array {
     const parts = name.split(".");
     const layer = parts[0] === "blk" ? Number(parts[1]) : -1;
     const role = parts[0] === "blk" ? parts[2] : parts[0];
-    const type = ne.length === 1 ? "f32" : spec.typeOf?.(role, layer) ?? "f32";
-    tensors.push({ name, type, ne, data: ggmlBytesOf(values, ne.length === 2 ? ne[1] : 1, ne[0], type) });
+    const type = ne.length === 1 ? "f32" : spec.typeOf?.(role!, layer) ?? "f32";
+    tensors.push({ name, type, ne, data: ggmlBytesOf(values, ne.length === 2 ? ne[1]! : 1, ne[0]!, type) });
   }
   if (spec.freqFactors) {
     tensors.push({

@@ -63,8 +63,8 @@ const HF_ROLE: Record<string, string> = {
 /** The Hugging Face / MLX name of a GGUF tensor name of a llama model (without `.weight`). */
 export function mlxLayerName(ggufName: string): string {
   const p = ggufName.split(".");
-  if (p[0] === "blk") return `model.layers.${p[1]}.${HF_ROLE[p[2]]}`;
-  return { token_embd: "model.embed_tokens", output: "lm_head", output_norm: "model.norm" }[p[0]]!;
+  if (p[0] === "blk") return `model.layers.${p[1]}.${HF_ROLE[p[2]!]}`;
+  return { token_embd: "model.embed_tokens", output: "lm_head", output_norm: "model.norm" }[p[0]!]!;
 }
 
 function bf16Bytes(values: Float32Array): Uint8Array {
@@ -97,17 +97,17 @@ export function writeTinyLlamaMlx(
     const q = quantOf(prefix);
     if (q === null) {
       quantization[prefix] = false;
-      tensors.push({ name: `${prefix}.weight`, dtype: "BF16", shape: [n, k], data: bf16Bytes(values) });
+      tensors.push({ name: `${prefix}.weight`, dtype: "BF16", shape: [n!, k!], data: bf16Bytes(values) });
       continue;
     }
     if (q.bits !== base.bits || q.groupSize !== base.groupSize) {
       quantization[prefix] = { group_size: q.groupSize, bits: q.bits };
     }
-    const a = quantizeAffine(values, n, k, q.bits, q.groupSize);
-    const groups = k / q.groupSize;
-    tensors.push({ name: `${prefix}.weight`, dtype: "U32", shape: [n, (k * q.bits) / 32], data: a.weights });
-    tensors.push({ name: `${prefix}.scales`, dtype: "BF16", shape: [n, groups], data: bytesOf(a.scales) });
-    tensors.push({ name: `${prefix}.biases`, dtype: "BF16", shape: [n, groups], data: bytesOf(a.biases) });
+    const a = quantizeAffine(values, n!, k!, q.bits, q.groupSize);
+    const groups = k! / q.groupSize;
+    tensors.push({ name: `${prefix}.weight`, dtype: "U32", shape: [n!, (k! * q.bits) / 32], data: a.weights });
+    tensors.push({ name: `${prefix}.scales`, dtype: "BF16", shape: [n!, groups], data: bytesOf(a.scales) });
+    tensors.push({ name: `${prefix}.biases`, dtype: "BF16", shape: [n!, groups], data: bytesOf(a.biases) });
   }
   const config = {
     model_type: "llama",
