@@ -113,7 +113,7 @@ export {
   SessionOpSurface,
   type SessionOptions,
 } from "./src/executor.ts";
-export { PlanCache, type PlanCacheStats } from "./src/graph/plan_cache.ts";
+export { PlanCache, type PlanCacheStats } from "./src/plan_cache.ts";
 export {
   DecodeLoop,
   type DecodeLoopOptions,

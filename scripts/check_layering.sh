@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The native layering, checked on the sources (run by `make check`):
+# The layering, checked on the sources (run by `make check`):
 #  1. native/core is backend-neutral: it includes nothing from kernels/cpu (kernel contracts live
 #     outside any backend's kernels).
 #  2. A backend other than the CPU one (native/cuda, objc, metal_emu) includes nothing from
 #     kernels/cpu, and of the core only its interface, native/core/backend.h (internal.h is private).
+#  3. src/graph is a leaf of the TypeScript layers: its modules import each other and src/errors.ts
+#     only (no encoder, executor, kernel registry or native layer).
 # Prints each offending #include and exits 1, or prints "layering: ok".
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -30,6 +32,9 @@ report "a backend other than native/cpu includes kernels/cpu" \
 report "a backend includes a private header of the core (only native/core/backend.h is its interface)" \
   "$(includes "${other_backends[@]}" native/cpu | grep -E '[<"][^">]*core/[^">]*\.h[">]' |
     grep -vE '[<"][^">]*core/backend\.h[">]')"
+
+report "src/graph imports outside the graph layer (only ./*.ts and ../errors.ts)" \
+  "$(grep -nHE '(from|^import)[[:space:]]*"' src/graph/*.ts | grep -vE '^[^:]+:[0-9]+:[[:space:]]*\*' | grep -vE '(from|import)[[:space:]]*"(\./[a-z_]+\.ts|\.\./errors\.ts)"')"
 
 if [ "$bad" -ne 0 ]; then
   exit 1

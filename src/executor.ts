@@ -23,7 +23,7 @@ import {
   type PlanRecords,
   RecordsBuilder,
   replaySteps,
-} from "./graph/plan_cache.ts";
+} from "./plan_cache.ts";
 import type { KernelRegistry, Pipeline } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
 import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
@@ -44,7 +44,7 @@ export interface ExecutorOptions {
   autoBarriers?: boolean | undefined;
   /**
    * Cache optimised recorded passes by topology and replay them (default on; MLXN_PLAN_CACHE=0
-   * forbids it). See src/graph/plan_cache.ts for the key.
+   * forbids it). See src/plan_cache.ts for the key.
    */
   planCache?: boolean | undefined;
   /** Most cached plans, least recently used evicted first (default 16). */

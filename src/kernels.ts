@@ -78,15 +78,15 @@ export class Pipeline {
   /** The kernel's contract. */
   readonly contract: KernelContract;
   /**
-   * @internal The contract as one small integer per slot, for the encoder's single-pass writer:
+   * @ignore The contract as one small integer per slot, for the encoder's single-pass writer:
    * {@link SLOT_BUFFER}, {@link SLOT_OPTIONAL_BUFFER}, or for inline bytes their exact size in
    * bytes (0 when any size up to the limit is accepted).
    */
   readonly slotPlan: readonly number[];
-  /** @internal Most stream words one dispatch of this pipeline can take. */
+  /** @ignore Most stream words one dispatch of this pipeline can take. */
   readonly maxDispatchWords: number;
 
-  /** @internal Created by KernelRegistry. */
+  /** @ignore Created by KernelRegistry. */
   constructor(name: string, handle: number, contract: KernelContract) {
     this.name = name;
     this.handle = handle;
@@ -104,9 +104,9 @@ export class Pipeline {
   }
 }
 
-/** @internal {@link Pipeline.slotPlan} code of a required buffer slot. */
+/** @ignore {@link Pipeline.slotPlan} code of a required buffer slot. */
 export const SLOT_BUFFER = -1;
-/** @internal {@link Pipeline.slotPlan} code of an optional buffer slot. */
+/** @ignore {@link Pipeline.slotPlan} code of an optional buffer slot. */
 export const SLOT_OPTIONAL_BUFFER = -2;
 
 const contracts = new Map<string, KernelContract>();

@@ -23,7 +23,7 @@ const DOCUMENTED = [
   "src/encoder.ts",
   "src/executor.ts",
   "src/graph/compute_graph.ts",
-  "src/graph/plan_cache.ts",
+  "src/plan_cache.ts",
   "src/graph/tracker.ts",
   "src/kernels.ts",
   "src/profile.ts",

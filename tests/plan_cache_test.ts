@@ -15,7 +15,7 @@ import {
   type MlxBuffer,
   MlxError,
 } from "../mod.ts";
-import { type CachedPlan, Fingerprint, PlanCache } from "../src/graph/plan_cache.ts";
+import { type CachedPlan, Fingerprint, PlanCache } from "../src/plan_cache.ts";
 import { randomValues, testContext } from "./helpers.ts";
 
 const ALLOCS = 3, ELEMS = 512, DIM = 32;

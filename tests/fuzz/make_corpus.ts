@@ -95,6 +95,7 @@ seeds.axpby_f32 = dispatch(
   [64, 1, 1],
   "threads",
 );
+seeds.scale_f32 = dispatch("scale_f32", [256, 256, [f32Bits(2), 64]], [64, 1, 1], [64, 1, 1], "threads");
 seeds.strided_copy_f32 = dispatch("strided_copy_f32", [224, 128, [4, 8, 16, 8]], [8, 4, 1], [8, 1, 1], "threads");
 seeds.debug_fault = dispatch("debug_fault", [4, [0]], [1, 1, 1], [1, 1, 1]);
 seeds.debug_fault_failing = dispatch("debug_fault", [4, [1]], [1, 1, 1], [1, 1, 1]);

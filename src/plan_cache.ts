@@ -17,16 +17,16 @@
  * @module
  */
 
-import type { Capture } from "../capture_recorder.ts";
-import { writeDispatch } from "../dispatch_writer.ts";
-import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "../encoder.ts";
-import { MlxError } from "../errors.ts";
-import type { Pipeline } from "../kernels.ts";
-import { Op } from "../native/abi.ts";
-import { StreamWriter } from "../native/stream.ts";
-import type { GraphEncodeTarget } from "./compute_graph.ts";
-import type { CapturedNode, PipelineRef } from "./nodes.ts";
-import type { MemRange } from "./ranges.ts";
+import type { Capture } from "./capture_recorder.ts";
+import { writeDispatch } from "./dispatch_writer.ts";
+import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
+import { MlxError } from "./errors.ts";
+import type { Pipeline } from "./kernels.ts";
+import { Op } from "./native/abi.ts";
+import { StreamWriter } from "./native/stream.ts";
+import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
+import type { CapturedNode, PipelineRef } from "./graph/nodes.ts";
+import type { MemRange } from "./graph/ranges.ts";
 
 /** One dispatch of a cached plan: its geometry, and where each binding comes from in a new pass. */
 export interface PlanDispatch {
@@ -287,7 +287,7 @@ export class PlanCache {
     this.capacity = capacity;
   }
 
-  /** @internal The plan for the fingerprinted topology, or undefined (counted as a hit or a miss). */
+  /** @ignore The plan for the fingerprinted topology, or undefined (counted as a hit or a miss). */
   lookup(fp: Fingerprint): CachedPlan | undefined {
     const list = this.#byHash.get(fp.hash);
     if (list !== undefined) {
@@ -303,7 +303,7 @@ export class PlanCache {
     return undefined;
   }
 
-  /** @internal Stores a plan for the fingerprinted topology, evicting the least recently used beyond capacity. */
+  /** @ignore Stores a plan for the fingerprinted topology, evicting the least recently used beyond capacity. */
   store(fp: Fingerprint, plan: CachedPlan): void {
     if (this.capacity === 0) return;
     const c = fp.capture;
@@ -323,7 +323,7 @@ export class PlanCache {
   }
 
   /**
-   * @internal Whether a pass that just missed should have its optimised plan recorded and stored.
+   * @ignore Whether a pass that just missed should have its optimised plan recorded and stored.
    * Yes for a topology whose shape (the key's hash: sizes, flags, annotations) has no plan yet, and
    * for one seen before; no for a new topology of a known shape, which is remembered instead — so a
    * pass whose ranges change every time (a K/V-cache write moving by one row per token) pays for
