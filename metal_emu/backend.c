@@ -76,19 +76,6 @@ typedef struct emu_state {
 
 /* ---- worker pool ------------------------------------------------------------------------------------ */
 
-/* Dispatch times are plain fields of mlxn_dispatch, shared by the threads running its threadgroups. */
-static void atomic_min_u64(uint64_t *p, uint64_t v) {
-  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-}
-
-static void atomic_max_u64(uint64_t *p, uint64_t v) {
-  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-}
-
 static void work_on(emu_job *job, mlxn_emu_worker *w) {
   uint32_t di = 0;
   char err[sizeof job->err];
@@ -110,8 +97,7 @@ static void work_on(emu_job *job, mlxn_emu_worker *w) {
     uint64_t t0 = mlxn_now_ns();
     int rc = mlxn_emu_run_group(w, l, gx, gy, gz, job->order, job->fill, err, sizeof err);
     uint64_t t1 = mlxn_now_ns();
-    atomic_min_u64(&job->dispatches[di].t_start, t0);
-    atomic_max_u64(&job->dispatches[di].t_end, t1);
+    mlxn_dispatch_span(&job->dispatches[di], t0, t1);
     if (rc != 0) {
       pthread_mutex_lock(&job->err_mu);
       if (atomic_load(&job->failed) == 0) {

@@ -37,9 +37,19 @@ typedef struct mlxn_dispatch {
   uint64_t tg_total; /* threadgroups in this dispatch */
   /* Timing on the core's clock (mlxn_now_ns): the first threadgroup's start and the last one's end.
    * The core sets UINT64_MAX and 0 (unknown); a backend that has times lowers t_start and raises
-   * t_end, with __atomic builtins where several threads run one dispatch. */
+   * t_end (mlxn_dispatch_span where several threads run one dispatch). */
   uint64_t t_start, t_end;
 } mlxn_dispatch;
+
+/* Widens d's time span to [t0, t1]: safe when several threads run threadgroups of one dispatch. */
+static inline void mlxn_dispatch_span(mlxn_dispatch *d, uint64_t t0, uint64_t t1) {
+  uint64_t cur = __atomic_load_n(&d->t_start, __ATOMIC_RELAXED);
+  while (t0 < cur && !__atomic_compare_exchange_n(&d->t_start, &cur, t0, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  cur = __atomic_load_n(&d->t_end, __ATOMIC_RELAXED);
+  while (t1 > cur && !__atomic_compare_exchange_n(&d->t_end, &cur, t1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
 
 /* A committed command buffer as its backend sees it: the dispatches in commit order (in), its
  * times and error (out). It stays valid and unchanged from run/launch to the end of run/complete. */

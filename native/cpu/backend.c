@@ -48,19 +48,6 @@ typedef struct cpu_pool {
 #define GROUP_OK (UINT32_MAX - 1)
 #define GROUP_OUT_OF_MEMORY UINT32_MAX
 
-/* Dispatch times are plain fields of mlxn_dispatch, shared by the threads running its threadgroups. */
-static void atomic_min_u64(uint64_t *p, uint64_t v) {
-  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-}
-
-static void atomic_max_u64(uint64_t *p, uint64_t v) {
-  uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-}
-
 /* Takes chunks of the job's flattened threadgroup range until none are left. */
 static void work_on(group_job *job, void *scratch) {
   uint32_t di = 0;
@@ -87,8 +74,7 @@ static void work_on(group_job *job, void *scratch) {
         }
       }
       uint64_t t1 = mlxn_now_ns();
-      atomic_min_u64(&d->t_start, t0);
-      atomic_max_u64(&d->t_end, t1);
+      mlxn_dispatch_span(d, t0, t1);
       idx = dend;
     }
   }
