@@ -37,6 +37,7 @@ import {
   MlxDevice,
   MlxError,
 } from "../mod.ts";
+import { stepAdvance } from "../src/ops/sample.ts";
 import { createLlama } from "./llama.ts";
 import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "./pipeline_trace.ts";
 
@@ -196,6 +197,8 @@ const modes: Mode[] = wantedModes.map((name) => ({
 }));
 
 interface Result {
+  /** Recorded passes that replayed a cached plan. */
+  planHits: number;
   tokens: number[];
   logits: Float32Array[];
   wallMs: number;
@@ -227,6 +230,7 @@ function runPipelined(mode: Mode): Result {
     depth: loopCfg.depth,
     readBatch: loopCfg["read-batch"],
     recorded: true,
+    stepState: true, // every pass encodes the same commands: the plan cache replays them
     session: { autoBarriers: false },
     finish: { fuse: true, reorder: true, dualBuffer: false },
     encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier()),
@@ -238,6 +242,7 @@ function runPipelined(mode: Mode): Result {
   pipelinedRun = { report: rep, loop };
   const sum = (f: (r: FinishReport) => number) => rep.reports.reduce((x, r) => x + f(r), 0);
   const r: Result = {
+    planHits: rep.reports.filter((x) => x.planCache === "hit").length,
     tokens: [...rep.tokens],
     logits: [act.logits!.read() as Float32Array],
     wallMs: rep.wallNs / 1e6,
@@ -259,6 +264,7 @@ function run(mode: Mode): Result {
   model.resetCache();
   counters.reset();
   const r: Result = {
+    planHits: 0,
     tokens: [],
     logits: [],
     wallMs: 0,
@@ -273,11 +279,16 @@ function run(mode: Mode): Result {
   };
   let token = 1;
   let t0 = performance.now();
+  // Recorded passes read the position from the device step state and advance it themselves, so
+  // every token's pass has the same commands (and replays the plan cached at the first).
+  const state = act.state!, position = state.slice(0, 4);
+  if (mode.recorded) state.write(Uint32Array.from([0, 1, 0, 0]));
   for (let pos = 0; pos < cfg.tokens + warmup; pos++) {
     if (pos === warmup) { // only tokens after the warm-up are measured and compared
       t0 = performance.now();
       counters.reset();
       Object.assign(r, {
+        planHits: 0,
         tokens: [],
         logits: [],
         encodeNs: 0,
@@ -293,7 +304,11 @@ function run(mode: Mode): Result {
     act.x!.write(embedding.subarray(token * hidden, (token + 1) * hidden));
     act.pos!.write(new Uint32Array([pos]));
     const s = mode.recorded ? exec.beginRecorded() : exec.begin({ autoBarriers: mode.auto });
-    model.step(s, pos, mode.auto ? () => {} : () => s.barrier());
+    if (mode.recorded) {
+      model.step(s, pos, () => s.barrier(), undefined, position);
+      s.barrier();
+      stepAdvance(s, exec.registry, state);
+    } else model.step(s, pos, mode.auto ? () => {} : () => s.barrier());
     const rep = s.finish(
       mode.recorded
         ? { fuse: true, reorder: true, dualBuffer: true, label: `token ${pos}` }
@@ -311,6 +326,7 @@ function run(mode: Mode): Result {
     r.commandBuffers += rep.barriers.length;
     r.fusions += rep.fusions;
     r.reordered += rep.reordered;
+    if (rep.planCache === "hit") r.planHits++;
     if (interactive) progress(`\r${mode.name.padEnd(13)} token ${pos + 1}/${cfg.tokens + warmup}   `);
   }
   r.wallMs = performance.now() - t0;
@@ -332,11 +348,25 @@ function bounds(): { plain: number; fused: number; pipelined: number } {
     fused.fuse();
     return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
   };
-  const step = fusedBound((s) => model.step(s, 0, () => s.barrier()));
+  const direct = fusedBound((s) => model.step(s, 0, () => s.barrier()));
+  // The recorded modes' passes are state-driven and end with the state's advance.
+  const state = act.state!, position = state.slice(0, 4);
+  const advanced = (s: GraphSession, encode: () => void) => {
+    encode();
+    s.barrier();
+    stepAdvance(s, exec.registry, state);
+  };
+  const step = fusedBound((s) => advanced(s, () => model.step(s, 0, () => s.barrier(), undefined, position)));
   using ids = device.alloc(8, DType.U32);
-  const token = { index: 0, position: 0, input: ids.slice(0, 4), output: ids.slice(4, 4) };
-  const pass = fusedBound((s) => model.tokenStep(s, token, () => s.barrier()));
-  return { ...step, pipelined: pass.fused };
+  const token = {
+    index: 0,
+    position: 0,
+    input: ids.slice(0, 4),
+    output: ids.slice(4, 4),
+    state: { position, next: state.slice(4, 4), ring: ids, ringSlots: 2 },
+  };
+  const pass = fusedBound((s) => advanced(s, () => model.tokenStep(s, token, () => s.barrier())));
+  return { plain: direct.plain, fused: step.fused, pipelined: pass.fused };
 }
 
 /**
@@ -383,6 +413,11 @@ const rows: Row[] = [
       (r.commandBuffers / n > 1 && r.dispatches / n > dualBufferSplit(r.dispatches / n) ? 1 : 0),
   },
   { label: "cmd buffers", help: "command buffers", value: (_, r) => r.commandBuffers / n },
+  {
+    label: "plan hits",
+    help: "recorded passes that replayed a cached plan",
+    value: (m, r) => m.recorded ? `${r.planHits}/${n}` : "-",
+  },
   { label: "fusions", help: "rms_norm + mul (+ add) fused into one dispatch", value: (_, r) => r.fusions / n },
   { label: "reordered", help: "dispatches moved by the reorder pass", value: (_, r) => r.reordered / n },
   {

@@ -64,13 +64,15 @@ export interface Llama {
   readonly act: Record<string, MlxBuffer>;
   /**
    * Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. Rope
-   * reads the position from `positions` (default `act.pos`).
+   * reads the position from `positions` (default `act.pos`). With `state` (word 0 of a step state),
+   * the position is read on the device instead and the commands do not depend on `pos`.
    */
-  step(s: GraphSession, pos: number, barrier: () => void, positions?: MlxBuffer): void;
+  step(s: GraphSession, pos: number, barrier: () => void, positions?: MlxBuffer, state?: MlxBuffer): void;
   /**
    * Encodes one whole token pass for a `DecodeLoop`: gathers `x` from the device embedding table at
    * the ids in `t.input`, runs `step` at `t.position`, and writes the chosen token into `t.output`
-   * (argmax, or seeded sampling with counter = position).
+   * (argmax, or seeded sampling with counter = position). In a state-driven loop (`t.state`) the
+   * position, ring slots and sampler counter come from the device step state: every pass is the same.
    */
   tokenStep(s: GraphSession, t: DecodeStep, barrier: () => void, select?: TokenSelection): void;
   /** Zeroes the KV caches. */
@@ -191,6 +193,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     logits: f32(vocab),
     tmp: device.alloc(ops.flashAttnVecScratchBytes({ nHeads: heads, headDim: headDim as 64 }), DType.F32),
     pos: device.alloc(4, DType.U32),
+    /** A step state (u32 × 4; word 0 the position) for passes driven from the device. */
+    state: device.alloc(16, DType.U32),
     positions: device.upload(Uint32Array.from({ length: ctx }, (_, i) => i), DType.U32),
   };
   let embeddingTable: MlxBuffer | undefined; // uploaded on the first token pass
@@ -198,8 +202,11 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   // ---- one token ----------------------------------------------------------------------------------
 
   /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
-  function step(s: GraphSession, pos: number, barrier: () => void, positions = act.pos): void {
+  function step(s: GraphSession, pos: number, barrier: () => void, positions = act.pos, state?: MlxBuffer): void {
     const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
+    // With a state: rows at its position of the whole caches, attention's keys from it (ctx bounds it).
+    const atState = state ? { state, maxPositions: ctx } : {};
+    const ropePositions = state ? undefined : positions;
     for (const L of layers) {
       barrier();
       s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 }); // RMS_NORM …
@@ -209,17 +216,32 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       L.wqkv.run(s, act.h, act.qkv);
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
-      const row = (cache: MlxBuffer) => cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-      s.ropeNeox(act.q, act.qr, positions, { ...rope, nHeads: heads });
-      s.ropeNeox(act.k, row(L.kCache), positions, { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim });
-      s.stridedCopy(act.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: ctx * headDim });
+      const row = (cache: MlxBuffer) =>
+        state ? cache : cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+      const perPos = state ? headDim : 0;
+      s.ropeNeox(act.q, act.qr, ropePositions, { ...rope, nHeads: heads, ...atState });
+      s.ropeNeox(act.k, row(L.kCache), ropePositions, {
+        ...rope,
+        nHeads: kvHeads,
+        outHeadStride: ctx * headDim,
+        ...(state ? { outPosStride: perPos } : {}),
+        ...atState,
+      });
+      s.stridedCopy(act.v, row(L.vCache), {
+        rows: kvHeads,
+        cols: headDim,
+        dstStride: ctx * headDim,
+        ...(state ? { dstPosStride: perPos } : {}),
+        ...atState,
+      });
       barrier();
       s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
         nHeads: heads,
         nKvHeads: kvHeads,
         headDim: headDim as 64,
-        kvSeqLen: pos + 1,
+        kvSeqLen: state ? ctx : pos + 1,
         kvCapacity: ctx,
+        ...(state ? { state } : {}),
       });
       barrier();
       L.wo.addInto(s, act.attn, act.x, act.o, barrier); // x += attn · Woᵀ
@@ -250,20 +272,25 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       );
     }
     embeddingTable ??= device.upload(embedding);
-    const reg = device.kernels;
-    ops.embedGather(s, reg, embeddingTable, t.input, act.x, { dim: hidden, vocab });
-    step(s, pos, barrier, act.positions.slice(pos * 4, 4));
+    const reg = device.kernels, st = t.state;
+    // State-driven: the whole ring, read at the position's slot and written at the next one's.
+    const inRing = st ? { cursor: st.position, ring: st.ringSlots } : {};
+    const outRing = st ? { cursor: st.next, ring: st.ringSlots } : {};
+    ops.embedGather(s, reg, embeddingTable, st ? st.ring : t.input, act.x, { dim: hidden, vocab, ...inRing });
+    step(s, pos, barrier, st ? undefined : act.positions.slice(pos * 4, 4), st?.position);
     barrier();
-    const temperature = select.temperature ?? 0;
-    if (temperature === 0) ops.argmax(s, reg, act.logits, t.output, { vocab });
+    const out = st ? st.ring : t.output, temperature = select.temperature ?? 0;
+    if (temperature === 0) ops.argmax(s, reg, act.logits, out, { vocab, ...outRing });
     else {
-      ops.sample(s, reg, act.logits, t.output, {
+      ops.sample(s, reg, act.logits, out, {
         vocab,
         temperature,
         ...(select.topK === undefined ? {} : { topK: select.topK }),
         ...(select.topP === undefined ? {} : { topP: select.topP }),
         seed: select.seed ?? 0,
-        counter: pos,
+        // The cursor (position + 1) is added on the device: a base of −1 (mod 2³²) gives counter = position.
+        counter: st ? 0xffffffff : pos,
+        ...outRing,
       });
     }
   }

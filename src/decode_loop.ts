@@ -6,8 +6,11 @@
  * of u32 ids — with `ops.embedGather` — and ends with `ops.argmax` or `ops.sample` writing the
  * next ids into the following slot. The device runs command buffers in commit order, so activations
  * and caches shared by consecutive passes need no double buffering: only data the host writes while
- * passes are in flight would, and the loop's host writes nothing per step (slot choice, position and
- * KV length travel in each pass's own command stream as binding offsets and inline constants).
+ * passes are in flight would, and the loop's host writes nothing per step. By default slot choice,
+ * position and KV length travel in each pass's own command stream as binding offsets and inline
+ * constants. With `stepState`, they live in a small device buffer instead (the step state, layout in
+ * src/ops/sample.ts): the loop writes it once per run and ends every pass with `stepAdvance`, so
+ * consecutive passes encode identical command streams (a recorded pass then hits the plan cache).
  *
  * Ring safety: step k writes slot (k + 1) mod ring, so the ids of step k − ring + 1 must have been
  * read back by then. With at most `depth` passes in flight and at most `readBatch − 1` waited steps
@@ -19,6 +22,7 @@
 import type { MlxBuffer } from "./buffer.ts";
 import { DType } from "./dtype.ts";
 import { MlxError } from "./errors.ts";
+import { STEP_STATE_WORDS, stepAdvance } from "./ops/sample.ts";
 import type {
   FinishOptions,
   FinishReport,
@@ -38,7 +42,24 @@ export interface DecodeStep {
   readonly input: MlxBuffer;
   /** Ring slot the step's selection writes (`rows` u32): bind it as `ops.argmax` / `ops.sample` `ids`. */
   readonly output: MlxBuffer;
+  /**
+   * The step state's buffers, in a loop created with `stepState: true`: identical at every step (so
+   * is the pass's command stream). Read the position on the device through them instead of using
+   * `position`, `input` and `output`.
+   */
+  readonly state?: {
+    /** Word 0 of the step state, the input token's position: the `state` of ropeNeox/ropeNorm, stridedCopy and flashAttnVec, and the `cursor` of `ops.embedGather`. */
+    readonly position: MlxBuffer;
+    /** Word 1 (position + 1): the `cursor` of `ops.argmax` / `ops.sample`, which adds it to the counter (pass `counter: 0xffffffff` for counter = position). */
+    readonly next: MlxBuffer;
+    /** The whole id ring: the `ids` of the gather and of the selection, with `ring: ringSlots`. */
+    readonly ring: MlxBuffer;
+    /** Slots of the ring. */
+    readonly ringSlots: number;
+  } | undefined;
 }
+
+type StepStateViews = NonNullable<DecodeStep["state"]>;
 
 /**
  * Encodes one token's pass into `session`: read the input ids from `step.input`, run the model at
@@ -62,6 +83,12 @@ export interface DecodeLoopOptions {
   ring?: number | undefined;
   /** Record each pass (`beginRecorded`) so `finish` options can optimise it (default false: direct). */
   recorded?: boolean | undefined;
+  /**
+   * Drive each pass from a device step state (default false): the loop allocates it, writes the start
+   * position once per run, passes its views as `DecodeStep.state` and appends `stepAdvance` (after a
+   * barrier) to every pass. Step k then uses ring slots (startPosition + k) mod ring and + 1.
+   */
+  stepState?: boolean | undefined;
   /** Options of every step's session (e.g. autoBarriers). */
   session?: SessionOptions | undefined;
   /** Commit options of every pass (fuse, reorder, dualBuffer); the label defaults to `token <position>`. */
@@ -182,6 +209,8 @@ export class DecodeLoop {
   readonly #session: SessionOptions;
   readonly #finish: FinishOptions;
   readonly #slots: MlxBuffer[];
+  /** The step state (u32 × STEP_STATE_WORDS) and its views, with `stepState`. */
+  readonly #state: { buffer: MlxBuffer; views: StepStateViews } | undefined;
   #running = false;
 
   /** A loop on `executor`'s device; allocates the id ring. */
@@ -213,6 +242,21 @@ export class DecodeLoop {
     this.#finish = { ...options.finish };
     this.ids = executor.device.alloc(bytes, DType.U32, [this.ringSlots, this.rows]);
     this.#slots = Array.from({ length: this.ringSlots }, (_, s) => this.ids.slice(s * slotBytes, slotBytes));
+    if (options.stepState) {
+      const buffer = executor.device.alloc(STEP_STATE_WORDS * 4, DType.U32, [STEP_STATE_WORDS]);
+      const views = {
+        position: buffer.slice(0, 4),
+        next: buffer.slice(4, 4),
+        ring: this.ids,
+        ringSlots: this.ringSlots,
+      };
+      this.#state = { buffer, views };
+    }
+  }
+
+  /** The step state buffer (u32 × STEP_STATE_WORDS), when the loop was created with `stepState`. */
+  get stepState(): MlxBuffer | undefined {
+    return this.#state?.buffer;
   }
 
   /**
@@ -291,7 +335,9 @@ export class DecodeLoop {
     start: number,
     onTokens: DecodeRunOptions["onTokens"],
   ): Generator<PendingPass, DecodeRunReport, FinishReport> {
-    const rows = this.rows, R = this.ringSlots;
+    const rows = this.rows, R = this.ringSlots, state = this.#state;
+    // Ring slot of step k's input: k mod R, or (start + k) mod R when the state's position picks it.
+    const base = state ? start % R : 0;
     const tokens = new Uint32Array(steps * rows);
     const timings: StepTiming[] = [], reports: FinishReport[] = [], readbacks: ReadbackTiming[] = [];
     const inFlight: InFlight[] = [];
@@ -303,7 +349,7 @@ export class DecodeLoop {
       const t = nowNs(), from = read;
       // Step j's ids are in slot (j + 1) mod R: at most two contiguous pieces of the ring.
       while (read < waited) {
-        const slot = (read + 1) % R, n = Math.min(waited - read, R - slot);
+        const slot = (base + read + 1) % R, n = Math.min(waited - read, R - slot);
         const ids = this.ids.slice(slot * rows * 4, n * rows * 4).read() as Uint32Array;
         tokens.set(ids, read * rows);
         read += n;
@@ -326,7 +372,9 @@ export class DecodeLoop {
     };
 
     try {
-      this.#slots[0]!.write(new Uint32Array(first));
+      this.#slots[base]!.write(new Uint32Array(first));
+      // No pass is in flight between runs: the state is written before the first pass only.
+      state?.buffer.write(Uint32Array.from([start, start + 1, 0, 0]));
       for (let k = 0; k <= steps; k++) {
         if (k < steps) {
           const encodeStartNs = nowNs();
@@ -336,9 +384,14 @@ export class DecodeLoop {
             this.#encodeStep(s, {
               index: k,
               position: start + k,
-              input: this.#slots[k % R]!,
-              output: this.#slots[(k + 1) % R]!,
+              input: this.#slots[(base + k) % R]!,
+              output: this.#slots[(base + k + 1) % R]!,
+              state: state?.views,
             });
+            if (state) {
+              s.barrier(); // every read of the state in this pass precedes its advance
+              stepAdvance(s, this.executor.registry, state.buffer);
+            }
             pass = s.commit({ label: `token ${start + k}`, ...this.#finish });
           } finally {
             s.dispose(); // no-op once committed
@@ -373,9 +426,10 @@ export class DecodeLoop {
     return { tokens, wallNs: nowNs() - t0, deviceNs, encodeNs, readbacks, timings, reports };
   }
 
-  /** Frees the id ring (slot views share its allocation). */
+  /** Frees the id ring (slot views share its allocation) and the step state. */
   dispose(): void {
     this.ids.dispose();
+    this.#state?.buffer.dispose();
   }
 
   /** Same as {@link DecodeLoop.dispose}. */

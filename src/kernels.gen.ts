@@ -33,20 +33,35 @@ export function packAxpbyParams(w: number[], alpha: number, beta: number, n: num
   w[2] = n;
   w[3] = pad;
 }
-/** Word index of each field of the {rows: u32, cols: u32, src_stride: u32, dst_stride: u32} parameter block, and its length in words. */
-export const STRIDED_COPY_PARAMS = { rows: 0, cols: 1, srcStride: 2, dstStride: 3, words: 4 } as const;
-/** Writes the {rows: u32, cols: u32, src_stride: u32, dst_stride: u32} parameter block into `w` (f32 fields as their bits). */
+/** Word index of each field of the {rows: u32, cols: u32, src_stride: u32, dst_stride: u32, has_state: u32, dst_pos_stride: u32, max_pos: u32} parameter block, and its length in words. */
+export const STRIDED_COPY_PARAMS = {
+  rows: 0,
+  cols: 1,
+  srcStride: 2,
+  dstStride: 3,
+  hasState: 4,
+  dstPosStride: 5,
+  maxPos: 6,
+  words: 7,
+} as const;
+/** Writes the {rows: u32, cols: u32, src_stride: u32, dst_stride: u32, has_state: u32, dst_pos_stride: u32, max_pos: u32} parameter block into `w` (f32 fields as their bits). */
 export function packStridedCopyParams(
   w: number[],
   rows: number,
   cols: number,
   srcStride: number,
   dstStride: number,
+  hasState: number,
+  dstPosStride: number,
+  maxPos: number,
 ): void {
   w[0] = rows;
   w[1] = cols;
   w[2] = srcStride;
   w[3] = dstStride;
+  w[4] = hasState;
+  w[5] = dstPosStride;
+  w[6] = maxPos;
 }
 /** Word index of each field of the {fail: u32} parameter block, and its length in words. */
 export const DEBUG_FAULT_PARAMS = { fail: 0, words: 1 } as const;
@@ -83,26 +98,35 @@ export function packRopeHeadsParams(w: number[], theta: number, headDim: number,
   w[1] = headDim;
   w[2] = ropeDim;
 }
-/** Word index of each field of the {n_heads: u32, has_freq_factors: u32, out_head_stride: u32, out_token_stride: u32} parameter block, and its length in words. */
+/** Word index of each field of the {n_heads: u32, has_freq_factors: u32, out_head_stride: u32, out_token_stride: u32, has_state: u32, out_pos_stride: u32, max_pos: u32} parameter block, and its length in words. */
 export const ROPE_LAYOUT_PARAMS = {
   nHeads: 0,
   hasFreqFactors: 1,
   outHeadStride: 2,
   outTokenStride: 3,
-  words: 4,
+  hasState: 4,
+  outPosStride: 5,
+  maxPos: 6,
+  words: 7,
 } as const;
-/** Writes the {n_heads: u32, has_freq_factors: u32, out_head_stride: u32, out_token_stride: u32} parameter block into `w` (f32 fields as their bits). */
+/** Writes the {n_heads: u32, has_freq_factors: u32, out_head_stride: u32, out_token_stride: u32, has_state: u32, out_pos_stride: u32, max_pos: u32} parameter block into `w` (f32 fields as their bits). */
 export function packRopeLayoutParams(
   w: number[],
   nHeads: number,
   hasFreqFactors: number,
   outHeadStride: number,
   outTokenStride: number,
+  hasState: number,
+  outPosStride: number,
+  maxPos: number,
 ): void {
   w[0] = nHeads;
   w[1] = hasFreqFactors;
   w[2] = outHeadStride;
   w[3] = outTokenStride;
+  w[4] = hasState;
+  w[5] = outPosStride;
+  w[6] = maxPos;
 }
 /** Word index of each field of the {m: u32, n: u32, k: u32, mode: u32} parameter block, and its length in words. */
 export const DENSE_PARAMS = { m: 0, n: 1, k: 2, mode: 3, words: 4 } as const;
@@ -221,7 +245,7 @@ export function packSdpaParams(
   w[5] = f32Bits(scale);
   w[6] = kvCap;
 }
-/** Word index of each field of the {heads: u32, kv_heads: u32, hd: u32, kv_len: u32, kv_cap: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32} parameter block, and its length in words. */
+/** Word index of each field of the {heads: u32, kv_heads: u32, hd: u32, kv_len: u32, kv_cap: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32, has_state: u32} parameter block, and its length in words. */
 export const FLASH_PARAMS = {
   heads: 0,
   kvHeads: 1,
@@ -233,9 +257,10 @@ export const FLASH_PARAMS = {
   window: 7,
   softcap: 8,
   nwg: 9,
-  words: 10,
+  hasState: 10,
+  words: 11,
 } as const;
-/** Writes the {heads: u32, kv_heads: u32, hd: u32, kv_len: u32, kv_cap: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32} parameter block into `w` (f32 fields as their bits). */
+/** Writes the {heads: u32, kv_heads: u32, hd: u32, kv_len: u32, kv_cap: u32, scale: f32, mask: u32, window: u32, softcap: f32, nwg: u32, has_state: u32} parameter block into `w` (f32 fields as their bits). */
 export function packFlashParams(
   w: number[],
   heads: number,
@@ -248,6 +273,7 @@ export function packFlashParams(
   window: number,
   softcap: number,
   nwg: number,
+  hasState: number,
 ): void {
   w[0] = heads;
   w[1] = kvHeads;
@@ -259,6 +285,7 @@ export function packFlashParams(
   w[7] = window;
   w[8] = f32Bits(softcap);
   w[9] = nwg;
+  w[10] = hasState;
 }
 /** Word index of each field of the {n_heads: u32, head_dim: u32, nwg: u32} parameter block, and its length in words. */
 export const FLASH_REDUCE_PARAMS = { nHeads: 0, headDim: 1, nwg: 2, words: 3 } as const;
@@ -339,6 +366,13 @@ export const SCALE_PARAMS = { alpha: 0, n: 1, words: 2 } as const;
 export function packScaleParams(w: number[], alpha: number, n: number): void {
   w[0] = f32Bits(alpha);
   w[1] = n;
+}
+/** Word index of each field of the {count: u32, add: u32} parameter block, and its length in words. */
+export const STEP_ADVANCE_PARAMS = { count: 0, add: 1, words: 2 } as const;
+/** Writes the {count: u32, add: u32} parameter block into `w` (f32 fields as their bits). */
+export function packStepAdvanceParams(w: number[], count: number, add: number): void {
+  w[0] = count;
+  w[1] = add;
 }
 /** Contracts of the elementwise kernels. */
 export const elementwiseContracts: readonly KernelContract[] = [{
@@ -536,7 +570,11 @@ export const elementwiseContracts: readonly KernelContract[] = [{
     "kind": "buffer",
     "access": "write",
     "dtype": "f32",
-  }, { "name": "params{rows:u32,cols:u32,src_stride:u32,dst_stride:u32}", "kind": "bytes", "size": 16 }],
+  }, {
+    "name": "params{rows:u32,cols:u32,src_stride:u32,dst_stride:u32,has_state:u32,dst_pos_stride:u32,max_pos:u32}",
+    "kind": "bytes",
+    "size": 28,
+  }, { "name": "state", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true }],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
 }, {
@@ -712,13 +750,15 @@ export const ropeContracts: readonly KernelContract[] = [{
     { "name": "input", "kind": "buffer", "access": "read", "dtype": "f32" },
     { "name": "output", "kind": "buffer", "access": "write", "dtype": "f32" },
     { "name": "params{theta:f32,head_dim:u32,rope_dim:u32}", "kind": "bytes", "size": 12 },
-    { "name": "positions", "kind": "buffer", "access": "read", "dtype": "u32" },
+    { "name": "positions", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
     {
-      "name": "params{n_heads:u32,has_freq_factors:u32,out_head_stride:u32,out_token_stride:u32}",
+      "name":
+        "params{n_heads:u32,has_freq_factors:u32,out_head_stride:u32,out_token_stride:u32,has_state:u32,out_pos_stride:u32,max_pos:u32}",
       "kind": "bytes",
-      "size": 16,
+      "size": 28,
     },
     { "name": "freq_factors", "kind": "buffer", "access": "read", "dtype": "f32", "optional": true },
+    { "name": "state", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
   ],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
@@ -729,13 +769,15 @@ export const ropeContracts: readonly KernelContract[] = [{
     { "name": "input", "kind": "buffer", "access": "read", "dtype": "f32" },
     { "name": "output", "kind": "buffer", "access": "write", "dtype": "f32" },
     { "name": "params{theta:f32,head_dim:u32,rope_dim:u32}", "kind": "bytes", "size": 12 },
-    { "name": "positions", "kind": "buffer", "access": "read", "dtype": "u32" },
+    { "name": "positions", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
     {
-      "name": "params{n_heads:u32,has_freq_factors:u32,out_head_stride:u32,out_token_stride:u32}",
+      "name":
+        "params{n_heads:u32,has_freq_factors:u32,out_head_stride:u32,out_token_stride:u32,has_state:u32,out_pos_stride:u32,max_pos:u32}",
       "kind": "bytes",
-      "size": 16,
+      "size": 28,
     },
     { "name": "freq_factors", "kind": "buffer", "access": "read", "dtype": "f32", "optional": true },
+    { "name": "state", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
   ],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
@@ -1168,10 +1210,11 @@ export const attentionContracts: readonly KernelContract[] = [{
     { "name": "out", "kind": "buffer", "access": "write", "dtype": "f32" },
     {
       "name":
-        "params{heads:u32,kv_heads:u32,hd:u32,kv_len:u32,kv_cap:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32}",
+        "params{heads:u32,kv_heads:u32,hd:u32,kv_len:u32,kv_cap:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32,has_state:u32}",
       "kind": "bytes",
-      "size": 40,
+      "size": 44,
     },
+    { "name": "state", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
   ],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
@@ -1185,10 +1228,11 @@ export const attentionContracts: readonly KernelContract[] = [{
     { "name": "out", "kind": "buffer", "access": "write", "dtype": "f32" },
     {
       "name":
-        "params{heads:u32,kv_heads:u32,hd:u32,kv_len:u32,kv_cap:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32}",
+        "params{heads:u32,kv_heads:u32,hd:u32,kv_len:u32,kv_cap:u32,scale:f32,mask:u32,window:u32,softcap:f32,nwg:u32,has_state:u32}",
       "kind": "bytes",
-      "size": 40,
+      "size": 44,
     },
+    { "name": "state", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
   ],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
@@ -1305,6 +1349,16 @@ export const sampleContracts: readonly KernelContract[] = [{
     { "name": "params{rows:u32,dim:u32,vocab:u32,ring:u32,has_cursor:u32}", "kind": "bytes", "size": 20 },
     { "name": "cursor", "kind": "buffer", "access": "read", "dtype": "u32", "optional": true },
   ],
+  "tgFloatsPerThread": 0,
+  "geometry": "custom",
+}, {
+  "name": "step_advance_u32",
+  "opKind": "Other",
+  "slots": [{ "name": "state", "kind": "buffer", "access": "readwrite", "dtype": "u32" }, {
+    "name": "params{count:u32,add:u32}",
+    "kind": "bytes",
+    "size": 8,
+  }],
   "tgFloatsPerThread": 0,
   "geometry": "custom",
 }];

@@ -354,7 +354,7 @@ function ropeHeadsCase(kernel: "rope_neox_f32" | "rope_norm_f32"): Case {
       const x = device.upload(xv), out = nanBuffer(device, 6 * 16), p = device.upload(Uint32Array.from(pos), D.U32);
       const want = kernel === "rope_neox_f32" ? refRopeNeox(xv, pos, o) : refRopeNorm(xv, pos, o);
       return {
-        bindings: [x, out, [f32Bits(10000), 16, 8], p, [2, 0, 16, 32], undefined],
+        bindings: [x, out, [f32Bits(10000), 16, 8], p, [2, 0, 16, 32, 0, 0, 0], undefined],
         check: (limit) => close(out.read() as Float32Array, want, kernel, limit),
         buffers: [x, out, p],
       };
@@ -399,7 +399,7 @@ function flashCase(which: "flash_attn_vec_f32" | "flash_attn_vec_reduce"): Case 
         k,
         v,
         tmp,
-        [nHeads, FAV.nKvHeads, hd, FAV.kvSeqLen, FAV.kvCapacity, f32Bits(FAV.scale), 0, 0, 0, nwg],
+        [nHeads, FAV.nKvHeads, hd, FAV.kvSeqLen, FAV.kvCapacity, f32Bits(FAV.scale), 0, 0, 0, nwg, 0],
       ];
       const reduceBindings: DispatchDescriptor["bindings"] = [tmp, out, [nHeads, hd, nwg]];
       const want = refAttentionDecode(qv, kv, vv, { ...FAV, mask: "none" });
@@ -439,7 +439,7 @@ const CASES: Case[] = [
       const src = device.upload(sv), dst = nanBuffer(device, 3 * 10);
       const want = Float64Array.from({ length: 30 }, (_, i) => sv[Math.floor(i / 10) * 12 + (i % 10)]!);
       return {
-        bindings: [src, dst, [3, 10, 12, 10]],
+        bindings: [src, dst, [3, 10, 12, 10, 0, 0, 0]],
         check: () => close(dst.read() as Float32Array, want, "strided_copy_f32"),
         buffers: [src, dst],
       };

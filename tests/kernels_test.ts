@@ -393,7 +393,7 @@ Deno.test("rope_neox writes strided rows straight into a [heads, capacity, headD
     using raw = device.commandEncoder();
     raw.dispatch({
       pipeline: registry.get("rope_neox_f32"),
-      bindings: [x, y, [f32Bits(theta), 64, 64], p, [2, 0, 4096, 64]],
+      bindings: [x, y, [f32Bits(theta), 64, 64], p, [2, 0, 4096, 64, 0, 0, 0]],
       grid: [32, 2, 1],
       threadgroup: [32, 1, 1],
       dispatchKind: "threads",

@@ -63,7 +63,7 @@ Deno.test("size checks that would overflow 64 bits are refused by the native val
     strided_copy_f32: {
       kernel: "strided_copy_f32",
       buffers: { 0: b0, 1: b1 },
-      bytes: { 2: [P31 + 1, 4, P31, P31] },
+      bytes: { 2: [P31 + 1, 4, P31, P31, 0, 0, 0] },
       kind: "threads",
       grid: [4, P31 + 1, 1],
       tg: [4, 1, 1],
@@ -90,7 +90,7 @@ Deno.test("size checks that would overflow 64 bits are refused by the native val
     rope_neox_f32: {
       kernel: "rope_neox_f32",
       buffers: { 0: b0, 1: b1, 3: b3 },
-      bytes: { 2: [f32(1e4)!, P31, 2], 4: [P31, 0, P31, 0] },
+      bytes: { 2: [f32(1e4)!, P31, 2], 4: [P31, 0, P31, 0, 0, 0, 0] },
       kind: "threads",
       grid: [1, P31, 1],
       tg: [1, 1, 1],
@@ -299,7 +299,7 @@ Deno.test("buffer bindings at offsets that are not a multiple of the element siz
       d: {
         kernel: "strided_copy_f32",
         buffers: { 0: at(1, 64), 1: at(256, 64) },
-        bytes: { 2: [1, 4, 4, 4] },
+        bytes: { 2: [1, 4, 4, 4, 0, 0, 0] },
         kind: "threads",
         grid: [4, 1, 1],
         tg: [4, 1, 1],

@@ -83,7 +83,7 @@ Deno.test("rope, matmul, attention and token ops reuse one descriptor, hold no b
         freqFactors: i === 1 ? ff : undefined,
       }), {
       kernel: "rope_neox_f32",
-      bindings: ["in1", "out1", [f32Bits(501), 16, 12], "pos", [2, 1, 16, 32], "ff"],
+      bindings: ["in1", "out1", [f32Bits(501), 16, 12], "pos", [2, 1, 16, 32, 0, 0, 0], "ff", undefined],
       grid: [6, 6, 1],
       threadgroup: [6, 1, 1],
     }],

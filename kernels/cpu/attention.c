@@ -73,8 +73,15 @@ typedef mlxn_params_flash fav_params; /* generated layout (kernels/spec/kernels.
 
 static fav_params read_fav(const mlxn_kargs *a) { return mlxn_params_flash_of(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH); }
 
-static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {
+/* With a step state the keys are state[0] + 1 (the query's own position included); kv_seq_len is
+ * then their bound, and a position at or past it fails the dispatch (nothing is read or written). */
+static int fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w) {
   fav_params p = read_fav(a);
+  if (p.has_state) {
+    uint32_t pos = ((const uint32_t *)a->ptr[MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE])[0];
+    if (pos >= p.kv_len) return 1;
+    p.kv_len = pos + 1;
+  }
   uint32_t kvh = h / (p.heads / p.kv_heads);
   const float *q = (const float *)a->ptr[0] + (uint64_t)h * p.hd;
   uint64_t kbase = (uint64_t)kvh * p.kv_cap * p.hd;
@@ -101,6 +108,7 @@ static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t 
   for (uint32_t d = 0; d < p.hd; d++) out[d] = acc[d];
   out[p.hd] = m; /* -inf for an empty chunk */
   out[p.hd + 1] = l;
+  return 0;
 }
 
 #define FAV_KERNEL(SUF, T)                                                                        \
@@ -108,8 +116,7 @@ static void fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t 
                                         void *s) {                                                 \
     (void)gz; (void)s;                                                                             \
     fav_params p = read_fav(a);                                                                    \
-    if (gx < p.heads && gy < p.nwg) fav_partial(a, T, gx, gy);                                     \
-    return 0;                                                                                      \
+    return gx < p.heads && gy < p.nwg ? fav_partial(a, T, gx, gy) : 0;                             \
   }
 
 FAV_KERNEL(f32, MLXN_T_F32)

@@ -90,6 +90,11 @@ static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, u
   uint32_t rows = p.rows, cols = p.cols, ss = p.src_stride, ds = p.dst_stride;
   const float *src = (const float *)a->ptr[0];
   float *dst = (float *)a->ptr[1];
+  if (p.has_state) { /* the destination moves by state[0] rows; an unbounded position writes nothing */
+    uint32_t pos = ((const uint32_t *)a->ptr[MLXN_SLOT_STRIDED_COPY_F32_STATE])[0];
+    if (pos >= p.max_pos) return 1;
+    dst += (uint64_t)pos * p.dst_pos_stride;
+  }
   for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
     uint32_t r = gy * a->tg[1] + ty;
     if (r >= rows || r >= a->grid[1]) break;

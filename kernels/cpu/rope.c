@@ -41,17 +41,23 @@ static int rope_heads_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, int adj
   float *out = (float *)a->ptr[1];
   const uint32_t *pos = (const uint32_t *)a->ptr[3];
   const float *ff = (const float *)a->ptr[5];
+  /* With a step state, token t sits at position state[0] + t and the rows move by state[0] rows of
+   * the cache; a position the validator did not bound fails the dispatch before anything is written. */
+  uint32_t base = l.has_state ? ((const uint32_t *)a->ptr[MLXN_SLOT_ROPE_NEOX_F32_STATE])[0] : 0;
+  if (l.has_state && base >= l.max_pos) return 1;
+  uint64_t obase = l.has_state ? (uint64_t)base * l.out_pos_stride : 0;
   for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
     uint32_t r = gy * a->tg[1] + ty;
     if (r >= a->grid[1]) break;
     uint64_t row = (uint64_t)r * hd;
-    uint64_t orow = (uint64_t)(r / heads) * l.out_token_stride + (uint64_t)(r % heads) * l.out_head_stride;
+    uint64_t orow = obase + (uint64_t)(r / heads) * l.out_token_stride + (uint64_t)(r % heads) * l.out_head_stride;
+    uint32_t tpos = l.has_state ? base + r / heads : pos[r / heads];
     for (uint32_t tx = 0; tx < a->tg[0]; tx++) {
       uint32_t i = gx * a->tg[0] + tx;
       if (i >= half || i >= a->grid[0]) break;
       float freq = powf(theta, -2.0f * (float)i / (float)rd);
       if (has_ff) freq = freq / ff[i];
-      float ang = (float)pos[r / heads] * freq;
+      float ang = (float)tpos * freq;
       float c = cosf(ang), sn = sinf(ang);
       uint32_t i0 = adjacent ? 2 * i : i, i1 = adjacent ? 2 * i + 1 : i + half;
       float x0 = in[row + i0], x1 = in[row + i1];

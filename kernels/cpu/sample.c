@@ -409,3 +409,15 @@ MLXN_CPU_BODY(embed_gather_f32, embed_gather_f32_run)
 MLXN_CPU_BODY(embed_gather_bf16, embed_gather_bf16_run)
 MLXN_CPU_BODY(embed_gather_q8_0, embed_gather_q8_0_run)
 MLXN_CPU_BODY(embed_gather_q4_0, embed_gather_q4_0_run)
+
+/* ---- step_advance_u32: 0 state u32[words], 1 {words, add}: state[i] += add (mod 2³²), i < words. */
+static int step_advance_u32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
+  (void)s;
+  if (gx || gy || gz) return 0; /* one thread's work */
+  mlxn_params_step_advance p = mlxn_params_step_advance_of(a, MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE);
+  uint32_t *state = (uint32_t *)a->ptr[MLXN_SLOT_STEP_ADVANCE_U32_STATE];
+  for (uint32_t i = 0; i < p.count; i++) state[i] += p.add;
+  return 0;
+}
+
+MLXN_CPU_BODY(step_advance_u32, step_advance_u32_run)

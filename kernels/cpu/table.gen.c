@@ -79,6 +79,7 @@ MLXN_CPU_KERNEL(embed_gather_bf16);
 MLXN_CPU_KERNEL(embed_gather_q8_0);
 MLXN_CPU_KERNEL(embed_gather_q4_0);
 MLXN_CPU_KERNEL(scale_f32);
+MLXN_CPU_KERNEL(step_advance_u32);
 
 const mlxn_cpu_run mlxn_cpu_runs[MLXN_KERNEL_COUNT] = {
     [MLXN_K_ELEMENTWISE_ADD_F32] = mlxn_cpu_elementwise_add_f32,
@@ -159,4 +160,5 @@ const mlxn_cpu_run mlxn_cpu_runs[MLXN_KERNEL_COUNT] = {
     [MLXN_K_EMBED_GATHER_Q8_0] = mlxn_cpu_embed_gather_q8_0,
     [MLXN_K_EMBED_GATHER_Q4_0] = mlxn_cpu_embed_gather_q4_0,
     [MLXN_K_SCALE_F32] = mlxn_cpu_scale_f32,
+    [MLXN_K_STEP_ADVANCE_U32] = mlxn_cpu_step_advance_u32,
 };

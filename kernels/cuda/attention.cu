@@ -45,6 +45,14 @@ __device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t 
   uint32_t kv_len = arg_u32(a, 4, 12), kv_cap = arg_u32(a, 4, 16), mask = arg_u32(a, 4, 24);
   uint32_t window = arg_u32(a, 4, 28), nwg = arg_u32(a, 4, 36);
   float scale = arg_f32(a, 4, 20), softcap = arg_f32(a, 4, 32);
+  if (arg_u32(a, 4, 40)) { // step state: keys = state[0] + 1, bounded by kv_len (else fail, touch nothing)
+    uint32_t p = buf<const uint32_t>(a, 5)[0];
+    if (p >= kv_len) {
+      if (lane == 0) fault(a);
+      return;
+    }
+    kv_len = p + 1;
+  }
   const uint32_t hd = PER * 32;
   uint32_t kvh = h / (heads / kv_heads);
   const float *q = buf<const float>(a, 0) + (uint64_t)h * hd;

@@ -65,7 +65,16 @@ __global__ void k_strided_copy(const mlxn_gpu_args *__restrict__ args) {
   uint32_t c = blockIdx.x * a.tg[0] + threadIdx.x, r = blockIdx.y * a.tg[1] + threadIdx.y;
   uint32_t rows = arg_u32(a, 2, 0), cols = arg_u32(a, 2, 4), ss = arg_u32(a, 2, 8), ds = arg_u32(a, 2, 12);
   if (c >= cols || r >= rows || c >= a.grid[0] || r >= a.grid[1]) return;
-  buf<float>(a, 1)[(uint64_t)r * ds + c] = buf<const float>(a, 0)[(uint64_t)r * ss + c];
+  uint64_t o = 0;
+  if (arg_u32(a, 2, 16)) { // step state: rows moved by state[0]·dst_pos_stride, bounded by max_pos
+    uint32_t pos = buf<const uint32_t>(a, 3)[0];
+    if (pos >= arg_u32(a, 2, 24)) {
+      fault(a);
+      return;
+    }
+    o = (uint64_t)pos * arg_u32(a, 2, 20);
+  }
+  buf<float>(a, 1)[o + (uint64_t)r * ds + c] = buf<const float>(a, 0)[(uint64_t)r * ss + c];
 }
 
 __global__ void k_debug_fault(const mlxn_gpu_args *__restrict__ args) {

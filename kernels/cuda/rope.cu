@@ -26,12 +26,21 @@ template <bool ADJACENT> __global__ void k_rope_heads(const mlxn_gpu_args *__res
   uint32_t hd = arg_u32(a, 2, 4), rd = arg_u32(a, 2, 8), heads = arg_u32(a, 4, 0), has_ff = arg_u32(a, 4, 4);
   uint32_t half = rd / 2;
   if (i >= half || i >= a.grid[0] || r >= a.grid[1]) return;
+  // Step state: token t at position state[0] + t, rows moved by state[0]·out_pos_stride; a position
+  // at or past max_pos fails the dispatch and writes nothing.
+  uint32_t has_state = arg_u32(a, 4, 16), base = has_state ? buf<const uint32_t>(a, 6)[0] : 0;
+  if (has_state && base >= arg_u32(a, 4, 24)) {
+    fault(a);
+    return;
+  }
   float freq = powf(theta, -2.0f * (float)i / (float)rd);
   if (has_ff) freq = freq / buf<const float>(a, 5)[i];
-  float ang = (float)buf<const uint32_t>(a, 3)[r / heads] * freq;
+  uint32_t tpos = has_state ? base + r / heads : buf<const uint32_t>(a, 3)[r / heads];
+  float ang = (float)tpos * freq;
   float c = cosf(ang), s = sinf(ang);
   uint64_t row = (uint64_t)r * hd; // output row: token r / heads at its stride, head r % heads at its
-  uint64_t orow = (uint64_t)(r / heads) * arg_u32(a, 4, 12) + (uint64_t)(r % heads) * arg_u32(a, 4, 8);
+  uint64_t orow = (uint64_t)base * arg_u32(a, 4, 20) + (uint64_t)(r / heads) * arg_u32(a, 4, 12) +
+                  (uint64_t)(r % heads) * arg_u32(a, 4, 8);
   const float *in = buf<const float>(a, 0);
   float *out = buf<float>(a, 1);
   const uint32_t i0 = ADJACENT ? 2 * i : i, i1 = ADJACENT ? 2 * i + 1 : i + half;

@@ -408,3 +408,14 @@ MLXN_CUDA_KERNEL(embed_gather_f32, (k_embed_gather<G_F32>));
 MLXN_CUDA_KERNEL(embed_gather_bf16, (k_embed_gather<G_BF16>));
 MLXN_CUDA_KERNEL(embed_gather_q8_0, (k_embed_gather<G_Q8_0>));
 MLXN_CUDA_KERNEL(embed_gather_q4_0, (k_embed_gather<G_Q4_0>));
+
+// state[i] += add for i < words (one thread): ends a token pass on the device.
+__global__ void k_step_advance(const mlxn_gpu_args *__restrict__ args) {
+  const mlxn_gpu_args &a = kernel_args(args);
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  uint32_t words = arg_u32(a, 1, 0), add = arg_u32(a, 1, 4);
+  uint32_t *state = buf<uint32_t>(a, 0);
+  for (uint32_t i = 0; i < words; i++) state[i] += add;
+}
+
+MLXN_CUDA_KERNEL(step_advance_u32, (k_step_advance));

@@ -81,6 +81,7 @@ extern const void *const mlxn_cuda_fn_embed_gather_bf16;
 extern const void *const mlxn_cuda_fn_embed_gather_q8_0;
 extern const void *const mlxn_cuda_fn_embed_gather_q4_0;
 extern const void *const mlxn_cuda_fn_scale_f32;
+extern const void *const mlxn_cuda_fn_step_advance_u32;
 
 // The kernel called `name`, or null. The table is filled at its first use, when every body's
 // entry point is initialised.
@@ -164,6 +165,7 @@ const mlxn_cuda_kernel *mlxn_cuda_find_kernel(const char *name) {
       {"embed_gather_q8_0", mlxn_cuda_fn_embed_gather_q8_0, 0},
       {"embed_gather_q4_0", mlxn_cuda_fn_embed_gather_q4_0, 0},
       {"scale_f32", mlxn_cuda_fn_scale_f32, 0},
+      {"step_advance_u32", mlxn_cuda_fn_step_advance_u32, 0},
   };
   for (const mlxn_cuda_kernel &k : table)
     if (strcmp(k.name, name) == 0) return &k;

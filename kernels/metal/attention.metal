@@ -34,16 +34,24 @@ SDPA(sdpa_bf16, ushort)
 
 struct fav_params {
   uint n_heads; uint n_kv_heads; uint head_dim; uint kv_seq_len; uint kv_capacity; float scale;
-  uint mask; uint window; float softcap; uint nwg;
+  uint mask; uint window; float softcap; uint nwg; uint has_state;
 };
 
 #define FLASH(NAME, T)                                                                               \
   kernel void NAME(device const float *q [[buffer(0)]], device const T *k [[buffer(1)]],            \
                    device const T *v [[buffer(2)]], device float *tmp [[buffer(3)]],                 \
-                   constant fav_params &p [[buffer(4)]], MLXN_ARGS_TAIL,                             \
-                   uint lane [[thread_index_in_simdgroup]]) {                                       \
+                   constant fav_params &p [[buffer(4)]], device const uint *state [[buffer(5)]],     \
+                   MLXN_ARGS_TAIL, uint lane [[thread_index_in_simdgroup]]) {                       \
     uint h = gid.x, w = gid.y;                                                                      \
     if (h >= p.n_heads || w >= p.nwg) return;                                                       \
+    uint kv_len = p.kv_seq_len; /* with a step state: state[0] + 1, bounded by kv_seq_len */        \
+    if (p.has_state) {                                                                              \
+      if (state[0] >= kv_len) {                                                                     \
+        if (lane == 0) report_fault(fault_word, tag);                                               \
+        return;                                                                                     \
+      }                                                                                             \
+      kv_len = state[0] + 1;                                                                        \
+    }                                                                                               \
     uint per = p.head_dim / 32, kvh = h / (p.n_heads / p.n_kv_heads);                               \
     ulong kbase = ulong(kvh) * p.kv_capacity * p.head_dim;                                          \
     float ql[16], acc[16];                                                                          \
@@ -51,8 +59,8 @@ struct fav_params {
       ql[i] = q[ulong(h) * p.head_dim + lane + 32 * i];                                             \
       acc[i] = 0.0f;                                                                                \
     }                                                                                               \
-    uint chunk = (p.kv_seq_len + p.nwg - 1) / p.nwg, k0 = w * chunk, k1 = min(k0 + chunk, p.kv_seq_len); \
-    uint pos = p.kv_seq_len - 1;                                                                    \
+    uint chunk = (kv_len + p.nwg - 1) / p.nwg, k0 = w * chunk, k1 = min(k0 + chunk, kv_len);        \
+    uint pos = kv_len - 1;                                                                          \
     if (p.mask == 2 && pos + 1 > p.window && k0 < pos + 1 - p.window) k0 = pos + 1 - p.window;      \
     float m = -INFINITY, l = 0.0f;                                                                  \
     for (uint key = k0; key < k1; key++) {                                                          \

@@ -69,12 +69,23 @@ kernel void scale_f32(device const float *x [[buffer(0)]], device float *out [[b
   out[i] = p.alpha * x[i];
 }
 
-struct copy_params { uint rows; uint cols; uint src_stride; uint dst_stride; };
+struct copy_params {
+  uint rows; uint cols; uint src_stride; uint dst_stride; uint has_state; uint dst_pos_stride; uint max_pos;
+};
 kernel void strided_copy_f32(device const float *src [[buffer(0)]], device float *dst [[buffer(1)]],
-                             constant copy_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
+                             constant copy_params &p [[buffer(2)]], device const uint *state [[buffer(3)]],
+                             MLXN_ARGS_TAIL) {
   uint c = gid.x * tpg.x + lid.x, r = gid.y * tpg.y + lid.y;
   if (c >= p.cols || r >= p.rows || c >= grid.x || r >= grid.y) return;
-  dst[ulong(r) * p.dst_stride + c] = src[ulong(r) * p.src_stride + c];
+  ulong o = 0; // step state: rows moved by state[0]·dst_pos_stride, bounded by max_pos
+  if (p.has_state) {
+    if (state[0] >= p.max_pos) {
+      report_fault(fault_word, tag);
+      return;
+    }
+    o = ulong(state[0]) * p.dst_pos_stride;
+  }
+  dst[o + ulong(r) * p.dst_stride + c] = src[ulong(r) * p.src_stride + c];
 }
 
 kernel void debug_fault(device uint *marker [[buffer(0)]], constant uint &fail [[buffer(1)]], MLXN_ARGS_TAIL) {

@@ -14,18 +14,29 @@ kernel void rope_f32(device const float *in [[buffer(0)]], device float *out [[b
 }
 
 struct neox_params { float theta; uint head_dim; uint rope_dim; };
-struct neox_heads { uint n_heads; uint has_freq_factors; uint out_head_stride; uint out_token_stride; };
+struct neox_heads {
+  uint n_heads; uint has_freq_factors; uint out_head_stride; uint out_token_stride;
+  uint has_state; uint out_pos_stride; uint max_pos;
+};
 // Pair i of a row: (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (adjacent: ggml's normal mode).
 inline void rope_heads(device const float *in, device float *out, constant neox_params &p, device const uint *pos,
-                       constant neox_heads &h, device const float *ff, uint i, uint r, uint2 grid2, bool adjacent) {
+                       constant neox_heads &h, device const float *ff, device const uint *state, uint i, uint r,
+                       uint2 grid2, bool adjacent, uint tag, device atomic_uint *fault_word) {
   uint half_dim = p.rope_dim / 2;
   if (i >= half_dim || i >= grid2.x || r >= grid2.y) return;
+  // Step state: token t at state[0] + t, rows moved by state[0]·out_pos_stride, bounded by max_pos.
+  uint base = h.has_state ? state[0] : 0;
+  if (h.has_state && base >= h.max_pos) {
+    report_fault(fault_word, tag);
+    return;
+  }
   float freq = precise::pow(p.theta, -2.0f * float(i) / float(p.rope_dim));
   if (h.has_freq_factors) freq = freq / ff[i];
-  float ang = float(pos[r / h.n_heads]) * freq;
+  float ang = float(h.has_state ? base + r / h.n_heads : pos[r / h.n_heads]) * freq;
   float c = precise::cos(ang), s = precise::sin(ang);
   ulong row = ulong(r) * p.head_dim;
-  ulong orow = ulong(r / h.n_heads) * h.out_token_stride + ulong(r % h.n_heads) * h.out_head_stride;
+  ulong orow = ulong(base) * h.out_pos_stride + ulong(r / h.n_heads) * h.out_token_stride +
+               ulong(r % h.n_heads) * h.out_head_stride;
   uint i0 = adjacent ? 2 * i : i, i1 = adjacent ? 2 * i + 1 : i + half_dim;
   float x0 = in[row + i0], x1 = in[row + i1];
   out[orow + i0] = x0 * c - x1 * s;
@@ -35,12 +46,16 @@ inline void rope_heads(device const float *in, device float *out, constant neox_
 
 kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
                           constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
-                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
-  rope_heads(in, out, p, pos, h, ff, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, false);
+                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]],
+                          device const uint *state [[buffer(6)]], MLXN_ARGS_TAIL) {
+  rope_heads(in, out, p, pos, h, ff, state, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, false, tag,
+             fault_word);
 }
 
 kernel void rope_norm_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
                           constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
-                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]], MLXN_ARGS_TAIL) {
-  rope_heads(in, out, p, pos, h, ff, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, true);
+                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]],
+                          device const uint *state [[buffer(6)]], MLXN_ARGS_TAIL) {
+  rope_heads(in, out, p, pos, h, ff, state, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, true, tag,
+             fault_word);
 }

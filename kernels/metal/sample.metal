@@ -458,3 +458,11 @@ kernel void embed_gather_q4_0(device const uchar *table [[buffer(0)]], device co
   GATHER_PROLOGUE
   o[j] = q4_0_value(table, p.dim / 32, id, j);
 }
+
+// state[i] += add for i < words (one thread): ends a token pass on the device.
+struct step_advance_params { uint count; uint add; };
+kernel void step_advance_u32(device uint *state [[buffer(0)]], constant step_advance_params &p [[buffer(1)]],
+                             MLXN_ARGS_TAIL) {
+  if (lid.x != 0 || gid.x != 0) return;
+  for (uint i = 0; i < p.count; i++) state[i] += p.add;
+}

@@ -106,7 +106,16 @@ const FLOATS = ["f32", "f16", "bf16"] as const;
 // ---- parameter layouts --------------------------------------------------------------------------
 const N = layout("n", "n");
 const SOFTCAP = layout("softcap", "cap:f32", "n");
-const STRIDED_COPY = layout("strided_copy", "rows", "cols", "src_stride", "dst_stride");
+const STRIDED_COPY = layout(
+  "strided_copy",
+  "rows",
+  "cols",
+  "src_stride",
+  "dst_stride",
+  "has_state",
+  "dst_pos_stride",
+  "max_pos",
+);
 const DEBUG_FAULT = layout("debug_fault", "fail");
 const AXPBY = layout("axpby", "alpha:f32", "beta:f32", "n", "pad");
 const SCALE = layout("scale", "alpha:f32", "n");
@@ -114,7 +123,16 @@ const NORM = layout("norm", "eps:f32", "dim");
 const SOFTMAX = layout("softmax", "cols");
 const ROPE = layout("rope", "theta:f32", "head_dim", "seq_len");
 const ROPE_HEADS = layout("rope_heads", "theta:f32", "head_dim", "rope_dim");
-const ROPE_LAYOUT = layout("rope_layout", "n_heads", "has_freq_factors", "out_head_stride", "out_token_stride");
+const ROPE_LAYOUT = layout(
+  "rope_layout",
+  "n_heads",
+  "has_freq_factors",
+  "out_head_stride",
+  "out_token_stride",
+  "has_state",
+  "out_pos_stride",
+  "max_pos",
+);
 const DENSE = layout("dense", "m", "n", "k", "mode");
 const AFFINE = layout("affine", "m", "n", "k", "bits", "group_size");
 const AFFINE_GENERAL = layout("affine_general", "m", "n", "k", "bits", "group_size", "scale_type");
@@ -144,6 +162,7 @@ const FLASH = layout(
   "window",
   "softcap:f32",
   "nwg",
+  "has_state",
 );
 const FLASH_REDUCE = layout("flash_reduce", "n_heads", "head_dim", "nwg");
 const ARGMAX = layout("argmax", "vocab", "rows", "ring", "has_cursor");
@@ -161,6 +180,14 @@ const SAMPLE = layout(
   "counter",
 );
 const GATHER = layout("gather", "rows", "dim", "vocab", "ring", "has_cursor");
+const STEP_ADVANCE = layout("step_advance", "count", "add");
+
+/**
+ * The optional step-state slot (u32, read on the device; layout in src/ops/sample.ts): word 0 is
+ * the pass's token position. Bound, it replaces the per-token inline constants and binding offsets,
+ * so consecutive token passes have identical command streams.
+ */
+const STATE = buf("state", "u32", R, { optional: true });
 
 /** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes the weights. */
 export const MODE_CONSTANT_WEIGHTS = 0x100;
@@ -205,7 +232,7 @@ const elementwise: KernelSpec[] = [
   {
     name: "strided_copy_f32",
     opKind: "Other",
-    slots: [buf("src", "f32", R), buf("dst", "f32", W), { params: STRIDED_COPY }],
+    slots: [buf("src", "f32", R), buf("dst", "f32", W), { params: STRIDED_COPY }, STATE],
     tgFloatsPerThread: 0,
     geometry: "custom",
   },
@@ -277,9 +304,10 @@ const rope: KernelSpec[] = [
       buf("input", "f32", R),
       buf("output", "f32", W),
       { params: ROPE_HEADS },
-      buf("positions", "u32", R),
+      buf("positions", "u32", R, { optional: true }),
       { params: ROPE_LAYOUT },
       buf("freq_factors", "f32", R, { optional: true }),
+      STATE,
     ],
     tgFloatsPerThread: 0,
     geometry: "custom",
@@ -372,7 +400,7 @@ const attention: KernelSpec[] = [
   ...(["f32", "f16"] as const).map((t): KernelSpec => ({
     name: `flash_attn_vec_${t}`,
     opKind: "Sdpa",
-    slots: qkvo(t, FLASH),
+    slots: [...qkvo(t, FLASH), STATE],
     tgFloatsPerThread: 0,
     geometry: "custom",
   })),
@@ -415,6 +443,13 @@ const sample: KernelSpec[] = [
     tgFloatsPerThread: 0,
     geometry: "custom",
   })),
+  {
+    name: "step_advance_u32", // state[i] += add for i < words: ends a token pass (one thread)
+    opKind: "Other",
+    slots: [buf("state", "u32", "readwrite"), { params: STEP_ADVANCE }],
+    tgFloatsPerThread: 0,
+    geometry: "custom",
+  },
 ];
 
 /**

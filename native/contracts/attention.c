@@ -56,6 +56,12 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
     return mlxn_kfail(err, cap, "head_dim must be 64, 128, 256 or 512, got %u", p.hd);
   if (!p.kv_len || p.kv_len > p.kv_cap)
     return mlxn_kfail(err, cap, "need 0 < kv_seq_len (%u) <= kv_capacity (%u)", p.kv_len, p.kv_cap);
+  /* With a state (slot 5), the keys are state[0] + 1, device data: kv_seq_len is their static bound
+   * (checked above against the capacity) and the body fails the dispatch when state[0] ≥ kv_seq_len. */
+  if (p.has_state > 1) return mlxn_kfail(err, cap, "has_state must be 0 or 1, got %u", p.has_state);
+  if (p.has_state != (a->ptr[MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE] != NULL))
+    return mlxn_kfail(err, cap, p.has_state ? "has_state is 1 but the state slot is not bound"
+                                            : "state slot bound but has_state is 0");
   if (p.mask > 2) return mlxn_kfail(err, cap, "mask must be 0 (none), 1 (causal) or 2 (sliding), got %u", p.mask);
   if (p.mask == 2 && !p.window) return mlxn_kfail(err, cap, "a sliding window must be > 0");
   if (!isfinite(p.scale) || !(p.softcap >= 0.0f) || isinf(p.softcap))
@@ -67,8 +73,10 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 2, MLXN_SIZE(p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(p.heads, p.nwg, (uint64_t)p.hd + 2, 4), err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 3), 4, err, cap);
+  if (p.has_state) MLXN_NEED_BUF(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE, 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 3, MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE), 4, err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(1, 2), (uint32_t)es, err, cap);
+  MLXN_NO_OVERLAP(a, 3, a->len[3], MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE, a->len[MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE], err, cap);
   return mlxn_need_tg(a, 32,
                       "one 32-lane simdgroup per (head, workgroup), each lane owning head_dim/32 dimensions; "
                       "use ops.flashAttnVec",

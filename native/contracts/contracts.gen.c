@@ -25,7 +25,7 @@ static const mlxn_contract contracts[MLXN_KERNEL_COUNT] = {
     {MLXN_K_SILU_MUL_F32, "silu_mul_f32", "bbbc", mlxn_validate_silu_mul_f32, 0},
     {MLXN_K_SILU_MUL_F16, "silu_mul_f16", "bbbc", mlxn_validate_silu_mul_f16, 0},
     {MLXN_K_SILU_MUL_BF16, "silu_mul_bf16", "bbbc", mlxn_validate_silu_mul_bf16, 0},
-    {MLXN_K_STRIDED_COPY_F32, "strided_copy_f32", "bbc", mlxn_validate_strided_copy_f32, 0},
+    {MLXN_K_STRIDED_COPY_F32, "strided_copy_f32", "bbco", mlxn_validate_strided_copy_f32, 0},
     {MLXN_K_DEBUG_FAULT, "debug_fault", "bc", mlxn_validate_debug_fault, 0},
     {MLXN_K_RMS_NORM_F32, "rms_norm_f32", "bbbc", mlxn_validate_rms_norm_f32, 1},
     {MLXN_K_RMS_NORM_F16, "rms_norm_f16", "bbbc", mlxn_validate_rms_norm_f16, 1},
@@ -39,8 +39,8 @@ static const mlxn_contract contracts[MLXN_KERNEL_COUNT] = {
     {MLXN_K_RMS_NORM_NO_SCALE_F32, "rms_norm_no_scale_f32", "bbc", mlxn_validate_rms_norm_no_scale_f32, 1},
     {MLXN_K_SOFTMAX_F32, "softmax_f32", "bbc", mlxn_validate_softmax_f32, 1},
     {MLXN_K_ROPE_F32, "rope_f32", "bbcb", mlxn_validate_rope_f32, 0},
-    {MLXN_K_ROPE_NEOX_F32, "rope_neox_f32", "bbcbco", mlxn_validate_rope_neox_f32, 0},
-    {MLXN_K_ROPE_NORM_F32, "rope_norm_f32", "bbcbco", mlxn_validate_rope_norm_f32, 0},
+    {MLXN_K_ROPE_NEOX_F32, "rope_neox_f32", "bbcocoo", mlxn_validate_rope_neox_f32, 0},
+    {MLXN_K_ROPE_NORM_F32, "rope_norm_f32", "bbcocoo", mlxn_validate_rope_norm_f32, 0},
     {MLXN_K_MATMUL_F32, "matmul_f32", "bbbco", mlxn_validate_matmul_f32, 0},
     {MLXN_K_MATMUL_BF16, "matmul_bf16", "bbbco", mlxn_validate_matmul_bf16, 0},
     {MLXN_K_MATMUL_F16, "matmul_f16", "bbbco", mlxn_validate_matmul_f16, 0},
@@ -74,8 +74,8 @@ static const mlxn_contract contracts[MLXN_KERNEL_COUNT] = {
     {MLXN_K_QMATMUL_ID_Q5_K, "qmatmul_id_q5_k", "bbbbc", mlxn_validate_qmatmul_id_q5_k, 0},
     {MLXN_K_SDPA_F32, "sdpa_f32", "bbbbc", mlxn_validate_sdpa_f32, 0},
     {MLXN_K_SDPA_BF16, "sdpa_bf16", "bbbbc", mlxn_validate_sdpa_bf16, 0},
-    {MLXN_K_FLASH_ATTN_VEC_F32, "flash_attn_vec_f32", "bbbbc", mlxn_validate_flash_attn_vec_f32, 0},
-    {MLXN_K_FLASH_ATTN_VEC_F16, "flash_attn_vec_f16", "bbbbc", mlxn_validate_flash_attn_vec_f16, 0},
+    {MLXN_K_FLASH_ATTN_VEC_F32, "flash_attn_vec_f32", "bbbbco", mlxn_validate_flash_attn_vec_f32, 0},
+    {MLXN_K_FLASH_ATTN_VEC_F16, "flash_attn_vec_f16", "bbbbco", mlxn_validate_flash_attn_vec_f16, 0},
     {MLXN_K_FLASH_ATTN_VEC_REDUCE, "flash_attn_vec_reduce", "bbc", mlxn_validate_flash_attn_vec_reduce, 0},
     {MLXN_K_ARGMAX_F32, "argmax_f32", "bbco", mlxn_validate_argmax_f32, 0},
     {MLXN_K_ARGMAX_BF16, "argmax_bf16", "bbco", mlxn_validate_argmax_bf16, 0},
@@ -86,6 +86,7 @@ static const mlxn_contract contracts[MLXN_KERNEL_COUNT] = {
     {MLXN_K_EMBED_GATHER_Q8_0, "embed_gather_q8_0", "bbbco", mlxn_validate_embed_gather_q8_0, 0},
     {MLXN_K_EMBED_GATHER_Q4_0, "embed_gather_q4_0", "bbbco", mlxn_validate_embed_gather_q4_0, 0},
     {MLXN_K_SCALE_F32, "scale_f32", "bbc", mlxn_validate_scale_f32, 0},
+    {MLXN_K_STEP_ADVANCE_U32, "step_advance_u32", "bc", mlxn_validate_step_advance_u32, 0},
 };
 
 const mlxn_contract *mlxn_contract_at(uint32_t id) { return id < MLXN_KERNEL_COUNT ? &contracts[id] : 0; }

@@ -84,6 +84,7 @@ enum mlxn_kernel_id {
   MLXN_K_EMBED_GATHER_Q8_0,
   MLXN_K_EMBED_GATHER_Q4_0,
   MLXN_K_SCALE_F32,
+  MLXN_K_STEP_ADVANCE_U32,
   MLXN_KERNEL_COUNT
 };
 
@@ -138,12 +139,18 @@ typedef struct mlxn_params_strided_copy {
   uint32_t cols;
   uint32_t src_stride;
   uint32_t dst_stride;
+  uint32_t has_state;
+  uint32_t dst_pos_stride;
+  uint32_t max_pos;
 } mlxn_params_strided_copy;
-#define MLXN_PARAMS_STRIDED_COPY_BYTES 16u
+#define MLXN_PARAMS_STRIDED_COPY_BYTES 28u
 #define MLXN_PARAMS_STRIDED_COPY_ROWS 0u
 #define MLXN_PARAMS_STRIDED_COPY_COLS 4u
 #define MLXN_PARAMS_STRIDED_COPY_SRC_STRIDE 8u
 #define MLXN_PARAMS_STRIDED_COPY_DST_STRIDE 12u
+#define MLXN_PARAMS_STRIDED_COPY_HAS_STATE 16u
+#define MLXN_PARAMS_STRIDED_COPY_DST_POS_STRIDE 20u
+#define MLXN_PARAMS_STRIDED_COPY_MAX_POS 24u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_strided_copy) == MLXN_PARAMS_STRIDED_COPY_BYTES, "packed 4-byte fields");
 static inline mlxn_params_strided_copy mlxn_params_strided_copy_of(const mlxn_kargs *a, int slot) {
   mlxn_params_strided_copy p;
@@ -226,12 +233,18 @@ typedef struct mlxn_params_rope_layout {
   uint32_t has_freq_factors;
   uint32_t out_head_stride;
   uint32_t out_token_stride;
+  uint32_t has_state;
+  uint32_t out_pos_stride;
+  uint32_t max_pos;
 } mlxn_params_rope_layout;
-#define MLXN_PARAMS_ROPE_LAYOUT_BYTES 16u
+#define MLXN_PARAMS_ROPE_LAYOUT_BYTES 28u
 #define MLXN_PARAMS_ROPE_LAYOUT_N_HEADS 0u
 #define MLXN_PARAMS_ROPE_LAYOUT_HAS_FREQ_FACTORS 4u
 #define MLXN_PARAMS_ROPE_LAYOUT_OUT_HEAD_STRIDE 8u
 #define MLXN_PARAMS_ROPE_LAYOUT_OUT_TOKEN_STRIDE 12u
+#define MLXN_PARAMS_ROPE_LAYOUT_HAS_STATE 16u
+#define MLXN_PARAMS_ROPE_LAYOUT_OUT_POS_STRIDE 20u
+#define MLXN_PARAMS_ROPE_LAYOUT_MAX_POS 24u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope_layout) == MLXN_PARAMS_ROPE_LAYOUT_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope_layout mlxn_params_rope_layout_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope_layout p;
@@ -396,8 +409,9 @@ typedef struct mlxn_params_flash {
   uint32_t window;
   float softcap;
   uint32_t nwg;
+  uint32_t has_state;
 } mlxn_params_flash;
-#define MLXN_PARAMS_FLASH_BYTES 40u
+#define MLXN_PARAMS_FLASH_BYTES 44u
 #define MLXN_PARAMS_FLASH_HEADS 0u
 #define MLXN_PARAMS_FLASH_KV_HEADS 4u
 #define MLXN_PARAMS_FLASH_HD 8u
@@ -408,6 +422,7 @@ typedef struct mlxn_params_flash {
 #define MLXN_PARAMS_FLASH_WINDOW 28u
 #define MLXN_PARAMS_FLASH_SOFTCAP 32u
 #define MLXN_PARAMS_FLASH_NWG 36u
+#define MLXN_PARAMS_FLASH_HAS_STATE 40u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_flash) == MLXN_PARAMS_FLASH_BYTES, "packed 4-byte fields");
 static inline mlxn_params_flash mlxn_params_flash_of(const mlxn_kargs *a, int slot) {
   mlxn_params_flash p;
@@ -513,6 +528,20 @@ static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int sl
   return p;
 }
 
+typedef struct mlxn_params_step_advance {
+  uint32_t count;
+  uint32_t add;
+} mlxn_params_step_advance;
+#define MLXN_PARAMS_STEP_ADVANCE_BYTES 8u
+#define MLXN_PARAMS_STEP_ADVANCE_COUNT 0u
+#define MLXN_PARAMS_STEP_ADVANCE_ADD 4u
+MLXN_STATIC_ASSERT(sizeof(mlxn_params_step_advance) == MLXN_PARAMS_STEP_ADVANCE_BYTES, "packed 4-byte fields");
+static inline mlxn_params_step_advance mlxn_params_step_advance_of(const mlxn_kargs *a, int slot) {
+  mlxn_params_step_advance p;
+  __builtin_memcpy(&p, a->ptr[slot], sizeof p);
+  return p;
+}
+
 /* Each kernel's slots: MLXN_SLOT_<KERNEL>_<SLOT> (a parameter block's slot is named after its layout). */
 #define MLXN_SLOT_ELEMENTWISE_ADD_F32_A 0
 #define MLXN_SLOT_ELEMENTWISE_ADD_F32_B 1
@@ -572,6 +601,7 @@ static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int sl
 #define MLXN_SLOT_STRIDED_COPY_F32_SRC 0
 #define MLXN_SLOT_STRIDED_COPY_F32_DST 1
 #define MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY 2
+#define MLXN_SLOT_STRIDED_COPY_F32_STATE 3
 #define MLXN_SLOT_DEBUG_FAULT_MARKER 0
 #define MLXN_SLOT_DEBUG_FAULT_DEBUG_FAULT 1
 #define MLXN_SLOT_RMS_NORM_F32_INPUT 0
@@ -635,12 +665,14 @@ static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int sl
 #define MLXN_SLOT_ROPE_NEOX_F32_POSITIONS 3
 #define MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT 4
 #define MLXN_SLOT_ROPE_NEOX_F32_FREQ_FACTORS 5
+#define MLXN_SLOT_ROPE_NEOX_F32_STATE 6
 #define MLXN_SLOT_ROPE_NORM_F32_INPUT 0
 #define MLXN_SLOT_ROPE_NORM_F32_OUTPUT 1
 #define MLXN_SLOT_ROPE_NORM_F32_ROPE_HEADS 2
 #define MLXN_SLOT_ROPE_NORM_F32_POSITIONS 3
 #define MLXN_SLOT_ROPE_NORM_F32_ROPE_LAYOUT 4
 #define MLXN_SLOT_ROPE_NORM_F32_FREQ_FACTORS 5
+#define MLXN_SLOT_ROPE_NORM_F32_STATE 6
 #define MLXN_SLOT_MATMUL_F32_X 0
 #define MLXN_SLOT_MATMUL_F32_W 1
 #define MLXN_SLOT_MATMUL_F32_Y 2
@@ -800,11 +832,13 @@ static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int sl
 #define MLXN_SLOT_FLASH_ATTN_VEC_F32_V 2
 #define MLXN_SLOT_FLASH_ATTN_VEC_F32_OUT 3
 #define MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH 4
+#define MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE 5
 #define MLXN_SLOT_FLASH_ATTN_VEC_F16_Q 0
 #define MLXN_SLOT_FLASH_ATTN_VEC_F16_K 1
 #define MLXN_SLOT_FLASH_ATTN_VEC_F16_V 2
 #define MLXN_SLOT_FLASH_ATTN_VEC_F16_OUT 3
 #define MLXN_SLOT_FLASH_ATTN_VEC_F16_FLASH 4
+#define MLXN_SLOT_FLASH_ATTN_VEC_F16_STATE 5
 #define MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_TMP 0
 #define MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_OUT 1
 #define MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE 2
@@ -847,6 +881,8 @@ static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int sl
 #define MLXN_SLOT_SCALE_F32_X 0
 #define MLXN_SLOT_SCALE_F32_OUT 1
 #define MLXN_SLOT_SCALE_F32_SCALE 2
+#define MLXN_SLOT_STEP_ADVANCE_U32_STATE 0
+#define MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE 1
 
 /* Each kernel's validator (native/contracts/<family>.c, or generated in contracts.gen.c). */
 int mlxn_validate_elementwise_add_f32(const mlxn_kargs *a, char *err, size_t cap);
@@ -927,5 +963,6 @@ int mlxn_validate_embed_gather_bf16(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_embed_gather_q8_0(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_embed_gather_q4_0(const mlxn_kargs *a, char *err, size_t cap);
 int mlxn_validate_scale_f32(const mlxn_kargs *a, char *err, size_t cap);
+int mlxn_validate_step_advance_u32(const mlxn_kargs *a, char *err, size_t cap);
 
 #endif

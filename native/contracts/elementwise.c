@@ -64,21 +64,33 @@ UNARY_KERNEL(silu_f32, MLXN_T_F32, mlxn_silu)
 UNARY_KERNEL(silu_f16, MLXN_T_F16, mlxn_silu)
 UNARY_KERNEL(silu_bf16, MLXN_T_BF16, mlxn_silu)
 
-/* ---- strided_copy_f32: 0 src, 1 dst, 2 {rows, cols, src_stride, dst_stride} (elements):
- *      dst[r·dst_stride + c] = src[r·src_stride + c]; threads (cols, rows). Appends K/V rows into a
- *      cache laid out [kv_heads, capacity, head_dim]. */
+/* ---- strided_copy_f32: 0 src, 1 dst, 2 {rows, cols, src_stride, dst_stride, has_state,
+ *      dst_pos_stride, max_pos} (elements), 3 state u32[1] (optional, bound exactly when has_state
+ *      is 1): dst[o + r·dst_stride + c] = src[r·src_stride + c], o = state[0]·dst_pos_stride with a
+ *      state, else 0; threads (cols, rows). Appends K/V rows into a cache laid out [kv_heads,
+ *      capacity, head_dim]. The state is device data: this bounds the worst case (state[0] =
+ *      max_pos − 1) and the body fails the dispatch, writing nothing, when state[0] ≥ max_pos. */
 
 static int strided_copy_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY, MLXN_PARAMS_STRIDED_COPY_BYTES, err, cap);
   mlxn_params_strided_copy p = mlxn_params_strided_copy_of(a, MLXN_SLOT_STRIDED_COPY_F32_STRIDED_COPY);
-  uint32_t rows = p.rows, cols = p.cols, ss = p.src_stride, ds = p.dst_stride;
+  uint32_t rows = p.rows, cols = p.cols, ss = p.src_stride, ds = p.dst_stride, has_state = p.has_state;
   if (!rows || !cols || ss < cols || ds < cols)
     return mlxn_kfail(err, cap, "need rows, cols > 0 and strides >= cols");
+  if (has_state > 1) return mlxn_kfail(err, cap, "has_state must be 0 or 1, got %u", has_state);
+  if (has_state != (a->ptr[MLXN_SLOT_STRIDED_COPY_F32_STATE] != NULL))
+    return mlxn_kfail(err, cap, has_state ? "has_state is 1 but the state slot is not bound"
+                                          : "state slot bound but has_state is 0");
+  if (has_state && p.max_pos == 0) return mlxn_kfail(err, cap, "max_pos must be > 0 with a state");
   if (mlxn_need_grid(a, 0, cols, "column", err, cap) || mlxn_need_grid(a, 1, rows, "row", err, cap)) return 1;
+  uint64_t dst_end = mlxn_size_add(MLXN_SIZE(rows - 1, ds), cols);
+  if (has_state) dst_end = mlxn_size_add(dst_end, MLXN_SIZE((uint64_t)p.max_pos - 1, p.dst_pos_stride));
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ss), cols), 4), err, cap);
-  MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(MLXN_SIZE(rows - 1, ds), cols), 4), err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
+  MLXN_NEED_BUF(a, 1, MLXN_SIZE(dst_end, 4), err, cap);
+  if (has_state) MLXN_NEED_BUF(a, MLXN_SLOT_STRIDED_COPY_F32_STATE, 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS3(0, 1, MLXN_SLOT_STRIDED_COPY_F32_STATE), 4, err, cap);
   MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap);
+  MLXN_NO_OVERLAP(a, 1, a->len[1], MLXN_SLOT_STRIDED_COPY_F32_STATE, a->len[MLXN_SLOT_STRIDED_COPY_F32_STATE], err, cap);
   return 0;
 }
 

@@ -31,7 +31,12 @@ static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
  * 5 freq_factors f32[rope_dim/2] (optional); threads (rope_dim/2, seq·heads). Row r belongs to
  * token t = r / n_heads, head h = r % n_heads; its output starts at element t·out_token_stride +
  * h·out_head_stride of `out` (dense: head_dim and n_heads·head_dim; a KV cache laid out [heads,
- * capacity, head_dim] at a position: capacity·head_dim and head_dim, so rope writes K in place). */
+ * capacity, head_dim] at a position: capacity·head_dim and head_dim, so rope writes K in place);
+ * then {has_state, out_pos_stride, max_pos: u32} and 6 state u32[1] (optional, bound exactly when
+ * has_state is 1). With the state, token t's position is state[0] + t (positions is not read and may
+ * be unbound) and every output row moves by state[0]·out_pos_stride elements: `out` binds the whole
+ * cache once. The state is device data, so this validator bounds the worst case statically
+ * (state[0] ≤ max_pos − 1) and the body fails the dispatch, writing nothing, when state[0] ≥ max_pos. */
 
 /* Shared by rope_neox_f32 and rope_norm_f32 (same bindings and geometry); `op` names the kernel in
  * refusals. */
@@ -42,8 +47,13 @@ static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, s
   mlxn_params_rope_layout l = mlxn_params_rope_layout_of(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT);
   float theta = p.theta;
   uint32_t hd = p.head_dim, rd = p.rope_dim;
-  uint32_t heads = l.n_heads, has_ff = l.has_freq_factors;
+  uint32_t heads = l.n_heads, has_ff = l.has_freq_factors, has_state = l.has_state;
   if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "%s: theta must be finite and > 0", op);
+  if (has_state > 1) return mlxn_kfail(err, cap, "%s: has_state must be 0 or 1, got %u", op, has_state);
+  if (has_state != (a->ptr[MLXN_SLOT_ROPE_NEOX_F32_STATE] != NULL))
+    return mlxn_kfail(err, cap, has_state ? "%s: has_state is 1 but the state slot is not bound"
+                                          : "%s: state slot bound but has_state is 0", op);
+  if (has_state && l.max_pos == 0) return mlxn_kfail(err, cap, "%s: max_pos must be > 0 with a state", op);
   if (rd == 0 || rd % 2 || rd > hd)
     return mlxn_kfail(err, cap, "%s: rope_dim must be even, > 0 and <= head_dim (%u), got %u", op, hd, rd);
   if (heads == 0) return mlxn_kfail(err, cap, "%s: n_heads must be > 0", op);
@@ -61,10 +71,15 @@ static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, s
     uint64_t prev = mlxn_size_add(MLXN_SIZE(t_last - 1, ts), MLXN_SIZE(heads - 1, hs));
     if (prev > end) end = prev;
   }
+  /* With a state, the furthest row moves by the largest position the body accepts. */
+  if (has_state) end = mlxn_size_add(end, MLXN_SIZE((uint64_t)l.max_pos - 1, l.out_pos_stride));
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(mlxn_size_add(end, hd), 4), err, cap);
-  MLXN_NEED_BUF(a, 3, MLXN_SIZE(tokens, 4), err, cap);
+  if (has_state) MLXN_NEED_BUF(a, MLXN_SLOT_ROPE_NEOX_F32_STATE, 4, err, cap);
+  else MLXN_NEED_BUF(a, 3, MLXN_SIZE(tokens, 4), err, cap);
   if (has_ff) MLXN_NEED_BUF(a, 5, MLXN_SIZE(rd / 2, 4), err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 3, 5), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 3, 5) | (1u << MLXN_SLOT_ROPE_NEOX_F32_STATE), 4, err, cap);
+  /* The state is read by every thread while others write rows: it must not lie in the output. */
+  MLXN_NO_OVERLAP(a, 1, a->len[1], MLXN_SLOT_ROPE_NEOX_F32_STATE, a->len[MLXN_SLOT_ROPE_NEOX_F32_STATE], err, cap);
   return 0;
 }
 

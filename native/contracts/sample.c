@@ -129,6 +129,20 @@ static int gather_validate_t(const mlxn_kargs *a, int fmt, char *err, size_t cap
   return 0;
 }
 
+/* ---- step_advance_u32: 0 state u32[words] (read and written), 1 {words, add}: state[i] += add
+ *      (mod 2³²) for i < words; one thread does it (grid >= 1). Ends a token pass so the host never
+ *      writes the step state inside a token loop. */
+
+static int step_advance_validate(const mlxn_kargs *a, char *err, size_t cap) {
+  MLXN_NEED_BYTES(a, MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE, MLXN_PARAMS_STEP_ADVANCE_BYTES, err, cap);
+  mlxn_params_step_advance p = mlxn_params_step_advance_of(a, MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE);
+  if (p.count == 0 || p.count > 64) return mlxn_kfail(err, cap, "count (words advanced) must be in [1, 64], got %u", p.count);
+  if (mlxn_need_grid(a, 0, 1, "state (one thread)", err, cap)) return 1;
+  MLXN_NEED_BUF(a, MLXN_SLOT_STEP_ADVANCE_U32_STATE, MLXN_SIZE(p.count, 4), err, cap);
+  MLXN_NEED_ALIGN(a, 1u << MLXN_SLOT_STEP_ADVANCE_U32_STATE, 4, err, cap);
+  return 0;
+}
+
 #define TOKEN_KERNELS(SUF, T)                                                                     \
   static int argmax_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
     return argmax_validate_t(a, T, err, cap);                                                      \
@@ -148,6 +162,7 @@ GATHER_KERNEL(bf16, G_BF16)
 GATHER_KERNEL(q8_0, G_Q8_0)
 GATHER_KERNEL(q4_0, G_Q4_0)
 
+MLXN_VALIDATOR(step_advance_u32, step_advance_validate)
 MLXN_VALIDATOR(argmax_f32, argmax_f32_validate)
 MLXN_VALIDATOR(argmax_bf16, argmax_bf16_validate)
 MLXN_VALIDATOR(sample_f32, sample_f32_validate)

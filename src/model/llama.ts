@@ -210,9 +210,17 @@ export class LlamaModel {
 
   /**
    * Encodes one token's pass: the embedding row of the id in `ids` (u32, on the device) at
-   * `position`, every layer, and the logits. `barrier` is called between dependent steps.
+   * `position`, every layer, and the logits. `barrier` is called between dependent steps. With
+   * `state` (a state-driven DecodeLoop's step), the position is read on the device instead: `ids` is
+   * the whole ring, the caches are bound whole, and the commands do not depend on `position`.
    */
-  encodeForward(s: GraphSession, ids: MlxBuffer, position: number, barrier: () => void): void {
+  encodeForward(
+    s: GraphSession,
+    ids: MlxBuffer,
+    position: number,
+    barrier: () => void,
+    state?: DecodeStep["state"],
+  ): void {
     const c = this.config, a = this.#act, reg = this.device.kernels;
     if (!Number.isSafeInteger(position) || position < 0 || position >= this.ctx) {
       throw new MlxError(
@@ -222,7 +230,8 @@ export class LlamaModel {
     }
     const { hiddenSize: hidden, headDim, heads, kvHeads, intermediateSize: ffn } = c;
     const norm = { rows: 1, dim: hidden, eps: c.rmsEps };
-    const positions = a.positions.slice(position * 4, 4);
+    const st = state?.position, ctx = this.ctx;
+    const positions = st ? undefined : a.positions.slice(position * 4, 4);
     const rope = {
       theta: c.ropeTheta,
       headDim,
@@ -231,11 +240,15 @@ export class LlamaModel {
       freqFactors: this.#freqFactors,
     };
     const rotate = this.ropeMode === "norm" ? ropeNorm : ropeNeox;
-    embedGather(s, reg, this.#embedding.table, ids, a.x, {
+    embedGather(s, reg, this.#embedding.table, state ? state.ring : ids, a.x, {
       dim: hidden,
       vocab: c.vocabSize,
       format: this.#embedding.format,
+      ...(state ? { cursor: state.position, ring: state.ringSlots } : {}),
     });
+    // With a state: rope and the V copy write at the position's rows of the whole caches, and
+    // attention reads its keys from it (the KV capacity bounds it statically).
+    const atState = st ? { state: st, maxPositions: ctx } : {};
     for (const L of this.#layers) {
       barrier();
       s.rmsNorm(a.x, this.#ones, a.t, norm); // RMS_NORM then MUL(weight): the pattern the fuse pass merges
@@ -246,17 +259,25 @@ export class LlamaModel {
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
       const row = (cache: MlxBuffer) =>
-        cache.slice(position * headDim * 4, ((kvHeads - 1) * this.ctx + 1) * headDim * 4);
-      rotate(s, reg, a.q, a.qr, positions, { ...rope, nHeads: heads });
-      rotate(s, reg, a.k, row(L.kCache), positions, { ...rope, nHeads: kvHeads, outHeadStride: this.ctx * headDim });
-      s.stridedCopy(a.v, row(L.vCache), { rows: kvHeads, cols: headDim, dstStride: this.ctx * headDim });
+        st ? cache : cache.slice(position * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+      const kvRows = { nHeads: kvHeads, outHeadStride: ctx * headDim, ...(st ? { outPosStride: headDim } : {}) };
+      rotate(s, reg, a.q, a.qr, positions, { ...rope, nHeads: heads, ...atState });
+      rotate(s, reg, a.k, row(L.kCache), positions, { ...rope, ...kvRows, ...atState });
+      s.stridedCopy(a.v, row(L.vCache), {
+        rows: kvHeads,
+        cols: headDim,
+        dstStride: ctx * headDim,
+        ...(st ? { dstPosStride: headDim } : {}),
+        ...atState,
+      });
       barrier();
       s.flashAttnVec(a.qr, L.kCache, L.vCache, a.tmp, a.attn, {
         nHeads: heads,
         nKvHeads: kvHeads,
         headDim: headDim as 64,
-        kvSeqLen: position + 1,
-        kvCapacity: this.ctx,
+        kvSeqLen: st ? ctx : position + 1,
+        kvCapacity: ctx,
+        ...(st ? { state: st } : {}),
       });
       barrier();
       L.o.addInto(s, a.attn, a.x, a.o, barrier);
@@ -284,22 +305,29 @@ export class LlamaModel {
 
   /**
    * One pass of a `DecodeLoop`: the input id from `step.input`, the forward pass at `step.position`,
-   * and the chosen id into `step.output` (argmax, or seeded sampling with counter = position).
+   * and the chosen id into `step.output` (argmax, or seeded sampling with counter = position). In a
+   * state-driven loop (`step.state`) the same happens with the position read on the device, so every
+   * step encodes the same commands.
    */
   encodeTokenStep(s: GraphSession, step: DecodeStep, select: TokenSelection = {}): void {
-    const barrier = () => s.barrier();
-    this.encodeForward(s, step.input, step.position, barrier);
+    const barrier = () => s.barrier(), state = step.state;
+    this.encodeForward(s, step.input, step.position, barrier, state);
     barrier();
     const vocab = this.config.vocabSize, reg = this.device.kernels, temperature = select.temperature ?? 0;
-    if (temperature === 0) argmax(s, reg, this.logits, step.output, { vocab });
+    // The output slot: the host's choice, or the state's next position's slot (word 1 as cursor).
+    const out = state ? state.ring : step.output;
+    const ring = state ? { cursor: state.next, ring: state.ringSlots } : {};
+    if (temperature === 0) argmax(s, reg, this.logits, out, { vocab, ...ring });
     else {
-      sample(s, reg, this.logits, step.output, {
+      sample(s, reg, this.logits, out, {
         vocab,
         temperature,
         ...(select.topK === undefined ? {} : { topK: select.topK }),
         ...(select.topP === undefined ? {} : { topP: select.topP }),
         seed: select.seed ?? 0,
-        counter: step.position,
+        // The cursor (position + 1) is added on the device: a base of −1 (mod 2³²) gives counter = position.
+        counter: state ? 0xffffffff : step.position,
+        ...ring,
       });
     }
   }

@@ -18,8 +18,10 @@ import {
   checkNonNegative,
   checkU32,
   dispatchReused,
+  dispatchReusedSlots,
   type DispatchTarget,
   groupsDescriptor,
+  overlapping,
 } from "./common.ts";
 
 /** Contracts of this family (generated from kernels/spec/kernels.ts). */
@@ -35,8 +37,8 @@ const sdpaWords = [0, 0, 0, 0, 0, 0, 0], sdpaGrid = [0, 0, 0];
 const sdpaDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, sdpaWords]);
 sdpaDescriptor.grid = sdpaGrid;
 sdpaDescriptor.threadgroup = 32;
-const flashWords = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], flashGrid = [0, 0, 1];
-const flashDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, flashWords]);
+const flashWords = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], flashGrid = [0, 0, 1];
+const flashDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, flashWords, undefined]);
 flashDescriptor.grid = flashGrid;
 flashDescriptor.threadgroup = 32;
 const reduceWords = [0, 0, 0];
@@ -137,6 +139,12 @@ export interface FlashAttnVecOptions {
   softcap?: number;
   /** Workgroups per head (default 32). */
   nwg?: number;
+  /**
+   * A step state (u32, see `stepAdvance`): the valid keys are state[0] + 1, read on the device (the
+   * query at position state[0]), and `kvSeqLen` becomes their bound: a state[0] ≥ kvSeqLen fails the
+   * dispatch, which reads and writes nothing. Consecutive token passes then encode identical commands.
+   */
+  state?: MlxBuffer | undefined;
 }
 
 /** Bytes of the scratch buffer flashAttnVec needs: nHeads · nwg · (headDim + 2) f32. */
@@ -188,12 +196,20 @@ export function flashAttnVec(
   checkBuffer(op, "v", v, kvType, o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "tmp", tmp, DType.F32, o.nHeads * nwg * (o.headDim + 2));
   checkBuffer(op, "out", out, DType.F32, o.nHeads * o.headDim);
+  const state = o.state;
+  if (state) {
+    checkBuffer(op, "state", state, DType.U32, 1);
+    if (overlapping(tmp, o.nHeads * nwg * (o.headDim + 2) * 4, state, 4)) {
+      throw new MlxError("InvalidArgument", `${op}: the step state must not lie in tmp`);
+    }
+  }
   const d = flashDescriptor, b = d.bindings;
   d.pipeline = registry.resolve(kvType === DType.F32 ? FLASH_F32 : FLASH_F16);
   b[0] = q;
   b[1] = k;
   b[2] = v;
   b[3] = tmp;
+  b[5] = state;
   packFlashParams(
     flashWords,
     o.nHeads,
@@ -206,10 +222,11 @@ export function flashAttnVec(
     window,
     softcap,
     nwg,
+    state ? 1 : 0,
   );
   flashGrid[0] = o.nHeads;
   flashGrid[1] = nwg;
-  dispatchReused(target, d, 4);
+  dispatchReusedSlots(target, d, 0b101111);
   target.memoryBarrier(); // the reduce reads every workgroup's partial result
   const r = reduceDescriptor;
   r.pipeline = registry.resolve(FLASH_REDUCE);

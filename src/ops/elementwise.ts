@@ -8,6 +8,7 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
+import { MlxError } from "../errors.ts";
 import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   elementwiseContracts,
@@ -22,12 +23,14 @@ import {
   checkPositive,
   checkU32,
   dispatchReused,
+  dispatchReusedSlots,
   type DispatchTarget,
   elementBytes,
   elementsOf,
   floatKernel,
   type FloatKernels,
   floatKernels,
+  overlapping,
   threadsDescriptor,
 } from "./common.ts";
 
@@ -57,9 +60,9 @@ const binaryDescriptor = threadsDescriptor([undefined, undefined, undefined, bin
 const unaryDescriptor = threadsDescriptor([undefined, undefined]);
 const axpbyWords = [0, 0, 0, 0];
 const axpbyDescriptor = threadsDescriptor([undefined, undefined, undefined, axpbyWords]);
-const copyWords = [0, 0, 0, 0];
+const copyWords = [0, 0, 0, 0, 0, 0, 0];
 const copyGrid = [0, 0, 1], copyGroup = [0, 1, 1];
-const copyDescriptor = threadsDescriptor([undefined, undefined, copyWords]);
+const copyDescriptor = threadsDescriptor([undefined, undefined, copyWords, undefined]);
 const softcapWords = [0, 0];
 const softcapDescriptor = threadsDescriptor([undefined, undefined, softcapWords]);
 
@@ -194,6 +197,16 @@ export interface StridedCopyOptions {
   srcStride?: number;
   /** Elements between destination rows (default cols). */
   dstStride?: number;
+  /**
+   * A step state (u32, see `stepAdvance`): the destination rows move by state[0] · `dstPosStride`
+   * elements, read on the device, so `dst` can bind a whole KV cache once. A state[0] ≥
+   * `maxPositions` fails the dispatch, which writes nothing.
+   */
+  state?: MlxBuffer | undefined;
+  /** Elements the destination moves per position of the state (default 0). */
+  dstPosStride?: number | undefined;
+  /** Positions the state may hold (required with `state`): `dst` must hold position maxPositions − 1's rows. */
+  maxPositions?: number | undefined;
 }
 
 /**
@@ -214,18 +227,31 @@ export function stridedCopy(
   checkU32(op, "srcStride", ss, o.cols);
   checkU32(op, "dstStride", ds, o.cols);
   checkBuffer(op, "src", src, DType.F32, (o.rows - 1) * ss + o.cols);
-  checkBuffer(op, "dst", dst, DType.F32, (o.rows - 1) * ds + o.cols);
+  const state = o.state, ps = o.dstPosStride ?? 0, maxPos = o.maxPositions ?? 0;
+  checkU32(op, "dstPosStride", ps, 0);
+  if (state) {
+    checkU32(op, "maxPositions", maxPos);
+    checkBuffer(op, "state", state, DType.U32, 1);
+  } else if (ps !== 0 || maxPos !== 0) {
+    throw new MlxError("InvalidArgument", `${op}: dstPosStride and maxPositions need a step state (pass state)`);
+  }
+  const dstElems = (o.rows - 1) * ds + o.cols + (state ? (maxPos - 1) * ps : 0);
+  checkBuffer(op, "dst", dst, DType.F32, dstElems);
+  if (state && overlapping(dst, dstElems * 4, state, 4)) {
+    throw new MlxError("InvalidArgument", `${op}: the step state must not lie in the destination`);
+  }
   const d = copyDescriptor;
   d.pipeline = registry.resolve(STRIDED_COPY);
   d.bindings[0] = src;
   d.bindings[1] = dst;
-  packStridedCopyParams(copyWords, o.rows, o.cols, ss, ds);
+  d.bindings[3] = state;
+  packStridedCopyParams(copyWords, o.rows, o.cols, ss, ds, state ? 1 : 0, ps, maxPos);
   copyGrid[0] = o.cols;
   copyGrid[1] = o.rows;
   copyGroup[0] = o.cols < 256 ? o.cols : 256;
   d.grid = copyGrid;
   d.threadgroup = copyGroup;
-  dispatchReused(target, d, 2);
+  dispatchReusedSlots(target, d, 0b1011);
 }
 
 /** out = tanh(in / cap) · cap (f32). */

@@ -35,8 +35,16 @@ const ropeWords = [0, 0, 0], ropeGrid = [0, 0, 1], ropeGroup = [0, 1, 1];
 const ropeDescriptor = threadsDescriptor([undefined, undefined, ropeWords, undefined]);
 ropeDescriptor.grid = ropeGrid;
 ropeDescriptor.threadgroup = ropeGroup;
-const neoxWords = [0, 0, 0], neoxLayout = [0, 0, 0, 0], neoxGrid = [0, 0, 1], neoxGroup = [0, 1, 1];
-const neoxDescriptor = threadsDescriptor([undefined, undefined, neoxWords, undefined, neoxLayout, undefined]);
+const neoxWords = [0, 0, 0], neoxLayout = [0, 0, 0, 0, 0, 0, 0], neoxGrid = [0, 0, 1], neoxGroup = [0, 1, 1];
+const neoxDescriptor = threadsDescriptor([
+  undefined,
+  undefined,
+  neoxWords,
+  undefined,
+  neoxLayout,
+  undefined,
+  undefined,
+]);
 neoxDescriptor.grid = neoxGrid;
 neoxDescriptor.threadgroup = neoxGroup;
 
@@ -96,6 +104,17 @@ export interface RopeNeoxOptions {
   outHeadStride?: number;
   /** Elements between consecutive tokens' rows in `output` (default nHeads · headDim). */
   outTokenStride?: number;
+  /**
+   * A step state (u32, see `stepAdvance`): token t's position is read on the device as state[0] + t
+   * (`positions` is not read and may be omitted), and every output row moves by state[0] ·
+   * `outPosStride` elements, so `output` can bind a whole KV cache once and consecutive token passes
+   * encode identical commands. A state[0] ≥ `maxPositions` fails the dispatch, which writes nothing.
+   */
+  state?: MlxBuffer | undefined;
+  /** Elements the output rows move per position of the state (default 0; a [heads, capacity, headDim] cache: headDim). */
+  outPosStride?: number | undefined;
+  /** Positions the state may hold (required with `state`): `output` must hold the rows of position maxPositions − 1. */
+  maxPositions?: number | undefined;
 }
 
 /** Whether rows of `hd` elements at t·ts + h·hs (t < tokens, h < heads) are pairwise disjoint. */
@@ -112,7 +131,7 @@ export function ropeNeox(
   registry: KernelRegistry,
   input: MlxBuffer,
   output: MlxBuffer,
-  positions: MlxBuffer,
+  positions: MlxBuffer | undefined,
   o: RopeNeoxOptions,
 ): void {
   ropeHeads("rope_neox", target, registry, input, output, positions, o);
@@ -128,7 +147,7 @@ export function ropeNorm(
   registry: KernelRegistry,
   input: MlxBuffer,
   output: MlxBuffer,
-  positions: MlxBuffer,
+  positions: MlxBuffer | undefined,
   o: RopeNeoxOptions,
 ): void {
   ropeHeads("rope_norm", target, registry, input, output, positions, o);
@@ -140,7 +159,7 @@ function ropeHeads(
   registry: KernelRegistry,
   input: MlxBuffer,
   output: MlxBuffer,
-  positions: MlxBuffer,
+  positions: MlxBuffer | undefined,
   o: RopeNeoxOptions,
 ): void {
   checkPositive(op, "theta", o.theta);
@@ -164,7 +183,16 @@ function ropeHeads(
     );
   }
   checkBuffer(op, "input", input, DType.F32, rows * o.headDim);
-  const outElems = (o.seqLen - 1) * ts + (o.nHeads - 1) * hs + o.headDim;
+  const state = o.state, ps = o.outPosStride ?? 0, maxPos = o.maxPositions ?? 0;
+  checkU32(op, "outPosStride", ps, 0);
+  if (state) {
+    checkU32(op, "maxPositions", maxPos);
+    checkBuffer(op, "state", state, DType.U32, 1);
+  } else if (ps !== 0 || maxPos !== 0) {
+    throw new MlxError("InvalidArgument", `${op}: outPosStride and maxPositions need a step state (pass state)`);
+  }
+  // With a state, the furthest rows are those of position maxPositions − 1.
+  const outElems = (o.seqLen - 1) * ts + (o.nHeads - 1) * hs + o.headDim + (state ? (maxPos - 1) * ps : 0);
   checkBuffer(op, "output", output, DType.F32, outElems);
   if (!dense && overlapping(input, rows * o.headDim * 4, output, outElems * 4)) {
     throw new MlxError(
@@ -172,18 +200,24 @@ function ropeHeads(
       `${op}: a strided output must not overlap the input (rotate in place densely)`,
     );
   }
-  checkBuffer(op, "positions", positions, DType.U32, o.seqLen);
+  if (state) {
+    if (overlapping(output, outElems * 4, state, 4)) {
+      throw new MlxError("InvalidArgument", `${op}: the step state must not lie in the output`);
+    }
+  } else if (positions) checkBuffer(op, "positions", positions, DType.U32, o.seqLen);
+  else throw new MlxError("InvalidArgument", `${op}: pass positions (u32 [seqLen]) or a step state`);
   if (o.freqFactors) checkBuffer(op, "freqFactors", o.freqFactors, DType.F32, o.ropeDim / 2);
   const half = o.ropeDim / 2, d = neoxDescriptor, b = d.bindings;
   d.pipeline = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM);
   b[0] = input;
   b[1] = output;
   packRopeHeadsParams(neoxWords, o.theta, o.headDim, o.ropeDim);
-  b[3] = positions;
-  packRopeLayoutParams(neoxLayout, o.nHeads, o.freqFactors ? 1 : 0, hs, ts);
+  b[3] = state ? undefined : positions;
+  packRopeLayoutParams(neoxLayout, o.nHeads, o.freqFactors ? 1 : 0, hs, ts, state ? 1 : 0, ps, maxPos);
   b[5] = o.freqFactors;
+  b[6] = state;
   neoxGrid[0] = half;
   neoxGrid[1] = rows;
   neoxGroup[0] = half < 256 ? half : 256;
-  dispatchReusedSlots(target, d, 0b101011);
+  dispatchReusedSlots(target, d, 0b1101011);
 }

@@ -12,6 +12,14 @@
  * Geometry: {@link argmax} and {@link sample} run one threadgroup per row of
  * {@link tokenThreadgroupSize} threads; {@link embedGather} one thread per output element.
  *
+ * Step state: a token loop whose passes must encode identical commands keeps the values that change
+ * per token in a small u32 device buffer, {@link STEP_STATE_WORDS} words: word 0 is the position of
+ * the pass's input token (rope's position and KV-cache row, attention's keys − 1: the `state` option
+ * of ropeNeox/ropeNorm, stridedCopy and flashAttnVec; the gather's ring cursor), word 1 is word 0 + 1
+ * (the ring cursor the selection writes; the sampler adds it to its counter); words 2 and 3 are
+ * reserved (zero). {@link stepAdvance} at the end of each pass adds 1 to words 0 and 1 on the
+ * device, so the host writes the state once, before the loop.
+ *
  * @module
  */
 
@@ -19,7 +27,7 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { packArgmaxParams, packGatherParams, sampleContracts } from "../kernels.gen.ts";
+import { packArgmaxParams, packGatherParams, packStepAdvanceParams, sampleContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkU32,
@@ -47,6 +55,7 @@ const GATHER_REFS: Readonly<Record<EmbeddingFormat, KernelRef>> = {
   q8_0: kernelRef("embed_gather_q8_0"),
   q4_0: kernelRef("embed_gather_q4_0"),
 };
+const STEP_ADVANCE = kernelRef("step_advance_u32");
 const TWO32 = 2 ** 32;
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. Slot 2 (3 for the gather)
@@ -297,4 +306,46 @@ export function embedGather(
   const p = nextPow2(o.dim);
   gatherGroup[0] = p < 256 ? p : 256;
   dispatchReusedSlots(target, d, GATHER_BUFFER_SLOTS);
+}
+
+/** u32 words of a token loop's step state (see the module documentation for the layout). */
+export const STEP_STATE_WORDS = 4;
+
+/** Words of the step state {@link stepAdvance} advances by default: the position and the output cursor. */
+const ADVANCED_WORDS = 2;
+
+const advanceWords = [0, 0];
+const advanceDescriptor = threadsDescriptor([undefined, advanceWords]);
+advanceDescriptor.grid = 1;
+advanceDescriptor.threadgroup = 1;
+
+/** Options of {@link stepAdvance}. */
+export interface StepAdvanceOptions {
+  /** Leading u32 words to advance (default 2: the position and the output cursor), 1 … 64. */
+  words?: number | undefined;
+  /** Added to each word, mod 2³² (default 1). */
+  add?: number | undefined;
+}
+
+/**
+ * Adds `add` to the first `words` u32 words of `state` on the device (one thread): the last dispatch
+ * of a token pass, so the next pass reads the next position without the host writing anything.
+ */
+export function stepAdvance(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  state: MlxBuffer,
+  o: StepAdvanceOptions = {},
+): void {
+  const op = "step_advance";
+  const words = o.words ?? ADVANCED_WORDS, add = o.add ?? 1;
+  checkU32(op, "words", words);
+  if (words > 64) throw new MlxError("InvalidArgument", `${op}: words must be at most 64, got ${words}`);
+  checkU32(op, "add", add, 0);
+  checkBuffer(op, "state", state, DType.U32, words);
+  const d = advanceDescriptor;
+  d.pipeline = registry.resolve(STEP_ADVANCE);
+  d.bindings[0] = state;
+  packStepAdvanceParams(advanceWords, words, add);
+  dispatchReusedSlots(target, d, 0b1);
 }

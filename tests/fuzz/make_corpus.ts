@@ -96,7 +96,21 @@ seeds.axpby_f32 = dispatch(
   "threads",
 );
 seeds.scale_f32 = dispatch("scale_f32", [256, 256, [f32Bits(2), 64]], [64, 1, 1], [64, 1, 1], "threads");
-seeds.strided_copy_f32 = dispatch("strided_copy_f32", [224, 128, [4, 8, 16, 8]], [8, 4, 1], [8, 1, 1], "threads");
+seeds.strided_copy_f32 = dispatch(
+  "strided_copy_f32",
+  [224, 128, [4, 8, 16, 8, 0, 0, 0]],
+  [8, 4, 1],
+  [8, 1, 1],
+  "threads",
+);
+// With a step state (zero: position 0): rows move by 8 elements per position, 4 positions bound.
+seeds.strided_copy_f32_state = dispatch(
+  "strided_copy_f32",
+  [224, 224, [4, 8, 16, 8, 1, 8, 4], 16],
+  [8, 4, 1],
+  [8, 1, 1],
+  "threads",
+);
 seeds.debug_fault = dispatch("debug_fault", [4, [0]], [1, 1, 1], [1, 1, 1]);
 seeds.debug_fault_failing = dispatch("debug_fault", [4, [1]], [1, 1, 1], [1, 1, 1]);
 seeds.rms_norm_no_scale_f32 = dispatch(
@@ -112,7 +126,15 @@ seeds.rope_f32 = dispatch("rope_f32", [1024, 1024, [f32Bits(1e4), 64, 4], 16], [
 for (const op of ["rope_neox_f32", "rope_norm_f32"]) {
   seeds[op] = dispatch(
     op,
-    [2048, 2048, [f32Bits(1e4), 64, 32], 16, [2, 1, 64, 128], 64],
+    [2048, 2048, [f32Bits(1e4), 64, 32], 16, [2, 1, 64, 128, 0, 0, 0], 64, 0],
+    [16, 8, 1],
+    [16, 1, 1],
+    "threads",
+  );
+  // With a step state instead of positions: rows move by 64 elements per position, 2 positions bound.
+  seeds[`${op}_state`] = dispatch(
+    op,
+    [2048, 2304, [f32Bits(1e4), 64, 32], 0, [2, 1, 64, 128, 1, 64, 2], 64, 16],
     [16, 8, 1],
     [16, 1, 1],
     "threads",
@@ -184,7 +206,14 @@ for (const [t, size] of [["f32", 4], ["f16", 2]] as const) {
   const kv = 16 * 64 * size, tmp = 2 * 2 * 66 * 4;
   seeds[`flash_attn_vec_${t}`] = dispatch(
     `flash_attn_vec_${t}`,
-    [512, kv, kv, tmp, [2, 1, 64, 8, 16, f32Bits(0.125), 2, 4, f32Bits(30), 2]],
+    [512, kv, kv, tmp, [2, 1, 64, 8, 16, f32Bits(0.125), 2, 4, f32Bits(30), 2, 0]],
+    [2, 2, 1],
+    [32, 1, 1],
+  );
+  // Keys from a step state (position 0 of at most 8).
+  seeds[`flash_attn_vec_${t}_state`] = dispatch(
+    `flash_attn_vec_${t}`,
+    [512, kv, kv, tmp, [2, 1, 64, 8, 16, f32Bits(0.125), 2, 4, f32Bits(30), 2, 1], 16],
     [2, 2, 1],
     [32, 1, 1],
   );
@@ -215,6 +244,8 @@ for (const [f, tableBytes] of [["f32", 4 * 64 * 4], ["bf16", 4 * 64 * 2], ["q8_0
     "threads",
   );
 }
+
+seeds.step_advance_u32 = dispatch("step_advance_u32", [16, [4, 1]], [1, 1, 1], [1, 1, 1], "threads");
 
 // Record formats and multi-dispatch command buffers: barriers, whole-buffer and 64-bit bindings,
 // threadgroup memory, a pipeline carried over between dispatches.
