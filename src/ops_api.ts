@@ -50,5 +50,8 @@ export {
   type EmbedGatherOptions,
   sample,
   type SampleOptions,
+  STEP_STATE_WORDS,
+  stepAdvance,
+  type StepAdvanceOptions,
   type TokenRing,
 } from "./ops/sample.ts";
