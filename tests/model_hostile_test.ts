@@ -6,8 +6,10 @@
  * that says what to do, or in the example's exit code and one line — never a TypeError, a stack
  * trace or an allocation the request did not need.
  */
-import { deepStrictEqual, ok } from "node:assert/strict";
+import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
+import { GgufValueType, loadLlama, MlxError } from "../mod.ts";
 import { fuzzLoad } from "./fuzz/model_load.ts";
+import { openDevice } from "./helpers.ts";
 import { type TinyLlamaSpec, writeTinyLlamaGguf } from "./helpers/gguf_writer.ts";
 
 const SPEC: TinyLlamaSpec = { layers: 1, hidden: 64, heads: 1, kvHeads: 1, ffn: 64, vocab: 16, seed: 9 };
@@ -15,6 +17,30 @@ const dir = Deno.makeTempDirSync({ prefix: "mlxn_model_hostile_" });
 globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
 const modelPath = `${dir}/tiny.gguf`;
 Deno.writeFileSync(modelPath, writeTinyLlamaGguf(SPEC));
+
+/** Asserts that `f` throws an MlxError of `code` whose message matches `re`. */
+function throwsMlx(f: () => unknown, code: string, re: RegExp) {
+  throws(f, (e) => {
+    ok(e instanceof MlxError, `not an MlxError: ${(e as Error)?.stack ?? e}`);
+    equal(e.code, code, e.message);
+    match(e.message, re);
+    return true;
+  });
+}
+
+Deno.test("a GGUF whose rope scaling type is a 64-bit integer (or an array of them) is refused with an MlxError", () => {
+  using device = openDevice();
+  for (
+    const kv of [
+      { key: "llama.rope.scaling.type", type: GgufValueType.UINT64, value: 2n },
+      { key: "llama.rope.scaling.type", type: GgufValueType.ARRAY, elementType: GgufValueType.INT64, value: [1n] },
+    ]
+  ) {
+    const path = `${dir}/scaling.gguf`;
+    Deno.writeFileSync(path, writeTinyLlamaGguf({ ...SPEC, extraKvs: [kv] }));
+    throwsMlx(() => loadLlama(device, path), "Unsupported", /rope scaling .*2|1.* is not supported/);
+  }
+});
 
 Deno.test("mutated model files through loadLlama: loaded and run, or an MlxError; no oversized allocation (150 inputs)", () => {
   const scratch = `${dir}/fuzz`;
