@@ -42,6 +42,19 @@ Deno.test("a GGUF whose rope scaling type is a 64-bit integer (or an array of th
   }
 });
 
+Deno.test("loadLlama: a path that is not a string and options that are not an object are InvalidArgument", () => {
+  using device = openDevice();
+  throwsMlx(() => loadLlama(device, 5 as unknown as string), "InvalidArgument", /pass the model's path/);
+  throwsMlx(() => loadLlama(device, ""), "InvalidArgument", /empty string/);
+  throwsMlx(() => loadLlama(device, modelPath, null as never), "InvalidArgument", /options must be an object/);
+  throwsMlx(() => loadLlama(device, modelPath, 4 as never), "InvalidArgument", /options must be an object/);
+  for (const ctx of [0, -1, 1.5, NaN, Infinity, 2 ** 53]) {
+    throwsMlx(() => loadLlama(device, modelPath, { ctx }), "InvalidArgument", /ctx must be a positive integer/);
+  }
+  using model = loadLlama(device, modelPath, { ctx: 3 });
+  equal(model.ctx, 3);
+});
+
 Deno.test("mutated model files through loadLlama: loaded and run, or an MlxError; no oversized allocation (150 inputs)", () => {
   const scratch = `${dir}/fuzz`;
   Deno.mkdirSync(`${scratch}/mlx`, { recursive: true });
