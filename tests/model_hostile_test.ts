@@ -7,7 +7,7 @@
  * trace or an allocation the request did not need.
  */
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
-import { GgufValueType, loadLlama, MlxError } from "../mod.ts";
+import { generate, GgufValueType, GraphExecutor, loadLlama, MlxError } from "../mod.ts";
 import { fuzzLoad } from "./fuzz/model_load.ts";
 import { openDevice } from "./helpers.ts";
 import { type TinyLlamaSpec, writeTinyLlamaGguf } from "./helpers/gguf_writer.ts";
@@ -53,6 +53,37 @@ Deno.test("loadLlama: a path that is not a string and options that are not an ob
   }
   using model = loadLlama(device, modelPath, { ctx: 3 });
   equal(model.ctx, 3);
+});
+
+Deno.test("generate: options, prompt ids and every selection field are checked, greedy included", () => {
+  using device = openDevice();
+  const exec = new GraphExecutor(device);
+  using model = loadLlama(device, modelPath, { ctx: 8 });
+  const run = (o: unknown) => () => generate(model, exec, o as never);
+  throwsMlx(run(null), "InvalidArgument", /pass the options object/);
+  throwsMlx(run({ promptIds: 3, tokens: 2 }), "InvalidArgument", /promptIds must be an array/);
+  throwsMlx(run({ tokens: 2 }), "InvalidArgument", /promptIds must be an array/);
+  throwsMlx(run({ promptIds: [16], tokens: 2 }), "InvalidArgument", /prompt id 16 is outside the vocabulary of 16/);
+  throwsMlx(run({ promptIds: [1], tokens: 9 }), "InvalidArgument", /need 9 KV positions, the model has 8/);
+  const bad: [Record<string, unknown>, RegExp][] = [
+    [{ topK: -5 }, /select\.topK must be an integer ≥ 0/],
+    [{ topK: 1.5, temperature: 1 }, /select\.topK/],
+    [{ topP: NaN }, /select\.topP must be in \(0, 1\]/],
+    [{ topP: 0 }, /select\.topP/],
+    [{ seed: -1 }, /select\.seed must be a non-negative integer/],
+    [{ seed: 0.5 }, /select\.seed/],
+    [{ temperature: NaN }, /select\.temperature/],
+    [{ temperature: -1 }, /select\.temperature/],
+    [{ temperature: "1" }, /select\.temperature/],
+  ];
+  for (const [select, re] of bad) throwsMlx(run({ promptIds: [1], tokens: 2, select }), "InvalidArgument", re);
+  throwsMlx(run({ promptIds: [1], tokens: 2, select: null }), "InvalidArgument", /select is not an object/);
+  // Valid fields still decode; greedy ignores the sampling fields it checked.
+  const greedy = generate(model, exec, { promptIds: [1], tokens: 3 }).tokens;
+  deepStrictEqual(
+    generate(model, exec, { promptIds: [1], tokens: 3, select: { topK: 4, topP: 0.5, seed: 7 } }).tokens,
+    greedy,
+  );
 });
 
 Deno.test("mutated model files through loadLlama: loaded and run, or an MlxError; no oversized allocation (150 inputs)", () => {
