@@ -86,6 +86,28 @@ Deno.test("generate: options, prompt ids and every selection field are checked, 
   );
 });
 
+Deno.test("generate: depth and readBatch far beyond the tokens asked for allocate only what the run needs", () => {
+  using device = openDevice();
+  const exec = new GraphExecutor(device);
+  using model = loadLlama(device, modelPath, { ctx: 8 });
+  const expected = generate(model, exec, { promptIds: [2, 3], tokens: 4 }).tokens;
+  const alloc = device.alloc.bind(device);
+  let largest = 0;
+  device.alloc = (bytes, dtype, shape) => {
+    largest = Math.max(largest, bytes);
+    // A ring sized by the options instead of the run (1e9 slots here) fails at once, not after minutes.
+    if (bytes > 1 << 20) throw new Error(`an allocation of ${bytes} bytes for a 4-token run`);
+    return alloc(bytes, dtype, shape);
+  };
+  for (const o of [{ depth: 1e9 }, { readBatch: 1e8 }, { depth: 2 ** 31, readBatch: 2 ** 31 }]) {
+    deepStrictEqual(generate(model, exec, { promptIds: [2, 3], tokens: 4, ...o }).tokens, expected, JSON.stringify(o));
+  }
+  ok(largest > 0 && largest <= 64, `the id ring took ${largest} bytes`);
+  // Invalid values are still refused by the loop, bounded or not.
+  throwsMlx(() => generate(model, exec, { promptIds: [1], tokens: 2, depth: NaN }), "InvalidArgument", /depth/);
+  throwsMlx(() => generate(model, exec, { promptIds: [1], tokens: 2, readBatch: 0 }), "InvalidArgument", /readBatch/);
+});
+
 Deno.test("mutated model files through loadLlama: loaded and run, or an MlxError; no oversized allocation (150 inputs)", () => {
   const scratch = `${dir}/fuzz`;
   Deno.mkdirSync(`${scratch}/mlx`, { recursive: true });

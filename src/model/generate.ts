@@ -111,8 +111,10 @@ export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOpti
   const promptMs = performance.now() - t0;
 
   using loop = new DecodeLoop(exec, {
-    depth: o.depth ?? 2,
-    readBatch: o.readBatch ?? 16,
+    // More passes in flight or unread ids than the steps run change nothing; bounding both by `tokens`
+    // keeps the id ring (depth + readBatch slots) proportional to the work asked for.
+    depth: Math.min(o.depth ?? 2, n),
+    readBatch: Math.min(o.readBatch ?? 16, n),
     recorded: true,
     session: { autoBarriers: false },
     finish: { fuse: true, reorder: true, dualBuffer: false },
