@@ -9,7 +9,7 @@
 import { deepStrictEqual, equal, match, ok, throws } from "node:assert/strict";
 import { generate, GgufValueType, GraphExecutor, loadLlama, MlxError } from "../mod.ts";
 import { fuzzLoad } from "./fuzz/model_load.ts";
-import { openDevice } from "./helpers.ts";
+import { openDevice, runDeno } from "./helpers.ts";
 import { type TinyLlamaSpec, writeTinyLlamaGguf } from "./helpers/gguf_writer.ts";
 
 const SPEC: TinyLlamaSpec = { layers: 1, hidden: 64, heads: 1, kvHeads: 1, ffn: 64, vocab: 16, seed: 9 };
@@ -106,6 +106,26 @@ Deno.test("generate: depth and readBatch far beyond the tokens asked for allocat
   // Invalid values are still refused by the loop, bounded or not.
   throwsMlx(() => generate(model, exec, { promptIds: [1], tokens: 2, depth: NaN }), "InvalidArgument", /depth/);
   throwsMlx(() => generate(model, exec, { promptIds: [1], tokens: 2, readBatch: 0 }), "InvalidArgument", /readBatch/);
+});
+
+Deno.test("examples/generate.ts: non-decimal numbers are usage errors, an unwritable output exits 1 with one line", async () => {
+  const script = new URL("../examples/generate.ts", import.meta.url).pathname;
+  const flags = ["run", "--no-prompt", "--allow-ffi", "--allow-read", "--allow-env", `--allow-write=${dir}`, script];
+  for (const args of [["--tokens", "0x10"], ["--ctx", "1e3"], ["--seed", ""], ["--prompt-ids", "1,-2"]]) {
+    const r = await runDeno([...flags, "--model", modelPath, ...args]);
+    equal(r.code, 2, `${args}: ${r.stderr}`);
+    match(r.stderr, /^generate: --\S+ must be an integer ≥ \d, got /);
+  }
+  const tiny = ["--layers", "1", "--hidden", "64", "--heads", "1", "--kv-heads", "1", "--ffn", "64", "--vocab", "8"];
+  for (const out of [`${dir}/missing/dir/r.gguf`, "/r.gguf"]) {
+    const r = await runDeno([...flags, "--random-gguf", out, ...tiny]);
+    equal(r.code, 1, r.stderr);
+    match(r.stderr, new RegExp(`^generate: cannot write ${out}: .+--allow-write`));
+    ok(!/^\s+at /m.test(r.stderr), r.stderr);
+  }
+  const logits = await runDeno([...flags, "--model", modelPath, "--tokens", "2", "--logits", "/x.f32"]);
+  equal(logits.code, 1, logits.stderr);
+  match(logits.stderr, /^generate: cannot write \/x\.f32: /);
 });
 
 Deno.test("mutated model files through loadLlama: loaded and run, or an MlxError; no oversized allocation (150 inputs)", () => {
