@@ -116,6 +116,12 @@ Deno.test("examples/generate.ts: non-decimal numbers are usage errors, an unwrit
     equal(r.code, 2, `${args}: ${r.stderr}`);
     match(r.stderr, /^generate: --\S+ must be an integer ≥ \d, got /);
   }
+  const beyond = await runDeno([...flags, "--model", modelPath, "--prompt-ids", "3,16", "--tokens", "2"]);
+  equal(beyond.code, 1, beyond.stderr);
+  match(
+    beyond.stderr,
+    /^generate: generation failed \(InvalidArgument\): .*prompt id 16 is outside the vocabulary of 16/,
+  );
   const tiny = ["--layers", "1", "--hidden", "64", "--heads", "1", "--kv-heads", "1", "--ffn", "64", "--vocab", "8"];
   for (const out of [`${dir}/missing/dir/r.gguf`, "/r.gguf"]) {
     const r = await runDeno([...flags, "--random-gguf", out, ...tiny]);

@@ -10,7 +10,7 @@
  * allocation over {@link MAX_ALLOC_BYTES} (the seeds are under 1 MiB: a larger request means a
  * header's claim was believed), or, from the command line, an input that takes over 5 s.
  *
- *   deno run --allow-ffi --allow-read --allow-write --allow-env tests/fuzz/model_load.ts [iterations=20000] [seed=1]
+ *   deno run --allow-ffi --allow-read --allow-write --allow-env tests/fuzz/model_load.ts [iterations=20000] [seed=1] [max-seconds]
  *
  * Findings are written to build/fuzz-model-load/ and the run exits 1.
  */
@@ -266,8 +266,9 @@ export interface LoadFuzzResult {
 }
 
 /**
- * Runs `iterations` inputs in `dir` (a scratch directory). `onFinding` gets each finding with the
- * bytes of the input that caused it (for an MLX input, the safetensors file; config.json beside it).
+ * Runs `iterations` inputs (or as many as fit in `maxSeconds`) in `dir` (a scratch directory).
+ * `onFinding` gets each finding with the bytes of the input that caused it (for an MLX input, the
+ * safetensors file; config.json beside it).
  */
 export function fuzzLoad(
   dir: string,
@@ -275,6 +276,7 @@ export function fuzzLoad(
   seed: number,
   onFinding?: (kind: string, input: Uint8Array, e: unknown, ms: number) => void,
   slowMs = Infinity,
+  maxSeconds = Infinity,
 ): LoadFuzzResult {
   const next = rng(seed);
   const pick = (n: number) => Math.floor(next() * n);
@@ -301,7 +303,8 @@ export function fuzzLoad(
   ];
   const r: LoadFuzzResult = { inputs: 0, loaded: 0, refused: 0, findings: 0, maxAlloc: 0 };
   const ggufPath = `${dir}/model.gguf`, mlxDir = `${dir}/mlx`;
-  for (let i = 0; i < iterations; i++) {
+  const stopAt = performance.now() + maxSeconds * 1000;
+  for (let i = 0; i < iterations && performance.now() < stopAt; i++) {
     const kind = ["gguf-structured", "gguf-bytes", "mlx"][pick(3)]!;
     let path = ggufPath, input: Uint8Array;
     if (kind === "mlx") {
@@ -338,18 +341,26 @@ export function fuzzLoad(
 
 if (import.meta.main) {
   const iterations = Number(Deno.args[0] ?? 20000), seed = Number(Deno.args[1] ?? 1);
+  const maxSeconds = Number(Deno.args[2] ?? Infinity);
   const out = "build/fuzz-model-load";
   const scratch = Deno.makeTempDirSync({ prefix: "mlxn_fuzz_load_" });
   Deno.mkdirSync(`${scratch}/mlx`, { recursive: true });
   const start = performance.now();
   try {
-    const r = fuzzLoad(scratch, iterations, seed, (kind, input, e, ms) => {
-      Deno.mkdirSync(out, { recursive: true });
-      const name = `${out}/${kind}-${crypto.randomUUID()}`;
-      Deno.writeFileSync(`${name}.bin`, input);
-      if (kind === "mlx") Deno.copyFileSync(`${scratch}/mlx/config.json`, `${name}.config.json`);
-      console.error(`finding (${kind}, ${ms.toFixed(0)} ms): ${(e as Error)?.stack ?? e} → ${name}.bin`);
-    }, 5000);
+    const r = fuzzLoad(
+      scratch,
+      iterations,
+      seed,
+      (kind, input, e, ms) => {
+        Deno.mkdirSync(out, { recursive: true });
+        const name = `${out}/${kind}-${crypto.randomUUID()}`;
+        Deno.writeFileSync(`${name}.bin`, input);
+        if (kind === "mlx") Deno.copyFileSync(`${scratch}/mlx/config.json`, `${name}.config.json`);
+        console.error(`finding (${kind}, ${ms.toFixed(0)} ms): ${(e as Error)?.stack ?? e} → ${name}.bin`);
+      },
+      5000,
+      maxSeconds,
+    );
     const s = (performance.now() - start) / 1000;
     console.log(
       `${r.inputs} inputs, seed ${seed}: ${r.loaded} loaded and ran, ${r.refused} refused with MlxError, ` +
