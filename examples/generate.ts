@@ -76,7 +76,8 @@ if (a.help) {
   Deno.exit(0);
 }
 const int = (name: string, v: string, min: number) => {
-  const n = Number(v);
+  // Decimal digits only: Number() would also take "", "0x10" and "1e3".
+  const n = /^\s*\d+\s*$/.test(v) ? Number(v) : NaN;
   if (!Number.isSafeInteger(n) || n < min) usageError(`--${name} must be an integer ≥ ${min}, got ${v}`);
   return n;
 };
@@ -84,6 +85,14 @@ const int = (name: string, v: string, min: number) => {
 function fail(what: string, e: unknown): never {
   if (!(e instanceof MlxError)) throw e;
   console.error(`generate: ${what} (${e.code}): ${e.message}`);
+  Deno.exit(1);
+}
+
+/** A file the example writes could not be written: say why and which permission it needs. */
+function writeFailed(path: string, e: unknown): never {
+  if (e instanceof MlxError) fail(`cannot write ${path}`, e);
+  if (!(e instanceof Error)) throw e;
+  console.error(`generate: cannot write ${path}: ${e.message} (run with --allow-write and an existing directory)`);
   Deno.exit(1);
 }
 
@@ -103,7 +112,7 @@ if (a["random-gguf"] !== undefined) {
   try {
     bytes = writeRandomLlamaGguf(a["random-gguf"], shape);
   } catch (e) {
-    fail("cannot write the model", e);
+    writeFailed(a["random-gguf"], e);
   }
   console.log(
     `wrote ${a["random-gguf"]}: ${(bytes / 2 ** 30).toFixed(2)} GiB, ${shape.weights} weights, ` +
@@ -174,8 +183,7 @@ if (a.logits !== undefined) {
   try {
     Deno.writeFileSync(a.logits, bytes);
   } catch (e) {
-    console.error(`generate: cannot write ${a.logits}: ${(e as Error).message} (run with --allow-write)`);
-    Deno.exit(1);
+    writeFailed(a.logits, e);
   }
   console.log(`logits: ${a.logits} (${l.length} f32)`);
 }

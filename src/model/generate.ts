@@ -47,13 +47,45 @@ export interface GenerateResult {
 }
 
 /**
+ * Checks every field of a selection, greedy included: a bad topK, topP or seed is a caller's bug even
+ * where argmax does not read it (the sampling kernel's own checks cover the ranges it needs).
+ */
+function checkSelection(select: TokenSelection | undefined): void {
+  if (select === undefined) return;
+  const bad = (what: string): never => {
+    throw new MlxError("InvalidArgument", `generate: select.${what}`);
+  };
+  if (select === null || typeof select !== "object") {
+    throw new MlxError("InvalidArgument", "generate: select is not an object ({ temperature, topK, topP, seed })");
+  }
+  const { temperature: t, topK, topP, seed } = select;
+  if (t !== undefined && !(typeof t === "number" && Number.isFinite(t) && t >= 0)) {
+    bad(`temperature must be 0 (greedy) or a positive number, got ${t}`);
+  }
+  if (topK !== undefined && !(Number.isSafeInteger(topK) && topK >= 0)) {
+    bad(`topK must be an integer ≥ 0 (0: all tokens), got ${topK}`);
+  }
+  if (topP !== undefined && !(typeof topP === "number" && topP > 0 && topP <= 1)) {
+    bad(`topP must be in (0, 1], got ${topP}`);
+  }
+  if (seed !== undefined && !(Number.isSafeInteger(seed) && seed >= 0)) {
+    bad(`seed must be a non-negative integer, got ${seed}`);
+  }
+}
+
+/**
  * Runs the prompt and generates `tokens` ids after it, from position 0 (the KV cache is reset).
  * The generation must fit the model's KV cache.
  */
 export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOptions): GenerateResult {
+  if (o === null || typeof o !== "object") {
+    throw new MlxError("InvalidArgument", "generate: pass the options object ({ promptIds, tokens })");
+  }
   const prompt = o.promptIds, n = o.tokens, warmup = o.warmup ?? 0;
   const vocab = model.config.vocabSize;
-  if (prompt.length === 0) throw new MlxError("InvalidArgument", "generate: pass at least one prompt token id");
+  if (!Array.isArray(prompt) || prompt.length === 0) {
+    throw new MlxError("InvalidArgument", "generate: promptIds must be an array of at least one token id");
+  }
   const bad = prompt.find((id) => !Number.isSafeInteger(id) || id < 0 || id >= vocab);
   if (bad !== undefined) {
     throw new MlxError("InvalidArgument", `generate: prompt id ${bad} is outside the vocabulary of ${vocab}`);
@@ -64,6 +96,7 @@ export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOpti
   if (!Number.isSafeInteger(warmup) || warmup < 0 || warmup >= n) {
     throw new MlxError("InvalidArgument", `generate: warmup must be in [0, tokens), got ${warmup}`);
   }
+  checkSelection(o.select);
   // The last generated id is chosen at position prompt + n − 2 and never run itself.
   if (prompt.length + n - 1 > model.ctx) {
     throw new MlxError(
@@ -78,8 +111,10 @@ export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOpti
   const promptMs = performance.now() - t0;
 
   using loop = new DecodeLoop(exec, {
-    depth: o.depth ?? 2,
-    readBatch: o.readBatch ?? 16,
+    // More passes in flight or unread ids than the steps run change nothing; bounding both by `tokens`
+    // keeps the id ring (depth + readBatch slots) proportional to the work asked for.
+    depth: Math.min(o.depth ?? 2, n),
+    readBatch: Math.min(o.readBatch ?? 16, n),
     recorded: true,
     session: { autoBarriers: false },
     finish: { fuse: true, reorder: true, dualBuffer: false },

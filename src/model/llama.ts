@@ -378,5 +378,16 @@ export class LlamaModel {
  * shapes, missing tensors and truncated or corrupt files throw an MlxError that says what to do.
  */
 export function loadLlama(device: MlxDevice, path: string, options: LoadLlamaOptions = {}): LlamaModel {
+  if (typeof path !== "string" || path === "") {
+    throw new MlxError(
+      "InvalidArgument",
+      `loadLlama: pass the model's path (a .gguf file or an MLX directory), got ${
+        typeof path === "string" ? "an empty string" : typeof path
+      }`,
+    );
+  }
+  if (options === null || typeof options !== "object") {
+    throw new MlxError("InvalidArgument", `loadLlama: options must be an object ({ ctx }), got ${options}`);
+  }
   return new LlamaModel(device, path, options);
 }

@@ -211,7 +211,9 @@ class GgufWeights implements WeightSource {
       if (scaling !== undefined && scaling !== "none") {
         throw new MlxError(
           "Unsupported",
-          `${path}: rope scaling ${JSON.stringify(scaling)} is not supported (plain rope and llama3 rope_freqs are)`,
+          `${path}: rope scaling ${
+            JSON.stringify(scaling, (_, v) => typeof v === "bigint" ? String(v) : v)
+          } is not supported (plain rope and llama3 rope_freqs are)`,
         );
       }
     } catch (e) {
