@@ -90,7 +90,6 @@ function fail(what: string, e: unknown): never {
 
 /** A file the example writes could not be written: say why and which permission it needs. */
 function writeFailed(path: string, e: unknown): never {
-  if (e instanceof MlxError) fail(`cannot write ${path}`, e);
   if (!(e instanceof Error)) throw e;
   console.error(`generate: cannot write ${path}: ${e.message} (run with --allow-write and an existing directory)`);
   Deno.exit(1);

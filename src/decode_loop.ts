@@ -95,6 +95,9 @@ export interface DecodeLoopOptions {
   finish?: FinishOptions | undefined;
 }
 
+// Each ring slot is a JS view: bound the ring so a huge depth or readBatch is an error, not gigabytes.
+const MAX_RING_SLOTS = 1 << 16;
+
 /** Arguments of {@link DecodeLoop.run}. */
 export interface DecodeRunOptions {
   /** Input ids of step 0, one per row (written to the ring before the first pass). */
@@ -229,6 +232,14 @@ export class DecodeLoop {
         "InvalidArgument",
         `DecodeLoop: ring ${this.ringSlots} is too small for depth ${this.depth} and readBatch ` +
           `${this.readBatch}: unread ids would be overwritten; use ring >= ${minRing} (depth + readBatch)`,
+      );
+    }
+    if (this.ringSlots > MAX_RING_SLOTS) {
+      throw new MlxError(
+        "InvalidArgument",
+        `DecodeLoop: ring ${this.ringSlots} (depth ${this.depth} + readBatch ${this.readBatch} at least) exceeds ` +
+          `${MAX_RING_SLOTS} slots: lower depth, readBatch or ring (a few steps in flight and a read every few ` +
+          `dozen steps keep the device busy)`,
       );
     }
     const slotBytes = this.rows * 4;

@@ -200,6 +200,8 @@ Deno.test("DecodeLoop: bad options and arguments are InvalidArgument errors that
   bad(() => new DecodeLoop(exec, { encodeStep, depth: 0 }), /depth must be an integer/);
   bad(() => new DecodeLoop(exec, { encodeStep, rows: 1.5 }), /rows must be an integer/);
   bad(() => new DecodeLoop(exec, { encodeStep, depth: 2, readBatch: 8, ring: 9 }), /use ring >= 10/);
+  bad(() => new DecodeLoop(exec, { encodeStep, depth: 1e9 }), /exceeds 65536 slots: lower depth/);
+  bad(() => new DecodeLoop(exec, { encodeStep, readBatch: 16, ring: 2 ** 20 }), /exceeds 65536 slots/);
   using loop = new DecodeLoop(exec, { encodeStep, rows: 2 });
   bad(() => loop.run({ first: 1, steps: 1 }), /first must be 2 u32 token id/);
   bad(() => loop.run({ first: [1, -1], steps: 1 }), /first must be 2/);

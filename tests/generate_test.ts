@@ -404,6 +404,19 @@ Deno.test("the random-weight GGUF writer's bf16 and Q4_K_M files load and decode
     ok(spread > 0.1 && spread < 1e3, `${weights}: logits spread ${spread}`);
     ok(r.tokens.every((t) => t >= 0 && t < 512));
   }
+  throws(
+    () =>
+      writeRandomLlamaGguf(`${dir}/no/such/folder/x.gguf`, {
+        layers: 1,
+        hidden: 256,
+        heads: 2,
+        kvHeads: 1,
+        ffn: 512,
+        vocab: 64,
+        weights: "bf16",
+      }),
+    (e: unknown) => e instanceof MlxError && e.code === "InvalidArgument" && /writable folder/.test(e.message),
+  );
 });
 
 Deno.test("seeded sampling in generate repeats for a seed and differs across seeds", () => {

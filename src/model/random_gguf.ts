@@ -197,7 +197,17 @@ export function writeRandomLlamaGguf(path: string, s: RandomLlamaShape): number 
   const dataOffset = Math.ceil(header.length / ALIGN) * ALIGN;
   let seed = (s.seed ?? 1) >>> 0;
   const next = () => (seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0);
-  const file = Deno.openSync(path, { write: true, create: true, truncate: true });
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(path, { write: true, create: true, truncate: true });
+  } catch (e) {
+    const denied = e instanceof Deno.errors.NotCapable || e instanceof Deno.errors.PermissionDenied;
+    throw new MlxError(
+      denied ? "PermissionDenied" : "InvalidArgument",
+      `cannot write the random model to ${path}: ${(e as Error).message}; ` +
+        (denied ? "grant --allow-write for that path" : "pick a path in a writable folder that exists"),
+    );
+  }
   const writeAll = (b: Uint8Array) => {
     for (let done = 0; done < b.length;) done += file.writeSync(b.subarray(done));
   };
