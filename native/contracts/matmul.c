@@ -66,6 +66,25 @@ DENSE_KERNEL(F32, MLXN_T_F32)
 DENSE_KERNEL(BF16, MLXN_T_BF16)
 DENSE_KERNEL(F16, MLXN_T_F16)
 
+/* The affine products' buffers: 0 x [M, K] f32, 1 packed W (w_bytes), 2 scales and 3 biases (s_bytes
+ * each, aligned to s_align), 4 y [M, N] f32, which overlaps no input. */
+static int affine_buffers(const mlxn_kargs *a, uint32_t m, uint32_t n, uint32_t k, uint64_t w_bytes, uint64_t s_bytes,
+                          uint32_t s_align, char *err, size_t cap) {
+  uint64_t x_bytes = MLXN_SIZE(m, k, 4), y_bytes = MLXN_SIZE(m, n, 4);
+  MLXN_NEED_BUF(a, 0, x_bytes, err, cap);
+  MLXN_NEED_BUF(a, 1, w_bytes, err, cap);
+  MLXN_NEED_BUF(a, 2, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 3, s_bytes, err, cap);
+  MLXN_NEED_BUF(a, 4, y_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 0, x_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 1, w_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 2, s_bytes, err, cap);
+  MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
+  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), s_align, err, cap);
+  return 0;
+}
+
 /* qmatmul_affine and qmatmul_affine_fast take the same slots. */
 #define AFFINE_PARAMS MLXN_SLOT_QMATMUL_AFFINE_AFFINE
 MLXN_STATIC_ASSERT(AFFINE_PARAMS == MLXN_SLOT_QMATMUL_AFFINE_FAST_AFFINE, "one slot layout");
@@ -78,19 +97,9 @@ static int affine_validate_common(const mlxn_kargs *a, uint32_t outs, char *err,
   if (bits != 4 && bits != 6 && bits != 8) return mlxn_kfail(err, cap, "bits must be 4, 6 or 8, got %u", bits);
   if (gs != 32 && gs != 64 && gs != 128) return mlxn_kfail(err, cap, "group size must be 32, 64 or 128, got %u", gs);
   if (p.k % gs) return mlxn_kfail(err, cap, "K=%u must be a multiple of the group size %u", p.k, gs);
-  uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), w_bytes = MLXN_SIZE(p.n, (uint64_t)p.k * bits / 8);
-  uint64_t s_bytes = MLXN_SIZE(p.n, p.k / gs, 2), y_bytes = MLXN_SIZE(p.m, p.n, 4);
-  MLXN_NEED_BUF(a, 0, x_bytes, err, cap);
-  MLXN_NEED_BUF(a, 1, w_bytes, err, cap);
-  MLXN_NEED_BUF(a, 2, s_bytes, err, cap);
-  MLXN_NEED_BUF(a, 3, s_bytes, err, cap);
-  MLXN_NEED_BUF(a, 4, y_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 0, x_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 1, w_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 2, s_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), 2, err, cap);
+  if (affine_buffers(a, p.m, p.n, p.k, MLXN_SIZE(p.n, (uint64_t)p.k * bits / 8), MLXN_SIZE(p.n, p.k / gs, 2), 2, err,
+                     cap))
+    return 1;
   return need_mm_tg(a, outs == MM_OUTS_FAST ? 256 : 128, "ops.quantizedMatmul", err, cap);
 }
 
@@ -121,19 +130,10 @@ static int qmatmul_affine_general_validate(const mlxn_kargs *a, char *err, size_
   mlxn_params_affine_general p = mlxn_params_affine_general_of(a, ps);
   uint32_t bits = p.bits, gs = p.group_size, t = p.scale_type;
   if (check_mm(a, p.m, p.n, p.k, MM_OUTS, err, cap) || affine_general_check(p.k, bits, gs, t, err, cap)) return 1;
-  uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), w_bytes = MLXN_SIZE(p.n, (uint64_t)p.k / 8 * bits);
-  uint64_t s_bytes = MLXN_SIZE(p.n, p.k / gs, mlxn_ftype_size((mlxn_ftype)t)), y_bytes = MLXN_SIZE(p.m, p.n, 4);
-  MLXN_NEED_BUF(a, 0, x_bytes, err, cap);
-  MLXN_NEED_BUF(a, 1, w_bytes, err, cap);
-  MLXN_NEED_BUF(a, 2, s_bytes, err, cap);
-  MLXN_NEED_BUF(a, 3, s_bytes, err, cap);
-  MLXN_NEED_BUF(a, 4, y_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 0, x_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 1, w_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 2, s_bytes, err, cap);
-  MLXN_NO_OVERLAP(a, 4, y_bytes, 3, s_bytes, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 4), 4, err, cap);
-  MLXN_NEED_ALIGN(a, MLXN_SLOTS2(2, 3), mlxn_ftype_size((mlxn_ftype)t), err, cap);
+  uint32_t es = mlxn_ftype_size((mlxn_ftype)t);
+  if (affine_buffers(a, p.m, p.n, p.k, MLXN_SIZE(p.n, (uint64_t)p.k / 8 * bits), MLXN_SIZE(p.n, p.k / gs, es), es, err,
+                     cap))
+    return 1;
   return need_mm_tg(a, 128, "ops.quantizedMatmul", err, cap);
 }
 
