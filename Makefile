@@ -117,7 +117,7 @@ NVCC ?= nvcc
 CUDA_LIB := build/libmlxn_cuda.so
 CUDA_C_SRC := $(CORE_SRC) native/cuda/bridge.c
 CUDA_CU_SRC := native/cuda/backend.cu $(wildcard kernels/cuda/*.cu)
-CUDA_HDR := $(CORE_HDR) native/cuda/cuda_api.h kernels/cuda/common.cuh
+CUDA_HDR := $(CORE_HDR) native/cuda/cuda_api.h kernels/cuda/common.cuh kernels/cuda/params.gen.cuh
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
   -gencode arch=compute_90,code=compute_90
 # Objects of this source list only: build/cuda-obj may hold objects of sources that no longer exist.

@@ -5,6 +5,10 @@
  *   native/contracts/contracts.gen.c  the contract table the core reads (signature, validate, tg rule)
  *   kernels/cpu/table.gen.c           the CPU backend's kernel id → body table
  *   kernels/cuda/table.gen.cu         the CUDA backend's kernel table with its shared-memory rule
+ *   kernels/cuda/params.gen.cuh       CUDA readers of the parameter blocks (the C structs above)
+ *   kernels/metal/_params.gen.metal   the parameter blocks as MSL structs (the leading `_` sorts it
+ *                                     first after the prelude in the MSL's one order: common.metal,
+ *                                     then by name; the bodies use its structs)
  *   kernels/spec/ids.gen.txt          kernel ids in order (new kernels are appended)
  * `deno run -A scripts/gen_kernels.ts` writes them (make gen); with --check it writes nothing and
  * fails when one is stale (make check).
@@ -15,6 +19,7 @@
 import {
   type BufferSlot,
   type BytesSlot,
+  constants,
   families,
   type KernelSpec,
   type ParamLayout,
@@ -73,6 +78,9 @@ const upper = (s: string) => s.toUpperCase();
 const signature = (k: KernelSpec) => k.slots.map((s) => isBytes(s) ? "c" : s.optional ? "o" : "b").join("");
 const camel = (s: string) => s.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase());
 const pascal = (s: string) => camel(s).replace(/^./, (c) => c.toUpperCase());
+const hex = (v: number) => v >= 0x80 ? `0x${v.toString(16)}` : `${v}`;
+/** The shared constants as preprocessor macros (C, CUDA and MSL alike). */
+const constantMacros = () => Object.entries(constants).map(([name, [v]]) => `#define MLXN_${name} ${hex(v)}u`);
 const bytesSlotName = (p: ParamLayout) => `params{${p.fields.map(([n, t]) => `${n}:${t}`).join(",")}}`;
 
 // ---- TypeScript ------------------------------------------------------------------------------------
@@ -101,6 +109,10 @@ function tsContracts(layouts: Map<string, ParamLayout>): string {
     );
     out.push(`/** Writes the {${doc}} parameter block into \`w\` (f32 fields as their bits). */`);
     out.push(`export function pack${pascal(p.name)}Params(w: number[], ${args}): void {\n${sets.join("\n")}\n}`);
+  }
+  for (const [name, [value, doc]] of Object.entries(constants)) {
+    out.push(`/** ${doc} */`);
+    out.push(`export const ${name} = ${hex(value)};`);
   }
   for (const [family, list] of Object.entries(families)) {
     out.push(`/** Contracts of the ${family} kernels. */`);
@@ -164,6 +176,8 @@ function elementsRule(k: KernelSpec): string {
 function cHeader(layouts: Map<string, ParamLayout>): string {
   const out = [`/* ${HEADER} */`, "#ifndef MLXN_CONTRACTS_GEN_H", "#define MLXN_CONTRACTS_GEN_H", ""];
   out.push('#include "kernel_args.h"', "");
+  out.push("/* Constants the ops, validators and bodies share (kernels/spec/kernels.ts). */");
+  out.push(...constantMacros(), "");
   out.push("/* Kernel ids: the index of each contract in mlxn_contracts, in description order. */");
   out.push("enum mlxn_kernel_id {");
   for (const k of kernels) out.push(`  MLXN_K_${upper(k.name)},`);
@@ -172,9 +186,7 @@ function cHeader(layouts: Map<string, ParamLayout>): string {
   out.push(" * checking the slot holds MLXN_PARAMS_<NAME>_BYTES (MLXN_NEED_BYTES). */");
   for (const p of layouts.values()) {
     const n = upper(p.name);
-    out.push(`typedef struct mlxn_params_${p.name} {`);
-    for (const [f, t] of p.fields) out.push(`  ${t === "f32" ? "float" : "uint32_t"} ${f};`);
-    out.push(`} mlxn_params_${p.name};`);
+    out.push(`typedef ${cStruct(p, "uint32_t").join("\n")}`.replace(/};$/, `} mlxn_params_${p.name};`));
     out.push(`#define MLXN_PARAMS_${n}_BYTES ${4 * p.fields.length}u`);
     p.fields.forEach(([f], i) => out.push(`#define MLXN_PARAMS_${n}_${upper(f)} ${4 * i}u`));
     out.push(`MLXN_STATIC_ASSERT(sizeof(mlxn_params_${p.name}) == MLXN_PARAMS_${n}_BYTES, "packed 4-byte fields");`);
@@ -195,6 +207,39 @@ function cHeader(layouts: Map<string, ParamLayout>): string {
   out.push("/* Each kernel's validator (native/contracts/<family>.c, or generated in contracts.gen.c). */");
   for (const k of kernels) out.push(`int mlxn_validate_${k.name}(const mlxn_kargs *a, char *err, size_t cap);`);
   out.push("", "#endif");
+  return out.join("\n") + "\n";
+}
+
+/** The C struct of layout p: also what the CUDA bodies read (params.gen.cuh includes the C header). */
+function cStruct(p: ParamLayout, uint: string): string[] {
+  const out = [`struct mlxn_params_${p.name} {`];
+  for (const [f, t] of p.fields) out.push(`  ${t === "f32" ? "float" : uint} ${f};`);
+  out.push("};");
+  return out;
+}
+
+function cudaParams(layouts: Map<string, ParamLayout>): string {
+  const out = [`// ${HEADER}`, "#pragma once", '#include "../../native/contracts/contracts.gen.h"', ""];
+  out.push("// mlxn_params_<name>_at(a, slot): parameter block <name> of inline slot `slot`, the same struct the");
+  out.push("// validators read (native/contracts/contracts.gen.h), so a body and its validator cannot disagree.");
+  for (const p of layouts.values()) {
+    out.push(
+      `__device__ __forceinline__ mlxn_params_${p.name} mlxn_params_${p.name}_at(const mlxn_gpu_args &a, int slot) {`,
+    );
+    out.push(`  mlxn_params_${p.name} p;`, "  memcpy(&p, a.bytes + a.boff[slot], sizeof p);", "  return p;", "}");
+  }
+  return out.join("\n") + "\n";
+}
+
+function metalParams(layouts: Map<string, ParamLayout>): string {
+  const out = [`// ${HEADER}`];
+  out.push("// Constants the ops, validators and bodies share.");
+  out.push(...constantMacros());
+  out.push("// The parameter blocks as MSL structs: bind one as `constant mlxn_params_<name> &p [[buffer(slot)]]`.");
+  for (const p of layouts.values()) {
+    out.push(...cStruct(p, "uint"));
+    out.push(`static_assert(sizeof(mlxn_params_${p.name}) == ${4 * p.fields.length}, "packed 4-byte fields");`);
+  }
   return out.join("\n") + "\n";
 }
 
@@ -270,6 +315,8 @@ export async function generate(): Promise<Map<string, string>> {
     ["native/contracts/contracts.gen.c", cTable()],
     ["kernels/cpu/table.gen.c", cpuTable()],
     ["kernels/cuda/table.gen.cu", cudaTable()],
+    ["kernels/cuda/params.gen.cuh", cudaParams(layouts)],
+    ["kernels/metal/_params.gen.metal", metalParams(layouts)],
     [
       IDS,
       `# ${HEADER}\n# Kernel ids in order (append-only: the fuzz corpus encodes the pipeline handles).\n${

@@ -374,6 +374,22 @@ export function packStepAdvanceParams(w: number[], count: number, add: number): 
   w[0] = count;
   w[1] = add;
 }
+/** Outputs per threadgroup of the matrix products (one 32-lane simdgroup each). */
+export const MATMUL_OUTS = 4;
+/** Outputs per threadgroup of qmatmul_affine_fast. */
+export const MATMUL_OUTS_FAST = 8;
+/** Outputs per threadgroup of the dense products with the SwiGLU epilogue (two W rows each). */
+export const MATMUL_OUTS_SWIGLU = 2;
+/** The dense products' mode word (params word 3) holds the epilogue in these bits. */
+export const MATMUL_EPILOGUE_MASK = 0xff;
+/** Dense epilogue: y = x · Wᵀ. */
+export const MATMUL_EPILOGUE_NONE = 0;
+/** Dense epilogue: y = x · Wᵀ + residual (slot 4). */
+export const MATMUL_EPILOGUE_RESIDUAL = 1;
+/** Dense epilogue: W holds 2N rows, gate then up; y = silu(x · gateᵀ) · x · upᵀ. */
+export const MATMUL_EPILOGUE_SWIGLU = 2;
+/** Dense mode bit: no earlier dispatch of the command buffer writes W. */
+export const MATMUL_MODE_CONSTANT_WEIGHTS = 0x100;
 /** Contracts of the elementwise kernels. */
 export const elementwiseContracts: readonly KernelContract[] = [{
   "name": "elementwise_add_f32",

@@ -9,21 +9,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../../native/contracts/matmul.h"
 #include "cpu_kernel.h"
 
-#define OUTS 4      /* outputs per threadgroup, scalar kernels */
-#define OUTS_FAST 8 /* outputs per threadgroup, the fast affine kernel */
-
-/* ---- common parameter block: {M, N, K, ...} ------------------------------------------------- */
-
-typedef struct mm_params {
-  uint32_t m, n, k;
-} mm_params;
-
-static mm_params read_mm(const mlxn_kargs *a, int slot) {
-  mm_params p = {mlxn_arg_u32(a, slot, 0), mlxn_arg_u32(a, slot, 4), mlxn_arg_u32(a, slot, 8)};
-  return p;
-}
+/* Outputs per threadgroup and the dense mode word: native/contracts/matmul.h, shared with the
+ * validators. The parameter blocks are the generated mlxn_params_* of contracts.gen.h. */
+#define OUTS MM_OUTS
+#define OUTS_FAST MM_OUTS_FAST
 
 /* ---- dense: 0 x, 1 W, 2 y, 3 {M, N, K, mode}, 4 residual (optional) --------------------------
  * mode = epilogue | constant_weights << 8. constant_weights: W is written by no dispatch of this
@@ -35,9 +27,6 @@ static mm_params read_mm(const mlxn_kargs *a, int slot) {
  * epilogue 2 (SwiGLU): W holds 2N rows, gate rows then up rows; y[j] = silu(x · W[j]) · x · W[N + j].
  * Each equals the unfused sequence (matmul, then add or silu_mul) bit for bit. */
 
-enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
-#define OUTS_SWIGLU 2 /* outputs per threadgroup with the SwiGLU epilogue (each takes two rows) */
-
 static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, mlxn_ftype t) {
   float acc = 0.0f;
   for (uint32_t i = 0; i < k; i++) acc += x[i] * mlxn_load(w, row + i, t);
@@ -48,8 +37,8 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
   static int matmul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
                                 void *s) {                                                         \
     (void)gz; (void)s;                                                                             \
-    mm_params p = read_mm(a, 3);                                                                   \
-    uint32_t epi = mlxn_arg_u32(a, 3, 12) & 0xffu, outs = epi == EPI_SWIGLU ? OUTS_SWIGLU : OUTS;  \
+    mlxn_params_dense p = mlxn_params_dense_of(a, MLXN_SLOT_MATMUL_##SUF##_DENSE);                 \
+    uint32_t epi = p.mode & MM_EPILOGUE_MASK, outs = epi == EPI_SWIGLU ? MM_OUTS_SWIGLU : OUTS;     \
     if (gy >= p.m) return 0;                                                                       \
     const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;                                \
     float *y = (float *)a->ptr[2] + (uint64_t)gy * p.n;                                            \
@@ -63,9 +52,9 @@ static float dense_dot(const float *x, const void *w, uint64_t row, uint32_t k, 
     return 0;                                                                                      \
   }
 
-DENSE_KERNEL(f32, MLXN_T_F32)
-DENSE_KERNEL(bf16, MLXN_T_BF16)
-DENSE_KERNEL(f16, MLXN_T_F16)
+DENSE_KERNEL(F32, MLXN_T_F32)
+DENSE_KERNEL(BF16, MLXN_T_BF16)
+DENSE_KERNEL(F16, MLXN_T_F16)
 
 /* ---- MLX affine: 0 x, 1 packed W, 2 scales bf16 [N, K/gs], 3 biases bf16, 4 y,
  *      5 {M, N, K, bits, group_size}; w = scale · q + bias -------------------------------------
@@ -84,8 +73,8 @@ static inline uint32_t affine_q(const uint8_t *row, uint32_t k, uint32_t bits) {
 /* Scalar: dequantize each weight, then multiply-accumulate in index order. */
 static int qmatmul_affine_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gz; (void)s;
-  mm_params p = read_mm(a, 5);
-  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
+  mlxn_params_affine p = mlxn_params_affine_of(a, MLXN_SLOT_QMATMUL_AFFINE_AFFINE);
+  uint32_t bits = p.bits, gs = p.group_size;
   if (gy >= p.m) return 0;
   const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;
   float *y = (float *)a->ptr[4] + (uint64_t)gy * p.n;
@@ -106,8 +95,8 @@ static int qmatmul_affine_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
 /* Fast: per group, Σ q·x and Σ x, then scale·Σqx + bias·Σx (MLX's SIMD formulation). */
 static int qmatmul_affine_fast_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gz; (void)s;
-  mm_params p = read_mm(a, 5);
-  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
+  mlxn_params_affine p = mlxn_params_affine_of(a, MLXN_SLOT_QMATMUL_AFFINE_FAST_AFFINE);
+  uint32_t bits = p.bits, gs = p.group_size;
   if (gy >= p.m) return 0;
   const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;
   float *y = (float *)a->ptr[4] + (uint64_t)gy * p.n;
@@ -157,9 +146,9 @@ static float affine_general_dot(const float *x, const uint8_t *row, const uint8_
 
 static int qmatmul_affine_general_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gz; (void)s;
-  mm_params p = read_mm(a, 5);
-  uint32_t bits = mlxn_arg_u32(a, 5, 12), gs = mlxn_arg_u32(a, 5, 16);
-  mlxn_ftype t = (mlxn_ftype)mlxn_arg_u32(a, 5, 20);
+  mlxn_params_affine_general p = mlxn_params_affine_general_of(a, MLXN_SLOT_QMATMUL_AFFINE_GENERAL_AFFINE_GENERAL);
+  uint32_t bits = p.bits, gs = p.group_size;
+  mlxn_ftype t = (mlxn_ftype)p.scale_type;
   if (gy >= p.m) return 0;
   uint64_t row_bytes = (uint64_t)p.k / 8 * bits, sbytes = (uint64_t)(p.k / gs) * mlxn_ftype_size(t);
   const float *x = (const float *)a->ptr[0] + (uint64_t)gy * p.k;
@@ -172,10 +161,10 @@ static int qmatmul_affine_general_run(const mlxn_kargs *a, uint32_t gx, uint32_t
 
 static int qmatmul_affine_gather_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gz; (void)s;
-  uint32_t rows = mlxn_arg_u32(a, 6, 0), n = mlxn_arg_u32(a, 6, 4), k = mlxn_arg_u32(a, 6, 8);
-  uint32_t top_k = mlxn_arg_u32(a, 6, 12), experts = mlxn_arg_u32(a, 6, 16);
-  uint32_t bits = mlxn_arg_u32(a, 6, 20), gs = mlxn_arg_u32(a, 6, 24);
-  mlxn_ftype t = (mlxn_ftype)mlxn_arg_u32(a, 6, 28);
+  mlxn_params_affine_gather p = mlxn_params_affine_gather_of(a, MLXN_SLOT_QMATMUL_AFFINE_GATHER_AFFINE_GATHER);
+  uint32_t rows = p.rows, n = p.n, k = p.k, top_k = p.top_k, experts = p.n_experts;
+  uint32_t bits = p.bits, gs = p.group_size;
+  mlxn_ftype t = (mlxn_ftype)p.scale_type;
   if (gy >= rows) return 0;
   uint32_t e = ((const uint32_t *)a->ptr[4])[gy];
   if (e >= experts) return 1; /* data-dependent: reported as a failed dispatch */
@@ -190,21 +179,7 @@ static int qmatmul_affine_gather_run(const mlxn_kargs *a, uint32_t gx, uint32_t 
   return 0;
 }
 
-/* ---- ggml block formats ------------------------------------------------------------------------ */
-
-typedef enum {
-  GGML_Q4_0 = 0,
-  GGML_Q8_0 = 1,
-  GGML_Q6_K = 2,
-  GGML_Q4_1 = 3,
-  GGML_Q5_0 = 4,
-  GGML_Q5_1 = 5,
-  GGML_Q4_K = 6,
-  GGML_Q5_K = 7,
-} ggml_fmt;
-
-static const uint32_t ggml_block_values[] = {32, 32, 256, 32, 32, 32, 256, 256};
-static const uint32_t ggml_block_bytes[] = {18, 34, 210, 20, 22, 24, 144, 176};
+/* ---- ggml block formats (native/contracts/quant_blocks.h) --------------------------------------- */
 
 static inline float half_at(const uint8_t *p) {
   uint16_t h;
@@ -310,7 +285,7 @@ static void ggml_dequant_block(ggml_fmt f, const uint8_t *b, float *out) {
 static float ggml_dot(ggml_fmt f, const uint8_t *row, const float *x, uint32_t k) {
   float w[256];
   float acc = 0.0f;
-  uint32_t bv = ggml_block_values[f], bb = ggml_block_bytes[f];
+  uint32_t bv = ggml_block_values(f), bb = ggml_block_bytes(f);
   for (uint32_t blk = 0; blk < k / bv; blk++) {
     ggml_dequant_block(f, row + (uint64_t)blk * bb, w);
     for (uint32_t j = 0; j < bv; j++) acc += x[blk * bv + j] * w[j];
@@ -322,10 +297,10 @@ static float ggml_dot(ggml_fmt f, const uint8_t *row, const float *x, uint32_t k
  * mv (M ≤ 8): OUTS outputs for every row per threadgroup, grid (ceil(N/OUTS), 1);
  * mm: grid (ceil(N/OUTS), M). Same arithmetic, different work split. */
 
-#define GGML_KERNELS(NAME, F)                                                                     \
+#define GGML_KERNELS(NAME, UNAME, F)                                                                     \
   static void NAME##_rows(const mlxn_kargs *a, uint32_t gx, uint32_t m0, uint32_t m1) {          \
-    mm_params p = read_mm(a, 3);                                                                   \
-    uint64_t row_bytes = (uint64_t)(p.k / ggml_block_values[F]) * ggml_block_bytes[F];            \
+    mlxn_params_ggml p = mlxn_params_ggml_of(a, MLXN_SLOT_##UNAME##_MV_GGML);                      \
+    uint64_t row_bytes = (uint64_t)(p.k / ggml_block_values(F)) * ggml_block_bytes(F);            \
     for (uint32_t m = m0; m < m1 && m < p.m; m++)                                                  \
       for (uint32_t n = gx * OUTS; n < p.n && n < (gx + 1) * OUTS; n++)                            \
         ((float *)a->ptr[2])[(uint64_t)m * p.n + n] =                                              \
@@ -342,29 +317,21 @@ static float ggml_dot(ggml_fmt f, const uint8_t *row, const float *x, uint32_t k
     return 0;                                                                                      \
   }
 
-GGML_KERNELS(qmatmul_q4_0, GGML_Q4_0)
-GGML_KERNELS(qmatmul_q8_0, GGML_Q8_0)
-GGML_KERNELS(qmatmul_q6_k, GGML_Q6_K)
-GGML_KERNELS(qmatmul_q4_1, GGML_Q4_1)
-GGML_KERNELS(qmatmul_q5_0, GGML_Q5_0)
-GGML_KERNELS(qmatmul_q5_1, GGML_Q5_1)
-GGML_KERNELS(qmatmul_q4_k, GGML_Q4_K)
-GGML_KERNELS(qmatmul_q5_k, GGML_Q5_K)
 
 /* ---- quantized_matmul_id_ggml (MoE): 0 x [tokens, K], 1 W [E, N, K/bv blocks], 2 ids u32
  *      [tokens·top_k], 3 y [tokens·top_k, N], 4 {rows = tokens·top_k, N, K, top_k, n_experts};
  *      output row r = x[r / top_k] · W[ids[r]]ᵀ. Grid (ceil(N/OUTS), rows). Expert ids are checked
  *      at run time (they are data): an out-of-range id fails the dispatch. */
 
-#define GGML_ID_KERNEL(NAME, F)                                                                   \
+#define GGML_ID_KERNEL(NAME, UNAME, F)                                                                   \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
     (void)gz; (void)s;                                                                             \
-    uint32_t rows = mlxn_arg_u32(a, 4, 0), n = mlxn_arg_u32(a, 4, 4), k = mlxn_arg_u32(a, 4, 8);  \
-    uint32_t top_k = mlxn_arg_u32(a, 4, 12), experts = mlxn_arg_u32(a, 4, 16);                    \
+    mlxn_params_ggml_id p = mlxn_params_ggml_id_of(a, MLXN_SLOT_##UNAME##_GGML_ID);                \
+    uint32_t rows = p.rows, n = p.n, k = p.k, top_k = p.top_k, experts = p.n_experts;              \
     if (gy >= rows) return 0;                                                                      \
     uint32_t e = ((const uint32_t *)a->ptr[2])[gy];                                                \
     if (e >= experts) return 1; /* data-dependent: reported as a failed dispatch */                \
-    uint64_t row_bytes = (uint64_t)(k / ggml_block_values[F]) * ggml_block_bytes[F];              \
+    uint64_t row_bytes = (uint64_t)(k / ggml_block_values(F)) * ggml_block_bytes(F);              \
     const uint8_t *w = a->ptr[1] + (uint64_t)e * n * row_bytes;                                    \
     const float *x = (const float *)a->ptr[0] + (uint64_t)(gy / top_k) * k;                        \
     float *y = (float *)a->ptr[3] + (uint64_t)gy * n;                                              \
@@ -372,43 +339,19 @@ GGML_KERNELS(qmatmul_q5_k, GGML_Q5_K)
     return 0;                                                                                      \
   }
 
-GGML_ID_KERNEL(qmatmul_id_q4_0, GGML_Q4_0)
-GGML_ID_KERNEL(qmatmul_id_q8_0, GGML_Q8_0)
-GGML_ID_KERNEL(qmatmul_id_q6_k, GGML_Q6_K)
-GGML_ID_KERNEL(qmatmul_id_q4_1, GGML_Q4_1)
-GGML_ID_KERNEL(qmatmul_id_q5_0, GGML_Q5_0)
-GGML_ID_KERNEL(qmatmul_id_q5_1, GGML_Q5_1)
-GGML_ID_KERNEL(qmatmul_id_q4_k, GGML_Q4_K)
-GGML_ID_KERNEL(qmatmul_id_q5_k, GGML_Q5_K)
 
-MLXN_CPU_BODY(matmul_f32, matmul_f32_run)
-MLXN_CPU_BODY(matmul_bf16, matmul_bf16_run)
-MLXN_CPU_BODY(matmul_f16, matmul_f16_run)
+MLXN_CPU_BODY(matmul_f32, matmul_F32_run)
+MLXN_CPU_BODY(matmul_bf16, matmul_BF16_run)
+MLXN_CPU_BODY(matmul_f16, matmul_F16_run)
 MLXN_CPU_BODY(qmatmul_affine, qmatmul_affine_run)
 MLXN_CPU_BODY(qmatmul_affine_fast, qmatmul_affine_fast_run)
 MLXN_CPU_BODY(qmatmul_affine_general, qmatmul_affine_general_run)
 MLXN_CPU_BODY(qmatmul_affine_gather, qmatmul_affine_gather_run)
-MLXN_CPU_BODY(qmatmul_q4_0_mv, qmatmul_q4_0_mv_run)
-MLXN_CPU_BODY(qmatmul_q4_0_mm, qmatmul_q4_0_mm_run)
-MLXN_CPU_BODY(qmatmul_q8_0_mv, qmatmul_q8_0_mv_run)
-MLXN_CPU_BODY(qmatmul_q8_0_mm, qmatmul_q8_0_mm_run)
-MLXN_CPU_BODY(qmatmul_q6_k_mv, qmatmul_q6_k_mv_run)
-MLXN_CPU_BODY(qmatmul_q6_k_mm, qmatmul_q6_k_mm_run)
-MLXN_CPU_BODY(qmatmul_id_q4_0, qmatmul_id_q4_0_run)
-MLXN_CPU_BODY(qmatmul_id_q8_0, qmatmul_id_q8_0_run)
-MLXN_CPU_BODY(qmatmul_id_q6_k, qmatmul_id_q6_k_run)
-MLXN_CPU_BODY(qmatmul_q4_1_mv, qmatmul_q4_1_mv_run)
-MLXN_CPU_BODY(qmatmul_q4_1_mm, qmatmul_q4_1_mm_run)
-MLXN_CPU_BODY(qmatmul_q5_0_mv, qmatmul_q5_0_mv_run)
-MLXN_CPU_BODY(qmatmul_q5_0_mm, qmatmul_q5_0_mm_run)
-MLXN_CPU_BODY(qmatmul_q5_1_mv, qmatmul_q5_1_mv_run)
-MLXN_CPU_BODY(qmatmul_q5_1_mm, qmatmul_q5_1_mm_run)
-MLXN_CPU_BODY(qmatmul_q4_k_mv, qmatmul_q4_k_mv_run)
-MLXN_CPU_BODY(qmatmul_q4_k_mm, qmatmul_q4_k_mm_run)
-MLXN_CPU_BODY(qmatmul_q5_k_mv, qmatmul_q5_k_mv_run)
-MLXN_CPU_BODY(qmatmul_q5_k_mm, qmatmul_q5_k_mm_run)
-MLXN_CPU_BODY(qmatmul_id_q4_1, qmatmul_id_q4_1_run)
-MLXN_CPU_BODY(qmatmul_id_q5_0, qmatmul_id_q5_0_run)
-MLXN_CPU_BODY(qmatmul_id_q5_1, qmatmul_id_q5_1_run)
-MLXN_CPU_BODY(qmatmul_id_q4_k, qmatmul_id_q4_k_run)
-MLXN_CPU_BODY(qmatmul_id_q5_k, qmatmul_id_q5_k_run)
+
+#define GGML_FORMAT(f, F)                                                                          \
+  GGML_KERNELS(qmatmul_##f, QMATMUL_##F, GGML_##F)                                                 \
+  GGML_ID_KERNEL(qmatmul_id_##f, QMATMUL_ID_##F, GGML_##F)                                         \
+  MLXN_CPU_BODY(qmatmul_##f##_mv, qmatmul_##f##_mv_run)                                            \
+  MLXN_CPU_BODY(qmatmul_##f##_mm, qmatmul_##f##_mm_run)                                            \
+  MLXN_CPU_BODY(qmatmul_id_##f, qmatmul_id_##f##_run)
+MLXN_GGML_FORMATS(GGML_FORMAT)

@@ -155,3 +155,6 @@ struct mlxn_cuda_kernel {
 
 // The kernel called `name`, or null (kernels/cuda/table.gen.cu).
 const mlxn_cuda_kernel *mlxn_cuda_find_kernel(const char *name);
+
+// Readers of the parameter blocks, generated from the kernel descriptions.
+#include "params.gen.cuh"

@@ -2,9 +2,10 @@
 // computes output n = blockIdx.x·4 + w of row blockIdx.y; the fast affine kernel uses 8 warps).
 // Lanes split K, then a fixed xor-shuffle reduction: deterministic, and the mat-vec and mat-mat
 // ggml paths share the per-lane arithmetic, so they agree bit for bit.
+#include "../../native/contracts/matmul.h"
 #include "common.cuh"
 
-#define WARPS 4
+#define WARPS MM_OUTS // one warp per output
 
 __device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ uint32_t warp_id() { return threadIdx.x >> 5; }
@@ -27,11 +28,8 @@ __device__ __forceinline__ float dot8(uint4 wv, float4 x0, float4 x1) {
          x1.z * w67.x + x1.w * w67.y;
 }
 
-// The dense kernels' mode (params word 3), as in kernels/cpu/matmul.c: the epilogue in bits 0-7,
-// and bit 8 set when W is written by no dispatch of this command buffer.
-enum { EPI_NONE = 0, EPI_RESIDUAL = 1, EPI_SWIGLU = 2 };
-#define MODE_CONSTANT_WEIGHTS 0x100u
-#define OUTS_SWIGLU 2 // outputs per block with the SwiGLU epilogue (each takes a gate and an up row)
+// The dense kernels' mode word and outputs per block: native/contracts/matmul.h (EPI_*, MM_*).
+#define OUTS_SWIGLU MM_OUTS_SWIGLU
 
 // Stores output i of a dense product, adding the residual when one is bound (slot 4): the same sum
 // the separate add kernel computes, so the fused form is bit-identical to it.
@@ -159,13 +157,14 @@ template <int T> __device__ float dense_row_dot(const float *x, const void *w, u
 
 template <int T> __global__ void k_matmul(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args_early(args);
-  uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8), mode = arg_u32(a, 3, 12);
-  uint32_t epi = mode & 0xffu;
+  const mlxn_params_dense p = mlxn_params_dense_at(a, MLXN_SLOT_MATMUL_F32_DENSE);
+  uint32_t m = p.m, n_ = p.n, k = p.k, mode = p.mode;
+  uint32_t epi = mode & MM_EPILOGUE_MASK;
   uint32_t row = blockIdx.y, lane = lane_id();
   bool aligned = ((a.ptr[0] | a.ptr[1]) & 15u) == 0; // slices need only be element-aligned
   if constexpr (T == T_BF16) { // (constexpr: only this kernel carries the staging buffer)
     if (k % 8 == 0 && aligned) { // uniform per block: the whole block takes it
-      if (row < m) matmul_bf16_rows(a, row, n_, k, epi, (mode & MODE_CONSTANT_WEIGHTS) != 0);
+      if (row < m) matmul_bf16_rows(a, row, n_, k, epi, (mode & MM_MODE_CONSTANT_WEIGHTS) != 0);
       return;
     }
   }
@@ -190,9 +189,9 @@ __device__ __forceinline__ uint32_t affine_q(const uint8_t *row, uint32_t k, uin
 
 template <bool FAST> __global__ void k_affine(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t m = arg_u32(a, 5, 0), n_ = arg_u32(a, 5, 4), k = arg_u32(a, 5, 8);
-  uint32_t bits = arg_u32(a, 5, 12), gs = arg_u32(a, 5, 16);
-  uint32_t n = blockIdx.x * (FAST ? 8 : WARPS) + warp_id(), row = blockIdx.y, lane = lane_id();
+  const mlxn_params_affine p = mlxn_params_affine_at(a, MLXN_SLOT_QMATMUL_AFFINE_AFFINE);
+  uint32_t m = p.m, n_ = p.n, k = p.k, bits = p.bits, gs = p.group_size;
+  uint32_t n = blockIdx.x * (FAST ? MM_OUTS_FAST : WARPS) + warp_id(), row = blockIdx.y, lane = lane_id();
   if (n >= n_ || row >= m) return;
   const float *x = buf<const float>(a, 0) + (uint64_t)row * k;
   uint64_t row_bytes = (uint64_t)k * bits / 8, groups = k / gs;
@@ -245,8 +244,9 @@ __device__ float affine_general_lane(const float *x, const uint8_t *w, const voi
 
 __global__ void k_affine_general(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t m = arg_u32(a, 5, 0), n_ = arg_u32(a, 5, 4), k = arg_u32(a, 5, 8);
-  uint32_t bits = arg_u32(a, 5, 12), gs = arg_u32(a, 5, 16), t = arg_u32(a, 5, 20);
+  const mlxn_params_affine_general p =
+      mlxn_params_affine_general_at(a, MLXN_SLOT_QMATMUL_AFFINE_GENERAL_AFFINE_GENERAL);
+  uint32_t m = p.m, n_ = p.n, k = p.k, bits = p.bits, gs = p.group_size, t = p.scale_type;
   uint32_t n = blockIdx.x * WARPS + warp_id(), row = blockIdx.y, lane = lane_id();
   if (n >= n_ || row >= m) return;
   const uint8_t *w = buf<const uint8_t>(a, 1) + (uint64_t)n * (k / 8 * bits);
@@ -258,9 +258,10 @@ __global__ void k_affine_general(const mlxn_gpu_args *__restrict__ args) {
 
 __global__ void k_affine_gather(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t rows = arg_u32(a, 6, 0), n_ = arg_u32(a, 6, 4), k = arg_u32(a, 6, 8);
-  uint32_t top_k = arg_u32(a, 6, 12), experts = arg_u32(a, 6, 16);
-  uint32_t bits = arg_u32(a, 6, 20), gs = arg_u32(a, 6, 24), t = arg_u32(a, 6, 28);
+  const mlxn_params_affine_gather p =
+      mlxn_params_affine_gather_at(a, MLXN_SLOT_QMATMUL_AFFINE_GATHER_AFFINE_GATHER);
+  uint32_t rows = p.rows, n_ = p.n, k = p.k, top_k = p.top_k, experts = p.n_experts;
+  uint32_t bits = p.bits, gs = p.group_size, t = p.scale_type;
   uint32_t n = blockIdx.x * WARPS + warp_id(), r = blockIdx.y, lane = lane_id();
   if (n >= n_ || r >= rows) return;
   uint32_t e = buf<const uint32_t>(a, 4)[r];
@@ -277,12 +278,14 @@ __global__ void k_affine_gather(const mlxn_gpu_args *__restrict__ args) {
 }
 
 // ---- ggml blocks -------------------------------------------------------------------------------
-enum { Q4_0 = 0, Q8_0 = 1, Q6_K = 2, Q4_1 = 3, Q5_0 = 4, Q5_1 = 5, Q4_K = 6, Q5_K = 7 };
-__host__ __device__ constexpr uint32_t block_values(int f) { return f == Q6_K || f == Q4_K || f == Q5_K ? 256 : 32; }
-__host__ __device__ constexpr uint32_t block_bytes(int f) {
-  return f == Q4_0 ? 18 : f == Q8_0 ? 34 : f == Q6_K ? 210 : f == Q4_1 ? 20 : f == Q5_0 ? 22 : f == Q5_1 ? 24
-       : f == Q4_K ? 144 : 176;
-}
+// The block formats and their sizes: native/contracts/quant_blocks.h. Each family's kernels share
+// one slot layout, so the templates read their parameters at the first kernel's slot.
+static_assert(MLXN_SLOT_MATMUL_F32_DENSE == MLXN_SLOT_MATMUL_BF16_DENSE &&
+                  MLXN_SLOT_MATMUL_F32_DENSE == MLXN_SLOT_MATMUL_F16_DENSE &&
+                  MLXN_SLOT_QMATMUL_AFFINE_AFFINE == MLXN_SLOT_QMATMUL_AFFINE_FAST_AFFINE &&
+                  MLXN_SLOT_QMATMUL_Q4_0_MV_GGML == MLXN_SLOT_QMATMUL_Q6_K_MM_GGML &&
+                  MLXN_SLOT_QMATMUL_ID_Q4_0_GGML_ID == MLXN_SLOT_QMATMUL_ID_Q5_K_GGML_ID,
+              "one slot layout per family");
 
 __device__ __forceinline__ float half_at(const uint8_t *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
@@ -304,22 +307,22 @@ __device__ __forceinline__ void scale_min_k4(uint32_t j, const uint8_t *q, uint3
 // lanes idle).
 template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float *x, uint32_t k, uint32_t lane) {
   float acc = 0.0f;
-  if (F == Q4_1 || F == Q5_0 || F == Q5_1) {
+  if (F == GGML_Q4_1 || F == GGML_Q5_0 || F == GGML_Q5_1) {
     // d, [m], [qh u32], qs[16]: value j < 16 is the low nibble of qs[j], j + 16 the high one; qh
     // bit j is value j's 5th bit. Q5_0 subtracts 16, the _1 formats add m.
-    constexpr uint32_t qs_at = F == Q4_1 ? 4 : F == Q5_0 ? 6 : 8, qh_at = F == Q5_0 ? 2 : 4;
+    constexpr uint32_t qs_at = F == GGML_Q4_1 ? 4 : F == GGML_Q5_0 ? 6 : 8, qh_at = F == GGML_Q5_0 ? 2 : 4;
     for (uint32_t b = lane; b < k / 32; b += 32) {
-      const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
-      float d = half_at(blk), m = F == Q5_0 ? 0.0f : half_at(blk + 2);
+      const uint8_t *blk = row + (uint64_t)b * ggml_block_bytes(F);
+      float d = half_at(blk), m = F == GGML_Q5_0 ? 0.0f : half_at(blk + 2);
       uint32_t qh = 0;
-      if (F != Q4_1)
+      if (F != GGML_Q4_1)
         qh = (uint32_t)blk[qh_at] | ((uint32_t)blk[qh_at + 1] << 8) | ((uint32_t)blk[qh_at + 2] << 16) |
              ((uint32_t)blk[qh_at + 3] << 24);
       const float *xb = x + (uint64_t)b * 32;
       for (uint32_t j = 0; j < 16; j++) {
         uint32_t q = blk[qs_at + j];
         int lo = (int)((q & 0xfu) | (((qh >> j) & 1u) << 4)), hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1u) << 4));
-        if (F == Q5_0) {
+        if (F == GGML_Q5_0) {
           acc += xb[j] * ((float)(lo - 16) * d);
           acc += xb[j + 16] * ((float)(hi - 16) * d);
         } else {
@@ -328,28 +331,28 @@ template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float 
         }
       }
     }
-  } else if (F == Q4_K || F == Q5_K) {
+  } else if (F == GGML_Q4_K || F == GGML_Q5_K) {
     // d, dmin, scales[12], [qh[32]], qs[128]: sub-block j is d·sc_j·q − dmin·m_j, q the low (even
     // j) or high (odd j) nibbles of qs[32·(j/2)..], plus 16 where bit j of qh[l] is set (Q5_K).
     for (uint32_t sb = lane; sb < k / 32; sb += 32) {
-      const uint8_t *blk = row + (uint64_t)(sb / 8) * block_bytes(F);
+      const uint8_t *blk = row + (uint64_t)(sb / 8) * ggml_block_bytes(F);
       uint32_t j = sb % 8, sc, mn;
       scale_min_k4(j, blk + 4, sc, mn);
       float d1 = half_at(blk) * (float)sc, m1 = half_at(blk + 2) * (float)mn;
-      const uint8_t *q = blk + (F == Q5_K ? 48 : 16) + (j / 2) * 32;
+      const uint8_t *q = blk + (F == GGML_Q5_K ? 48 : 16) + (j / 2) * 32;
       const float *xb = x + (uint64_t)sb * 32;
       for (uint32_t l = 0; l < 32; l++) {
         uint32_t v = (j & 1u) ? (uint32_t)(q[l] >> 4) : (q[l] & 0xfu);
-        if (F == Q5_K) v |= (((uint32_t)blk[16 + l] >> j) & 1u) << 4;
+        if (F == GGML_Q5_K) v |= (((uint32_t)blk[16 + l] >> j) & 1u) << 4;
         acc += xb[l] * (d1 * (float)v - m1);
       }
     }
-  } else if (F == Q4_0 || F == Q8_0) {
+  } else if (F == GGML_Q4_0 || F == GGML_Q8_0) {
     for (uint32_t b = lane; b < k / 32; b += 32) {
-      const uint8_t *blk = row + (uint64_t)b * block_bytes(F);
+      const uint8_t *blk = row + (uint64_t)b * ggml_block_bytes(F);
       float d = half_at(blk);
       const float *xb = x + b * 32;
-      if (F == Q4_0) {
+      if (F == GGML_Q4_0) {
         for (int j = 0; j < 16; j++) {
           acc += xb[j] * ((float)((int)(blk[2 + j] & 0xf) - 8) * d);
           acc += xb[j + 16] * ((float)((int)(blk[2 + j] >> 4) - 8) * d);
@@ -378,10 +381,11 @@ template <int F> __device__ float ggml_lane_dot(const uint8_t *row, const float 
 
 template <int F, bool MV> __global__ void k_ggml(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t m = arg_u32(a, 3, 0), n_ = arg_u32(a, 3, 4), k = arg_u32(a, 3, 8);
+  const mlxn_params_ggml p = mlxn_params_ggml_at(a, MLXN_SLOT_QMATMUL_Q4_0_MV_GGML); // every format's slot
+  uint32_t m = p.m, n_ = p.n, k = p.k;
   uint32_t n = blockIdx.x * WARPS + warp_id(), lane = lane_id();
   if (n >= n_) return;
-  uint64_t row_bytes = (uint64_t)(k / block_values(F)) * block_bytes(F);
+  uint64_t row_bytes = (uint64_t)(k / ggml_block_values(F)) * ggml_block_bytes(F);
   const uint8_t *w = buf<const uint8_t>(a, 1) + n * row_bytes;
   uint32_t r0 = MV ? 0 : blockIdx.y, r1 = MV ? m : blockIdx.y + 1;
   for (uint32_t r = r0; r < r1 && r < m; r++) {
@@ -392,8 +396,8 @@ template <int F, bool MV> __global__ void k_ggml(const mlxn_gpu_args *__restrict
 
 template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t rows = arg_u32(a, 4, 0), n_ = arg_u32(a, 4, 4), k = arg_u32(a, 4, 8);
-  uint32_t top_k = arg_u32(a, 4, 12), experts = arg_u32(a, 4, 16);
+  const mlxn_params_ggml_id p = mlxn_params_ggml_id_at(a, MLXN_SLOT_QMATMUL_ID_Q4_0_GGML_ID); // every format's slot
+  uint32_t rows = p.rows, n_ = p.n, k = p.k, top_k = p.top_k, experts = p.n_experts;
   uint32_t n = blockIdx.x * WARPS + warp_id(), r = blockIdx.y, lane = lane_id();
   if (n >= n_ || r >= rows) return;
   uint32_t e = buf<const uint32_t>(a, 2)[r];
@@ -401,7 +405,7 @@ template <int F> __global__ void k_ggml_id(const mlxn_gpu_args *__restrict__ arg
     if (lane == 0) fault(a);
     return;
   }
-  uint64_t row_bytes = (uint64_t)(k / block_values(F)) * block_bytes(F);
+  uint64_t row_bytes = (uint64_t)(k / ggml_block_values(F)) * ggml_block_bytes(F);
   const uint8_t *w = buf<const uint8_t>(a, 1) + ((uint64_t)e * n_ + n) * row_bytes;
   float acc = warp_sum(ggml_lane_dot<F>(w, buf<const float>(a, 0) + (uint64_t)(r / top_k) * k, k, lane));
   if (lane == 0) buf<float>(a, 3)[(uint64_t)r * n_ + n] = acc;
@@ -414,27 +418,8 @@ MLXN_CUDA_KERNEL(qmatmul_affine, (k_affine<false>));
 MLXN_CUDA_KERNEL(qmatmul_affine_fast, (k_affine<true>));
 MLXN_CUDA_KERNEL(qmatmul_affine_general, (k_affine_general));
 MLXN_CUDA_KERNEL(qmatmul_affine_gather, (k_affine_gather));
-MLXN_CUDA_KERNEL(qmatmul_q4_0_mv, (k_ggml<Q4_0, true>));
-MLXN_CUDA_KERNEL(qmatmul_q4_0_mm, (k_ggml<Q4_0, false>));
-MLXN_CUDA_KERNEL(qmatmul_q8_0_mv, (k_ggml<Q8_0, true>));
-MLXN_CUDA_KERNEL(qmatmul_q8_0_mm, (k_ggml<Q8_0, false>));
-MLXN_CUDA_KERNEL(qmatmul_q6_k_mv, (k_ggml<Q6_K, true>));
-MLXN_CUDA_KERNEL(qmatmul_q6_k_mm, (k_ggml<Q6_K, false>));
-MLXN_CUDA_KERNEL(qmatmul_q4_1_mv, (k_ggml<Q4_1, true>));
-MLXN_CUDA_KERNEL(qmatmul_q4_1_mm, (k_ggml<Q4_1, false>));
-MLXN_CUDA_KERNEL(qmatmul_q5_0_mv, (k_ggml<Q5_0, true>));
-MLXN_CUDA_KERNEL(qmatmul_q5_0_mm, (k_ggml<Q5_0, false>));
-MLXN_CUDA_KERNEL(qmatmul_q5_1_mv, (k_ggml<Q5_1, true>));
-MLXN_CUDA_KERNEL(qmatmul_q5_1_mm, (k_ggml<Q5_1, false>));
-MLXN_CUDA_KERNEL(qmatmul_q4_k_mv, (k_ggml<Q4_K, true>));
-MLXN_CUDA_KERNEL(qmatmul_q4_k_mm, (k_ggml<Q4_K, false>));
-MLXN_CUDA_KERNEL(qmatmul_q5_k_mv, (k_ggml<Q5_K, true>));
-MLXN_CUDA_KERNEL(qmatmul_q5_k_mm, (k_ggml<Q5_K, false>));
-MLXN_CUDA_KERNEL(qmatmul_id_q4_0, (k_ggml_id<Q4_0>));
-MLXN_CUDA_KERNEL(qmatmul_id_q8_0, (k_ggml_id<Q8_0>));
-MLXN_CUDA_KERNEL(qmatmul_id_q6_k, (k_ggml_id<Q6_K>));
-MLXN_CUDA_KERNEL(qmatmul_id_q4_1, (k_ggml_id<Q4_1>));
-MLXN_CUDA_KERNEL(qmatmul_id_q5_0, (k_ggml_id<Q5_0>));
-MLXN_CUDA_KERNEL(qmatmul_id_q5_1, (k_ggml_id<Q5_1>));
-MLXN_CUDA_KERNEL(qmatmul_id_q4_k, (k_ggml_id<Q4_K>));
-MLXN_CUDA_KERNEL(qmatmul_id_q5_k, (k_ggml_id<Q5_K>));
+#define GGML_FORMAT(f, F)                                                                          \
+  MLXN_CUDA_KERNEL(qmatmul_##f##_mv, (k_ggml<GGML_##F, true>));                                    \
+  MLXN_CUDA_KERNEL(qmatmul_##f##_mm, (k_ggml<GGML_##F, false>));                                   \
+  MLXN_CUDA_KERNEL(qmatmul_id_##f, (k_ggml_id<GGML_##F>));
+MLXN_GGML_FORMATS(GGML_FORMAT)

@@ -40,10 +40,14 @@ template <int T, int MODE> __device__ __forceinline__ float rms_out(float x, flo
 
 template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  const int pslot = MODE == 0 ? 3 : MODE == 1 ? 4 : MODE == 2 ? 5 : 2;
+  const int pslot = MODE == 0   ? MLXN_SLOT_RMS_NORM_F32_NORM
+                    : MODE == 1 ? MLXN_SLOT_RMS_NORM_MUL_F32_NORM
+                    : MODE == 2 ? MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM
+                                : MLXN_SLOT_RMS_NORM_NO_SCALE_F32_NORM;
   const int oslot = MODE == 0 ? 2 : MODE == 1 ? 3 : MODE == 2 ? 4 : 1;
-  float eps = arg_f32(a, pslot, 0);
-  uint32_t dim = arg_u32(a, pslot, 4);
+  const mlxn_params_norm p = mlxn_params_norm_at(a, pslot);
+  const float eps = p.eps;
+  const uint32_t dim = p.dim;
   uint64_t base = row_index() * dim;
   const void *x = buf<const void>(a, 0), *w = buf<const void>(a, 1), *sc = buf<const void>(a, 2);
   const void *res = buf<const void>(a, 3);
@@ -80,7 +84,7 @@ template <int T, int MODE> __global__ void k_rms_norm(const mlxn_gpu_args *__res
 
 __global__ void k_softmax(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t cols = arg_u32(a, 2, 0);
+  uint32_t cols = mlxn_params_softmax_at(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX).cols;
   uint64_t base = row_index() * cols;
   const float *x = buf<const float>(a, 0);
   float *y = buf<float>(a, 1);

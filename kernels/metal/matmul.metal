@@ -2,10 +2,8 @@
 // n = group.x·4 + w of row group.y (the fast affine kernel: 8 simdgroups). Lanes split K, then a
 // simd_sum. The ggml mat-vec and mat-mat kernels share the per-lane arithmetic.
 
-struct mm_params { uint m; uint n; uint k; };
-struct dense_params { uint m; uint n; uint k; uint mode; }; // epilogue (bits 0-7): 0 none, 1 residual, 2 SwiGLU
-struct affine_params { uint m; uint n; uint k; uint bits; uint group_size; };
-struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
+// Parameter blocks: the generated mlxn_params_* of _params.gen.metal. The dense kernels' mode word
+// holds the epilogue in bits 0-7 (0 none, 1 residual, 2 SwiGLU).
 
 #define MM_TAIL MLXN_ARGS_TAIL, uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
@@ -13,12 +11,13 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
 // W's 2n rows as gate then up, output j = silu(gate j) · up j (2 outputs per threadgroup).
 #define DENSE(NAME, T)                                                                               \
   kernel void NAME(device const float *x [[buffer(0)]], device const T *w [[buffer(1)]],            \
-                   device float *y [[buffer(2)]], constant dense_params &p [[buffer(3)]],             \
+                   device float *y [[buffer(2)]], constant mlxn_params_dense &p [[buffer(3)]],             \
                    device const float *res [[buffer(4)]], MM_TAIL) {                                  \
-    uint epi = p.mode & 0xffu; /* bit 8 (constant weights) changes nothing here */                   \
-    bool glu = epi == 2;                                                                            \
-    uint n = gid.x * (glu ? 2 : 4) + sg, row = gid.y;                                               \
-    if ((glu && sg >= 2) || n >= p.n || row >= p.m) return;                                         \
+    uint epi = p.mode & MLXN_MATMUL_EPILOGUE_MASK; /* constant weights change nothing here */        \
+    bool glu = epi == MLXN_MATMUL_EPILOGUE_SWIGLU;                                                  \
+    uint outs = glu ? MLXN_MATMUL_OUTS_SWIGLU : MLXN_MATMUL_OUTS;                                   \
+    uint n = gid.x * outs + sg, row = gid.y;                                                        \
+    if (sg >= outs || n >= p.n || row >= p.m) return;                                               \
     float acc = 0.0f;                                                                               \
     for (uint i = lane; i < p.k; i += 32) acc += x[ulong(row) * p.k + i] * ld(w, ulong(n) * p.k + i); \
     acc = simd_sum(acc);                                                                            \
@@ -29,7 +28,7 @@ struct moe_params { uint rows; uint n; uint k; uint top_k; uint n_experts; };
       acc = silu(acc) * simd_sum(up);                                                               \
     }                                                                                               \
     ulong o = ulong(row) * p.n + n;                                                                 \
-    if (lane == 0) y[o] = epi == 1 ? acc + res[o] : acc;                                            \
+    if (lane == 0) y[o] = epi == MLXN_MATMUL_EPILOGUE_RESIDUAL ? acc + res[o] : acc;                \
   }
 DENSE(matmul_f32, float)
 DENSE(matmul_bf16, ushort)
@@ -46,7 +45,7 @@ inline uint affine_q(device const uchar *row, uint k, uint bits) {
 #define AFFINE(NAME, OUTS, FAST)                                                                     \
   kernel void NAME(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],        \
                    device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],     \
-                   device float *y [[buffer(4)]], constant affine_params &p [[buffer(5)]], MM_TAIL) { \
+                   device float *y [[buffer(4)]], constant mlxn_params_affine &p [[buffer(5)]], MM_TAIL) { \
     uint n = gid.x * OUTS + sg, row = gid.y;                                                        \
     if (n >= p.n || row >= p.m) return;                                                             \
     ulong row_bytes = ulong(p.k) * p.bits / 8, groups = p.k / p.group_size;                          \
@@ -72,16 +71,12 @@ inline uint affine_q(device const uchar *row, uint k, uint bits) {
     acc = simd_sum(acc);                                                                            \
     if (lane == 0) y[ulong(row) * p.n + n] = acc;                                                   \
   }
-AFFINE(qmatmul_affine, 4, false)
-AFFINE(qmatmul_affine_fast, 8, true)
+AFFINE(qmatmul_affine, MLXN_MATMUL_OUTS, false)
+AFFINE(qmatmul_affine_fast, MLXN_MATMUL_OUTS_FAST, true)
 
 // MLX affine, any width and scale dtype (as kernels/cpu/matmul.c): a row is one little-endian bit
 // stream, code j at bit j·bits; scales/biases bound as ushort words, scale type 0 f32 (two words),
 // 1 f16, 2 bf16.
-struct affine_general_params { uint m; uint n; uint k; uint bits; uint group_size; uint scale_type; };
-struct affine_gather_params {
-  uint rows; uint n; uint k; uint top_k; uint n_experts; uint bits; uint group_size; uint scale_type;
-};
 
 inline uint affine_code(device const uchar *row, uint k, uint bits) {
   ulong at = ulong(k) * bits;
@@ -108,9 +103,9 @@ inline float affine_general_lane(device const float *x, device const uchar *w, d
 
 kernel void qmatmul_affine_general(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],
                                    device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],
-                                   device float *y [[buffer(4)]], constant affine_general_params &p [[buffer(5)]],
+                                   device float *y [[buffer(4)]], constant mlxn_params_affine_general &p [[buffer(5)]],
                                    MM_TAIL) {
-  uint n = gid.x * 4 + sg, row = gid.y;
+  uint n = gid.x * MLXN_MATMUL_OUTS + sg, row = gid.y;
   if (n >= p.n || row >= p.m) return;
   device const uchar *wr = w + ulong(n) * (p.k / 8 * p.bits);
   float acc = affine_general_lane(x + ulong(row) * p.k, wr, sc, bi, ulong(n) * (p.k / p.group_size), p.k, p.bits,
@@ -122,8 +117,8 @@ kernel void qmatmul_affine_general(device const float *x [[buffer(0)]], device c
 kernel void qmatmul_affine_gather(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],
                                   device const ushort *sc [[buffer(2)]], device const ushort *bi [[buffer(3)]],
                                   device const uint *ids [[buffer(4)]], device float *y [[buffer(5)]],
-                                  constant affine_gather_params &p [[buffer(6)]], MM_TAIL) {
-  uint n = gid.x * 4 + sg, r = gid.y;
+                                  constant mlxn_params_affine_gather &p [[buffer(6)]], MM_TAIL) {
+  uint n = gid.x * MLXN_MATMUL_OUTS + sg, r = gid.y;
   if (n >= p.n || r >= p.rows) return;
   uint e = ids[r];
   if (e >= p.n_experts) {
@@ -249,8 +244,8 @@ inline uint ggml_row_bytes(uint f, uint k) {
 
 #define GGML(NAME, F, MV)                                                                            \
   kernel void NAME(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],        \
-                   device float *y [[buffer(2)]], constant mm_params &p [[buffer(3)]], MM_TAIL) {    \
-    uint n = gid.x * 4 + sg;                                                                        \
+                   device float *y [[buffer(2)]], constant mlxn_params_ggml &p [[buffer(3)]], MM_TAIL) {    \
+    uint n = gid.x * MLXN_MATMUL_OUTS + sg;                                                         \
     if (n >= p.n) return;                                                                           \
     device const uchar *wr = w + ulong(n) * ggml_row_bytes(F, p.k);                                 \
     uint r0 = MV ? 0 : gid.y, r1 = MV ? p.m : gid.y + 1;                                            \
@@ -279,8 +274,8 @@ GGML(qmatmul_q5_k_mm, 7, false)
 #define GGML_ID(NAME, F)                                                                             \
   kernel void NAME(device const float *x [[buffer(0)]], device const uchar *w [[buffer(1)]],        \
                    device const uint *ids [[buffer(2)]], device float *y [[buffer(3)]],              \
-                   constant moe_params &p [[buffer(4)]], MM_TAIL) {                                  \
-    uint n = gid.x * 4 + sg, r = gid.y;                                                             \
+                   constant mlxn_params_ggml_id &p [[buffer(4)]], MM_TAIL) {                                  \
+    uint n = gid.x * MLXN_MATMUL_OUTS + sg, r = gid.y;                                              \
     if (n >= p.n || r >= p.rows) return;                                                            \
     uint e = ids[r];                                                                                \
     if (e >= p.n_experts) {                                                                         \

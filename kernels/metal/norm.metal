@@ -1,7 +1,7 @@
 // Row MSL kernels: one threadgroup per row; the row sum is a fixed tree over the threadgroup,
 // shared by the unfused and fused kernels so that fusion stays bit-identical.
 
-struct norm_params { float eps; uint dim; };
+// Parameter blocks: the generated mlxn_params_norm and mlxn_params_softmax (_params.gen.metal).
 
 inline ulong row_of(uint3 gid, uint3 ngroups) { return (ulong(gid.z) * ngroups.y + gid.y) * ngroups.x + gid.x; }
 
@@ -17,7 +17,7 @@ inline float row_inv_rms(device const T *x, ulong base, uint dim, float eps, thr
 
 #define RMS_NORM(SUF, T)                                                                             \
   kernel void rms_norm_##SUF(device const T *in [[buffer(0)]], device const T *w [[buffer(1)]],     \
-                             device T *out [[buffer(2)]], constant norm_params &p [[buffer(3)]],     \
+                             device T *out [[buffer(2)]], constant mlxn_params_norm &p [[buffer(3)]],     \
                              threadgroup float *sh [[threadgroup(0)]], MLXN_ARGS_TAIL) {             \
     ulong base = row_of(gid, ngroups) * p.dim;                                                      \
     float inv = row_inv_rms(in, base, p.dim, p.eps, sh, lid.x, tpg.x);                              \
@@ -25,7 +25,7 @@ inline float row_inv_rms(device const T *x, ulong base, uint dim, float eps, thr
   }                                                                                                 \
   kernel void rms_norm_mul_##SUF(device const T *in [[buffer(0)]], device const T *w [[buffer(1)]], \
                                  device const T *scale [[buffer(2)]], device T *out [[buffer(3)]],   \
-                                 constant norm_params &p [[buffer(4)]],                              \
+                                 constant mlxn_params_norm &p [[buffer(4)]],                              \
                                  threadgroup float *sh [[threadgroup(0)]], MLXN_ARGS_TAIL) {         \
     ulong base = row_of(gid, ngroups) * p.dim;                                                      \
     float inv = row_inv_rms(in, base, p.dim, p.eps, sh, lid.x, tpg.x);                              \
@@ -36,7 +36,7 @@ inline float row_inv_rms(device const T *x, ulong base, uint dim, float eps, thr
   }                                                                                                 \
   kernel void rms_norm_mul_add_##SUF(device const T *in [[buffer(0)]], device const T *w [[buffer(1)]], \
                                      device const T *scale [[buffer(2)]], device const T *res [[buffer(3)]], \
-                                     device T *out [[buffer(4)]], constant norm_params &p [[buffer(5)]], \
+                                     device T *out [[buffer(4)]], constant mlxn_params_norm &p [[buffer(5)]], \
                                      threadgroup float *sh [[threadgroup(0)]], MLXN_ARGS_TAIL) {     \
     ulong base = row_of(gid, ngroups) * p.dim;                                                      \
     float inv = row_inv_rms(in, base, p.dim, p.eps, sh, lid.x, tpg.x);                              \
@@ -51,7 +51,7 @@ RMS_NORM(f16, half)
 RMS_NORM(bf16, ushort)
 
 kernel void rms_norm_no_scale_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                                  constant norm_params &p [[buffer(2)]], threadgroup float *sh [[threadgroup(0)]],
+                                  constant mlxn_params_norm &p [[buffer(2)]], threadgroup float *sh [[threadgroup(0)]],
                                   MLXN_ARGS_TAIL) {
   ulong base = row_of(gid, ngroups) * p.dim;
   float inv = row_inv_rms(in, base, p.dim, p.eps, sh, lid.x, tpg.x);
@@ -59,7 +59,9 @@ kernel void rms_norm_no_scale_f32(device const float *in [[buffer(0)]], device f
 }
 
 kernel void softmax_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                        constant uint &cols [[buffer(2)]], threadgroup float *sh [[threadgroup(0)]], MLXN_ARGS_TAIL) {
+                        constant mlxn_params_softmax &p [[buffer(2)]], threadgroup float *sh [[threadgroup(0)]],
+                        MLXN_ARGS_TAIL) {
+  const uint cols = p.cols;
   ulong base = row_of(gid, ngroups) * cols;
   float m = -INFINITY;
   for (uint k = lid.x; k < cols; k += tpg.x) m = max(m, in[base + k]);

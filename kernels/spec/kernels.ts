@@ -189,8 +189,23 @@ const STEP_ADVANCE = layout("step_advance", "count", "add");
  */
 const STATE = buf("state", "u32", R, { optional: true });
 
-/** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes the weights. */
-export const MODE_CONSTANT_WEIGHTS = 0x100;
+/**
+ * Numbers the ops, the validators and every backend's bodies must agree on (work split, mode bits),
+ * generated as TS constants, C/CUDA macros MLXN_<NAME> and MSL macros of the same name.
+ */
+export const constants: Readonly<Record<string, readonly [value: number, doc: string]>> = {
+  MATMUL_OUTS: [4, "Outputs per threadgroup of the matrix products (one 32-lane simdgroup each)."],
+  MATMUL_OUTS_FAST: [8, "Outputs per threadgroup of qmatmul_affine_fast."],
+  MATMUL_OUTS_SWIGLU: [2, "Outputs per threadgroup of the dense products with the SwiGLU epilogue (two W rows each)."],
+  MATMUL_EPILOGUE_MASK: [0xff, "The dense products' mode word (params word 3) holds the epilogue in these bits."],
+  MATMUL_EPILOGUE_NONE: [0, "Dense epilogue: y = x · Wᵀ."],
+  MATMUL_EPILOGUE_RESIDUAL: [1, "Dense epilogue: y = x · Wᵀ + residual (slot 4)."],
+  MATMUL_EPILOGUE_SWIGLU: [2, "Dense epilogue: W holds 2N rows, gate then up; y = silu(x · gateᵀ) · x · upᵀ."],
+  MATMUL_MODE_CONSTANT_WEIGHTS: [0x100, "Dense mode bit: no earlier dispatch of the command buffer writes W."],
+};
+
+// The dense kernels' mode bit that makes their weights slot a constant read (constantIf below).
+const MODE_CONSTANT_WEIGHTS = constants.MATMUL_MODE_CONSTANT_WEIGHTS![0];
 
 // ---- elementwise ---------------------------------------------------------------------------------
 const binary = (name: string, t: string, opKind: KernelSpec["opKind"]): KernelSpec => ({

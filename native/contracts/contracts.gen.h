@@ -4,6 +4,16 @@
 
 #include "kernel_args.h"
 
+/* Constants the ops, validators and bodies share (kernels/spec/kernels.ts). */
+#define MLXN_MATMUL_OUTS 4u
+#define MLXN_MATMUL_OUTS_FAST 8u
+#define MLXN_MATMUL_OUTS_SWIGLU 2u
+#define MLXN_MATMUL_EPILOGUE_MASK 0xffu
+#define MLXN_MATMUL_EPILOGUE_NONE 0u
+#define MLXN_MATMUL_EPILOGUE_RESIDUAL 1u
+#define MLXN_MATMUL_EPILOGUE_SWIGLU 2u
+#define MLXN_MATMUL_MODE_CONSTANT_WEIGHTS 0x100u
+
 /* Kernel ids: the index of each contract in mlxn_contracts, in description order. */
 enum mlxn_kernel_id {
   MLXN_K_ELEMENTWISE_ADD_F32,

@@ -29,6 +29,8 @@ export const CPU_SOURCES: readonly string[] = [
   "native/contracts/kernel_args.h",
   "native/contracts/contracts.gen.h",
   "native/contracts/contracts.h",
+  "native/contracts/matmul.h",
+  "native/contracts/quant_blocks.h",
   "kernels/cpu/cpu_kernel.h",
   "native/core/device.c",
   "native/core/queue.c",
@@ -74,6 +76,7 @@ export const METAL_OBJC_SOURCE = "objc/mlxn_metal.m";
  */
 export const METAL_SHADERS: readonly string[] = [
   "kernels/metal/common.metal",
+  "kernels/metal/_params.gen.metal",
   "kernels/metal/attention.metal",
   "kernels/metal/elementwise.metal",
   "kernels/metal/matmul.metal",

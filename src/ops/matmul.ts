@@ -12,7 +12,28 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { matmulContracts } from "../kernels.gen.ts";
+import {
+  AFFINE_GATHER_PARAMS,
+  AFFINE_GENERAL_PARAMS,
+  AFFINE_PARAMS,
+  DENSE_PARAMS,
+  GGML_ID_PARAMS,
+  GGML_PARAMS,
+  MATMUL_EPILOGUE_NONE,
+  MATMUL_EPILOGUE_RESIDUAL,
+  MATMUL_EPILOGUE_SWIGLU,
+  MATMUL_MODE_CONSTANT_WEIGHTS,
+  MATMUL_OUTS as OUTS,
+  MATMUL_OUTS_FAST as OUTS_FAST,
+  MATMUL_OUTS_SWIGLU as OUTS_SWIGLU,
+  matmulContracts,
+  packAffineGatherParams,
+  packAffineGeneralParams,
+  packAffineParams,
+  packDenseParams,
+  packGgmlIdParams,
+  packGgmlParams,
+} from "../kernels.gen.ts";
 import { type AffineQuantBits, GGML_BLOCK, type GgmlFormat } from "../quant.ts";
 import {
   checkBuffer,
@@ -25,15 +46,9 @@ import {
   overlapping,
 } from "./common.ts";
 
-/** Bit of the dense kernels' mode word (params word 3): no earlier dispatch writes W. */
-const MODE_CONSTANT_WEIGHTS = 0x100;
-const OUTS = 4, OUTS_FAST = 8, OUTS_SWIGLU = 2, THREADS = 128;
-/** The dense kernels' epilogue codes (params word 3, bits 0-7; bit 8: constant weights). */
-const enum Epilogue {
-  None = 0,
-  Residual = 1,
-  SwiGlu = 2,
-}
+// Outputs per threadgroup, the dense mode word and the parameter layouts come from the kernel
+// descriptions (kernels/spec/kernels.ts), shared with the validators and every backend's bodies.
+const THREADS = 128;
 const FORMATS: readonly GgmlFormat[] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"];
 
 /** Contracts of this family (generated from kernels/spec/kernels.ts). */
@@ -47,19 +62,20 @@ const AFFINE = kernelRef("qmatmul_affine"), AFFINE_FAST = kernelRef("qmatmul_aff
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. The dense product's
 // residual sits in slot 4, after its inline words.
-const denseWords = [0, 0, 0, 0], denseGrid = [0, 0, 1];
+const words = (layout: { readonly words: number }): number[] => new Array<number>(layout.words).fill(0);
+const denseWords = words(DENSE_PARAMS), denseGrid = [0, 0, 1];
 const denseDescriptor = groupsDescriptor([undefined, undefined, undefined, denseWords, undefined]);
 denseDescriptor.grid = denseGrid;
 denseDescriptor.threadgroup = THREADS;
 const DENSE_BUFFER_SLOTS = 0b10111;
-const affineWords = [0, 0, 0, 0, 0], affineGrid = [0, 0, 1];
+const affineWords = words(AFFINE_PARAMS), affineGrid = [0, 0, 1];
 const affineDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, undefined, affineWords]);
 affineDescriptor.grid = affineGrid;
-const ggmlWords = [0, 0, 0], ggmlGrid = [0, 0, 1];
+const ggmlWords = words(GGML_PARAMS), ggmlGrid = [0, 0, 1];
 const ggmlDescriptor = groupsDescriptor([undefined, undefined, undefined, ggmlWords]);
 ggmlDescriptor.grid = ggmlGrid;
 ggmlDescriptor.threadgroup = THREADS;
-const moeWords = [0, 0, 0, 0, 0], moeGrid = [0, 0, 1];
+const moeWords = words(GGML_ID_PARAMS), moeGrid = [0, 0, 1];
 const moeDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, moeWords]);
 moeDescriptor.grid = moeGrid;
 moeDescriptor.threadgroup = THREADS;
@@ -142,16 +158,13 @@ export function matmul(
       throw new MlxError("InvalidArgument", "matmul: the residual must be y itself or not overlap it");
     }
   }
-  const epilogue = r ? Epilogue.Residual : swiglu ? Epilogue.SwiGlu : Epilogue.None;
+  const epilogue = r ? MATMUL_EPILOGUE_RESIDUAL : swiglu ? MATMUL_EPILOGUE_SWIGLU : MATMUL_EPILOGUE_NONE;
   const d = denseDescriptor, b = d.bindings;
   d.pipeline = registry.resolve(w.dtype === DType.F32 ? MATMUL_F32 : w.dtype === DType.BF16 ? MATMUL_BF16 : MATMUL_F16);
   b[0] = x;
   b[1] = w;
   b[2] = y;
-  denseWords[0] = s.m;
-  denseWords[1] = s.n;
-  denseWords[2] = s.k;
-  denseWords[3] = epilogue | (s.constantWeights ? MODE_CONSTANT_WEIGHTS : 0);
+  packDenseParams(denseWords, s.m, s.n, s.k, epilogue | (s.constantWeights ? MATMUL_MODE_CONSTANT_WEIGHTS : 0));
   b[4] = r;
   denseGrid[0] = Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS));
   denseGrid[1] = s.m;
@@ -228,9 +241,11 @@ export function quantizedMatmul(
   checkBuffer(op, "biases", biases, scales.dtype, o.n * groups);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
   if (!seed) {
+    const general = words(AFFINE_GENERAL_PARAMS);
+    packAffineGeneralParams(general, o.m, o.n, o.k, o.bits, o.groupSize, scaleType);
     target.dispatch({
       pipeline: registry.get("qmatmul_affine_general"),
-      bindings: [x, w, scales, biases, y, [o.m, o.n, o.k, o.bits, o.groupSize, scaleType]],
+      bindings: [x, w, scales, biases, y, general],
       grid: [Math.ceil(o.n / OUTS), o.m, 1],
       threadgroup: THREADS,
     });
@@ -243,11 +258,7 @@ export function quantizedMatmul(
   b[2] = scales;
   b[3] = biases;
   b[4] = y;
-  affineWords[0] = o.m;
-  affineWords[1] = o.n;
-  affineWords[2] = o.k;
-  affineWords[3] = o.bits;
-  affineWords[4] = o.groupSize;
+  packAffineParams(affineWords, o.m, o.n, o.k, o.bits, o.groupSize);
   affineGrid[0] = Math.ceil(o.n / (fast ? OUTS_FAST : OUTS));
   affineGrid[1] = o.m;
   d.threadgroup = fast ? 256 : THREADS;
@@ -293,9 +304,7 @@ export function quantizedMatmulGgml(
   b[0] = x;
   b[1] = w;
   b[2] = y;
-  ggmlWords[0] = o.m;
-  ggmlWords[1] = o.n;
-  ggmlWords[2] = o.k;
+  packGgmlParams(ggmlWords, o.m, o.n, o.k);
   ggmlGrid[0] = Math.ceil(o.n / OUTS);
   ggmlGrid[1] = variant === "mv" ? 1 : o.m;
   dispatchReused(target, d, 3);
@@ -348,11 +357,7 @@ export function quantizedMatmulIdGgml(
   b[1] = w;
   b[2] = ids;
   b[3] = y;
-  moeWords[0] = rows;
-  moeWords[1] = o.n;
-  moeWords[2] = o.k;
-  moeWords[3] = o.topK;
-  moeWords[4] = o.experts;
+  packGgmlIdParams(moeWords, rows, o.n, o.k, o.topK, o.experts);
   moeGrid[0] = Math.ceil(o.n / OUTS);
   moeGrid[1] = rows;
   dispatchReused(target, d, 4);
@@ -404,9 +409,11 @@ export function quantizedMatmulAffineGather(
   checkBuffer(op, "biases", biases, scales.dtype, o.experts * o.n * groups);
   checkBuffer(op, "ids", ids, DType.U32, rows);
   checkBuffer(op, "y", y, DType.F32, rows * o.n);
+  const gather = words(AFFINE_GATHER_PARAMS);
+  packAffineGatherParams(gather, rows, o.n, o.k, o.topK, o.experts, o.bits, o.groupSize, scaleType);
   target.dispatch({
     pipeline: registry.get("qmatmul_affine_gather"),
-    bindings: [x, w, scales, biases, ids, y, [rows, o.n, o.k, o.topK, o.experts, o.bits, o.groupSize, scaleType]],
+    bindings: [x, w, scales, biases, ids, y, gather],
     grid: [Math.ceil(o.n / OUTS), rows, 1],
     threadgroup: THREADS,
   });
