@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cpu_kernel.h"
+#include "../../native/contracts/sample.h"
 
 /* round(2³¹ · 2^(−j/256)), j = 0..256: 2^−f in Q31 at steps of 1/256 (every backend holds this
  * table; a test compares the copies with the formula). */
@@ -331,16 +332,6 @@ static int sample_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t 
  *      bounds). q8_0/q4_0 rows are ggml blocks of 32 values: f16 scale then 32 int8 (34 B) or 16
  *      bytes of nibbles, value j low, j + 16 high, minus 8 (18 B). */
 
-enum { G_F32, G_BF16, G_Q8_0, G_Q4_0 };
-
-static uint64_t gather_row_bytes(int fmt, uint32_t dim) {
-  switch (fmt) {
-  case G_F32: return (uint64_t)dim * 4;
-  case G_BF16: return (uint64_t)dim * 2;
-  case G_Q8_0: return (uint64_t)(dim / 32) * 34;
-  default: return (uint64_t)(dim / 32) * 18;
-  }
-}
 
 static inline float gather_value(const uint8_t *row, int fmt, uint32_t j) {
   if (fmt == G_F32) return mlxn_load(row, j, MLXN_T_F32);

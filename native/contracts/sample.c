@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "contracts.h"
+#include "sample.h"
 
 /* a·b·c bytes, or 0 with *ok cleared when the product does not fit in 64 bits. */
 static uint64_t checked_bytes(uint64_t a, uint64_t b, uint64_t c, int *ok) {
@@ -97,16 +98,6 @@ static int sample_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_
  *      bounds). q8_0/q4_0 rows are ggml blocks of 32 values: f16 scale then 32 int8 (34 B) or 16
  *      bytes of nibbles, value j low, j + 16 high, minus 8 (18 B). */
 
-enum { G_F32, G_BF16, G_Q8_0, G_Q4_0 };
-
-static uint64_t gather_row_bytes(int fmt, uint32_t dim) {
-  switch (fmt) {
-  case G_F32: return (uint64_t)dim * 4;
-  case G_BF16: return (uint64_t)dim * 2;
-  case G_Q8_0: return (uint64_t)(dim / 32) * 34;
-  default: return (uint64_t)(dim / 32) * 18;
-  }
-}
 
 static int gather_validate_t(const mlxn_kargs *a, int fmt, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, 3, 20, err, cap);

@@ -31,6 +31,7 @@ export const CPU_SOURCES: readonly string[] = [
   "native/contracts/contracts.h",
   "native/contracts/matmul.h",
   "native/contracts/quant_blocks.h",
+  "native/contracts/sample.h",
   "kernels/cpu/cpu_kernel.h",
   "native/core/device.c",
   "native/core/queue.c",
