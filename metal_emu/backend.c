@@ -179,12 +179,12 @@ static int bind_dispatch(emu_state *s, const mlxn_dispatch *d, mlxn_emu_launch *
   if (stray) {
     return snprintf(err, cap,
                     "kernel %s declares [[buffer(%d)]], a slot the host never binds for this contract (%zu slots)",
-                    d->name, __builtin_ctz(stray), strlen(d->signature)),
+                    d->contract->name, __builtin_ctz(stray), strlen(d->contract->signature)),
            -1;
   }
   uint64_t threads = (uint64_t)d->args.tg[0] * d->args.tg[1] * d->args.tg[2];
   if (threads > MLXN_MAX_THREADS_PER_GROUP) {
-    return snprintf(err, cap, "kernel %s: %llu threads per threadgroup exceed this pipeline's %d", d->name,
+    return snprintf(err, cap, "kernel %s: %llu threads per threadgroup exceed this pipeline's %d", d->contract->name,
                     (unsigned long long)threads, MLXN_MAX_THREADS_PER_GROUP),
            -1;
   }
@@ -193,21 +193,21 @@ static int bind_dispatch(emu_state *s, const mlxn_dispatch *d, mlxn_emu_launch *
   tgmem = (tgmem + 15) & ~(uint64_t)15;
   if (k->tg_slots & ~1u) {
     return snprintf(err, cap, "kernel %s declares [[threadgroup(%d)]]: the host sets threadgroup memory index 0 only",
-                    d->name, __builtin_ctz(k->tg_slots & ~1u)),
+                    d->contract->name, __builtin_ctz(k->tg_slots & ~1u)),
            -1;
   }
   if ((k->tg_slots & 1u) && tgmem == 0) {
     return snprintf(err, cap, "kernel %s declares [[threadgroup(0)]] but the dispatch sets no threadgroup memory",
-                    d->name),
+                    d->contract->name),
            -1;
   }
   if (tgmem > MLXN_MAX_TG_MEMORY) {
-    return snprintf(err, cap, "kernel %s: %llu bytes of threadgroup memory exceed the device's %d", d->name,
+    return snprintf(err, cap, "kernel %s: %llu bytes of threadgroup memory exceed the device's %d", d->contract->name,
                     (unsigned long long)tgmem, MLXN_MAX_TG_MEMORY),
            -1;
   }
   memset(l->buffers, 0, sizeof l->buffers);
-  const char *sig = d->signature;
+  const char *sig = d->contract->signature;
   for (uint32_t slot = 0; sig[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
     if (sig[slot] == 'c' || d->args.ptr[slot]) l->buffers[slot] = d->args.ptr[slot];
     else l->buffers[slot] = (void *)&s->fault; /* an unbound optional slot: never read */
@@ -237,8 +237,8 @@ typedef struct snapshot {
 
 static int snapshot_take(const mlxn_dispatch *d, snapshot *sn) {
   memset(sn, 0, sizeof *sn);
-  for (uint32_t slot = 0; d->signature[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
-    if (d->signature[slot] == 'c' || !d->args.ptr[slot]) continue;
+  for (uint32_t slot = 0; d->contract->signature[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
+    if (d->contract->signature[slot] == 'c' || !d->args.ptr[slot]) continue;
     sn->bytes[slot] = malloc(d->args.len[slot] ? (size_t)d->args.len[slot] : 1);
     if (!sn->bytes[slot]) return -1;
     memcpy(sn->bytes[slot], d->args.ptr[slot], (size_t)d->args.len[slot]);

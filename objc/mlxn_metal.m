@@ -167,7 +167,7 @@ static id<MTLComputePipelineState> pipeline_for(metal_state *s, NSString *key, c
 static BOOL encode_dispatch(metal_state *s, id<MTLComputeCommandEncoder> enc, const mlxn_dispatch *d,
                             mlxn_command *cmd) {
   char err[256];
-  id<MTLComputePipelineState> p = pipeline_for(s, (NSString *)d->kernel, d->name, err, sizeof err);
+  id<MTLComputePipelineState> p = pipeline_for(s, (NSString *)d->kernel, d->contract->name, err, sizeof err);
   if (p == nil) {
     mlxn_command_fail(cmd, MLXN_E_EXECUTION, "%s", err);
     return NO;
@@ -175,11 +175,11 @@ static BOOL encode_dispatch(metal_state *s, id<MTLComputeCommandEncoder> enc, co
   NSUInteger threads = (NSUInteger)d->args.tg[0] * d->args.tg[1] * d->args.tg[2];
   if (threads > p.maxTotalThreadsPerThreadgroup) {
     mlxn_command_fail(cmd, MLXN_E_EXECUTION, "kernel %s: %lu threads per threadgroup exceed this pipeline's %lu",
-                      d->name, (unsigned long)threads, (unsigned long)p.maxTotalThreadsPerThreadgroup);
+                      d->contract->name, (unsigned long)threads, (unsigned long)p.maxTotalThreadsPerThreadgroup);
     return NO;
   }
   [enc setComputePipelineState:p];
-  const char *sig = d->signature;
+  const char *sig = d->contract->signature;
   for (uint32_t slot = 0; sig[slot] && slot < MLXN_KERNEL_SLOTS; slot++) {
     if (sig[slot] == 'c') {
       [enc setBytes:d->args.ptr[slot] length:(NSUInteger)d->args.len[slot] atIndex:slot];

@@ -27,9 +27,9 @@ typedef mlxn_kargs mlxn_kernel_args;
 /* One validated dispatch of a committed command buffer. */
 typedef struct mlxn_dispatch {
   const void *kernel;    /* what the backend's `kernel` hook returned for this kernel */
-  const mlxn_contract *contract; /* the kernel's contract: id, slots, threadgroup-memory rule */
-  const char *name;      /* the kernel's name (static storage) */
-  const char *signature; /* one character per slot: 'b' buffer, 'o' optional buffer, 'c' inline bytes */
+  /* the kernel's contract: id, name, signature (one character per slot: 'b' buffer, 'o' optional
+   * buffer, 'c' inline bytes) and threadgroup-memory rule */
+  const mlxn_contract *contract;
   mlxn_kernel_args args;
   void *object[MLXN_KERNEL_SLOTS]; /* each bound buffer slot's backend object (`alloc`'s *object) */
   uint32_t tag;   /* the host's dispatch tag, echoed in timings and fault messages */

@@ -39,7 +39,7 @@ void mlxn_command_fail(mlxn_command *cmd, int32_t code, const char *fmt, ...) {
 void mlxn_command_dispatch_failed(mlxn_command *cmd, uint32_t index, const char *detail) {
   const mlxn_dispatch *d = index < cmd->n_dispatches ? &cmd->dispatches[index] : NULL;
   mlxn_command_fail(cmd, MLXN_E_EXECUTION, "dispatch %u (tag %u, kernel %s) failed while executing%s%s", index,
-                    d ? d->tag : 0, d ? d->name : "?", detail ? ": " : "", detail ? detail : "");
+                    d ? d->tag : 0, d ? d->contract->name : "?", detail ? ": " : "", detail ? detail : "");
 }
 
 void mlxn_command_fault(mlxn_command *cmd, uint32_t fault) {

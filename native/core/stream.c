@@ -208,8 +208,6 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   cb->n_dispatches++;
   d->kernel = cb->pipeline_kernel;
   d->contract = k;
-  d->name = k->name;
-  d->signature = k->signature;
   d->tag = tag;
   d->group = cb->n_groups - 1;
   d->tg_total = tg_total;

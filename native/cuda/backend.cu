@@ -284,13 +284,13 @@ static bool pack_args(const mlxn_dispatch &d, const flight_slot &f, mlxn_gpu_arg
   memset(&g, 0, sizeof g); // unused slots and padding compare equal between command buffers
   const mlxn_kernel_args &a = d.args;
   uint32_t used = 0;
-  for (uint32_t i = 0; d.signature[i] && i < MLXN_GPU_SLOTS; i++) {
+  for (uint32_t i = 0; d.contract->signature[i] && i < MLXN_GPU_SLOTS; i++) {
     g.len[i] = a.len[i];
-    if (d.signature[i] == 'c') {
+    if (d.contract->signature[i] == 'c') {
       uint32_t n = (uint32_t)a.len[i], at = (used + 15u) & ~15u;
       if (at + n > MLXN_GPU_BYTES) {
         st.code = MLXN_E_UNSUPPORTED;
-        snprintf(st.err, st.cap, "kernel %s: more than %d bytes of inline constants", d.name, MLXN_GPU_BYTES);
+        snprintf(st.err, st.cap, "kernel %s: more than %d bytes of inline constants", d.contract->name, MLXN_GPU_BYTES);
         return false;
       }
       memcpy(g.bytes + at, a.ptr[i], n);

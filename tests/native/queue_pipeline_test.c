@@ -159,14 +159,23 @@ static void check_info_and_slots(mlxn_device *dev) {
   CHECK(kernels > 0 && mlxn_pipeline_get(dev, (const uint8_t *)"debug_fault") != 0, "the scripted backend has every kernel");
 }
 
+/* The contract of the kernel called `name` (the test's kernels exist). */
+static const mlxn_contract *contract_named(const char *name) {
+  const mlxn_contract *c;
+  for (uint32_t id = 0; (c = mlxn_contract_at(id)) != NULL; id++)
+    if (strcmp(c->name, name) == 0) return c;
+  CHECK(0, "no contract named %s", name);
+  return NULL;
+}
+
 /* A failed dispatch reads the same from every backend, and the first error of a command buffer is
  * the one it reports. */
 static void check_failure_messages(void) {
   mlxn_dispatch ds[2];
   memset(ds, 0, sizeof ds);
-  ds[0].name = "add_f32";
+  ds[0].contract = contract_named("elementwise_add_f32");
   ds[0].tag = 7;
-  ds[1].name = "rms_norm_f32";
+  ds[1].contract = contract_named("rms_norm_f32");
   ds[1].tag = 9;
   mlxn_command cmd;
   memset(&cmd, 0, sizeof cmd);
@@ -182,7 +191,7 @@ static void check_failure_messages(void) {
   memset(&cmd.error, 0, sizeof cmd.error);
   cmd.error_code = 0;
   mlxn_command_dispatch_failed(&cmd, 0, "a barrier not every thread reaches");
-  CHECK(strcmp(cmd.error, "dispatch 0 (tag 7, kernel add_f32) failed while executing: a barrier not every thread "
+  CHECK(strcmp(cmd.error, "dispatch 0 (tag 7, kernel elementwise_add_f32) failed while executing: a barrier not every thread "
                           "reaches") == 0,
         "detail: %s", cmd.error);
   cmd.error_code = 0;
