@@ -460,7 +460,11 @@ static void add_contract(const mlxn_contract *k) {
   }
 }
 
-static void build_kernel_table(void) { mlxn_contracts_each(add_contract); }
+/* Pipeline handles number the contracts in table order. */
+static void build_kernel_table(void) {
+  const mlxn_contract *c;
+  for (uint32_t id = 0; (c = mlxn_contract_at(id)) != NULL; id++) add_contract(c);
+}
 
 const mlxn_contract *mlxn_pipeline_contract(uint32_t handle, const mlxn_slot_masks **masks) {
   pthread_once(&kernel_once, build_kernel_table);

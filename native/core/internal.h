@@ -1,7 +1,7 @@
 /* Private structures of the native core (backends see only backend.h):
  *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors,
  *                  and the defaults of the optional backend hooks
- *   core/stream.c  command-stream decoder and validation (against the contracts of contract.h)
+ *   core/stream.c  command-stream decoder and validation (against the contracts of native/contracts)
  *   core/queue.c   the command queue thread (command buffers run in commit order) */
 #ifndef MLXN_CPU_INTERNAL_H
 #define MLXN_CPU_INTERNAL_H
@@ -13,7 +13,6 @@
 
 #include "../mlxn.h"
 #include "backend.h"
-#include "contract.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 

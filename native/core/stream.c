@@ -202,7 +202,7 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
          k->name, a->groups[0], a->groups[1], a->groups[2]);
   char why[512];
   why[0] = 0;
-  if (mlxn_contract_refuses(k, a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
+  if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
 
   if (cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL)) cb->n_groups++;
   cb->n_dispatches++;

@@ -25,7 +25,6 @@ export const CPU_SOURCES: readonly string[] = [
   "native/mlxn.h",
   "native/core/internal.h",
   "native/core/backend.h",
-  "native/core/contract.h",
   "native/contracts/kernel_args.h",
   "native/contracts/contracts.gen.h",
   "native/contracts/contracts.h",
