@@ -11,7 +11,7 @@ import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
 import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
-import { checkChunk, ComputeGraph, encodeChunk, type GraphEncodeTarget } from "./graph/compute_graph.ts";
+import { checkChunk, ComputeGraph, encodeChunk } from "./graph/compute_graph.ts";
 import type { Capture } from "./capture_recorder.ts";
 import {
   type CachedPlan,
@@ -24,7 +24,7 @@ import {
   RecordsBuilder,
   replaySteps,
 } from "./plan_cache.ts";
-import type { KernelRegistry, Pipeline } from "./kernels.ts";
+import type { KernelRegistry } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
 import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
 
@@ -121,6 +121,11 @@ export interface PendingPass {
 }
 
 const nowNs = () => performance.now() * 1e6;
+
+/** Appends plan records to an empty encoder; false when it cannot take them (it then holds nothing new). */
+function appendRecords(enc: CommandEncoder, r: PlanRecords): boolean {
+  return enc.appendPlanRecords(r.words, r.cuts, r.dispatches, r.groupSizes, r.lastPipeline);
+}
 
 const DEFAULT_PLAN_CACHE_SIZE = 16;
 
@@ -384,28 +389,8 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       if (plan) counterState.planCacheHits++;
       else counterState.planCacheMisses++;
     }
-    // A hit on a one-buffer plan: copy its records with this pass's constants (no graph is built).
-    if (plan !== undefined && plan.records !== null && !dual) {
-      const buffers = capture.buffers;
-      for (let i = 0; i < buffers.length; i++) {
-        if (buffers[i]!.rawHandle === 0) {
-          throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i]!.allocId}) was disposed`);
-        }
-      }
-      const r = plan.records;
-      patchConstants(r, capture);
-      if (!enc.appendPlanRecords(r.words, r.cuts, r.dispatches, r.groupSizes, r.lastPipeline)) {
-        replaySteps(plan, capture.nodes(), enc, 0, plan.steps.length);
-      }
-      enc.commit(label);
-      return {
-        encoders: [enc],
-        barriers: [...plan.barriers],
-        fusions: plan.fusions,
-        reordered: plan.reordered,
-        planCache: "hit",
-      };
-    }
+    // A hit on a plan with records: copy them with this pass's constants (no graph is built).
+    if (plan !== undefined && plan.records !== null) return this.#replayRecords(enc, capture, plan, label);
     const nodes = capture.nodes();
     const recorder = cache !== null && plan === undefined && cache.shouldRecord(fp) ? new PlanRecorder(nodes) : null;
     // With validation on, both command buffers are validated before either is committed.
@@ -413,7 +398,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     let barriers: number[];
     let encoders: CommandEncoder[];
     let fusions = 0, reordered = 0;
-    let records: PlanRecords | null = null;
+    let records: readonly PlanRecords[] | null = null;
     if (!dual) {
       if (plan) {
         replaySteps(plan, nodes, enc, 0, plan.steps.length);
@@ -427,16 +412,9 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
           const builder = new RecordsBuilder((p) => enc.resolvePipeline(p), (d) => enc.checkDispatch(d));
           const target = recorder.wrap(builder);
           barriers = [reorder ? graph.encodeWithBarriers(target) : graph.encodeSequential(target)];
-          records = recorder.traceable ? builder.finish(recorder.steps, capture) : null;
-          const appended = records !== null &&
-            enc.appendPlanRecords(
-              records.words,
-              records.cuts,
-              records.dispatches,
-              records.groupSizes,
-              records.lastPipeline,
-            );
-          if (!appended) replaySteps(recorder, nodes, enc, 0, recorder.steps.length);
+          const r = recorder.traceable ? builder.finish(recorder.steps, capture) : null;
+          if (r === null || !appendRecords(enc, r)) replaySteps(recorder, nodes, enc, 0, recorder.steps.length);
+          records = r === null ? null : [r];
         } else {
           barriers = [reorder ? graph.encodeWithBarriers(enc) : graph.encodeSequential(enc)];
         }
@@ -461,20 +439,32 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
           const graph = new ComputeGraph(nodes);
           if (fuse) fusions = graph.fuse(this.#registry);
           if (reorder) reordered = graph.reorder();
-          const firstTarget: GraphEncodeTarget<Pipeline> = {
-            dispatch: (d) => enc.dispatch(d),
-            memoryBarrier: () => enc.memoryBarrier(),
-            commit: firstCommit,
-            resolvePipeline: (p) => enc.resolvePipeline(p),
-          };
-          const t0 = recorder ? recorder.wrap(firstTarget) : firstTarget;
-          const t1 = recorder ? recorder.wrap(second) : second;
           const [c0, c1] = graph.dualBufferChunks();
-          const b0 = encodeChunk(c0, t0);
-          // All or nothing: the second buffer's dispatches are checked before the first commits.
-          checkChunk(c1, second);
-          t0.commit(label);
-          barriers = [b0, encodeChunk(c1, t1)];
+          if (recorder !== null) {
+            // Each chunk is encoded once into plan records, which its encoder then takes by copying.
+            const build0 = new RecordsBuilder((p) => enc.resolvePipeline(p), (d) => enc.checkDispatch(d));
+            const b0 = encodeChunk(c0, recorder.wrap(build0));
+            const split = recorder.firstSteps = recorder.steps.length;
+            const r0 = recorder.traceable ? build0.finish(recorder.steps, capture) : null;
+            // All or nothing: the second buffer's dispatches are checked before the first commits.
+            checkChunk(c1, second);
+            if (r0 === null || !appendRecords(enc, r0)) replaySteps(recorder, nodes, enc, 0, split);
+            firstCommit();
+            const build1 = new RecordsBuilder((p) => second.resolvePipeline(p), (d) => second.checkDispatch(d));
+            const b1 = encodeChunk(c1, recorder.wrap(build1));
+            const r1 = recorder.traceable ? build1.finish(recorder.steps.slice(split), capture) : null;
+            if (r1 === null || !appendRecords(second, r1)) {
+              replaySteps(recorder, nodes, second, split, recorder.steps.length);
+            }
+            barriers = [b0, b1];
+            records = r0 !== null && r1 !== null ? [r0, r1] : null;
+          } else {
+            const b0 = encodeChunk(c0, enc);
+            // All or nothing: the second buffer's dispatches are checked before the first commits.
+            checkChunk(c1, second);
+            firstCommit();
+            barriers = [b0, encodeChunk(c1, second)];
+          }
         }
         if (deferFirst) {
           second.checkHazards(label);
@@ -502,6 +492,47 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       });
     }
     return { encoders, barriers, fusions, reordered, planCache: cache === null ? "off" : plan ? "hit" : "miss" };
+  }
+
+  /**
+   * Replays a cached plan's records (one per command buffer) with this pass's constants and commits
+   * them. Every command buffer is encoded (and, with validation on, checked) before the first commits:
+   * all or nothing.
+   */
+  #replayRecords(enc: CommandEncoder, capture: Capture, plan: CachedPlan, label: string): RecordedCommit {
+    const records = plan.records!;
+    const buffers = capture.buffers;
+    for (let i = 0; i < buffers.length; i++) {
+      if (buffers[i]!.rawHandle === 0) {
+        throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i]!.allocId}) was disposed`);
+      }
+    }
+    const encoders = [enc];
+    try {
+      for (let c = 0; c < records.length; c++) {
+        const target = c === 0 ? enc : this.#exec.device.commandEncoder({ validate: this.#validate });
+        if (c > 0) encoders.push(target);
+        const r = records[c]!;
+        patchConstants(r, capture);
+        if (!appendRecords(target, r)) {
+          // An encoder that cannot take records (validation on) gets the plan's steps.
+          const from = c === 0 ? 0 : plan.firstSteps, to = c === 0 ? plan.firstSteps : plan.steps.length;
+          replaySteps(plan, capture.nodes(), target, from, to);
+        }
+      }
+      if (this.#validate) { for (const e of encoders) e.checkHazards(label); }
+      for (const e of encoders) e.commit(label);
+    } catch (e) {
+      for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();
+      throw e;
+    }
+    return {
+      encoders,
+      barriers: [...plan.barriers],
+      fusions: plan.fusions,
+      reordered: plan.reordered,
+      planCache: "hit",
+    };
   }
 
   /** Releases the command buffer if the session was never finished (nothing runs). */

@@ -63,13 +63,17 @@ export interface CachedPlan {
   readonly fusions: number;
   /** Nodes the reorder pass moved. */
   readonly reordered: number;
-  /** The optimised stream itself, for a one-buffer pass whose every binding was traced (else null). */
-  readonly records: PlanRecords | null;
+  /**
+   * The optimised stream itself, one records per command buffer, when every binding and constant was
+   * traced to the capture (else null: the steps are replayed through the encoder).
+   */
+  readonly records: readonly PlanRecords[] | null;
 }
 
 /**
- * A one-buffer plan's stream words as the encoder would write them, replayed by copying: only the
- * inline constants are patched from the new pass's capture (bindings are part of the key).
+ * One command buffer of a plan: its stream words as a fresh encoder would write them, replayed by
+ * copying; only the inline constants are patched from the new pass's capture (bindings are part of
+ * the key).
  */
 export interface PlanRecords {
   /** The stream words. */

@@ -15,6 +15,7 @@ import {
   type MlxBuffer,
   MlxError,
 } from "../mod.ts";
+import { CommandEncoder } from "../src/encoder.ts";
 import { type CachedPlan, Fingerprint, PlanCache } from "../src/plan_cache.ts";
 import { randomValues, testContext } from "./helpers.ts";
 
@@ -339,4 +340,61 @@ Deno.test("plan cache: a new topology of a known shape is recorded on its second
   const none = new PlanCache(0);
   equal(none.lookup(first), undefined);
   equal(none.shouldRecord(first), false, "a cache of capacity 0 records nothing");
+});
+
+Deno.test("plan cache hit, dual buffer: both command buffers take this pass's constants, as a fresh optimisation", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const N = 100, E = 64;
+  using a = device.upload(new Float32Array(E).fill(1)), b = device.upload(new Float32Array(E).fill(2));
+  using wide = device.alloc(2 * N * E * 4, DType.F32);
+  const slices = Array.from({ length: 2 * N }, (_, i) => wide.slice(i * E * 4, E * 4));
+  // N independent axpbys, then N more that read them: a barrier between the halves, and constants
+  // that change every pass on both sides of the dual-buffer split.
+  const pass = (exec: GraphExecutor, base: number) => {
+    wide.write(new Float32Array(2 * N * E));
+    using s = exec.beginRecorded();
+    for (let i = 0; i < N; i++) s.axpby(a, b, slices[i]!, { alpha: base + i, beta: 1 });
+    for (let i = 0; i < N; i++) s.axpby(slices[i]!, a, slices[N + i]!, { alpha: 1, beta: base });
+    const before = counters.snapshot();
+    const report = s.finish({ fuse: true, reorder: true, dualBuffer: true });
+    const after = counters.snapshot();
+    const values = wide.read() as Float32Array;
+    return {
+      outcome: report.planCache,
+      report: stripTimes(report),
+      counted: [after.dispatches - before.dispatches, after.barriers - before.barriers],
+      firsts: Array.from({ length: 2 * N }, (_, i) => values[i * E]!),
+      bytes: wide.readBytes(),
+    };
+  };
+  // Counts the command buffers that took a plan's records by copying (the fast path of a hit).
+  const append = CommandEncoder.prototype.appendPlanRecords;
+  let appended = 0;
+  CommandEncoder.prototype.appendPlanRecords = function (...args) {
+    const took = append.apply(this, args);
+    if (took) appended++;
+    return took;
+  };
+  try {
+    for (const validate of [false, true]) {
+      const cached = new GraphExecutor(device, { validate }), fresh = new GraphExecutor(device, { planCache: false });
+      equal(pass(cached, 1).outcome, "miss");
+      for (const base of [3, -2.5]) {
+        appended = 0;
+        const hit = pass(cached, base);
+        // Without validation both buffers copy their records; a validating encoder replays the steps.
+        equal(appended, validate ? 0 : 2, `records appended, validate ${validate}`);
+        const reference = pass(fresh, base);
+        equal(hit.outcome, "hit");
+        equal(hit.report.barriers.length, 2, "two command buffers");
+        // axpby: alpha·x + beta·y with a = 1, b = 2.
+        const expected = Array.from({ length: 2 * N }, (_, i) => i < N ? base + i + 2 : base + (i - N) + 2 + base);
+        deepStrictEqual(hit.firsts, expected, `validate ${validate}, base ${base}`);
+        deepStrictEqual({ ...hit, outcome: "" }, { ...reference, outcome: "" }, `validate ${validate}, base ${base}`);
+      }
+    }
+  } finally {
+    CommandEncoder.prototype.appendPlanRecords = append;
+  }
 });
