@@ -106,6 +106,7 @@ export {
   type ExecutorOptions,
   type FinishOptions,
   type FinishReport,
+  FrozenPass,
   GraphExecutor,
   GraphSession,
   type PendingPass,

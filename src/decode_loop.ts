@@ -26,6 +26,7 @@ import { STEP_STATE_WORDS, stepAdvance } from "./ops/sample.ts";
 import type {
   FinishOptions,
   FinishReport,
+  FrozenPass,
   GraphExecutor,
   GraphSession,
   PendingPass,
@@ -89,6 +90,12 @@ export interface DecodeLoopOptions {
    * barrier) to every pass. Step k then uses ring slots (startPosition + k) mod ring and + 1.
    */
   stepState?: boolean | undefined;
+  /**
+   * Encode each run's first step only and commit that pass, frozen ({@link GraphSession.freeze}),
+   * for every later step: no per-step encoding (default false). Needs `recorded` and `stepState`,
+   * which make every step's pass identical; `encodeStep` is then called once per run.
+   */
+  frozen?: boolean | undefined;
   /** Options of every step's session (e.g. autoBarriers). */
   session?: SessionOptions | undefined;
   /** Commit options of every pass (fuse, reorder, dualBuffer); the label defaults to `token <position>`. */
@@ -209,6 +216,7 @@ export class DecodeLoop {
   readonly ids: MlxBuffer;
   readonly #encodeStep: EncodeStep;
   readonly #recorded: boolean;
+  readonly #frozen: boolean;
   readonly #session: SessionOptions;
   readonly #finish: FinishOptions;
   readonly #slots: MlxBuffer[];
@@ -249,6 +257,14 @@ export class DecodeLoop {
     }
     this.#encodeStep = options.encodeStep;
     this.#recorded = options.recorded ?? false;
+    this.#frozen = options.frozen ?? false;
+    if (this.#frozen && !(this.#recorded && options.stepState)) {
+      throw new MlxError(
+        "InvalidArgument",
+        "DecodeLoop: frozen needs recorded: true and stepState: true (only a state-driven recorded pass is the " +
+          "same at every step)",
+      );
+    }
     this.#session = { ...options.session };
     this.#finish = { ...options.finish };
     this.ids = executor.device.alloc(bytes, DType.U32, [this.ringSlots, this.rows]);
@@ -354,6 +370,7 @@ export class DecodeLoop {
     const inFlight: InFlight[] = [];
     let waited = 0, read = 0, deviceNs = 0, encodeNs = 0;
     let waiting: InFlight | undefined; // the pass whose wait is under way
+    let frozen: FrozenPass | undefined; // this run's first pass, with `frozen`
     const t0 = nowNs();
 
     const readBack = () => {
@@ -389,23 +406,30 @@ export class DecodeLoop {
       for (let k = 0; k <= steps; k++) {
         if (k < steps) {
           const encodeStartNs = nowNs();
-          const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(this.#session);
-          let pass;
-          try {
-            this.#encodeStep(s, {
-              index: k,
-              position: start + k,
-              input: this.#slots[(base + k) % R]!,
-              output: this.#slots[(base + k + 1) % R]!,
-              state: state?.views,
-            });
-            if (state) {
-              s.barrier(); // every read of the state in this pass precedes its advance
-              stepAdvance(s, this.executor.registry, state.buffer);
+          const label = this.#finish.label ?? `token ${start + k}`;
+          let pass: PendingPass;
+          if (frozen !== undefined) pass = frozen.commit({ label });
+          else {
+            const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(this.#session);
+            try {
+              this.#encodeStep(s, {
+                index: k,
+                position: start + k,
+                input: this.#slots[(base + k) % R]!,
+                output: this.#slots[(base + k + 1) % R]!,
+                state: state?.views,
+              });
+              if (state) {
+                s.barrier(); // every read of the state in this pass precedes its advance
+                stepAdvance(s, this.executor.registry, state.buffer);
+              }
+              if (this.#frozen) {
+                frozen = s.freeze(this.#finish);
+                pass = frozen.commit({ label });
+              } else pass = s.commit({ ...this.#finish, label });
+            } finally {
+              s.dispose(); // no-op once committed or frozen
             }
-            pass = s.commit({ label: `token ${start + k}`, ...this.#finish });
-          } finally {
-            s.dispose(); // no-op once committed
           }
           const committedNs = nowNs();
           encodeNs += committedNs - encodeStartNs;

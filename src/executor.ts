@@ -13,6 +13,8 @@ import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts
 import { MlxError } from "./errors.ts";
 import { checkChunk, ComputeGraph, encodeChunk } from "./graph/compute_graph.ts";
 import type { Capture } from "./capture_recorder.ts";
+import type { MlxBuffer } from "./buffer.ts";
+import type { CapturedNode } from "./graph/nodes.ts";
 import {
   type CachedPlan,
   Fingerprint,
@@ -323,42 +325,87 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       enc.dispose();
       throw e;
     }
-    const committedAt = nowNs();
-    const base = {
-      mode: this.#recorded ? "recorded" as const : "direct" as const,
+    return pendingPass(encoders, {
+      mode: this.#recorded ? "recorded" : "direct",
       planCache,
       fusions,
       reordered,
       barriers,
-      dispatches: encoders.reduce((n, e) => n + e.dispatchCount, 0),
-      groups: encoders.reduce((n, e) => n + e.groupStats().groups, 0),
-      encodingNs: committedAt - this.#began,
-    };
-    const report = (): FinishReport => ({
-      ...base,
-      gpuWaitNs: nowNs() - committedAt,
-      gpuNs: encoders.reduce((n, e) => n + e.gpuNs, 0),
+      began: this.#began,
     });
-    return {
-      encoders,
-      wait: () => {
-        counterState.syncs++;
-        try {
-          for (const e of encoders) e.waitUntilCompleted();
-          return report();
-        } finally {
-          for (const e of encoders) e.dispose();
-        }
+  }
+
+  /**
+   * Ends a recorded session without committing it: the pass is optimised as `commit(options)` would
+   * optimise it (fusion, reorder, barriers, dual-buffer split) and returned as a {@link FrozenPass},
+   * whose every `commit` submits that same optimised command stream again with no encoding. Use it
+   * for a pass that is identical every time it runs — a token step driven by the step state: the
+   * buffers it binds and its constants are fixed at freeze time (what they contain may change).
+   */
+  freeze(options: FinishOptions = {}): FrozenPass {
+    this.#assertOpen("freeze");
+    if (!this.#recorded) {
+      throw new MlxError(
+        "InvalidState",
+        "freeze: only a recorded session can be frozen; begin it with beginRecorded()",
+      );
+    }
+    this.#done = true;
+    const enc = this.#encoder;
+    try {
+      const capture = enc.takeCompactCapture()!;
+      try {
+        return this.#freeze(enc, capture, options);
+      } finally {
+        capture.release();
+      }
+    } finally {
+      enc.dispose();
+    }
+  }
+
+  #freeze(enc: CommandEncoder, capture: Capture, options: FinishOptions): FrozenPass {
+    const exec = this.#exec;
+    const nodes = capture.nodes();
+    const graph = new ComputeGraph(nodes);
+    const fusions = (options.fuse ?? false) && exec.options.fusion ? graph.fuse(this.#registry) : 0;
+    const reorder = (options.reorder ?? false) && exec.options.reorder;
+    const reordered = reorder ? graph.reorder() : 0;
+    const recorder = new PlanRecorder(nodes);
+    const build = () => new RecordsBuilder((p) => enc.resolvePipeline(p), (d) => enc.checkDispatch(d));
+    const records: PlanRecords[] = [];
+    let barriers: number[];
+    if (!(options.dualBuffer ?? false)) {
+      const b = build();
+      barriers = [reorder ? graph.encodeWithBarriers(recorder.wrap(b)) : graph.encodeSequential(recorder.wrap(b))];
+      recorder.firstSteps = recorder.steps.length;
+      const r = recorder.traceable ? b.finish(recorder.steps, capture) : null;
+      if (r !== null) records.push(r);
+    } else {
+      const [c0, c1] = graph.dualBufferChunks();
+      const b0 = build(), n0 = encodeChunk(c0, recorder.wrap(b0));
+      const split = recorder.firstSteps = recorder.steps.length;
+      const r0 = recorder.traceable ? b0.finish(recorder.steps, capture) : null;
+      const b1 = build(), n1 = encodeChunk(c1, recorder.wrap(b1));
+      const r1 = recorder.traceable ? b1.finish(recorder.steps.slice(split), capture) : null;
+      barriers = [n0, n1];
+      if (r0 !== null && r1 !== null) records.push(r0, r1);
+    }
+    return new FrozenPass(exec.device, {
+      validate: this.#validate,
+      label: options.label ?? "",
+      buffers: [...capture.buffers],
+      nodes,
+      plan: {
+        steps: recorder.steps,
+        firstSteps: recorder.firstSteps,
+        dualBuffer: options.dualBuffer ?? false,
+        barriers,
+        fusions,
+        reordered,
+        records: records.length > 0 ? records : null,
       },
-      completed: async () => {
-        try {
-          for (const e of encoders) await e.completed();
-          return report();
-        } finally {
-          for (const e of encoders) e.dispose();
-        }
-      },
-    };
+    });
   }
 
   /**
@@ -549,5 +596,132 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
 
   #assertOpen(what: string): void {
     if (this.#done) throw closedSessionError(what);
+  }
+}
+
+/** What a report says besides its times. */
+interface PassSummary {
+  mode: "direct" | "recorded";
+  planCache: PlanCacheOutcome;
+  fusions: number;
+  reordered: number;
+  barriers: number[];
+  /** When encoding began, ns. */
+  began: number;
+}
+
+/** The pending pass of committed `encoders`: waiting reports on them and disposes them. */
+function pendingPass(encoders: CommandEncoder[], summary: PassSummary): PendingPass {
+  const committedAt = nowNs();
+  const base = {
+    mode: summary.mode,
+    planCache: summary.planCache,
+    fusions: summary.fusions,
+    reordered: summary.reordered,
+    barriers: summary.barriers,
+    dispatches: encoders.reduce((n, e) => n + e.dispatchCount, 0),
+    groups: encoders.reduce((n, e) => n + e.groupStats().groups, 0),
+    encodingNs: committedAt - summary.began,
+  };
+  const report = (): FinishReport => ({
+    ...base,
+    gpuWaitNs: nowNs() - committedAt,
+    gpuNs: encoders.reduce((n, e) => n + e.gpuNs, 0),
+  });
+  return {
+    encoders,
+    wait: () => {
+      counterState.syncs++;
+      try {
+        for (const e of encoders) e.waitUntilCompleted();
+        return report();
+      } finally {
+        for (const e of encoders) e.dispose();
+      }
+    },
+    completed: async () => {
+      try {
+        for (const e of encoders) await e.completed();
+        return report();
+      } finally {
+        for (const e of encoders) e.dispose();
+      }
+    },
+  };
+}
+
+/** What a frozen pass replays. */
+interface FrozenPlan {
+  readonly validate: boolean;
+  readonly label: string;
+  /** Every buffer the pass binds (checked live at each commit). */
+  readonly buffers: readonly MlxBuffer[];
+  /** The captured nodes: the bindings of the plan's steps when its records cannot be used. */
+  readonly nodes: readonly CapturedNode[];
+  readonly plan: CachedPlan;
+}
+
+/**
+ * A recorded pass optimised once ({@link GraphSession.freeze}) and committed any number of times:
+ * each commit copies its command stream into new command buffers, with no capture, key comparison
+ * or optimisation. Its buffers and constants are those of the frozen session; a buffer disposed
+ * since is refused. Reports say `mode: "recorded"` and `planCache` "miss" for the first commit (the
+ * freeze optimised it) and "hit" for every later one.
+ */
+export class FrozenPass {
+  readonly #device: MlxDevice;
+  readonly #frozen: FrozenPlan;
+  #commits = 0;
+
+  /** @ignore Internal: made by GraphSession.freeze. */
+  constructor(device: MlxDevice, frozen: FrozenPlan) {
+    this.#device = device;
+    this.#frozen = frozen;
+  }
+
+  /** Command buffers per commit (2 when frozen with `dualBuffer`). */
+  get commandBuffers(): number {
+    return this.#frozen.plan.barriers.length;
+  }
+
+  /** Commits the pass again without waiting. */
+  commit(options: { label?: string | undefined } = {}): PendingPass {
+    const began = nowNs();
+    const { validate, buffers, nodes, plan } = this.#frozen;
+    const label = options.label ?? this.#frozen.label;
+    for (let i = 0; i < buffers.length; i++) {
+      if (buffers[i]!.rawHandle === 0) {
+        throw new MlxError(
+          "Disposed",
+          `a buffer the frozen pass binds (allocation ${buffers[i]!.allocId}) was disposed; freeze a new pass`,
+        );
+      }
+    }
+    const chunks = plan.barriers.length;
+    const encoders: CommandEncoder[] = [];
+    try {
+      for (let c = 0; c < chunks; c++) {
+        const enc = this.#device.commandEncoder({ autoBarriers: false, validate });
+        encoders.push(enc);
+        const r = plan.records?.[c];
+        if (r === undefined || !appendRecords(enc, r)) {
+          const from = c === 0 ? 0 : plan.firstSteps, to = c === chunks - 1 ? plan.steps.length : plan.firstSteps;
+          replaySteps(plan, nodes, enc, from, to);
+        }
+      }
+      if (validate) { for (const e of encoders) e.checkHazards(label); }
+      for (const e of encoders) e.commit(label);
+    } catch (e) {
+      for (const enc of encoders) enc.dispose();
+      throw e;
+    }
+    return pendingPass(encoders, {
+      mode: "recorded",
+      planCache: this.#commits++ === 0 ? "miss" : "hit",
+      fusions: plan.fusions,
+      reordered: plan.reordered,
+      barriers: [...plan.barriers],
+      began,
+    });
   }
 }

@@ -4,7 +4,7 @@
  * replays the plan cache from the second token on, and produces exactly the tokens and logits of the
  * position-driven passes (greedy and seeded sampling) on the backend MLXN_BACKEND selects.
  */
-import { deepStrictEqual, equal, ok } from "node:assert/strict";
+import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
 import {
   DecodeLoop,
   type DecodeLoopOptions,
@@ -15,6 +15,7 @@ import {
   type GraphSession,
   loadLlama,
   type MlxBuffer,
+  MlxError,
 } from "../mod.ts";
 import { createLlama, type TokenSelection } from "../examples/llama.ts";
 import { stepAdvance } from "../src/ops/sample.ts";
@@ -174,3 +175,38 @@ for (const [what, select] of SELECTIONS) {
     deepStrictEqual(st.reports.map((r) => r.planCache), ["miss", ...new Array(steps - 1).fill("hit")]);
   });
 }
+
+Deno.test("a frozen loop encodes once per run and gives the tokens and logits of the re-encoding loop", () => {
+  using device = openDevice();
+  const exec = new GraphExecutor(device);
+  const model = createLlama(device, { ...MODEL, quant: "q4_0" });
+  const logits = model.act.logits!;
+  for (const [what, select] of SELECTIONS) {
+    let encoded = 0;
+    const encodeStep: DecodeLoopOptions["encodeStep"] = (s, t) => {
+      encoded++;
+      model.tokenStep(s, t, () => s.barrier(), select);
+    };
+    const recorded = { stepState: true, recorded: true, depth: 2, finish: { fuse: true, reorder: true } };
+    model.resetCache();
+    const reference = decode(exec, encodeStep, logits, 9, recorded);
+    for (const dualBuffer of [false, true]) {
+      model.resetCache();
+      encoded = 0;
+      const options = { ...recorded, frozen: true, finish: { ...recorded.finish, dualBuffer } };
+      using loop = new DecodeLoop(exec, { encodeStep, readBatch: 4, ...options });
+      const a = loop.run({ first: 3, steps: 5 });
+      const b = loop.run({ first: a.tokens[4]!, steps: 4, startPosition: 5 });
+      const what2 = `${what}, dual ${dualBuffer}`;
+      equal(encoded, 2, `${what2}: encodeStep once per run`);
+      deepStrictEqual([...a.tokens, ...b.tokens], reference.tokens, `${what2}: tokens`);
+      deepStrictEqual(logits.read() as Float32Array, reference.logits, `${what2}: last logits`);
+      deepStrictEqual(a.reports.map((r) => r.planCache), ["miss", "hit", "hit", "hit", "hit"]);
+      deepStrictEqual(a.reports.map((r) => r.barriers.length), new Array(5).fill(dualBuffer ? 2 : 1));
+    }
+  }
+  throws(
+    () => new DecodeLoop(exec, { encodeStep: () => {}, frozen: true, recorded: true }),
+    (e) => e instanceof MlxError && e.code === "InvalidArgument" && /stepState/.test(e.message),
+  );
+});

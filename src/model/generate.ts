@@ -116,7 +116,8 @@ export function generate(model: LlamaModel, exec: GraphExecutor, o: GenerateOpti
     depth: Math.min(o.depth ?? 2, n),
     readBatch: Math.min(o.readBatch ?? 16, n),
     recorded: true,
-    stepState: true, // identical passes: the plan cache replays them after the first
+    stepState: true, // identical passes: encoded once per run, then committed again (frozen)
+    frozen: true,
     session: { autoBarriers: false },
     finish: { fuse: true, reorder: true, dualBuffer: false },
     encodeStep: (s, step) => model.encodeTokenStep(s, step, o.select),

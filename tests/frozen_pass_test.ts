@@ -1,0 +1,122 @@
+/**
+ * Frozen passes (GraphSession.freeze): a recorded pass optimised once and committed again and again
+ * must do exactly what the same recorded pass, encoded and optimised afresh each time, does.
+ */
+import { deepStrictEqual, equal, throws } from "node:assert/strict";
+import { DType, type FinishReport, GraphExecutor, type GraphSession, type MlxBuffer, MlxError } from "../mod.ts";
+import { CommandEncoder } from "../src/encoder.ts";
+import { testContext } from "./helpers.ts";
+
+const N = 90, E = 64;
+const stripTimes = (r: FinishReport) => ({
+  mode: r.mode,
+  fusions: r.fusions,
+  reordered: r.reordered,
+  barriers: r.barriers,
+  dispatches: r.dispatches,
+  groups: r.groups,
+});
+
+/**
+ * N independent axpbys into slices, then N accumulations of them into `acc` slices, then a norm and
+ * a multiply that the fusion pass merges: barriers, a fusion, and dispatches on both sides of the
+ * dual-buffer split.
+ */
+function encodePass(s: GraphSession, b: Record<string, MlxBuffer>, slices: MlxBuffer[], accs: MlxBuffer[]): void {
+  for (let i = 0; i < N; i++) s.axpby(b.x!, b.y!, slices[i]!, { alpha: 0.5 + i, beta: 1 });
+  for (let i = 0; i < N; i++) s.elementwiseAdd(accs[i]!, slices[i]!, accs[i]!);
+  s.rmsNorm(accs[0]!, b.w!, b.tmp!, { rows: 1, dim: E, eps: 1e-5 });
+  s.elementwiseMul(b.tmp!, b.y!, b.out!);
+}
+
+Deno.test("a frozen pass committed k times equals k freshly optimised recorded passes", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const up = (v: number) => device.upload(new Float32Array(E).map((_, i) => v + i / E));
+  const bufs: Record<string, MlxBuffer> = {
+    x: up(1),
+    y: up(-0.25),
+    w: up(0.75),
+    tmp: device.alloc(E * 4, DType.F32),
+    out: device.alloc(E * 4, DType.F32),
+  };
+  using wide = device.alloc(N * E * 4, DType.F32), acc = device.alloc(N * E * 4, DType.F32);
+  const slices = Array.from({ length: N }, (_, i) => wide.slice(i * E * 4, E * 4));
+  const accs = Array.from({ length: N }, (_, i) => acc.slice(i * E * 4, E * 4));
+  const state = () => [acc.readBytes(), bufs.out!.readBytes(), wide.readBytes()];
+  for (const validate of [false, true]) {
+    for (const dualBuffer of [false, true]) {
+      const options = { fuse: true, reorder: true, dualBuffer };
+      const fresh = new GraphExecutor(device, { planCache: false, validate });
+      acc.write(new Float32Array(N * E));
+      const expected: { report: ReturnType<typeof stripTimes>; bytes: Uint8Array[] }[] = [];
+      for (let k = 0; k < 3; k++) {
+        using s = fresh.beginRecorded();
+        encodePass(s, bufs, slices, accs);
+        expected.push({ report: stripTimes(s.finish(options)), bytes: state() });
+      }
+      acc.write(new Float32Array(N * E));
+      const exec = new GraphExecutor(device, { validate });
+      using s = exec.beginRecorded();
+      encodePass(s, bufs, slices, accs);
+      const frozen = s.freeze(options);
+      equal(frozen.commandBuffers, dualBuffer ? 2 : 1);
+      const outcomes: string[] = [];
+      for (let k = 0; k < 3; k++) {
+        // Without validation every command buffer copies the frozen records (no step is re-encoded).
+        const append = CommandEncoder.prototype.appendPlanRecords;
+        let appended = 0;
+        CommandEncoder.prototype.appendPlanRecords = function (...args) {
+          const took = append.apply(this, args);
+          if (took) appended++;
+          return took;
+        };
+        let report: FinishReport;
+        try {
+          report = frozen.commit().wait();
+        } finally {
+          CommandEncoder.prototype.appendPlanRecords = append;
+        }
+        equal(appended, validate ? 0 : frozen.commandBuffers, "command buffers that took the records");
+        outcomes.push(report.planCache);
+        const what = `validate ${validate}, dual ${dualBuffer}, commit ${k}`;
+        deepStrictEqual({ report: stripTimes(report), bytes: state() }, expected[k], what);
+      }
+      deepStrictEqual(outcomes, ["miss", "hit", "hit"]);
+      equal(expected[0]!.report.fusions, 1, "the pass has a fusion");
+    }
+  }
+  // The accumulation really accumulates (the comparison above can fail): acc[0] = 3 · (0.5·x + y).
+  const first = (acc.read() as Float32Array)[0]!;
+  equal(Math.abs(first - 3 * (0.5 * 1 + -0.25)) < 1e-5, true, `acc[0] = ${first}`);
+  for (const b of Object.values(bufs)) b.dispose();
+});
+
+Deno.test("freeze: only recorded sessions, once; a disposed buffer is refused and nothing runs", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(8).fill(1)), out = device.alloc(32, DType.F32);
+  using direct = exec.begin();
+  direct.elementwiseAdd(a, a, out);
+  throws(
+    () => direct.freeze(),
+    (e) => e instanceof MlxError && e.code === "InvalidState" && /beginRecorded/.test(e.message),
+  );
+  const victim = device.upload(new Float32Array(8).fill(2));
+  using s = exec.beginRecorded();
+  s.elementwiseAdd(a, victim, out);
+  const frozen = s.freeze({ reorder: true });
+  throws(() => s.freeze(), (e) => e instanceof MlxError && e.code === "InvalidState");
+  throws(() => s.commit(), (e) => e instanceof MlxError && e.code === "InvalidState");
+  out.write(new Float32Array(8));
+  frozen.commit().wait();
+  deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(3));
+  victim.dispose();
+  out.write(new Float32Array(8));
+  throws(
+    () => frozen.commit(),
+    (e) => e instanceof MlxError && e.code === "Disposed" && /freeze a new pass/.test(e.message),
+  );
+  deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(0), "nothing ran");
+});
