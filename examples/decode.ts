@@ -1,15 +1,22 @@
 /**
  * The main job (`make demo`, `deno task demo`): a llama-style decoder with random weights (fixed
- * seed) decoding N tokens greedily with a KV cache, in four modes that must agree:
+ * seed) decoding N tokens greedily with a KV cache. Two independent choices make a column of the
+ * result table, and every column must produce the same tokens:
  *
+ * How a pass is encoded (--modes):
  *   direct/hand    every op encoded directly, barriers placed by hand
  *   direct/auto    every op encoded directly, barriers placed by the conflict tracker
  *   recorded/opt   recorded, then fuse + reorder + barriers recomputed + split over two command buffers
- *   pipelined      recorded, fused and reordered passes in a DecodeLoop: each gathers its input
- *                  embedding and picks the next token (argmax) on the device, token n+1 is encoded
- *                  while token n runs, and token ids are read back in batches (the other modes read
- *                  the logits every token). One command buffer per pass: overlapping whole passes
- *                  already hides the encoding, and a split would add a hand-off per token.
+ *   pipelined      recorded/opt in one command buffer per pass, always under the pipelined loop
+ *                  (overlapping whole passes already hides the encoding, and a split would add a
+ *                  hand-off per token)
+ *
+ * How the token loop is driven (--loop):
+ *   sync           commit a pass, wait, read the logits, pick the next token on the host
+ *   pipelined      a DecodeLoop: each pass gathers its input embedding from the device id ring and
+ *                  picks the next token (argmax) on the device, token n+1 is encoded while token n
+ *                  runs, ids are read back in batches, and the position lives in a device step state
+ *                  (direct modes re-encode every pass; recorded/opt replays its cached plan)
  *
  * Per layer: RMS_NORM → MUL(weight) (as llama.cpp's graph has them, so fusion can fire), Q/K/V
  * projections, NeoX rope, K/V appended to the cache, flash attention (split + reduce), output
@@ -39,23 +46,27 @@ import {
 } from "../mod.ts";
 import { stepAdvance } from "../src/ops/sample.ts";
 import { createLlama } from "./llama.ts";
-import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "./pipeline_trace.ts";
+import { calibrateDeviceClock, type ClockOffset, pipelineTraceEvents, stepOverlaps } from "./pipeline_trace.ts";
 
 const MODE_HELP: Record<string, string> = {
   "direct/hand": "ops encoded directly, barriers placed by hand",
   "direct/auto": "ops encoded directly, barriers placed by the conflict tracker",
   "recorded/opt": "recorded; fused, reordered, barriers recomputed, 2 cmd buffers",
-  "pipelined": "fused, reordered passes overlapped; next token picked on device",
+  "pipelined": "recorded/opt in 1 cmd buffer; runs under the pipelined loop only",
 };
 
 /** The modes run without --modes (the pipelined one is asked for by name). */
 const DEFAULT_MODES = ["direct/hand", "direct/auto", "recorded/opt"];
 
+/** How the token loop is driven: the host picks each token, or a pipelined DecodeLoop on the device. */
+type Loop = "sync" | "pipelined";
+const LOOPS: Record<string, Loop[]> = { sync: ["sync"], pipelined: ["pipelined"], both: ["sync", "pipelined"] };
+
 const USAGE = `Usage: deno run --allow-ffi --allow-read --allow-env examples/decode.ts [flags]
        (or: make demo; deno task demo [flags])
 
-A llama-style decoder with random weights decodes tokens greedily in each mode; all modes must
-produce identical logits and tokens.
+A llama-style decoder with random weights decodes tokens greedily in each mode and loop; every
+column (mode, loop) must produce identical tokens (and logits: the pipelined loop keeps the last).
 
 Model:
   --layers N      transformer layers (default 4)
@@ -74,13 +85,21 @@ Run:
   --ctx N         KV-cache capacity in tokens (default warmup + tokens)
   --modes LIST    comma-separated, of ${Object.keys(MODE_HELP).join(", ")}
                   (default ${DEFAULT_MODES.join(",")})
-  --depth N       pipelined mode: passes in flight (default 2; 1 waits for each pass)
-  --read-batch N  pipelined mode: read token ids back every N tokens (default 16)
+  --loop KIND     how the modes' token loop is driven (default sync; the pipelined mode
+                  always runs under the pipelined loop):
+                    sync       wait for each pass, read the logits, pick the token on the host
+                    pipelined  a DecodeLoop: embedding gather and argmax on the device,
+                               --depth passes in flight, ids read back in batches
+                    both       each mode under each loop
+  --depth N       pipelined loop: passes in flight (default 2; 1 waits for each pass)
+  --read-batch N  pipelined loop: read token ids back every N tokens (default 16)
   --backend NAME  cpu, cuda or metal (default: the best available)
   --threads N     CPU backend worker threads (default 0: one per core)
-  --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); the
-                  pipelined mode also writes FILE's name + ".pipelined.json": host encode,
-                  wait and readback spans beside the device's command buffers
+  --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); each
+                  pipelined-loop column also writes one of host encode, wait and readback
+                  spans beside the device's command buffers: FILE's name + ".pipelined.json"
+                  for the pipelined mode, + ".MODE.pipelined.json" for the others (MODE with
+                  "/" as "-", e.g. ".direct-hand.pipelined.json")
   -h, --help      print this help`;
 
 /** Prints `message` and the usage to stderr and exits with status 2. */
@@ -113,6 +132,7 @@ try {
       "read-batch": { type: "string", default: "16" },
       threads: { type: "string", default: "0" },
       rounds: { type: "string", default: "1" },
+      loop: { type: "string", default: "sync" },
     },
   });
 } catch (e) {
@@ -161,6 +181,7 @@ const problems = [
     : ["backend must be cpu, cuda or metal"]),
   ...(unknownModes.length ? [`unknown mode ${unknownModes.join(", ")}`] : []),
   ...(wantedModes.length ? [] : ["modes must name at least one mode"]),
+  ...(Object.hasOwn(LOOPS, a.loop) ? [] : [`loop must be sync, pipelined or both, not "${a.loop}"`]),
 ];
 if (problems.length) usageError(problems.join("; "));
 
@@ -186,20 +207,46 @@ const model = createLlama(device, { ...cfg, ctx, quant, seed });
 const { act, embedding } = model;
 const { hidden } = cfg;
 
-// ---- modes --------------------------------------------------------------------------------------
+// ---- modes and loops ---------------------------------------------------------------------------
 
-type Mode = { name: string; recorded: boolean; auto: boolean; pipelined: boolean };
+/** How a pass is encoded. */
+interface Mode {
+  name: string;
+  recorded: boolean;
+  auto: boolean;
+  /** A recorded pass is split over two command buffers (the pipelined mode keeps one). */
+  dualBuffer: boolean;
+}
+
+/** One column of the result: a mode's passes driven by a loop. */
+interface Column {
+  mode: Mode;
+  loop: Loop;
+  /** The column's name in progress lines and summaries. */
+  label: string;
+}
+
 const modes: Mode[] = wantedModes.map((name) => ({
   name,
   recorded: name === "recorded/opt" || name === "pipelined",
   auto: name === "direct/auto",
-  pipelined: name === "pipelined",
+  dualBuffer: name === "recorded/opt",
 }));
+const loops = LOOPS[a.loop]!;
+// One loop: the columns follow --modes (the first is the reference). Both: the sync columns, then
+// the pipelined loop's; the pipelined mode runs under the pipelined loop only.
+const columns: Column[] = loops.flatMap((loop) =>
+  modes.filter((m) => loops.length === 1 || loop === "pipelined" || m.name !== "pipelined").map((mode) => {
+    const l: Loop = mode.name === "pipelined" ? "pipelined" : loop;
+    return { mode, loop: l, label: l === "sync" || mode.name === "pipelined" ? mode.name : `${mode.name}, pipelined` };
+  })
+);
 
 interface Result {
   /** Recorded passes that replayed a cached plan. */
   planHits: number;
   tokens: number[];
+  /** Every measured token's logits (sync loop), or the last token's (pipelined loop). */
   logits: Float32Array[];
   wallMs: number;
   encodeNs: number;
@@ -210,36 +257,48 @@ interface Result {
   commandBuffers: number;
   fusions: number;
   reordered: number;
+  /** The pipelined loop's report (for its overlap summary and trace). */
+  loopRun?: DecodeRunReport;
 }
 
 const interactive = Deno.stderr.isTerminal();
 const progress = (text: string) => Deno.stderr.writeSync(new TextEncoder().encode(text));
 
-/** What the pipelined mode's trace and overlap summary need, from its last measured run. */
-let pipelinedRun: { report: DecodeRunReport; loop: DecodeLoop } | undefined;
+/** Each pipelined-loop column's DecodeLoop, made on its first run and kept for the next rounds. */
+const decodeLoops = new Map<Column, DecodeLoop>();
 
 /**
- * The pipelined mode: recorded/opt's passes in one command buffer each, each also gathering its
- * input embedding from the token-id ring and writing the argmax into it, `depth` passes in flight.
- * The logits are read once, after the run (to compare the last token's with the other modes).
+ * The column's DecodeLoop: every pass gathers its input embedding from the id ring and writes its
+ * argmax into the next slot, `depth` passes in flight, the position in the loop's step state. Direct
+ * modes encode each pass afresh (hand barriers or the tracker's); recorded ones fuse and reorder
+ * it, and their identical passes replay the plan cached at the first.
  */
-function runPipelined(mode: Mode): Result {
-  model.resetCache();
-  counters.reset();
-  const loop = new DecodeLoop(exec, {
+function decodeLoop(c: Column): DecodeLoop {
+  let loop = decodeLoops.get(c);
+  if (loop) return loop;
+  const m = c.mode;
+  loop = new DecodeLoop(exec, {
     depth: loopCfg.depth,
     readBatch: loopCfg["read-batch"],
-    recorded: true,
-    stepState: true, // every pass encodes the same commands: the plan cache replays them
-    session: { autoBarriers: false },
-    finish: { fuse: true, reorder: true, dualBuffer: false },
-    encodeStep: (s, t) => model.tokenStep(s, t, () => s.barrier()),
+    recorded: m.recorded,
+    stepState: true,
+    session: { autoBarriers: m.auto },
+    ...(m.recorded ? { finish: { fuse: true, reorder: true, dualBuffer: m.dualBuffer } } : {}),
+    encodeStep: (s, t) => model.tokenStep(s, t, m.auto ? () => {} : () => s.barrier()),
   });
+  decodeLoops.set(c, loop);
+  return loop;
+}
+
+/** A column under the pipelined loop; the logits are read once, after the run. */
+function runPipelined(c: Column): Result {
+  const loop = decodeLoop(c);
+  model.resetCache();
+  counters.reset();
   let first = 1;
   if (warmup > 0) first = loop.run({ first, steps: warmup }).tokens[warmup - 1]!;
   counters.reset();
   const rep = loop.run({ first, steps: cfg.tokens, startPosition: warmup });
-  pipelinedRun = { report: rep, loop };
   const sum = (f: (r: FinishReport) => number) => rep.reports.reduce((x, r) => x + f(r), 0);
   const r: Result = {
     planHits: rep.reports.filter((x) => x.planCache === "hit").length,
@@ -254,13 +313,15 @@ function runPipelined(mode: Mode): Result {
     commandBuffers: sum((r) => r.barriers.length),
     fusions: sum((r) => r.fusions),
     reordered: sum((r) => r.reordered),
+    loopRun: rep,
   };
-  if (!interactive) progress(`${mode.name}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
+  if (!interactive) progress(`${c.label}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
   return r;
 }
 
-function run(mode: Mode): Result {
-  if (mode.pipelined) return runPipelined(mode);
+function run(c: Column): Result {
+  if (c.loop === "pipelined") return runPipelined(c);
+  const mode = c.mode;
   model.resetCache();
   counters.reset();
   const r: Result = {
@@ -311,7 +372,7 @@ function run(mode: Mode): Result {
     } else model.step(s, pos, mode.auto ? () => {} : () => s.barrier());
     const rep = s.finish(
       mode.recorded
-        ? { fuse: true, reorder: true, dualBuffer: true, label: `token ${pos}` }
+        ? { fuse: true, reorder: true, dualBuffer: mode.dualBuffer, label: `token ${pos}` }
         : { label: `token ${pos}` },
     );
     const logits = act.logits!.read() as Float32Array;
@@ -327,19 +388,20 @@ function run(mode: Mode): Result {
     r.fusions += rep.fusions;
     r.reordered += rep.reordered;
     if (rep.planCache === "hit") r.planHits++;
-    if (interactive) progress(`\r${mode.name.padEnd(13)} token ${pos + 1}/${cfg.tokens + warmup}   `);
+    if (interactive) progress(`\r${c.label.padEnd(13)} token ${pos + 1}/${cfg.tokens + warmup}   `);
   }
   r.wallMs = performance.now() - t0;
-  if (!interactive) progress(`${mode.name}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
+  if (!interactive) progress(`${c.label}: ${cfg.tokens} tokens in ${r.wallMs.toFixed(0)} ms\n`);
   return r;
 }
 
 /**
- * The lower bound on barriers per token: the dependency depth of one recorded step (− 1), and of
- * one token pass of the pipelined mode (gather + step + argmax).
+ * The lower bound on barriers per token: the dependency depth (− 1) of one direct step and of one
+ * recorded (state-driven, fused) step under the sync loop, and of one token pass (gather + step +
+ * argmax + state advance) under the pipelined loop, unfused and fused.
  */
-function bounds(): { plain: number; fused: number; pipelined: number } {
-  const fusedBound = (encode: (s: GraphSession) => void) => {
+function bounds(): { plain: number; fused: number; passPlain: number; passFused: number } {
+  const depthBound = (encode: (s: GraphSession) => void) => {
     const s = exec.beginRecorded();
     encode(s);
     const nodes: CapturedNode[] = s.encoder.takeCapture()!;
@@ -348,7 +410,7 @@ function bounds(): { plain: number; fused: number; pipelined: number } {
     fused.fuse();
     return { plain: barrierLowerBound(nodes), fused: barrierLowerBound(fused.nodes) };
   };
-  const direct = fusedBound((s) => model.step(s, 0, () => s.barrier()));
+  const direct = depthBound((s) => model.step(s, 0, () => s.barrier()));
   // The recorded modes' passes are state-driven and end with the state's advance.
   const state = act.state!, position = state.slice(0, 4);
   const advanced = (s: GraphSession, encode: () => void) => {
@@ -356,7 +418,7 @@ function bounds(): { plain: number; fused: number; pipelined: number } {
     s.barrier();
     stepAdvance(s, exec.registry, state);
   };
-  const step = fusedBound((s) => advanced(s, () => model.step(s, 0, () => s.barrier(), undefined, position)));
+  const step = depthBound((s) => advanced(s, () => model.step(s, 0, () => s.barrier(), undefined, position)));
   using ids = device.alloc(8, DType.U32);
   const token = {
     index: 0,
@@ -365,34 +427,40 @@ function bounds(): { plain: number; fused: number; pipelined: number } {
     output: ids.slice(4, 4),
     state: { position, next: state.slice(4, 4), ring: ids, ringSlots: 2 },
   };
-  const pass = fusedBound((s) => advanced(s, () => model.tokenStep(s, token, () => s.barrier())));
-  return { plain: direct.plain, fused: step.fused, pipelined: pass.fused };
+  const pass = depthBound((s) => advanced(s, () => model.tokenStep(s, token, () => s.barrier())));
+  return { plain: direct.plain, fused: step.fused, passPlain: pass.plain, passFused: pass.fused };
 }
 
 /**
- * Runs every mode `rounds` times, round-robin (so drifting machine load hits every mode alike), and
- * keeps each mode's run of median wall time.
+ * Runs every column `rounds` times, round-robin (so drifting machine load hits every column alike),
+ * and keeps each column's run of median wall time.
  */
-function runRounds(): (readonly [Mode, Result])[] {
-  const all = modes.map(() => [] as Result[]);
-  for (let round = 0; round < rounds; round++) modes.forEach((m, i) => all[i]!.push(run(m)));
-  return modes.map((m, i) => [m, all[i]!.sort((x, y) => x.wallMs - y.wallMs)[(rounds - 1) >> 1]!] as const);
+function runRounds(): (readonly [Column, Result])[] {
+  const all = columns.map(() => [] as Result[]);
+  for (let round = 0; round < rounds; round++) columns.forEach((c, i) => all[i]!.push(run(c)));
+  return columns.map((c, i) => [c, all[i]!.sort((x, y) => x.wallMs - y.wallMs)[(rounds - 1) >> 1]!] as const);
 }
 
 const results = runRounds();
 if (interactive) progress("\r" + " ".repeat(40) + "\r");
 const bound = bounds();
-const [refMode, ref] = results[0]!;
+const [refColumn, ref] = results[0]!;
 const n = cfg.tokens;
+/** A loop row names each column's loop when any column is not the sync loop's. */
+const showLoops = columns.some((c) => c.loop !== "sync");
+const refName = showLoops ? "column 1" : refColumn.mode.name;
 
-/** One row of the result table: its label, its meaning, and its value for each mode. */
+/** One row of the result table: its label, its meaning, and its value for each column. */
 interface Row {
   label: string;
   help: string;
-  value: (m: Mode, r: Result, maxDiff: number) => string | number;
+  value: (c: Column, r: Result, maxDiff: number) => string | number;
 }
 
 const rows: Row[] = [
+  ...(showLoops
+    ? [{ label: "loop", help: "how the token loop is driven (see loops)", value: (c: Column) => c.loop }]
+    : []),
   { label: "wall ms", help: "host wall time: encode + submit + wait", value: (_, r) => (r.wallMs / n).toFixed(2) },
   { label: "device ms", help: "device execution time", value: (_, r) => (r.gpuNs / n / 1e6).toFixed(2) },
   {
@@ -408,15 +476,17 @@ const rows: Row[] = [
     help: "fewest barriers the step's dependencies allow",
     // A command-buffer boundary orders like a barrier, so a split lowers the bound by one (a step of
     // at most dualBufferSplit() dispatches is not split: its second command buffer is empty).
-    value: (m, r) =>
-      (m.pipelined ? bound.pipelined : m.recorded ? bound.fused : bound.plain) -
+    value: (c, r) =>
+      (c.loop === "pipelined"
+        ? (c.mode.recorded ? bound.passFused : bound.passPlain)
+        : (c.mode.recorded ? bound.fused : bound.plain)) -
       (r.commandBuffers / n > 1 && r.dispatches / n > dualBufferSplit(r.dispatches / n) ? 1 : 0),
   },
   { label: "cmd buffers", help: "command buffers", value: (_, r) => r.commandBuffers / n },
   {
     label: "plan hits",
     help: "recorded passes that replayed a cached plan",
-    value: (m, r) => m.recorded ? `${r.planHits}/${n}` : "-",
+    value: (c, r) => c.mode.recorded ? `${r.planHits}/${n}` : "-",
   },
   { label: "fusions", help: "rms_norm + mul (+ add) fused into one dispatch", value: (_, r) => r.fusions / n },
   { label: "reordered", help: "dispatches moved by the reorder pass", value: (_, r) => r.reordered / n },
@@ -427,32 +497,32 @@ const rows: Row[] = [
   },
   {
     label: "max |Δ logits|",
-    help: `largest logit difference from ${refMode.name} (pipelined: last)`,
-    value: (_m, _r, d) => d,
+    help: `largest logit difference from ${refName} (pipelined: last)`,
+    value: (_c, _r, d) => d === 0 ? 0 : d.toPrecision(3),
   },
   {
     label: "same tokens",
-    help: `greedy tokens equal ${refMode.name}'s`,
-    value: (_m, r) => sameTokens(r) ? "yes" : "NO",
+    help: `greedy tokens equal ${refName}'s`,
+    value: (_c, r) => sameTokens(r) ? "yes" : "NO",
   },
 ];
 
 function sameTokens(r: Result): boolean {
-  return r.tokens.every((t, i) => t === ref.tokens[i]);
+  return r.tokens.length === ref.tokens.length && r.tokens.every((t, i) => t === ref.tokens[i]);
 }
 
 /**
- * How the pipelined run overlapped: per step, whether the host began encoding token n+1 before the
- * device finished token n, and the device's idle time between passes; with --trace, the host and
- * device spans on one timeline.
+ * How a pipelined-loop column overlapped: per step, whether the host began encoding token n+1
+ * before the device finished token n, and the device's idle time between passes; with --trace, the
+ * host and device spans on one timeline.
  */
-function summarisePipelined(report: DecodeRunReport, loop: DecodeLoop): void {
-  const clock = calibrateDeviceClock(device);
+function summarisePipelined(c: Column, report: DecodeRunReport, clock: ClockOffset): void {
+  const loop = decodeLoops.get(c)!;
   const o = stepOverlaps(report, clock);
   const early = o.filter((x) => x.encodeBeganBeforeDeviceEnd).length;
   const mean = (f: (x: (typeof o)[number]) => number) => o.reduce((t, x) => t + f(x), 0) / Math.max(1, o.length) / 1e3;
   console.log(
-    `pipelined: depth ${loop.depth}, ids read every ${loop.readBatch} tokens (${report.readbacks.length} reads);\n` +
+    `${c.label}: depth ${loop.depth}, ids read every ${loop.readBatch} tokens (${report.readbacks.length} reads);\n` +
       `  token n+1's encoding began before the device finished token n in ${early}/${o.length} steps;\n` +
       `  mean overlap ${mean((x) => x.overlapNs).toFixed(0)} µs, mean device idle between passes ` +
       `${mean((x) => x.deviceGapNs).toFixed(0)} µs\n  (host and device clocks aligned to ± ${
@@ -460,15 +530,16 @@ function summarisePipelined(report: DecodeRunReport, loop: DecodeLoop): void {
       } µs)`,
   );
   if (a.trace !== undefined) {
-    const path = a.trace.replace(/(\.json)?$/, ".pipelined.json");
-    Deno.writeTextFileSync(path, JSON.stringify({ traceEvents: pipelineTraceEvents(report, clock, loop) }));
-    console.log(`pipelined trace: ${path}\n  (host encode/wait/readback spans beside the device's passes)`);
+    const mode = c.mode.name === "pipelined" ? "" : `.${c.mode.name.replace("/", "-")}`;
+    const path = a.trace.replace(/(\.json)?$/, `${mode}.pipelined.json`);
+    Deno.writeTextFileSync(path, JSON.stringify({ traceEvents: pipelineTraceEvents(report, clock, loop, c.label) }));
+    console.log(`${c.label} trace: ${path}\n  (host encode/wait/readback spans beside the device's passes)`);
   }
 }
 
 let agree = true;
 const diffs = results.map(([, r]) => {
-  // The pipelined mode keeps only the last token's logits: compare the tokens both modes kept.
+  // The pipelined loop keeps only the last token's logits: compare the tokens both columns kept.
   let maxDiff = 0;
   const kept = Math.min(r.logits.length, ref.logits.length);
   for (let i = 1; i <= kept; i++) {
@@ -479,15 +550,36 @@ const diffs = results.map(([, r]) => {
   return maxDiff;
 });
 const labelWidth = Math.max(...rows.map((r) => r.label.length));
-const colWidth = Math.max(...results.map(([m]) => m.name.length)) + 2;
+const colWidth = Math.max(...results.map(([c]) => Math.max(c.mode.name.length, showLoops ? c.loop.length : 0))) + 2;
+// One table when the columns fit 80 characters; else one per loop (each split further if need be).
+const perTable = Math.max(1, Math.floor((80 - labelWidth) / colWidth));
+const tables: number[][] = [];
+results.forEach(([c], i) => {
+  const last = tables.at(-1);
+  const fitsAll = results.length <= perTable;
+  if (last && last.length < perTable && (fitsAll || results[last[0]!]![0].loop === c.loop)) last.push(i);
+  else tables.push([i]);
+});
 console.log(`per token, over ${n} tokens${rounds > 1 ? ` (median-wall run of ${rounds} rounds)` : ""}:`);
-console.log(" ".repeat(labelWidth) + results.map(([m]) => m.name.padStart(colWidth)).join(""));
-for (const row of rows) {
-  const cells = results.map(([m, r], i) => String(row.value(m, r, diffs[i]!)).padStart(colWidth));
-  console.log(row.label.padEnd(labelWidth) + cells.join(""));
-}
+tables.forEach((cols, t) => {
+  if (t > 0) console.log("");
+  console.log(" ".repeat(labelWidth) + cols.map((i) => results[i]![0].mode.name.padStart(colWidth)).join(""));
+  for (const row of rows) {
+    const cells = cols.map((i) => String(row.value(results[i]![0], results[i]![1], diffs[i]!)).padStart(colWidth));
+    console.log(row.label.padEnd(labelWidth) + cells.join(""));
+  }
+});
 console.log("\nmodes:");
-for (const [m] of results) console.log(`  ${m.name.padEnd(colWidth)}${MODE_HELP[m.name]}`);
+for (const name of new Set(results.map(([c]) => c.mode.name))) {
+  console.log(`  ${name.padEnd(colWidth)}${MODE_HELP[name]}`);
+}
+if (showLoops) {
+  console.log("loops:");
+  console.log(`  ${"sync".padEnd(colWidth)}wait, read the logits, pick the token on the host`);
+  console.log(
+    `  ${"pipelined".padEnd(colWidth)}DecodeLoop: gather + argmax on device, ${loopCfg.depth} passes in flight`,
+  );
+}
 console.log("rows:");
 for (const row of rows) console.log(`  ${row.label.padEnd(labelWidth + 2)}${row.help}`);
 console.log(`tokens: ${ref.tokens.join(" ")}`);
@@ -496,10 +588,15 @@ if (device.profiler && device.profiler.kernels().size > 0) {
   console.table(device.profiler.kernelTable());
 }
 if (device.profiler?.tracePath) console.log(`trace: ${device.profiler.tracePath} (open in https://ui.perfetto.dev)`);
-if (pipelinedRun) summarisePipelined(pipelinedRun.report, pipelinedRun.loop);
+const piped = results.filter(([c]) => c.loop === "pipelined");
+if (piped.length) {
+  const clock = calibrateDeviceClock(device);
+  for (const [c, r] of piped) summarisePipelined(c, r.loopRun!, clock);
+}
+for (const loop of decodeLoops.values()) loop.dispose();
 device.close();
 if (!agree) {
-  console.error("FAILED: the modes disagree");
+  console.error("FAILED: the columns disagree");
   Deno.exit(1);
 }
 console.log(`ok: ${results.length === 1 ? "one mode ran" : "the modes produce identical logits and tokens"}`);

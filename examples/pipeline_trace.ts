@@ -78,12 +78,14 @@ export function stepOverlaps(report: DecodeRunReport, clock: ClockOffset): StepO
 /**
  * Chrome trace events of a run: track 1 the host (encode, wait and "read ids" spans), track 2 the
  * device (one span per command buffer), times in µs from the run's first event on the device clock.
- * `loop` names the process.
+ * `loop` and `title` (what the run was, e.g. how its passes were encoded) name the process, so that
+ * traces of several runs opened side by side tell themselves apart.
  */
 export function pipelineTraceEvents(
   report: DecodeRunReport,
   clock: ClockOffset,
   loop?: Pick<DecodeLoop, "depth" | "readBatch">,
+  title?: string,
 ): TraceEvent[] {
   const pid = 1, host = 1, dev = 2;
   const spans: {
@@ -119,7 +121,8 @@ export function pipelineTraceEvents(
     });
   }
   const origin = Math.min(...spans.map((s) => s.start));
-  const name = loop ? `DecodeLoop (depth ${loop.depth}, read every ${loop.readBatch})` : "DecodeLoop";
+  const name = (title ? `${title}: ` : "") +
+    (loop ? `DecodeLoop (depth ${loop.depth}, read every ${loop.readBatch})` : "DecodeLoop");
   const meta = (tid: number, n: string): TraceEvent => ({
     name: "thread_name",
     cat: "",

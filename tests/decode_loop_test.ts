@@ -297,6 +297,8 @@ Deno.test("pipeline trace: step overlaps and device gaps from a hand-made report
   ]);
   deepStrictEqual(spans.at(-1), ["host readback", "read ids", 1, 5, 0.1]);
   ok(events.some((e) => e.ph === "M" && e.args?.name === "DecodeLoop (depth 2, read every 4)"));
+  const titled = pipelineTraceEvents(report, clock, { depth: 2, readBatch: 4 }, "direct/hand, pipelined");
+  ok(titled.some((e) => e.ph === "M" && e.args?.name === "direct/hand, pipelined: DecodeLoop (depth 2, read every 4)"));
 });
 
 Deno.test("pipeline trace: the clocks calibrate, and every pass starts on the device after its commit", () => {
@@ -335,6 +337,10 @@ Deno.test("decode demo: the pipelined mode agrees with recorded/opt and writes t
       ...["--read-batch", "2", "--trace", trace],
     ], backend ? { MLXN_BACKEND: backend } : {});
     equal(r.code, 0, r.stderr + r.stdout);
+    // The flags mean what they meant before --loop: recorded/opt under the sync loop (2 command
+    // buffers per token), the pipelined mode under the pipelined loop (1).
+    match(r.stdout, /^loop\s+sync\s+pipelined$/m);
+    match(r.stdout, /^cmd buffers\s+2\s+1$/m);
     match(r.stdout, /^same tokens\s+yes\s+yes$/m);
     match(r.stdout, /^max \|Δ logits\|\s+0\s+0$/m);
     match(r.stdout, /pipelined: depth 2, ids read every 2 tokens \(2 reads\)/);
