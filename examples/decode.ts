@@ -10,6 +10,8 @@
  *   pipelined      recorded/opt in one command buffer per pass, always under the pipelined loop
  *                  (overlapping whole passes already hides the encoding, and a split would add a
  *                  hand-off per token)
+ *   frozen         the pipelined mode's pass frozen (GraphSession.freeze): encoded and optimised
+ *                  once per run, then the same command stream committed for every token
  *
  * How the token loop is driven (--loop):
  *   sync           commit a pass, wait, read the logits, pick the next token on the host
@@ -53,6 +55,7 @@ const MODE_HELP: Record<string, string> = {
   "direct/auto": "ops encoded directly, barriers placed by the conflict tracker",
   "recorded/opt": "recorded; fused, reordered, barriers recomputed, 2 cmd buffers",
   "pipelined": "recorded/opt in 1 cmd buffer; runs under the pipelined loop only",
+  "frozen": "pipelined, frozen: encoded once per run, re-committed every token",
 };
 
 /** The modes run without --modes (the pipelined one is asked for by name). */
@@ -216,6 +219,10 @@ interface Mode {
   auto: boolean;
   /** A recorded pass is split over two command buffers (the pipelined mode keeps one). */
   dualBuffer: boolean;
+  /** The pass is frozen once per run and committed again for every token. */
+  frozen: boolean;
+  /** The mode runs under the pipelined loop only. */
+  pipelinedOnly: boolean;
 }
 
 /** One column of the result: a mode's passes driven by a loop. */
@@ -228,17 +235,19 @@ interface Column {
 
 const modes: Mode[] = wantedModes.map((name) => ({
   name,
-  recorded: name === "recorded/opt" || name === "pipelined",
+  recorded: name === "recorded/opt" || name === "pipelined" || name === "frozen",
   auto: name === "direct/auto",
   dualBuffer: name === "recorded/opt",
+  frozen: name === "frozen",
+  pipelinedOnly: name === "pipelined" || name === "frozen",
 }));
 const loops = LOOPS[a.loop]!;
 // One loop: the columns follow --modes (the first is the reference). Both: the sync columns, then
-// the pipelined loop's; the pipelined mode runs under the pipelined loop only.
+// the pipelined loop's; the pipelined and frozen modes run under the pipelined loop only.
 const columns: Column[] = loops.flatMap((loop) =>
-  modes.filter((m) => loops.length === 1 || loop === "pipelined" || m.name !== "pipelined").map((mode) => {
-    const l: Loop = mode.name === "pipelined" ? "pipelined" : loop;
-    return { mode, loop: l, label: l === "sync" || mode.name === "pipelined" ? mode.name : `${mode.name}, pipelined` };
+  modes.filter((m) => loops.length === 1 || loop === "pipelined" || !m.pipelinedOnly).map((mode) => {
+    const l: Loop = mode.pipelinedOnly ? "pipelined" : loop;
+    return { mode, loop: l, label: l === "sync" || mode.pipelinedOnly ? mode.name : `${mode.name}, pipelined` };
   })
 );
 
@@ -281,6 +290,7 @@ function decodeLoop(c: Column): DecodeLoop {
     depth: loopCfg.depth,
     readBatch: loopCfg["read-batch"],
     recorded: m.recorded,
+    frozen: m.frozen,
     stepState: true,
     session: { autoBarriers: m.auto },
     ...(m.recorded ? { finish: { fuse: true, reorder: true, dualBuffer: m.dualBuffer } } : {}),

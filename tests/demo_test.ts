@@ -173,3 +173,21 @@ Deno.test("--loop pipelined runs direct modes in a DecodeLoop, each with its own
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("the frozen mode encodes each run's first pass only and decodes the pipelined mode's tokens", async () => {
+  const r = await runDeno([
+    ...flags,
+    demo,
+    ...["--layers", "1", "--tokens", "4", "--warmup", "1", "--read-batch", "2", "--modes", "pipelined,frozen"],
+  ], backendEnv);
+  equal(r.code, 0, r.stderr + r.stdout);
+  const [t, ...more] = tables(r.stdout);
+  equal(more.length, 0);
+  deepStrictEqual(t!.header, ["pipelined", "frozen"]);
+  deepStrictEqual(t!.rows.get("loop"), ["pipelined", "pipelined"]);
+  deepStrictEqual(t!.rows.get("same tokens"), ["yes", "yes"]);
+  deepStrictEqual(t!.rows.get("max |Δ logits|"), ["0", "0"]);
+  // The frozen run's first pass is optimised when it is frozen; the other three replay it.
+  deepStrictEqual(t!.rows.get("plan hits"), ["4/4", "3/4"]);
+  match(r.stdout, /^ {2}frozen +pipelined, frozen: encoded once per run/m);
+});
