@@ -149,6 +149,55 @@ Deno.test("no validator or body reads a parameter block by offset or through its
   ok(files >= 25, `only ${files} source files scanned`);
 });
 
+/** Each generated slot macro of a parameter block (MLXN_SLOT_<KERNEL>_<LAYOUT>) → its layout's name. */
+const paramSlotMacros = new Map(
+  Object.values(families).flat().flatMap((k) =>
+    k.slots.flatMap((s) => "params" in s ? [[`MLXN_SLOT_${k.name}_${s.params.name}`.toUpperCase(), s.params.name]] : [])
+  ),
+);
+
+/**
+ * The C/CUDA reads `mlxn_params_<layout>_of(a, SLOT)` / `_at(a, SLOT)` whose SLOT is a generated slot
+ * macro (directly, or through a `#define NAME MLXN_SLOT_…` of the file), as [layout read, layout of
+ * that slot (undefined: no such parameter slot)].
+ */
+export function structReads(text: string): [read: string, slot: string, described: string | undefined][] {
+  const alias = new Map([...text.matchAll(/#define\s+(\w+)\s+(MLXN_SLOT_\w+)\s*$/gm)].map((m) => [m[1]!, m[2]!]));
+  const out: [string, string, string | undefined][] = [];
+  for (const m of text.matchAll(/\bmlxn_params_(\w+)_(?:at|of)\s*\(\s*a\s*,\s*(\w+)\s*\)/g)) {
+    const slot = m[2]!.startsWith("MLXN_SLOT_") ? m[2]! : alias.get(m[2]!);
+    if (slot) out.push([m[1]!, slot, paramSlotMacros.get(slot)]);
+  }
+  return out;
+}
+
+Deno.test("C and CUDA validators and bodies read each parameter slot as the struct described there", () => {
+  let checked = 0;
+  for (const dir of SOURCE_DIRS) {
+    for (const e of Deno.readDirSync(new URL(dir, root))) {
+      if (!e.isFile || !/\.(c|h|cu|cuh)$/.test(e.name) || e.name.includes(".gen.")) continue;
+      for (const [read, slot, described] of structReads(Deno.readTextFileSync(new URL(dir + e.name, root)))) {
+        equal(read, described, `${dir}${e.name}: reads ${slot} as mlxn_params_${read}`);
+        checked++;
+      }
+    }
+  }
+  ok(checked >= 40, `only ${checked} struct reads checked`);
+});
+
+Deno.test("the struct-read scan resolves slot aliases and reports a mismatched layout", () => {
+  deepStrictEqual(
+    structReads(
+      "#define P MLXN_SLOT_ELEMENTWISE_ADD_F32_N\nuint32_t n = mlxn_params_n_of(a, P).n;\n" +
+        "mlxn_params_norm p = mlxn_params_norm_at(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX); mlxn_params_norm_of(a, pslot);",
+    ),
+    [
+      ["n", "MLXN_SLOT_ELEMENTWISE_ADD_F32_N", "n"],
+      ["norm", "MLXN_SLOT_SOFTMAX_F32_SOFTMAX", "softmax"],
+    ],
+  );
+});
+
 Deno.test("the raw-read scan finds each form it forbids and passes the generated readers", () => {
   deepStrictEqual(rawParamReads("uint32_t n = mlxn_arg_u32(a, 2, 36); float c = arg_f32(a, 4, 20);"), [
     "mlxn_arg_u32(",

@@ -205,6 +205,10 @@ export const constants: Readonly<Record<string, readonly [value: number, doc: st
   MAX_HEAD_DIM: [512, "Largest head_dim of the attention kernels (their bodies keep one row of this many f32)."],
   SDPA_ROWS: [32, "Query rows per sdpa threadgroup (one thread each)."],
   FLASH_MAX_NWG: [256, "Most workgroups flash_attn_vec splits a head's keys over (and its reduction combines)."],
+  FLASH_REDUCE_MAX_THREADS: [
+    256,
+    "Most threads of a flash_attn_vec_reduce threadgroup (its CUDA body keeps 3 × 32 partials per thread in registers).",
+  ],
   SAMPLE_TOP_P_OFF: [0x80000000, "top_p in Q31 at 1.0: sample_* keeps every token (no nucleus cut)."],
   STEP_ADVANCE_MAX_WORDS: [64, "Most state words one step_advance_u32 dispatch advances."],
 };

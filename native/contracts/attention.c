@@ -105,11 +105,11 @@ static int fav_reduce_validate(const mlxn_kargs *a, char *err, size_t cap) {
     return mlxn_kfail(err, cap, "need n_heads > 0, head_dim 1..%u and nwg 1..%u", MLXN_MAX_HEAD_DIM,
                       MLXN_FLASH_MAX_NWG);
   if (a->groups[0] < heads) return mlxn_kfail(err, cap, "grid must cover n_heads");
-  /* The CUDA kernel keeps 3 x 32 partials per thread in registers: a block of more than 256 threads
-   * fails to launch there (out of registers). */
-  if ((uint64_t)a->tg[0] * a->tg[1] * a->tg[2] > 256)
-    return mlxn_kfail(err, cap, "threadgroup must have at most 256 threads, got (%u, %u, %u); use ops.flashAttnVec",
-                      a->tg[0], a->tg[1], a->tg[2]);
+  /* The CUDA kernel keeps 3 x 32 partials per thread in registers: a larger block fails to launch
+   * there (out of registers). */
+  if ((uint64_t)a->tg[0] * a->tg[1] * a->tg[2] > MLXN_FLASH_REDUCE_MAX_THREADS)
+    return mlxn_kfail(err, cap, "threadgroup must have at most %u threads, got (%u, %u, %u); use ops.flashAttnVec",
+                      MLXN_FLASH_REDUCE_MAX_THREADS, a->tg[0], a->tg[1], a->tg[2]);
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(heads, nwg, (uint64_t)hd + 2, 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(heads, hd, 4), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);
