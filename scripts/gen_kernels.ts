@@ -1,7 +1,7 @@
 /**
  * Derives every per-kernel table from the kernel descriptions (kernels/spec/kernels.ts):
  *   src/kernels.gen.ts                TypeScript contracts and parameter packers (src/ops uses them)
- *   native/contracts/contracts.gen.h  kernel ids, parameter structs and offsets, validator prototypes
+ *   native/contracts/contracts.gen.h  kernel ids, parameter structs and their readers, validator prototypes
  *   native/contracts/contracts.gen.c  the contract table the core reads (signature, validate, tg rule)
  *   kernels/cpu/table.gen.c           the CPU backend's kernel id → body table
  *   kernels/cuda/table.gen.cu         the CUDA backend's kernel table with its shared-memory rule
@@ -182,13 +182,13 @@ function cHeader(layouts: Map<string, ParamLayout>): string {
   out.push("enum mlxn_kernel_id {");
   for (const k of kernels) out.push(`  MLXN_K_${upper(k.name)},`);
   out.push("  MLXN_KERNEL_COUNT", "};", "");
-  out.push("/* Parameter blocks: 4-byte fields in order. Read a block with mlxn_params_<name>_of only after");
-  out.push(" * checking the slot holds MLXN_PARAMS_<NAME>_BYTES (MLXN_NEED_BYTES). */");
+  out.push("/* Parameter blocks: 4-byte fields in order, read whole as their struct (no field is read by its");
+  out.push(" * offset). Read a block with mlxn_params_<name>_of only after checking the slot holds");
+  out.push(" * MLXN_PARAMS_<NAME>_BYTES (MLXN_NEED_BYTES). */");
   for (const p of layouts.values()) {
     const n = upper(p.name);
     out.push(`typedef ${cStruct(p, "uint32_t").join("\n")}`.replace(/};$/, `} mlxn_params_${p.name};`));
     out.push(`#define MLXN_PARAMS_${n}_BYTES ${4 * p.fields.length}u`);
-    p.fields.forEach(([f], i) => out.push(`#define MLXN_PARAMS_${n}_${upper(f)} ${4 * i}u`));
     out.push(`MLXN_STATIC_ASSERT(sizeof(mlxn_params_${p.name}) == MLXN_PARAMS_${n}_BYTES, "packed 4-byte fields");`);
     out.push(`static inline mlxn_params_${p.name} mlxn_params_${p.name}_of(const mlxn_kargs *a, int slot) {`);
     out.push(`  mlxn_params_${p.name} p;`);

@@ -390,6 +390,18 @@ export const MATMUL_EPILOGUE_RESIDUAL = 1;
 export const MATMUL_EPILOGUE_SWIGLU = 2;
 /** Dense mode bit: no earlier dispatch of the command buffer writes W. */
 export const MATMUL_MODE_CONSTANT_WEIGHTS = 0x100;
+/** Largest head_dim of the attention kernels (their bodies keep one row of this many f32). */
+export const MAX_HEAD_DIM = 0x200;
+/** Query rows per sdpa threadgroup (one thread each). */
+export const SDPA_ROWS = 32;
+/** Most workgroups flash_attn_vec splits a head's keys over (and its reduction combines). */
+export const FLASH_MAX_NWG = 0x100;
+/** Most threads of a flash_attn_vec_reduce threadgroup (its CUDA body keeps 3 × 32 partials per thread in registers). */
+export const FLASH_REDUCE_MAX_THREADS = 0x100;
+/** top_p in Q31 at 1.0: sample_* keeps every token (no nucleus cut). */
+export const SAMPLE_TOP_P_OFF = 0x80000000;
+/** Most state words one step_advance_u32 dispatch advances. */
+export const STEP_ADVANCE_MAX_WORDS = 64;
 /** Contracts of the elementwise kernels. */
 export const elementwiseContracts: readonly KernelContract[] = [{
   "name": "elementwise_add_f32",

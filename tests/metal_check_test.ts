@@ -136,17 +136,17 @@ const plants: { what: string; file: string; from: string; to: string; expect: Re
   {
     what: "attribute: one buffer index bound twice",
     file: "kernels/metal/elementwise.metal",
-    from: "device T *out [[buffer(2)]], constant uint &n [[buffer(3)]], MLXN_ARGS_TAIL) {   \\\n    ulong i",
-    to: "device T *out [[buffer(2)]], constant uint &n [[buffer(2)]], MLXN_ARGS_TAIL) {   \\\n    ulong i",
+    from: "device T *out [[buffer(2)]], constant mlxn_params_n &p [[buffer(3)]],",
+    to: "device T *out [[buffer(2)]], constant mlxn_params_n &p [[buffer(2)]],",
     expect: /\[\[buffer\(2\)\]\] is already bound to parameter 'out'/,
   },
   {
     what: "attribute: an unknown attribute",
     file: "kernels/metal/elementwise.metal",
-    from: "constant uint &fail [[buffer(1)]]",
-    to: "constant uint &fail [[buffer_index(1)]]",
+    from: "constant mlxn_params_debug_fault &p [[buffer(1)]]",
+    to: "constant mlxn_params_debug_fault &p [[buffer_index(1)]]",
     expect:
-      /elementwise\.metal:\d+: error: parameter 'fail' of kernel debug_fault: unknown attribute \[\[buffer_index\(1\)\]\]/,
+      /elementwise\.metal:\d+: error: parameter 'p' of kernel debug_fault: unknown attribute \[\[buffer_index\(1\)\]\]/,
   },
   {
     what: "attribute: a parameter without one",

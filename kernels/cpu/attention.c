@@ -19,9 +19,6 @@
 
 #include "cpu_kernel.h"
 
-#define MAX_HEAD_DIM 512
-#define SDPA_ROWS 32
-
 /* ---- sdpa ---------------------------------------------------------------------------------------- */
 
 typedef mlxn_params_sdpa sdpa_params; /* generated layout (kernels/spec/kernels.ts) */
@@ -33,8 +30,8 @@ static void sdpa_rows(const mlxn_kargs *a, mlxn_ftype t, uint32_t b, uint32_t h,
   uint32_t kvh = h / (p.heads / p.kv_heads);
   uint64_t qbase = (((uint64_t)b * p.heads + h) * p.seq) * p.hd;
   uint64_t kbase = (((uint64_t)b * p.kv_heads + kvh) * p.kv_cap) * p.hd;
-  float q[MAX_HEAD_DIM], acc[MAX_HEAD_DIM];
-  for (uint32_t r = block * SDPA_ROWS; r < p.seq && r < (block + 1) * SDPA_ROWS; r++) {
+  float q[MLXN_MAX_HEAD_DIM], acc[MLXN_MAX_HEAD_DIM];
+  for (uint32_t r = block * MLXN_SDPA_ROWS; r < p.seq && r < (block + 1) * MLXN_SDPA_ROWS; r++) {
     uint64_t qo = qbase + (uint64_t)r * p.hd;
     for (uint32_t d = 0; d < p.hd; d++) {
       q[d] = mlxn_load(a->ptr[0], qo + d, t);
@@ -90,7 +87,7 @@ static int fav_partial(const mlxn_kargs *a, mlxn_ftype t, uint32_t h, uint32_t w
   uint32_t k0 = w * chunk, k1 = k0 + chunk < p.kv_len ? k0 + chunk : p.kv_len;
   uint32_t pos = p.kv_len - 1; /* the query's absolute position */
   if (p.mask == 2 && pos + 1 > p.window && k0 < pos + 1 - p.window) k0 = pos + 1 - p.window;
-  float acc[MAX_HEAD_DIM];
+  float acc[MLXN_MAX_HEAD_DIM];
   for (uint32_t d = 0; d < p.hd; d++) acc[d] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (uint32_t k = k0; k < k1; k++) { /* causal: every cached key is at or before the query */
@@ -124,7 +121,8 @@ FAV_KERNEL(f16, MLXN_T_F16)
 
 static int fav_reduce_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gy; (void)gz; (void)s;
-  uint32_t heads = mlxn_arg_u32(a, 2, 0), hd = mlxn_arg_u32(a, 2, 4), nwg = mlxn_arg_u32(a, 2, 8);
+  mlxn_params_flash_reduce p = mlxn_params_flash_reduce_of(a, MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE);
+  uint32_t heads = p.n_heads, hd = p.head_dim, nwg = p.nwg;
   if (gx >= heads) return 0;
   const float *tmp = (const float *)a->ptr[0] + (uint64_t)gx * nwg * (hd + 2);
   float *out = (float *)a->ptr[1] + (uint64_t)gx * hd;

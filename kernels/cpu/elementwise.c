@@ -15,11 +15,14 @@ static inline void tg_span(const mlxn_kargs *a, uint32_t gx, uint64_t n, uint64_
   *last = l < lim ? l : lim;
 }
 
+/* The binary kernels (add, mul, silu_mul) share one slot layout (asserted by their validators). */
+#define BINARY_PARAMS MLXN_SLOT_ELEMENTWISE_ADD_F32_N
+
 #define BINARY_KERNEL(NAME, T, OP)                                                                 \
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
     (void)gy; (void)gz; (void)s;                                                                   \
     uint64_t i, end;                                                                               \
-    tg_span(a, gx, mlxn_arg_u32(a, 3, MLXN_PARAMS_N_N), &i, &end);                                               \
+    tg_span(a, gx, mlxn_params_n_of(a, BINARY_PARAMS).n, &i, &end);                               \
     for (; i < end; i++) {                                                                         \
       float x = mlxn_load(a->ptr[0], i, T), y = mlxn_load(a->ptr[1], i, T);                        \
       mlxn_store(a->ptr[2], i, T, x OP y);                                                         \
@@ -41,7 +44,7 @@ BINARY_KERNEL(mul_bf16, MLXN_T_BF16, *)
   static int NAME##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {   \
     (void)gy; (void)gz; (void)s;                                                                   \
     uint64_t i, end;                                                                               \
-    tg_span(a, gx, mlxn_arg_u32(a, 3, MLXN_PARAMS_N_N), &i, &end);                                               \
+    tg_span(a, gx, mlxn_params_n_of(a, BINARY_PARAMS).n, &i, &end);                               \
     for (; i < end; i++) {                                                                         \
       float g = mlxn_round_to(mlxn_silu(mlxn_load(a->ptr[0], i, T)), T);                           \
       mlxn_store(a->ptr[2], i, T, g * mlxn_load(a->ptr[1], i, T));                                 \
@@ -109,7 +112,7 @@ static int strided_copy_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, u
 
 static int debug_fault_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gx; (void)gy; (void)gz; (void)s;
-  if (mlxn_arg_u32(a, MLXN_SLOT_DEBUG_FAULT_DEBUG_FAULT, MLXN_PARAMS_DEBUG_FAULT_FAIL)) return 1;
+  if (mlxn_params_debug_fault_of(a, MLXN_SLOT_DEBUG_FAULT_DEBUG_FAULT).fail) return 1;
   uint32_t one = 1;
   __builtin_memcpy(a->ptr[0], &one, 4);
   return 0;
@@ -117,10 +120,10 @@ static int debug_fault_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32
 
 static int softcap_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)gy; (void)gz; (void)s;
-  float c = mlxn_arg_f32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_CAP);
+  mlxn_params_softcap p = mlxn_params_softcap_of(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP);
   uint64_t i, end;
-  tg_span(a, gx, mlxn_arg_u32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_N), &i, &end);
-  for (; i < end; i++) mlxn_store(a->ptr[1], i, MLXN_T_F32, tanhf(mlxn_load(a->ptr[0], i, MLXN_T_F32) / c) * c);
+  tg_span(a, gx, p.n, &i, &end);
+  for (; i < end; i++) mlxn_store(a->ptr[1], i, MLXN_T_F32, tanhf(mlxn_load(a->ptr[0], i, MLXN_T_F32) / p.cap) * p.cap);
   return 0;
 }
 

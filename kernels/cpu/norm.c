@@ -20,31 +20,33 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
   return ((uint64_t)gz * a->groups[1] + gy) * a->groups[0] + gx;
 }
 
+/* Every dtype's kernel reads its f32 form's slots (asserted in native/contracts/norm.c). */
+
 /* ---- rms_norm: 0 in, 1 weight, 2 out, 3 {eps: f32, dim: u32} ----------------------------- */
 /* ---- rms_norm_mul: 0 in, 1 weight, 2 scale, 3 out, 4 {eps, dim}: out = norm(in)·w·scale ---- */
 
-#define NORM_KERNELS(SUF, T)                                                                      \
-  static int rms_norm_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,    \
+#define NORM_KERNELS(SUF, T)                                                                       \
+  static int rms_norm_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,      \
                                   void *s) {                                                       \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 3, MLXN_PARAMS_NORM_DIM);                                                          \
-    uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 3, MLXN_PARAMS_NORM_EPS));                       \
-    for (uint32_t i = 0; i < dim; i++)                                                             \
+    const mlxn_params_norm p = mlxn_params_norm_of(a, MLXN_SLOT_RMS_NORM_F32_NORM);                \
+    uint64_t base = row_of(a, gx, gy, gz) * p.dim;                                                 \
+    float inv = row_inv_rms(a->ptr[0], base, p.dim, T, p.eps);                                     \
+    for (uint32_t i = 0; i < p.dim; i++)                                                           \
       mlxn_store(a->ptr[2], base + i, T,                                                           \
                  (mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T));          \
     return 0;                                                                                      \
   }                                                                                                \
-  static int rms_norm_mul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,\
+  static int rms_norm_mul_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,  \
                                       void *s) {                                                   \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 4, MLXN_PARAMS_NORM_DIM);                                                          \
-    uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 4, MLXN_PARAMS_NORM_EPS));                       \
-    for (uint32_t i = 0; i < dim; i++) {                                                           \
+    const mlxn_params_norm p = mlxn_params_norm_of(a, MLXN_SLOT_RMS_NORM_MUL_F32_NORM);            \
+    uint64_t base = row_of(a, gx, gy, gz) * p.dim;                                                 \
+    float inv = row_inv_rms(a->ptr[0], base, p.dim, T, p.eps);                                     \
+    for (uint32_t i = 0; i < p.dim; i++) {                                                         \
       /* Round the normalised value through the storage type, exactly as the unfused pair does. */ \
       float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
-      mlxn_store(a->ptr[3], base + i, T, n * mlxn_load(a->ptr[2], base + i, T));                  \
+      mlxn_store(a->ptr[3], base + i, T, n * mlxn_load(a->ptr[2], base + i, T));                   \
     }                                                                                              \
     return 0;                                                                                      \
   }
@@ -53,17 +55,17 @@ static inline uint64_t row_of(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uin
  *      out = (norm(in)·w·scale) + residual, rounding each intermediate through the dtype exactly as
  *      rms_norm → mul → add do, so the fused result is bit-identical. */
 
-#define NORM_MUL_ADD_KERNEL(SUF, T)                                                               \
-  static int rms_norm_mul_add_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy,         \
+#define NORM_MUL_ADD_KERNEL(SUF, T)                                                                \
+  static int rms_norm_mul_add_##SUF##_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy,           \
                                           uint32_t gz, void *s) {                                  \
     (void)s;                                                                                       \
-    uint32_t dim = mlxn_arg_u32(a, 5, MLXN_PARAMS_NORM_DIM);                                                          \
-    uint64_t base = row_of(a, gx, gy, gz) * dim;                                                   \
-    float inv = row_inv_rms(a->ptr[0], base, dim, T, mlxn_arg_f32(a, 5, MLXN_PARAMS_NORM_EPS));                       \
-    for (uint32_t i = 0; i < dim; i++) {                                                           \
+    const mlxn_params_norm p = mlxn_params_norm_of(a, MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM);        \
+    uint64_t base = row_of(a, gx, gy, gz) * p.dim;                                                 \
+    float inv = row_inv_rms(a->ptr[0], base, p.dim, T, p.eps);                                     \
+    for (uint32_t i = 0; i < p.dim; i++) {                                                         \
       float n = mlxn_round_to((mlxn_load(a->ptr[0], base + i, T) * inv) * mlxn_load(a->ptr[1], i, T), T); \
       float m = mlxn_round_to(n * mlxn_load(a->ptr[2], base + i, T), T);                           \
-      mlxn_store(a->ptr[4], base + i, T, m + mlxn_load(a->ptr[3], base + i, T));                  \
+      mlxn_store(a->ptr[4], base + i, T, m + mlxn_load(a->ptr[3], base + i, T));                   \
     }                                                                                              \
     return 0;                                                                                      \
   }
@@ -79,17 +81,17 @@ NORM_KERNELS(bf16, MLXN_T_BF16)
 static int rms_norm_no_scale_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz,
                                      void *s) {
   (void)s;
-  uint32_t dim = mlxn_arg_u32(a, 2, MLXN_PARAMS_NORM_DIM);
-  uint64_t base = row_of(a, gx, gy, gz) * dim;
-  float inv = row_inv_rms(a->ptr[0], base, dim, MLXN_T_F32, mlxn_arg_f32(a, 2, MLXN_PARAMS_NORM_EPS));
-  for (uint32_t i = 0; i < dim; i++)
+  const mlxn_params_norm p = mlxn_params_norm_of(a, MLXN_SLOT_RMS_NORM_NO_SCALE_F32_NORM);
+  uint64_t base = row_of(a, gx, gy, gz) * p.dim;
+  float inv = row_inv_rms(a->ptr[0], base, p.dim, MLXN_T_F32, p.eps);
+  for (uint32_t i = 0; i < p.dim; i++)
     mlxn_store(a->ptr[1], base + i, MLXN_T_F32, mlxn_load(a->ptr[0], base + i, MLXN_T_F32) * inv);
   return 0;
 }
 
 static int softmax_f32_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
   (void)s;
-  uint32_t cols = mlxn_arg_u32(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX, MLXN_PARAMS_SOFTMAX_COLS);
+  uint32_t cols = mlxn_params_softmax_of(a, MLXN_SLOT_SOFTMAX_F32_SOFTMAX).cols;
   uint64_t base = row_of(a, gx, gy, gz) * cols;
   float m = -INFINITY;
   for (uint32_t i = 0; i < cols; i++) m = fmaxf(m, mlxn_load(a->ptr[0], base + i, MLXN_T_F32));

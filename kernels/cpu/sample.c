@@ -151,15 +151,17 @@ static uint32_t row_argmax(const uint8_t *row, uint32_t vocab, mlxn_ftype t, uin
   return bi;
 }
 
+/* Every dtype's kernel reads its f32 form's slots (asserted in native/contracts/sample.c). */
 static int argmax_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, mlxn_ftype t) {
-  uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
+  mlxn_params_argmax p = mlxn_params_argmax_of(a, MLXN_SLOT_ARGMAX_F32_ARGMAX);
+  uint32_t vocab = p.vocab, rows = p.rows;
   uint32_t row = row_index(a, gx, gy, gz);
   if (row >= rows) return 0;
   uint32_t key;
   int nan;
   const uint8_t *x = a->ptr[0] + (uint64_t)row * vocab * mlxn_ftype_size(t);
   uint32_t id = row_argmax(x, vocab, t, &key, &nan);
-  uint64_t at = ring_element(a, 3, rows, mlxn_arg_u32(a, 2, 8), mlxn_arg_u32(a, 2, 12), row);
+  uint64_t at = ring_element(a, MLXN_SLOT_ARGMAX_F32_CURSOR, rows, p.ring, p.has_cursor, row);
   ((uint32_t *)a->ptr[1])[at] = id;
   return nan; /* data-dependent: reported as a failed dispatch */
 }
@@ -293,14 +295,15 @@ static selection select_desc(const uint8_t *row, uint32_t vocab, mlxn_ftype t, f
 }
 
 static int sample_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, mlxn_ftype t) {
-  uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
-  uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
-  float c = mlxn_arg_f32(a, 2, 16);
-  uint32_t top_k = mlxn_arg_u32(a, 2, 20), top_p = mlxn_arg_u32(a, 2, 24);
+  mlxn_params_sample p = mlxn_params_sample_of(a, MLXN_SLOT_SAMPLE_F32_SAMPLE);
+  const int cursor = MLXN_SLOT_SAMPLE_F32_CURSOR;
+  uint32_t vocab = p.vocab, rows = p.rows, has_cursor = p.has_cursor;
+  float c = p.c;
+  uint32_t top_k = p.top_k, top_p = p.top_p_q31;
   uint32_t row = row_index(a, gx, gy, gz);
   if (row >= rows) return 0;
   const uint8_t *x = a->ptr[0] + (uint64_t)row * vocab * mlxn_ftype_size(t);
-  uint32_t *out = (uint32_t *)a->ptr[1] + ring_element(a, 3, rows, ring, has_cursor, row);
+  uint32_t *out = (uint32_t *)a->ptr[1] + ring_element(a, cursor, rows, p.ring, has_cursor, row);
   uint32_t key;
   int nan;
   uint32_t best = row_argmax(x, vocab, t, &key, &nan);
@@ -311,14 +314,14 @@ static int sample_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t 
   selection k = select_desc(x, vocab, t, mf, c, top_k ? top_k : vocab, 0);
   if (!k.found) return 1;
   uint64_t total = k.weight;
-  if (top_p < 0x80000000u) {
+  if (top_p < MLXN_SAMPLE_TOP_P_OFF) {
     uint64_t target = mulhi64(total, (uint64_t)top_p << 33);
     selection p = target ? select_desc(x, vocab, t, mf, c, 0, target) : select_desc(x, vocab, t, mf, c, 1, 0);
     if (!p.found) return 1;
     total = p.weight;
   }
-  uint32_t ctr[4] = {mlxn_arg_u32(a, 2, 36) + (has_cursor ? ((const uint32_t *)a->ptr[3])[0] : 0), row, 0, 0};
-  philox4x32_10(ctr, mlxn_arg_u32(a, 2, 28), mlxn_arg_u32(a, 2, 32));
+  uint32_t ctr[4] = {p.counter + (has_cursor ? ((const uint32_t *)a->ptr[cursor])[0] : 0), row, 0, 0};
+  philox4x32_10(ctr, p.seed_lo, p.seed_hi);
   uint64_t r = mulhi64(total, (uint64_t)ctr[1] << 32 | ctr[0]);
   selection s = select_desc(x, vocab, t, mf, c, 0, r + 1);
   if (!s.found) return 1;
@@ -338,25 +341,28 @@ static inline float gather_value(const uint8_t *row, int fmt, uint32_t j) {
   if (fmt == G_BF16) return mlxn_load(row, j, MLXN_T_BF16);
   uint16_t h;
   if (fmt == G_Q8_0) {
-    const uint8_t *blk = row + (uint64_t)(j / 32) * 34;
+    const uint32_t n = ggml_block_values(GGML_Q8_0);
+    const uint8_t *blk = row + (uint64_t)(j / n) * ggml_block_bytes(GGML_Q8_0);
     memcpy(&h, blk, 2);
-    return mlxn_f16_to_f32(h) * (float)(int8_t)blk[2 + j % 32];
+    return mlxn_f16_to_f32(h) * (float)(int8_t)blk[2 + j % n];
   }
-  const uint8_t *blk = row + (uint64_t)(j / 32) * 18;
+  const uint32_t n = ggml_block_values(GGML_Q4_0);
+  const uint8_t *blk = row + (uint64_t)(j / n) * ggml_block_bytes(GGML_Q4_0);
   memcpy(&h, blk, 2);
-  uint32_t v = j % 32, q = v < 16 ? blk[2 + v] & 0xfu : blk[2 + v - 16] >> 4;
+  uint32_t v = j % n, q = v < n / 2 ? blk[2 + v] & 0xfu : blk[2 + v - n / 2] >> 4;
   return mlxn_f16_to_f32(h) * (float)((int)q - 8);
 }
 
 static int gather_run_t(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, int fmt) {
   (void)gz;
-  uint32_t rows = mlxn_arg_u32(a, 3, 0), dim = mlxn_arg_u32(a, 3, 4), vocab = mlxn_arg_u32(a, 3, 8);
-  uint32_t ring = mlxn_arg_u32(a, 3, 12), has_cursor = mlxn_arg_u32(a, 3, 16);
+  mlxn_params_gather p = mlxn_params_gather_of(a, MLXN_SLOT_EMBED_GATHER_F32_GATHER);
+  uint32_t rows = p.rows, dim = p.dim, vocab = p.vocab;
   int failed = 0;
   for (uint32_t ty = 0; ty < a->tg[1]; ty++) {
     uint32_t r = gy * a->tg[1] + ty;
     if (r >= rows || r >= a->grid[1]) break;
-    uint32_t id = ((const uint32_t *)a->ptr[1])[ring_element(a, 4, rows, ring, has_cursor, r)];
+    uint64_t at = ring_element(a, MLXN_SLOT_EMBED_GATHER_F32_CURSOR, rows, p.ring, p.has_cursor, r);
+    uint32_t id = ((const uint32_t *)a->ptr[1])[at];
     float *out = (float *)a->ptr[2] + (uint64_t)r * dim;
     const uint8_t *src = a->ptr[0] + (uint64_t)(id < vocab ? id : 0) * gather_row_bytes(fmt, dim);
     failed |= id >= vocab;

@@ -3,20 +3,21 @@
 // is a warp-wide sum; then a reduce kernel combines the workgroups. Online softmax in f32.
 #include "common.cuh"
 
-#define MAX_HEAD_DIM 512
-
+// Each kernel reads its f32 form's slots: sdpa_bf16 and flash_attn_vec_f16 share them (asserted in
+// native/contracts/attention.c).
 template <int T> __global__ void k_sdpa(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t heads = arg_u32(a, 4, 0), kv_heads = arg_u32(a, 4, 4), hd = arg_u32(a, 4, 8);
-  uint32_t seq = arg_u32(a, 4, 12), kv_len = arg_u32(a, 4, 16), kv_cap = arg_u32(a, 4, 24);
-  float scale = arg_f32(a, 4, 20);
-  uint32_t b = blockIdx.x, h = blockIdx.y, r = blockIdx.z * 32 + threadIdx.x;
+  const mlxn_params_sdpa p = mlxn_params_sdpa_at(a, MLXN_SLOT_SDPA_F32_SDPA);
+  const uint32_t heads = p.heads, kv_heads = p.kv_heads, hd = p.hd;
+  const uint32_t seq = p.seq, kv_len = p.kv_len, kv_cap = p.kv_cap;
+  const float scale = p.scale;
+  uint32_t b = blockIdx.x, h = blockIdx.y, r = blockIdx.z * MLXN_SDPA_ROWS + threadIdx.x;
   if (h >= heads || r >= seq) return;
   uint32_t kvh = h / (heads / kv_heads);
   uint64_t qo = (((uint64_t)b * heads + h) * seq + r) * hd;
   uint64_t kbase = (((uint64_t)b * kv_heads + kvh) * kv_cap) * hd;
   const void *Q = buf<const void>(a, 0), *K = buf<const void>(a, 1), *V = buf<const void>(a, 2);
-  float acc[MAX_HEAD_DIM];
+  float acc[MLXN_MAX_HEAD_DIM];
   for (uint32_t d = 0; d < hd; d++) acc[d] = 0.0f;
   uint32_t last = kv_len - seq + r;
   float m = -INFINITY, l = 0.0f;
@@ -41,17 +42,18 @@ template <int T> __global__ void k_sdpa(const mlxn_gpu_args *__restrict__ args) 
 template <int T, int PER>
 __device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t h, uint32_t w, uint32_t lane) {
   constexpr int KEYS = 64 / PER; // 64 K and 64 V registers per lane
-  uint32_t heads = arg_u32(a, 4, 0), kv_heads = arg_u32(a, 4, 4);
-  uint32_t kv_len = arg_u32(a, 4, 12), kv_cap = arg_u32(a, 4, 16), mask = arg_u32(a, 4, 24);
-  uint32_t window = arg_u32(a, 4, 28), nwg = arg_u32(a, 4, 36);
-  float scale = arg_f32(a, 4, 20), softcap = arg_f32(a, 4, 32);
-  if (arg_u32(a, 4, 40)) { // step state: keys = state[0] + 1, bounded by kv_len (else fail, touch nothing)
-    uint32_t p = buf<const uint32_t>(a, 5)[0];
-    if (p >= kv_len) {
+  const mlxn_params_flash p = mlxn_params_flash_at(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH);
+  const uint32_t heads = p.heads, kv_heads = p.kv_heads, kv_cap = p.kv_cap, mask = p.mask;
+  const uint32_t window = p.window, nwg = p.nwg;
+  const float scale = p.scale, softcap = p.softcap;
+  uint32_t kv_len = p.kv_len;
+  if (p.has_state) { // step state: keys = state[0] + 1, bounded by kv_len (else fail, touch nothing)
+    uint32_t sp = buf<const uint32_t>(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE)[0];
+    if (sp >= kv_len) {
       if (lane == 0) fault(a);
       return;
     }
-    kv_len = p + 1;
+    kv_len = sp + 1;
   }
   const uint32_t hd = PER * 32;
   uint32_t kvh = h / (heads / kv_heads);
@@ -116,10 +118,11 @@ __device__ __forceinline__ void flash_vec_body(const mlxn_gpu_args &a, uint32_t 
 
 template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t heads = arg_u32(a, 4, 0), hd = arg_u32(a, 4, 8), nwg = arg_u32(a, 4, 36);
+  const mlxn_params_flash p = mlxn_params_flash_at(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH);
   uint32_t h = blockIdx.x, w = blockIdx.y, lane = threadIdx.x;
-  if (h >= heads || w >= nwg) return;
-  switch (hd) { // the validator admits 64, 128, 256 and 512
+  if (h >= p.heads || w >= p.nwg) return;
+  static_assert(MLXN_MAX_HEAD_DIM / 32 == 16, "the cases below cover head_dim 64..MLXN_MAX_HEAD_DIM");
+  switch (p.hd) { // the validator admits the powers of two 64..MLXN_MAX_HEAD_DIM
     case 64: flash_vec_body<T, 2>(a, h, w, lane); break;
     case 128: flash_vec_body<T, 4>(a, h, w, lane); break;
     case 256: flash_vec_body<T, 8>(a, h, w, lane); break;
@@ -135,7 +138,8 @@ template <int T> __global__ void k_flash_attn_vec(const mlxn_gpu_args *__restric
 // latency is one memory round trip per REDUCE_BATCH workgroups (one at the default 32).
 __global__ void k_flash_attn_vec_reduce(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t heads = arg_u32(a, 2, 0), hd = arg_u32(a, 2, 4), nwg = arg_u32(a, 2, 8);
+  const mlxn_params_flash_reduce p = mlxn_params_flash_reduce_at(a, MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE);
+  const uint32_t heads = p.n_heads, hd = p.head_dim, nwg = p.nwg;
   uint32_t h = blockIdx.x;
   if (h >= heads) return;
   const float *tmp = buf<const float>(a, 0) + (uint64_t)h * nwg * (hd + 2);

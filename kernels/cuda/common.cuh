@@ -21,16 +21,6 @@ struct mlxn_gpu_args {
 
 enum mlxn_gpu_type { T_F32 = 0, T_F16 = 1, T_BF16 = 2 };
 
-__device__ __forceinline__ uint32_t arg_u32(const mlxn_gpu_args &a, int slot, int off) {
-  uint32_t v;
-  memcpy(&v, a.bytes + a.boff[slot] + off, 4);
-  return v;
-}
-__device__ __forceinline__ float arg_f32(const mlxn_gpu_args &a, int slot, int off) {
-  float v;
-  memcpy(&v, a.bytes + a.boff[slot] + off, 4);
-  return v;
-}
 template <typename P> __device__ __forceinline__ P *buf(const mlxn_gpu_args &a, int slot) {
   return reinterpret_cast<P *>(a.ptr[slot]);
 }

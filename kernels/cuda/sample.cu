@@ -2,7 +2,9 @@
 // argmax and sample: one block per row; the row's maximum is a (key, index) reduction over warps;
 // the sampler's radix descent histograms one digit per pass in shared memory (integer atomics, so
 // the counts and weight sums do not depend on the order threads add them), then warp 0 scans the
-// 256 buckets, 8 per lane. embed_gather: one thread per output element.
+// 256 buckets, 8 per lane. embed_gather: one thread per output element. Every dtype's (or table
+// format's) kernel reads its f32 form's slots (asserted in native/contracts/sample.c).
+#include "../../native/contracts/sample.h"
 #include "common.cuh"
 
 // round(2^31 · 2^(−j/256)), j = 0..256 (the same table as every backend; tests compare them).
@@ -173,12 +175,13 @@ template <int T> __device__ row_max block_argmax(const void *x, uint64_t base, u
 
 template <int T> __global__ void k_argmax(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t vocab = arg_u32(a, 2, 0), rows = arg_u32(a, 2, 4);
+  const mlxn_params_argmax p = mlxn_params_argmax_at(a, MLXN_SLOT_ARGMAX_F32_ARGMAX);
+  const uint32_t vocab = p.vocab, rows = p.rows;
   uint32_t row = block_row();
   if (row >= rows) return;
   row_max m = block_argmax<T>(buf<const void>(a, 0), (uint64_t)row * vocab, vocab);
   if (threadIdx.x == 0) {
-    buf<uint32_t>(a, 1)[ring_element(a, 3, rows, arg_u32(a, 2, 8), arg_u32(a, 2, 12), row)] = m.index;
+    buf<uint32_t>(a, 1)[ring_element(a, MLXN_SLOT_ARGMAX_F32_CURSOR, rows, p.ring, p.has_cursor, row)] = m.index;
     if (m.nan) fault(a);
   }
 }
@@ -328,15 +331,16 @@ __device__ selection block_select(const void *x, uint64_t base, uint32_t vocab, 
 
 template <int T> __launch_bounds__(1024) __global__ void k_sample(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t vocab = arg_u32(a, 2, 0), rows = arg_u32(a, 2, 4);
-  uint32_t ring = arg_u32(a, 2, 8), has_cursor = arg_u32(a, 2, 12);
-  float c = arg_f32(a, 2, 16);
-  uint32_t top_k = arg_u32(a, 2, 20), top_p = arg_u32(a, 2, 24);
+  const mlxn_params_sample sp = mlxn_params_sample_at(a, MLXN_SLOT_SAMPLE_F32_SAMPLE);
+  const int cursor = MLXN_SLOT_SAMPLE_F32_CURSOR;
+  const uint32_t vocab = sp.vocab, rows = sp.rows, has_cursor = sp.has_cursor;
+  const float c = sp.c;
+  const uint32_t top_k = sp.top_k, top_p = sp.top_p_q31;
   uint32_t row = block_row();
   if (row >= rows) return;
   const void *x = buf<const void>(a, 0);
   const uint64_t base = (uint64_t)row * vocab;
-  uint32_t *out = buf<uint32_t>(a, 1) + ring_element(a, 3, rows, ring, has_cursor, row);
+  uint32_t *out = buf<uint32_t>(a, 1) + ring_element(a, cursor, rows, sp.ring, has_cursor, row);
   row_max m = block_argmax<T>(x, base, vocab);
   if (threadIdx.x == 0) *out = m.index;
   if (m.nan || m.key == KEY_NEG_INF) { // nothing to sample from
@@ -348,15 +352,15 @@ template <int T> __launch_bounds__(1024) __global__ void k_sample(const mlxn_gpu
   selection k = block_select<T>(x, base, vocab, mf, c, top_k ? top_k : vocab, 0);
   unsigned long long total = k.weight;
   bool found = k.found;
-  if (found && top_p < 0x80000000u) {
+  if (found && top_p < MLXN_SAMPLE_TOP_P_OFF) {
     unsigned long long target = mulhi64(total, (uint64_t)top_p << 33);
     selection p = target ? block_select<T>(x, base, vocab, mf, c, 0, target) : block_select<T>(x, base, vocab, mf, c, 1, 0);
     total = p.weight;
     found = p.found;
   }
   if (found) {
-    uint32_t ctr[4] = {arg_u32(a, 2, 36) + (has_cursor ? buf<const uint32_t>(a, 3)[0] : 0u), row, 0, 0};
-    philox4x32_10(ctr, arg_u32(a, 2, 28), arg_u32(a, 2, 32));
+    uint32_t ctr[4] = {sp.counter + (has_cursor ? buf<const uint32_t>(a, cursor)[0] : 0u), row, 0, 0};
+    philox4x32_10(ctr, sp.seed_lo, sp.seed_hi);
     unsigned long long r = mulhi64(total, (uint64_t)ctr[1] << 32 | ctr[0]);
     selection s = block_select<T>(x, base, vocab, mf, c, 0, r + 1);
     found = s.found;
@@ -368,15 +372,15 @@ template <int T> __launch_bounds__(1024) __global__ void k_sample(const mlxn_gpu
 // ---- embed_gather_{f32,bf16,q8_0,q4_0}: 0 table, 1 ids ring, 2 out f32 [rows, dim],
 //      3 {rows, dim, vocab, ring, has_cursor}, 4 cursor; threads (dim, rows) ----------------------
 
-enum { G_F32, G_BF16, G_Q8_0, G_Q4_0 };
-
 template <int F> __global__ void k_embed_gather(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
-  uint32_t rows = arg_u32(a, 3, 0), dim = arg_u32(a, 3, 4), vocab = arg_u32(a, 3, 8);
+  const mlxn_params_gather p = mlxn_params_gather_at(a, MLXN_SLOT_EMBED_GATHER_F32_GATHER);
+  const uint32_t rows = p.rows, dim = p.dim, vocab = p.vocab;
   uint64_t j = thread_x(a);
   uint32_t r = blockIdx.y * a.tg[1] + threadIdx.y;
   if (j >= dim || r >= rows) return;
-  uint32_t id = buf<const uint32_t>(a, 1)[ring_element(a, 4, rows, arg_u32(a, 3, 12), arg_u32(a, 3, 16), r)];
+  const uint64_t at = ring_element(a, MLXN_SLOT_EMBED_GATHER_F32_CURSOR, rows, p.ring, p.has_cursor, r);
+  uint32_t id = buf<const uint32_t>(a, 1)[at];
   float *out = buf<float>(a, 2) + (uint64_t)r * dim;
   if (id >= vocab) { // data-dependent: the row is zeros and the dispatch fails
     out[j] = 0.0f;
@@ -390,11 +394,13 @@ template <int F> __global__ void k_embed_gather(const mlxn_gpu_args *__restrict_
   } else if (F == G_BF16) {
     v = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(table)[(uint64_t)id * dim + j]);
   } else if (F == G_Q8_0) {
-    const uint8_t *blk = table + ((uint64_t)id * (dim / 32) + j / 32) * 34;
-    v = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(blk)), (float)(int8_t)blk[2 + j % 32]);
+    constexpr uint32_t n = ggml_block_values(GGML_Q8_0);
+    const uint8_t *blk = table + ((uint64_t)id * (dim / n) + j / n) * ggml_block_bytes(GGML_Q8_0);
+    v = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(blk)), (float)(int8_t)blk[2 + j % n]);
   } else {
-    const uint8_t *blk = table + ((uint64_t)id * (dim / 32) + j / 32) * 18;
-    uint32_t e = (uint32_t)(j % 32), q = e < 16 ? blk[2 + e] & 0xfu : blk[2 + e - 16] >> 4;
+    constexpr uint32_t n = ggml_block_values(GGML_Q4_0);
+    const uint8_t *blk = table + ((uint64_t)id * (dim / n) + j / n) * ggml_block_bytes(GGML_Q4_0);
+    uint32_t e = (uint32_t)(j % n), q = e < n / 2 ? blk[2 + e] & 0xfu : blk[2 + e - n / 2] >> 4;
     v = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(blk)), (float)((int)q - 8));
   }
   out[j] = v;
@@ -413,9 +419,9 @@ MLXN_CUDA_KERNEL(embed_gather_q4_0, (k_embed_gather<G_Q4_0>));
 __global__ void k_step_advance(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  uint32_t words = arg_u32(a, 1, 0), add = arg_u32(a, 1, 4);
-  uint32_t *state = buf<uint32_t>(a, 0);
-  for (uint32_t i = 0; i < words; i++) state[i] += add;
+  const mlxn_params_step_advance p = mlxn_params_step_advance_at(a, MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE);
+  uint32_t *state = buf<uint32_t>(a, MLXN_SLOT_STEP_ADVANCE_U32_STATE);
+  for (uint32_t i = 0; i < p.count; i++) state[i] += p.add;
 }
 
 MLXN_CUDA_KERNEL(step_advance_u32, (k_step_advance));

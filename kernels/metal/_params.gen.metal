@@ -8,6 +8,12 @@
 #define MLXN_MATMUL_EPILOGUE_RESIDUAL 1u
 #define MLXN_MATMUL_EPILOGUE_SWIGLU 2u
 #define MLXN_MATMUL_MODE_CONSTANT_WEIGHTS 0x100u
+#define MLXN_MAX_HEAD_DIM 0x200u
+#define MLXN_SDPA_ROWS 32u
+#define MLXN_FLASH_MAX_NWG 0x100u
+#define MLXN_FLASH_REDUCE_MAX_THREADS 0x100u
+#define MLXN_SAMPLE_TOP_P_OFF 0x80000000u
+#define MLXN_STEP_ADVANCE_MAX_WORDS 64u
 // The parameter blocks as MSL structs: bind one as `constant mlxn_params_<name> &p [[buffer(slot)]]`.
 struct mlxn_params_n {
   uint n;

@@ -1,10 +1,12 @@
-// Elementwise MSL kernels: one thread per element (as kernels/cpu/elementwise.c).
+// Elementwise MSL kernels: one thread per element (as kernels/cpu/elementwise.c). Parameter blocks:
+// the generated mlxn_params_* structs (_params.gen.metal).
 
-#define BINARY(NAME, T, OP)                                                                          \
+#define BINARY(NAME, T, OP)                                                                         \
   kernel void NAME(device const T *a [[buffer(0)]], device const T *b [[buffer(1)]],                \
-                   device T *out [[buffer(2)]], constant uint &n [[buffer(3)]], MLXN_ARGS_TAIL) {   \
+                   device T *out [[buffer(2)]], constant mlxn_params_n &p [[buffer(3)]],            \
+                   MLXN_ARGS_TAIL) {                                                                \
     ulong i = ulong(gid.x) * tpg.x + lid.x;                                                         \
-    if (i >= n || i >= grid.x) return;                                                              \
+    if (i >= p.n || i >= grid.x) return;                                                            \
     st(out, i, ld(a, i) OP ld(b, i));                                                               \
   }
 BINARY(elementwise_add_f32, float, +)
@@ -19,7 +21,7 @@ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + precise::tanh(inner));
 }
 
-#define UNARY(NAME, T, FN)                                                                           \
+#define UNARY(NAME, T, FN)                                                                          \
   kernel void NAME(device const T *in [[buffer(0)]], device T *out [[buffer(1)]], MLXN_ARGS_TAIL) { \
     ulong i = ulong(gid.x) * tpg.x + lid.x;                                                         \
     if (i >= grid.x) return;                                                                        \
@@ -33,47 +35,42 @@ UNARY(silu_f16, half, silu)
 UNARY(silu_bf16, ushort, silu)
 
 // SwiGLU: silu(gate) rounded to the storage type, times up (equals the silu → mul pair).
-#define SILU_MUL(NAME, T)                                                                            \
+#define SILU_MUL(NAME, T)                                                                           \
   kernel void NAME(device const T *gate [[buffer(0)]], device const T *up [[buffer(1)]],            \
-                   device T *out [[buffer(2)]], constant uint &n [[buffer(3)]], MLXN_ARGS_TAIL) {   \
+                   device T *out [[buffer(2)]], constant mlxn_params_n &p [[buffer(3)]],            \
+                   MLXN_ARGS_TAIL) {                                                                \
     ulong i = ulong(gid.x) * tpg.x + lid.x;                                                         \
-    if (i >= n || i >= grid.x) return;                                                              \
+    if (i >= p.n || i >= grid.x) return;                                                            \
     st(out, i, round_to(silu(ld(gate, i)), gate) * ld(up, i));                                      \
   }
 SILU_MUL(silu_mul_f32, float)
 SILU_MUL(silu_mul_f16, half)
 SILU_MUL(silu_mul_bf16, ushort)
 
-struct softcap_params { float cap; uint n; };
 kernel void softcap_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                        constant softcap_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
+                        constant mlxn_params_softcap &p [[buffer(2)]], MLXN_ARGS_TAIL) {
   ulong i = ulong(gid.x) * tpg.x + lid.x;
   if (i >= p.n || i >= grid.x) return;
   out[i] = precise::tanh(in[i] / p.cap) * p.cap;
 }
 
-struct axpby_params { float alpha; float beta; uint n; uint pad; };
 kernel void axpby_f32(device const float *a [[buffer(0)]], device const float *b [[buffer(1)]],
-                      device float *out [[buffer(2)]], constant axpby_params &p [[buffer(3)]], MLXN_ARGS_TAIL) {
+                      device float *out [[buffer(2)]], constant mlxn_params_axpby &p [[buffer(3)]], MLXN_ARGS_TAIL) {
   ulong i = ulong(gid.x) * tpg.x + lid.x;
   if (i >= p.n || i >= grid.x) return;
   out[i] = p.alpha * a[i] + p.beta * b[i];
 }
 
 // scale_f32: out = alpha · x.
-struct scale_params { float alpha; uint n; };
 kernel void scale_f32(device const float *x [[buffer(0)]], device float *out [[buffer(1)]],
-                      constant scale_params &p [[buffer(2)]], MLXN_ARGS_TAIL) {
+                      constant mlxn_params_scale &p [[buffer(2)]], MLXN_ARGS_TAIL) {
   ulong i = ulong(gid.x) * tpg.x + lid.x;
   if (i >= p.n || i >= grid.x) return;
   out[i] = p.alpha * x[i];
 }
 
-struct copy_params {
-  uint rows; uint cols; uint src_stride; uint dst_stride; uint has_state; uint dst_pos_stride; uint max_pos;
-};
 kernel void strided_copy_f32(device const float *src [[buffer(0)]], device float *dst [[buffer(1)]],
-                             constant copy_params &p [[buffer(2)]], device const uint *state [[buffer(3)]],
+                             constant mlxn_params_strided_copy &p [[buffer(2)]], device const uint *state [[buffer(3)]],
                              MLXN_ARGS_TAIL) {
   uint c = gid.x * tpg.x + lid.x, r = gid.y * tpg.y + lid.y;
   if (c >= p.cols || r >= p.rows || c >= grid.x || r >= grid.y) return;
@@ -88,8 +85,9 @@ kernel void strided_copy_f32(device const float *src [[buffer(0)]], device float
   dst[o + ulong(r) * p.dst_stride + c] = src[ulong(r) * p.src_stride + c];
 }
 
-kernel void debug_fault(device uint *marker [[buffer(0)]], constant uint &fail [[buffer(1)]], MLXN_ARGS_TAIL) {
+kernel void debug_fault(device uint *marker [[buffer(0)]], constant mlxn_params_debug_fault &p [[buffer(1)]],
+                        MLXN_ARGS_TAIL) {
   if (lid.x != 0 || gid.x != 0) return;
-  if (fail) report_fault(fault_word, tag);
+  if (p.fail) report_fault(fault_word, tag);
   else marker[0] = 1;
 }

@@ -1,8 +1,8 @@
-// Rotary embeddings (f32), one thread per rotated pair (as kernels/cpu/rope.c).
+// Rotary embeddings (f32), one thread per rotated pair (as kernels/cpu/rope.c). Parameter blocks:
+// the generated mlxn_params_rope, mlxn_params_rope_heads and mlxn_params_rope_layout (_params.gen.metal).
 
-struct rope_params { float theta; uint head_dim; uint seq_len; };
 kernel void rope_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                     constant rope_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]], MLXN_ARGS_TAIL) {
+                     constant mlxn_params_rope &p [[buffer(2)]], device const uint *pos [[buffer(3)]], MLXN_ARGS_TAIL) {
   uint i = gid.x * tpg.x + lid.x, t = gid.y * tpg.y + lid.y;
   if (i >= p.head_dim / 2 || i >= grid.x || t >= p.seq_len || t >= grid.y) return;
   float ang = float(pos[t]) * precise::pow(p.theta, -2.0f * float(i) / float(p.head_dim));
@@ -13,15 +13,11 @@ kernel void rope_f32(device const float *in [[buffer(0)]], device float *out [[b
   out[j + 1] = x0 * s + x1 * c;
 }
 
-struct neox_params { float theta; uint head_dim; uint rope_dim; };
-struct neox_heads {
-  uint n_heads; uint has_freq_factors; uint out_head_stride; uint out_token_stride;
-  uint has_state; uint out_pos_stride; uint max_pos;
-};
 // Pair i of a row: (i, i + rope_dim/2) (NeoX) or (2i, 2i + 1) (adjacent: ggml's normal mode).
-inline void rope_heads(device const float *in, device float *out, constant neox_params &p, device const uint *pos,
-                       constant neox_heads &h, device const float *ff, device const uint *state, uint i, uint r,
-                       uint2 grid2, bool adjacent, uint tag, device atomic_uint *fault_word) {
+inline void rope_heads(device const float *in, device float *out, constant mlxn_params_rope_heads &p,
+                       device const uint *pos, constant mlxn_params_rope_layout &h, device const float *ff,
+                       device const uint *state, uint i, uint r, uint2 grid2, bool adjacent, uint tag,
+                       device atomic_uint *fault_word) {
   uint half_dim = p.rope_dim / 2;
   if (i >= half_dim || i >= grid2.x || r >= grid2.y) return;
   // Step state: token t at state[0] + t, rows moved by state[0]·out_pos_stride, bounded by max_pos.
@@ -45,16 +41,16 @@ inline void rope_heads(device const float *in, device float *out, constant neox_
 }
 
 kernel void rope_neox_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                          constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
-                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]],
+                          constant mlxn_params_rope_heads &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
+                          constant mlxn_params_rope_layout &h [[buffer(4)]], device const float *ff [[buffer(5)]],
                           device const uint *state [[buffer(6)]], MLXN_ARGS_TAIL) {
   rope_heads(in, out, p, pos, h, ff, state, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, false, tag,
              fault_word);
 }
 
 kernel void rope_norm_f32(device const float *in [[buffer(0)]], device float *out [[buffer(1)]],
-                          constant neox_params &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
-                          constant neox_heads &h [[buffer(4)]], device const float *ff [[buffer(5)]],
+                          constant mlxn_params_rope_heads &p [[buffer(2)]], device const uint *pos [[buffer(3)]],
+                          constant mlxn_params_rope_layout &h [[buffer(4)]], device const float *ff [[buffer(5)]],
                           device const uint *state [[buffer(6)]], MLXN_ARGS_TAIL) {
   rope_heads(in, out, p, pos, h, ff, state, gid.x * tpg.x + lid.x, gid.y * tpg.y + lid.y, grid.xy, true, tag,
              fault_word);

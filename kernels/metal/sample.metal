@@ -159,27 +159,29 @@ row_max tg_argmax(device const T *x, ulong base, uint vocab, threadgroup argmax_
 // ---- argmax_{f32,bf16}: 0 logits, 1 ids ring, 2 {vocab, rows, ring, has_cursor}, 3 cursor ------
 
 template <typename T>
-void argmax_body(device const T *x, device uint *ids, constant uint *p, device const uint *cursor,
+void argmax_body(device const T *x, device uint *ids, constant mlxn_params_argmax &p, device const uint *cursor,
                  threadgroup argmax_scratch &sc, uint row, uint tid, uint n, uint sg, uint lane, uint tag,
                  device atomic_uint *fault_word) {
-  uint vocab = p[0], rows = p[1];
+  uint vocab = p.vocab, rows = p.rows;
   if (row >= rows) return;
   row_max m = tg_argmax(x, ulong(row) * vocab, vocab, sc, tid, n, sg, lane);
   if (tid == 0) {
-    ids[ring_element(cursor, rows, p[2], p[3], row)] = m.index;
+    ids[ring_element(cursor, rows, p.ring, p.has_cursor, row)] = m.index;
     if (m.nan) report_fault(fault_word, tag);
   }
 }
 
 kernel void argmax_f32(device const float *x [[buffer(0)]], device uint *ids [[buffer(1)]],
-                       constant uint *p [[buffer(2)]], device const uint *cursor [[buffer(3)]], TOKEN_TAIL) {
+                       constant mlxn_params_argmax &p [[buffer(2)]], device const uint *cursor [[buffer(3)]],
+                       TOKEN_TAIL) {
   threadgroup argmax_scratch sc;
   argmax_body(x, ids, p, cursor, sc, (gid.z * ngroups.y + gid.y) * ngroups.x + gid.x, lid.x, tpg.x, sg, lane, tag,
               fault_word);
 }
 
 kernel void argmax_bf16(device const ushort *x [[buffer(0)]], device uint *ids [[buffer(1)]],
-                        constant uint *p [[buffer(2)]], device const uint *cursor [[buffer(3)]], TOKEN_TAIL) {
+                        constant mlxn_params_argmax &p [[buffer(2)]], device const uint *cursor [[buffer(3)]],
+                        TOKEN_TAIL) {
   threadgroup argmax_scratch sc;
   argmax_body(x, ids, p, cursor, sc, (gid.z * ngroups.y + gid.y) * ngroups.x + gid.x, lid.x, tpg.x, sg, lane, tag,
               fault_word);
@@ -343,15 +345,15 @@ selection tg_select(device const T *x, ulong base, uint vocab, float mf, float c
 }
 
 template <typename T>
-void sample_body(device const T *x, device uint *ids, constant uint *p, device const uint *cursor,
+void sample_body(device const T *x, device uint *ids, constant mlxn_params_sample &p, device const uint *cursor,
                  threadgroup argmax_scratch &asc, threadgroup select_scratch &ssc, threadgroup atomic_uint *h, uint row,
                  uint tid, uint n, uint sg, uint lane, uint tag, device atomic_uint *fault_word) {
-  uint vocab = p[0], rows = p[1], has_cursor = p[3];
-  float c = as_type<float>(p[4]);
-  uint top_k = p[5], top_p = p[6];
+  uint vocab = p.vocab, rows = p.rows, has_cursor = p.has_cursor;
+  float c = p.c;
+  uint top_k = p.top_k, top_p = p.top_p_q31;
   if (row >= rows) return;
   ulong base = ulong(row) * vocab;
-  device uint *out = ids + ring_element(cursor, rows, p[2], has_cursor, row);
+  device uint *out = ids + ring_element(cursor, rows, p.ring, has_cursor, row);
   row_max m = tg_argmax(x, base, vocab, asc, tid, n, sg, lane);
   if (tid == 0) *out = m.index;
   if (m.nan || m.key == TOKEN_KEY_NEG_INF) { // nothing to sample from
@@ -363,7 +365,7 @@ void sample_body(device const T *x, device uint *ids, constant uint *p, device c
   selection k = tg_select(x, base, vocab, mf, c, top_k != 0 ? top_k : vocab, 0, ssc, h, tid, n, sg, lane);
   ulong total = k.weight;
   bool found = k.found;
-  if (found && top_p < 0x80000000u) {
+  if (found && top_p < MLXN_SAMPLE_TOP_P_OFF) {
     ulong target = mulhi64(total, ulong(top_p) << 33);
     selection q = target != 0 ? tg_select(x, base, vocab, mf, c, 0, target, ssc, h, tid, n, sg, lane)
                               : tg_select(x, base, vocab, mf, c, 1, 0, ssc, h, tid, n, sg, lane);
@@ -371,7 +373,7 @@ void sample_body(device const T *x, device uint *ids, constant uint *p, device c
     found = q.found;
   }
   if (found) {
-    uint4 r4 = philox4x32_10(uint4(p[9] + (has_cursor != 0 ? cursor[0] : 0u), row, 0, 0), p[7], p[8]);
+    uint4 r4 = philox4x32_10(uint4(p.counter + (has_cursor != 0 ? cursor[0] : 0u), row, 0, 0), p.seed_lo, p.seed_hi);
     ulong r = mulhi64(total, ulong(r4.y) << 32 | r4.x);
     selection s = tg_select(x, base, vocab, mf, c, 0, r + 1, ssc, h, tid, n, sg, lane);
     found = s.found;
@@ -381,7 +383,8 @@ void sample_body(device const T *x, device uint *ids, constant uint *p, device c
 }
 
 kernel void sample_f32(device const float *x [[buffer(0)]], device uint *ids [[buffer(1)]],
-                       constant uint *p [[buffer(2)]], device const uint *cursor [[buffer(3)]], TOKEN_TAIL) {
+                       constant mlxn_params_sample &p [[buffer(2)]], device const uint *cursor [[buffer(3)]],
+                       TOKEN_TAIL) {
   threadgroup argmax_scratch asc;
   threadgroup select_scratch ssc;
   threadgroup atomic_uint hist[4 * 256];
@@ -390,7 +393,8 @@ kernel void sample_f32(device const float *x [[buffer(0)]], device uint *ids [[b
 }
 
 kernel void sample_bf16(device const ushort *x [[buffer(0)]], device uint *ids [[buffer(1)]],
-                        constant uint *p [[buffer(2)]], device const uint *cursor [[buffer(3)]], TOKEN_TAIL) {
+                        constant mlxn_params_sample &p [[buffer(2)]], device const uint *cursor [[buffer(3)]],
+                        TOKEN_TAIL) {
   threadgroup argmax_scratch asc;
   threadgroup select_scratch ssc;
   threadgroup atomic_uint hist[4 * 256];
@@ -401,10 +405,8 @@ kernel void sample_bf16(device const ushort *x [[buffer(0)]], device uint *ids [
 // ---- embed_gather_{f32,bf16,q8_0,q4_0}: 0 table, 1 ids ring, 2 out f32 [rows, dim],
 //      3 {rows, dim, vocab, ring, has_cursor}, 4 cursor; threads (dim, rows) ----------------------
 
-struct gather_params { uint rows; uint dim; uint vocab; uint ring; uint has_cursor; };
-
 // The table row's id, or false (the row is written as zeros and the dispatch fails) when out of range.
-inline bool gather_id(device const uint *ids, constant gather_params &p, device const uint *cursor, uint r,
+inline bool gather_id(device const uint *ids, constant mlxn_params_gather &p, device const uint *cursor, uint r,
                       thread uint &id) {
   id = ids[ring_element(cursor, p.rows, p.ring, p.has_cursor, r)];
   return id < p.vocab;
@@ -432,36 +434,35 @@ inline float q4_0_value(device const uchar *table, ulong row_blocks, uint id, ui
   }
 
 kernel void embed_gather_f32(device const float *table [[buffer(0)]], device const uint *ids [[buffer(1)]],
-                             device float *out [[buffer(2)]], constant gather_params &p [[buffer(3)]],
+                             device float *out [[buffer(2)]], constant mlxn_params_gather &p [[buffer(3)]],
                              device const uint *cursor [[buffer(4)]], MLXN_ARGS_TAIL) {
   GATHER_PROLOGUE
   o[j] = table[ulong(id) * p.dim + j];
 }
 
 kernel void embed_gather_bf16(device const ushort *table [[buffer(0)]], device const uint *ids [[buffer(1)]],
-                              device float *out [[buffer(2)]], constant gather_params &p [[buffer(3)]],
+                              device float *out [[buffer(2)]], constant mlxn_params_gather &p [[buffer(3)]],
                               device const uint *cursor [[buffer(4)]], MLXN_ARGS_TAIL) {
   GATHER_PROLOGUE
   o[j] = bf16_to_f32(table[ulong(id) * p.dim + j]);
 }
 
 kernel void embed_gather_q8_0(device const uchar *table [[buffer(0)]], device const uint *ids [[buffer(1)]],
-                              device float *out [[buffer(2)]], constant gather_params &p [[buffer(3)]],
+                              device float *out [[buffer(2)]], constant mlxn_params_gather &p [[buffer(3)]],
                               device const uint *cursor [[buffer(4)]], MLXN_ARGS_TAIL) {
   GATHER_PROLOGUE
   o[j] = q8_0_value(table, p.dim / 32, id, j);
 }
 
 kernel void embed_gather_q4_0(device const uchar *table [[buffer(0)]], device const uint *ids [[buffer(1)]],
-                              device float *out [[buffer(2)]], constant gather_params &p [[buffer(3)]],
+                              device float *out [[buffer(2)]], constant mlxn_params_gather &p [[buffer(3)]],
                               device const uint *cursor [[buffer(4)]], MLXN_ARGS_TAIL) {
   GATHER_PROLOGUE
   o[j] = q4_0_value(table, p.dim / 32, id, j);
 }
 
 // state[i] += add for i < words (one thread): ends a token pass on the device.
-struct step_advance_params { uint count; uint add; };
-kernel void step_advance_u32(device uint *state [[buffer(0)]], constant step_advance_params &p [[buffer(1)]],
+kernel void step_advance_u32(device uint *state [[buffer(0)]], constant mlxn_params_step_advance &p [[buffer(1)]],
                              MLXN_ARGS_TAIL) {
   if (lid.x != 0 || gid.x != 0) return;
   for (uint i = 0; i < p.count; i++) state[i] += p.add;

@@ -202,6 +202,15 @@ export const constants: Readonly<Record<string, readonly [value: number, doc: st
   MATMUL_EPILOGUE_RESIDUAL: [1, "Dense epilogue: y = x · Wᵀ + residual (slot 4)."],
   MATMUL_EPILOGUE_SWIGLU: [2, "Dense epilogue: W holds 2N rows, gate then up; y = silu(x · gateᵀ) · x · upᵀ."],
   MATMUL_MODE_CONSTANT_WEIGHTS: [0x100, "Dense mode bit: no earlier dispatch of the command buffer writes W."],
+  MAX_HEAD_DIM: [512, "Largest head_dim of the attention kernels (their bodies keep one row of this many f32)."],
+  SDPA_ROWS: [32, "Query rows per sdpa threadgroup (one thread each)."],
+  FLASH_MAX_NWG: [256, "Most workgroups flash_attn_vec splits a head's keys over (and its reduction combines)."],
+  FLASH_REDUCE_MAX_THREADS: [
+    256,
+    "Most threads of a flash_attn_vec_reduce threadgroup (its CUDA body keeps 3 × 32 partials per thread in registers).",
+  ],
+  SAMPLE_TOP_P_OFF: [0x80000000, "top_p in Q31 at 1.0: sample_* keeps every token (no nucleus cut)."],
+  STEP_ADVANCE_MAX_WORDS: [64, "Most state words one step_advance_u32 dispatch advances."],
 };
 
 // The dense kernels' mode bit that makes their weights slot a constant read (constantIf below).

@@ -4,10 +4,13 @@
 
 #include "contracts.h"
 
-#define MAX_HEAD_DIM 512
-#define SDPA_ROWS 32
-
 /* ---- sdpa ---------------------------------------------------------------------------------------- */
+
+/* Each dtype's kernel binds its f32 form's slots (the bodies read them through the f32 names). */
+MLXN_STATIC_ASSERT(MLXN_SLOT_SDPA_BF16_SDPA == MLXN_SLOT_SDPA_F32_SDPA, "one slot layout");
+MLXN_STATIC_ASSERT(MLXN_SLOT_FLASH_ATTN_VEC_F16_FLASH == MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH &&
+                       MLXN_SLOT_FLASH_ATTN_VEC_F16_STATE == MLXN_SLOT_FLASH_ATTN_VEC_F32_STATE,
+                   "one slot layout");
 
 typedef mlxn_params_sdpa sdpa_params; /* generated layout (kernels/spec/kernels.ts) */
 
@@ -18,11 +21,12 @@ static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t ca
   sdpa_params p = read_sdpa(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
     return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);
-  if (!p.hd || p.hd > MAX_HEAD_DIM) return mlxn_kfail(err, cap, "head_dim must be 1..%d, got %u", MAX_HEAD_DIM, p.hd);
+  if (!p.hd || p.hd > MLXN_MAX_HEAD_DIM)
+    return mlxn_kfail(err, cap, "head_dim must be 1..%u, got %u", MLXN_MAX_HEAD_DIM, p.hd);
   if (!p.seq || p.seq > p.kv_len || p.kv_len > p.kv_cap)
     return mlxn_kfail(err, cap, "need 0 < seq_len (%u) <= kv_seq_len (%u) <= kv_capacity (%u)", p.seq, p.kv_len, p.kv_cap);
   if (!isfinite(p.scale)) return mlxn_kfail(err, cap, "scale must be finite");
-  if (a->groups[1] < p.heads || (uint64_t)a->groups[2] * SDPA_ROWS < p.seq)
+  if (a->groups[1] < p.heads || (uint64_t)a->groups[2] * MLXN_SDPA_ROWS < p.seq)
     return mlxn_kfail(err, cap, "grid does not cover %u heads × %u query rows", p.heads, p.seq);
   uint64_t batch = a->groups[0], es = mlxn_ftype_size(t);
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
@@ -30,7 +34,7 @@ static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t ca
   MLXN_NEED_BUF(a, 2, MLXN_SIZE(batch, p.kv_heads, p.kv_cap, p.hd, es), err, cap);
   MLXN_NEED_BUF(a, 3, MLXN_SIZE(batch, p.heads, p.seq, p.hd, es), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS4(0, 1, 2, 3), (uint32_t)es, err, cap);
-  return mlxn_need_tg(a, SDPA_ROWS, "one query row per thread, 32 rows per threadgroup; use ops.sdpa", err, cap);
+  return mlxn_need_tg(a, MLXN_SDPA_ROWS, "one query row per thread, 32 rows per threadgroup; use ops.sdpa", err, cap);
 }
 
 #define SDPA_KERNEL(SUF, T)                                                                       \
@@ -52,8 +56,9 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   fav_params p = read_fav(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
     return mlxn_kfail(err, cap, "n_kv_heads (%u) must divide n_heads (%u)", p.kv_heads, p.heads);
-  if (p.hd != 64 && p.hd != 128 && p.hd != 256 && p.hd != 512)
-    return mlxn_kfail(err, cap, "head_dim must be 64, 128, 256 or 512, got %u", p.hd);
+  /* Each of a simdgroup's 32 lanes owns head_dim/32 dimensions: 2, 4, 8 or 16. */
+  if (p.hd < 64 || p.hd > MLXN_MAX_HEAD_DIM || (p.hd & (p.hd - 1)))
+    return mlxn_kfail(err, cap, "head_dim must be a power of two in 64..%u, got %u", MLXN_MAX_HEAD_DIM, p.hd);
   if (!p.kv_len || p.kv_len > p.kv_cap)
     return mlxn_kfail(err, cap, "need 0 < kv_seq_len (%u) <= kv_capacity (%u)", p.kv_len, p.kv_cap);
   /* With a state (slot 5), the keys are state[0] + 1, device data: kv_seq_len is their static bound
@@ -66,7 +71,8 @@ static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap
   if (p.mask == 2 && !p.window) return mlxn_kfail(err, cap, "a sliding window must be > 0");
   if (!isfinite(p.scale) || !(p.softcap >= 0.0f) || isinf(p.softcap))
     return mlxn_kfail(err, cap, "scale must be finite and softcap finite and >= 0");
-  if (!p.nwg || p.nwg > 256) return mlxn_kfail(err, cap, "nwg must be 1..256, got %u", p.nwg);
+  if (!p.nwg || p.nwg > MLXN_FLASH_MAX_NWG)
+    return mlxn_kfail(err, cap, "nwg must be 1..%u, got %u", MLXN_FLASH_MAX_NWG, p.nwg);
   if (a->groups[0] < p.heads || a->groups[1] < p.nwg) return mlxn_kfail(err, cap, "grid must be (n_heads, nwg)");
   uint64_t es = mlxn_ftype_size(t);
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(p.heads, p.hd, 4), err, cap);
@@ -92,16 +98,18 @@ FAV_KERNEL(f32, MLXN_T_F32)
 FAV_KERNEL(f16, MLXN_T_F16)
 
 static int fav_reduce_validate(const mlxn_kargs *a, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 12, err, cap);
-  uint32_t heads = mlxn_arg_u32(a, 2, 0), hd = mlxn_arg_u32(a, 2, 4), nwg = mlxn_arg_u32(a, 2, 8);
-  if (!heads || !hd || hd > MAX_HEAD_DIM || !nwg || nwg > 256)
-    return mlxn_kfail(err, cap, "need n_heads > 0, head_dim 1..%d and nwg 1..256", MAX_HEAD_DIM);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE, MLXN_PARAMS_FLASH_REDUCE_BYTES, err, cap);
+  mlxn_params_flash_reduce p = mlxn_params_flash_reduce_of(a, MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE);
+  uint32_t heads = p.n_heads, hd = p.head_dim, nwg = p.nwg;
+  if (!heads || !hd || hd > MLXN_MAX_HEAD_DIM || !nwg || nwg > MLXN_FLASH_MAX_NWG)
+    return mlxn_kfail(err, cap, "need n_heads > 0, head_dim 1..%u and nwg 1..%u", MLXN_MAX_HEAD_DIM,
+                      MLXN_FLASH_MAX_NWG);
   if (a->groups[0] < heads) return mlxn_kfail(err, cap, "grid must cover n_heads");
-  /* The CUDA kernel keeps 3 x 32 partials per thread in registers: a block of more than 256 threads
-   * fails to launch there (out of registers). */
-  if ((uint64_t)a->tg[0] * a->tg[1] * a->tg[2] > 256)
-    return mlxn_kfail(err, cap, "threadgroup must have at most 256 threads, got (%u, %u, %u); use ops.flashAttnVec",
-                      a->tg[0], a->tg[1], a->tg[2]);
+  /* The CUDA kernel keeps 3 x 32 partials per thread in registers: a larger block fails to launch
+   * there (out of registers). */
+  if ((uint64_t)a->tg[0] * a->tg[1] * a->tg[2] > MLXN_FLASH_REDUCE_MAX_THREADS)
+    return mlxn_kfail(err, cap, "threadgroup must have at most %u threads, got (%u, %u, %u); use ops.flashAttnVec",
+                      MLXN_FLASH_REDUCE_MAX_THREADS, a->tg[0], a->tg[1], a->tg[2]);
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(heads, nwg, (uint64_t)hd + 2, 4), err, cap);
   MLXN_NEED_BUF(a, 1, MLXN_SIZE(heads, hd, 4), err, cap);
   MLXN_NEED_ALIGN(a, MLXN_SLOTS2(0, 1), 4, err, cap);

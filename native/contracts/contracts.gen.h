@@ -13,6 +13,12 @@
 #define MLXN_MATMUL_EPILOGUE_RESIDUAL 1u
 #define MLXN_MATMUL_EPILOGUE_SWIGLU 2u
 #define MLXN_MATMUL_MODE_CONSTANT_WEIGHTS 0x100u
+#define MLXN_MAX_HEAD_DIM 0x200u
+#define MLXN_SDPA_ROWS 32u
+#define MLXN_FLASH_MAX_NWG 0x100u
+#define MLXN_FLASH_REDUCE_MAX_THREADS 0x100u
+#define MLXN_SAMPLE_TOP_P_OFF 0x80000000u
+#define MLXN_STEP_ADVANCE_MAX_WORDS 64u
 
 /* Kernel ids: the index of each contract in mlxn_contracts, in description order. */
 enum mlxn_kernel_id {
@@ -98,13 +104,13 @@ enum mlxn_kernel_id {
   MLXN_KERNEL_COUNT
 };
 
-/* Parameter blocks: 4-byte fields in order. Read a block with mlxn_params_<name>_of only after
- * checking the slot holds MLXN_PARAMS_<NAME>_BYTES (MLXN_NEED_BYTES). */
+/* Parameter blocks: 4-byte fields in order, read whole as their struct (no field is read by its
+ * offset). Read a block with mlxn_params_<name>_of only after checking the slot holds
+ * MLXN_PARAMS_<NAME>_BYTES (MLXN_NEED_BYTES). */
 typedef struct mlxn_params_n {
   uint32_t n;
 } mlxn_params_n;
 #define MLXN_PARAMS_N_BYTES 4u
-#define MLXN_PARAMS_N_N 0u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_n) == MLXN_PARAMS_N_BYTES, "packed 4-byte fields");
 static inline mlxn_params_n mlxn_params_n_of(const mlxn_kargs *a, int slot) {
   mlxn_params_n p;
@@ -117,8 +123,6 @@ typedef struct mlxn_params_softcap {
   uint32_t n;
 } mlxn_params_softcap;
 #define MLXN_PARAMS_SOFTCAP_BYTES 8u
-#define MLXN_PARAMS_SOFTCAP_CAP 0u
-#define MLXN_PARAMS_SOFTCAP_N 4u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_softcap) == MLXN_PARAMS_SOFTCAP_BYTES, "packed 4-byte fields");
 static inline mlxn_params_softcap mlxn_params_softcap_of(const mlxn_kargs *a, int slot) {
   mlxn_params_softcap p;
@@ -133,10 +137,6 @@ typedef struct mlxn_params_axpby {
   uint32_t pad;
 } mlxn_params_axpby;
 #define MLXN_PARAMS_AXPBY_BYTES 16u
-#define MLXN_PARAMS_AXPBY_ALPHA 0u
-#define MLXN_PARAMS_AXPBY_BETA 4u
-#define MLXN_PARAMS_AXPBY_N 8u
-#define MLXN_PARAMS_AXPBY_PAD 12u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_axpby) == MLXN_PARAMS_AXPBY_BYTES, "packed 4-byte fields");
 static inline mlxn_params_axpby mlxn_params_axpby_of(const mlxn_kargs *a, int slot) {
   mlxn_params_axpby p;
@@ -154,13 +154,6 @@ typedef struct mlxn_params_strided_copy {
   uint32_t max_pos;
 } mlxn_params_strided_copy;
 #define MLXN_PARAMS_STRIDED_COPY_BYTES 28u
-#define MLXN_PARAMS_STRIDED_COPY_ROWS 0u
-#define MLXN_PARAMS_STRIDED_COPY_COLS 4u
-#define MLXN_PARAMS_STRIDED_COPY_SRC_STRIDE 8u
-#define MLXN_PARAMS_STRIDED_COPY_DST_STRIDE 12u
-#define MLXN_PARAMS_STRIDED_COPY_HAS_STATE 16u
-#define MLXN_PARAMS_STRIDED_COPY_DST_POS_STRIDE 20u
-#define MLXN_PARAMS_STRIDED_COPY_MAX_POS 24u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_strided_copy) == MLXN_PARAMS_STRIDED_COPY_BYTES, "packed 4-byte fields");
 static inline mlxn_params_strided_copy mlxn_params_strided_copy_of(const mlxn_kargs *a, int slot) {
   mlxn_params_strided_copy p;
@@ -172,7 +165,6 @@ typedef struct mlxn_params_debug_fault {
   uint32_t fail;
 } mlxn_params_debug_fault;
 #define MLXN_PARAMS_DEBUG_FAULT_BYTES 4u
-#define MLXN_PARAMS_DEBUG_FAULT_FAIL 0u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_debug_fault) == MLXN_PARAMS_DEBUG_FAULT_BYTES, "packed 4-byte fields");
 static inline mlxn_params_debug_fault mlxn_params_debug_fault_of(const mlxn_kargs *a, int slot) {
   mlxn_params_debug_fault p;
@@ -185,8 +177,6 @@ typedef struct mlxn_params_norm {
   uint32_t dim;
 } mlxn_params_norm;
 #define MLXN_PARAMS_NORM_BYTES 8u
-#define MLXN_PARAMS_NORM_EPS 0u
-#define MLXN_PARAMS_NORM_DIM 4u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_norm) == MLXN_PARAMS_NORM_BYTES, "packed 4-byte fields");
 static inline mlxn_params_norm mlxn_params_norm_of(const mlxn_kargs *a, int slot) {
   mlxn_params_norm p;
@@ -198,7 +188,6 @@ typedef struct mlxn_params_softmax {
   uint32_t cols;
 } mlxn_params_softmax;
 #define MLXN_PARAMS_SOFTMAX_BYTES 4u
-#define MLXN_PARAMS_SOFTMAX_COLS 0u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_softmax) == MLXN_PARAMS_SOFTMAX_BYTES, "packed 4-byte fields");
 static inline mlxn_params_softmax mlxn_params_softmax_of(const mlxn_kargs *a, int slot) {
   mlxn_params_softmax p;
@@ -212,9 +201,6 @@ typedef struct mlxn_params_rope {
   uint32_t seq_len;
 } mlxn_params_rope;
 #define MLXN_PARAMS_ROPE_BYTES 12u
-#define MLXN_PARAMS_ROPE_THETA 0u
-#define MLXN_PARAMS_ROPE_HEAD_DIM 4u
-#define MLXN_PARAMS_ROPE_SEQ_LEN 8u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope) == MLXN_PARAMS_ROPE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope mlxn_params_rope_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope p;
@@ -228,9 +214,6 @@ typedef struct mlxn_params_rope_heads {
   uint32_t rope_dim;
 } mlxn_params_rope_heads;
 #define MLXN_PARAMS_ROPE_HEADS_BYTES 12u
-#define MLXN_PARAMS_ROPE_HEADS_THETA 0u
-#define MLXN_PARAMS_ROPE_HEADS_HEAD_DIM 4u
-#define MLXN_PARAMS_ROPE_HEADS_ROPE_DIM 8u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope_heads) == MLXN_PARAMS_ROPE_HEADS_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope_heads mlxn_params_rope_heads_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope_heads p;
@@ -248,13 +231,6 @@ typedef struct mlxn_params_rope_layout {
   uint32_t max_pos;
 } mlxn_params_rope_layout;
 #define MLXN_PARAMS_ROPE_LAYOUT_BYTES 28u
-#define MLXN_PARAMS_ROPE_LAYOUT_N_HEADS 0u
-#define MLXN_PARAMS_ROPE_LAYOUT_HAS_FREQ_FACTORS 4u
-#define MLXN_PARAMS_ROPE_LAYOUT_OUT_HEAD_STRIDE 8u
-#define MLXN_PARAMS_ROPE_LAYOUT_OUT_TOKEN_STRIDE 12u
-#define MLXN_PARAMS_ROPE_LAYOUT_HAS_STATE 16u
-#define MLXN_PARAMS_ROPE_LAYOUT_OUT_POS_STRIDE 20u
-#define MLXN_PARAMS_ROPE_LAYOUT_MAX_POS 24u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_rope_layout) == MLXN_PARAMS_ROPE_LAYOUT_BYTES, "packed 4-byte fields");
 static inline mlxn_params_rope_layout mlxn_params_rope_layout_of(const mlxn_kargs *a, int slot) {
   mlxn_params_rope_layout p;
@@ -269,10 +245,6 @@ typedef struct mlxn_params_dense {
   uint32_t mode;
 } mlxn_params_dense;
 #define MLXN_PARAMS_DENSE_BYTES 16u
-#define MLXN_PARAMS_DENSE_M 0u
-#define MLXN_PARAMS_DENSE_N 4u
-#define MLXN_PARAMS_DENSE_K 8u
-#define MLXN_PARAMS_DENSE_MODE 12u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_dense) == MLXN_PARAMS_DENSE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_dense mlxn_params_dense_of(const mlxn_kargs *a, int slot) {
   mlxn_params_dense p;
@@ -288,11 +260,6 @@ typedef struct mlxn_params_affine {
   uint32_t group_size;
 } mlxn_params_affine;
 #define MLXN_PARAMS_AFFINE_BYTES 20u
-#define MLXN_PARAMS_AFFINE_M 0u
-#define MLXN_PARAMS_AFFINE_N 4u
-#define MLXN_PARAMS_AFFINE_K 8u
-#define MLXN_PARAMS_AFFINE_BITS 12u
-#define MLXN_PARAMS_AFFINE_GROUP_SIZE 16u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_affine) == MLXN_PARAMS_AFFINE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_affine mlxn_params_affine_of(const mlxn_kargs *a, int slot) {
   mlxn_params_affine p;
@@ -309,12 +276,6 @@ typedef struct mlxn_params_affine_general {
   uint32_t scale_type;
 } mlxn_params_affine_general;
 #define MLXN_PARAMS_AFFINE_GENERAL_BYTES 24u
-#define MLXN_PARAMS_AFFINE_GENERAL_M 0u
-#define MLXN_PARAMS_AFFINE_GENERAL_N 4u
-#define MLXN_PARAMS_AFFINE_GENERAL_K 8u
-#define MLXN_PARAMS_AFFINE_GENERAL_BITS 12u
-#define MLXN_PARAMS_AFFINE_GENERAL_GROUP_SIZE 16u
-#define MLXN_PARAMS_AFFINE_GENERAL_SCALE_TYPE 20u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_affine_general) == MLXN_PARAMS_AFFINE_GENERAL_BYTES, "packed 4-byte fields");
 static inline mlxn_params_affine_general mlxn_params_affine_general_of(const mlxn_kargs *a, int slot) {
   mlxn_params_affine_general p;
@@ -333,14 +294,6 @@ typedef struct mlxn_params_affine_gather {
   uint32_t scale_type;
 } mlxn_params_affine_gather;
 #define MLXN_PARAMS_AFFINE_GATHER_BYTES 32u
-#define MLXN_PARAMS_AFFINE_GATHER_ROWS 0u
-#define MLXN_PARAMS_AFFINE_GATHER_N 4u
-#define MLXN_PARAMS_AFFINE_GATHER_K 8u
-#define MLXN_PARAMS_AFFINE_GATHER_TOP_K 12u
-#define MLXN_PARAMS_AFFINE_GATHER_N_EXPERTS 16u
-#define MLXN_PARAMS_AFFINE_GATHER_BITS 20u
-#define MLXN_PARAMS_AFFINE_GATHER_GROUP_SIZE 24u
-#define MLXN_PARAMS_AFFINE_GATHER_SCALE_TYPE 28u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_affine_gather) == MLXN_PARAMS_AFFINE_GATHER_BYTES, "packed 4-byte fields");
 static inline mlxn_params_affine_gather mlxn_params_affine_gather_of(const mlxn_kargs *a, int slot) {
   mlxn_params_affine_gather p;
@@ -354,9 +307,6 @@ typedef struct mlxn_params_ggml {
   uint32_t k;
 } mlxn_params_ggml;
 #define MLXN_PARAMS_GGML_BYTES 12u
-#define MLXN_PARAMS_GGML_M 0u
-#define MLXN_PARAMS_GGML_N 4u
-#define MLXN_PARAMS_GGML_K 8u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_ggml) == MLXN_PARAMS_GGML_BYTES, "packed 4-byte fields");
 static inline mlxn_params_ggml mlxn_params_ggml_of(const mlxn_kargs *a, int slot) {
   mlxn_params_ggml p;
@@ -372,11 +322,6 @@ typedef struct mlxn_params_ggml_id {
   uint32_t n_experts;
 } mlxn_params_ggml_id;
 #define MLXN_PARAMS_GGML_ID_BYTES 20u
-#define MLXN_PARAMS_GGML_ID_ROWS 0u
-#define MLXN_PARAMS_GGML_ID_N 4u
-#define MLXN_PARAMS_GGML_ID_K 8u
-#define MLXN_PARAMS_GGML_ID_TOP_K 12u
-#define MLXN_PARAMS_GGML_ID_N_EXPERTS 16u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_ggml_id) == MLXN_PARAMS_GGML_ID_BYTES, "packed 4-byte fields");
 static inline mlxn_params_ggml_id mlxn_params_ggml_id_of(const mlxn_kargs *a, int slot) {
   mlxn_params_ggml_id p;
@@ -394,13 +339,6 @@ typedef struct mlxn_params_sdpa {
   uint32_t kv_cap;
 } mlxn_params_sdpa;
 #define MLXN_PARAMS_SDPA_BYTES 28u
-#define MLXN_PARAMS_SDPA_HEADS 0u
-#define MLXN_PARAMS_SDPA_KV_HEADS 4u
-#define MLXN_PARAMS_SDPA_HD 8u
-#define MLXN_PARAMS_SDPA_SEQ 12u
-#define MLXN_PARAMS_SDPA_KV_LEN 16u
-#define MLXN_PARAMS_SDPA_SCALE 20u
-#define MLXN_PARAMS_SDPA_KV_CAP 24u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_sdpa) == MLXN_PARAMS_SDPA_BYTES, "packed 4-byte fields");
 static inline mlxn_params_sdpa mlxn_params_sdpa_of(const mlxn_kargs *a, int slot) {
   mlxn_params_sdpa p;
@@ -422,17 +360,6 @@ typedef struct mlxn_params_flash {
   uint32_t has_state;
 } mlxn_params_flash;
 #define MLXN_PARAMS_FLASH_BYTES 44u
-#define MLXN_PARAMS_FLASH_HEADS 0u
-#define MLXN_PARAMS_FLASH_KV_HEADS 4u
-#define MLXN_PARAMS_FLASH_HD 8u
-#define MLXN_PARAMS_FLASH_KV_LEN 12u
-#define MLXN_PARAMS_FLASH_KV_CAP 16u
-#define MLXN_PARAMS_FLASH_SCALE 20u
-#define MLXN_PARAMS_FLASH_MASK 24u
-#define MLXN_PARAMS_FLASH_WINDOW 28u
-#define MLXN_PARAMS_FLASH_SOFTCAP 32u
-#define MLXN_PARAMS_FLASH_NWG 36u
-#define MLXN_PARAMS_FLASH_HAS_STATE 40u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_flash) == MLXN_PARAMS_FLASH_BYTES, "packed 4-byte fields");
 static inline mlxn_params_flash mlxn_params_flash_of(const mlxn_kargs *a, int slot) {
   mlxn_params_flash p;
@@ -446,9 +373,6 @@ typedef struct mlxn_params_flash_reduce {
   uint32_t nwg;
 } mlxn_params_flash_reduce;
 #define MLXN_PARAMS_FLASH_REDUCE_BYTES 12u
-#define MLXN_PARAMS_FLASH_REDUCE_N_HEADS 0u
-#define MLXN_PARAMS_FLASH_REDUCE_HEAD_DIM 4u
-#define MLXN_PARAMS_FLASH_REDUCE_NWG 8u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_flash_reduce) == MLXN_PARAMS_FLASH_REDUCE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_flash_reduce mlxn_params_flash_reduce_of(const mlxn_kargs *a, int slot) {
   mlxn_params_flash_reduce p;
@@ -463,10 +387,6 @@ typedef struct mlxn_params_argmax {
   uint32_t has_cursor;
 } mlxn_params_argmax;
 #define MLXN_PARAMS_ARGMAX_BYTES 16u
-#define MLXN_PARAMS_ARGMAX_VOCAB 0u
-#define MLXN_PARAMS_ARGMAX_ROWS 4u
-#define MLXN_PARAMS_ARGMAX_RING 8u
-#define MLXN_PARAMS_ARGMAX_HAS_CURSOR 12u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_argmax) == MLXN_PARAMS_ARGMAX_BYTES, "packed 4-byte fields");
 static inline mlxn_params_argmax mlxn_params_argmax_of(const mlxn_kargs *a, int slot) {
   mlxn_params_argmax p;
@@ -487,16 +407,6 @@ typedef struct mlxn_params_sample {
   uint32_t counter;
 } mlxn_params_sample;
 #define MLXN_PARAMS_SAMPLE_BYTES 40u
-#define MLXN_PARAMS_SAMPLE_VOCAB 0u
-#define MLXN_PARAMS_SAMPLE_ROWS 4u
-#define MLXN_PARAMS_SAMPLE_RING 8u
-#define MLXN_PARAMS_SAMPLE_HAS_CURSOR 12u
-#define MLXN_PARAMS_SAMPLE_C 16u
-#define MLXN_PARAMS_SAMPLE_TOP_K 20u
-#define MLXN_PARAMS_SAMPLE_TOP_P_Q31 24u
-#define MLXN_PARAMS_SAMPLE_SEED_LO 28u
-#define MLXN_PARAMS_SAMPLE_SEED_HI 32u
-#define MLXN_PARAMS_SAMPLE_COUNTER 36u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_sample) == MLXN_PARAMS_SAMPLE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_sample mlxn_params_sample_of(const mlxn_kargs *a, int slot) {
   mlxn_params_sample p;
@@ -512,11 +422,6 @@ typedef struct mlxn_params_gather {
   uint32_t has_cursor;
 } mlxn_params_gather;
 #define MLXN_PARAMS_GATHER_BYTES 20u
-#define MLXN_PARAMS_GATHER_ROWS 0u
-#define MLXN_PARAMS_GATHER_DIM 4u
-#define MLXN_PARAMS_GATHER_VOCAB 8u
-#define MLXN_PARAMS_GATHER_RING 12u
-#define MLXN_PARAMS_GATHER_HAS_CURSOR 16u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_gather) == MLXN_PARAMS_GATHER_BYTES, "packed 4-byte fields");
 static inline mlxn_params_gather mlxn_params_gather_of(const mlxn_kargs *a, int slot) {
   mlxn_params_gather p;
@@ -529,8 +434,6 @@ typedef struct mlxn_params_scale {
   uint32_t n;
 } mlxn_params_scale;
 #define MLXN_PARAMS_SCALE_BYTES 8u
-#define MLXN_PARAMS_SCALE_ALPHA 0u
-#define MLXN_PARAMS_SCALE_N 4u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_scale) == MLXN_PARAMS_SCALE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_scale mlxn_params_scale_of(const mlxn_kargs *a, int slot) {
   mlxn_params_scale p;
@@ -543,8 +446,6 @@ typedef struct mlxn_params_step_advance {
   uint32_t add;
 } mlxn_params_step_advance;
 #define MLXN_PARAMS_STEP_ADVANCE_BYTES 8u
-#define MLXN_PARAMS_STEP_ADVANCE_COUNT 0u
-#define MLXN_PARAMS_STEP_ADVANCE_ADD 4u
 MLXN_STATIC_ASSERT(sizeof(mlxn_params_step_advance) == MLXN_PARAMS_STEP_ADVANCE_BYTES, "packed 4-byte fields");
 static inline mlxn_params_step_advance mlxn_params_step_advance_of(const mlxn_kargs *a, int slot) {
   mlxn_params_step_advance p;

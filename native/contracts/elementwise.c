@@ -6,9 +6,20 @@
 
 /* ---- add / mul: 0 a, 1 b, 2 out, 3 {n: u32} ---------------------------------------------- */
 
+/* The binary kernels (add, mul, silu_mul) share one slot layout, the {n} block at slot 3. */
+#define BINARY_PARAMS MLXN_SLOT_ELEMENTWISE_ADD_F32_N
+MLXN_STATIC_ASSERT(MLXN_SLOT_ELEMENTWISE_ADD_F16_N == BINARY_PARAMS && MLXN_SLOT_ELEMENTWISE_ADD_BF16_N == BINARY_PARAMS,
+                   "one slot layout");
+MLXN_STATIC_ASSERT(MLXN_SLOT_ELEMENTWISE_MUL_F32_N == BINARY_PARAMS && MLXN_SLOT_ELEMENTWISE_MUL_F16_N == BINARY_PARAMS &&
+                       MLXN_SLOT_ELEMENTWISE_MUL_BF16_N == BINARY_PARAMS,
+                   "one slot layout");
+MLXN_STATIC_ASSERT(MLXN_SLOT_SILU_MUL_F32_N == BINARY_PARAMS && MLXN_SLOT_SILU_MUL_F16_N == BINARY_PARAMS &&
+                       MLXN_SLOT_SILU_MUL_BF16_N == BINARY_PARAMS,
+                   "one slot layout");
+
 static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 3, MLXN_PARAMS_N_BYTES, err, cap);
-  uint32_t n = mlxn_arg_u32(a, 3, MLXN_PARAMS_N_N);
+  MLXN_NEED_BYTES(a, BINARY_PARAMS, MLXN_PARAMS_N_BYTES, err, cap);
+  uint32_t n = mlxn_params_n_of(a, BINARY_PARAMS).n;
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, mlxn_ftype_size(t));
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
@@ -109,9 +120,10 @@ static int debug_fault_validate(const mlxn_kargs *a, char *err, size_t cap) {
 
 static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_BYTES, err, cap);
-  float c = mlxn_arg_f32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_CAP);
+  mlxn_params_softcap p = mlxn_params_softcap_of(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP);
+  float c = p.cap;
   if (!(c > 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "softcap: cap must be finite and > 0");
-  uint32_t n = mlxn_arg_u32(a, MLXN_SLOT_SOFTCAP_F32_SOFTCAP, MLXN_PARAMS_SOFTCAP_N);
+  uint32_t n = p.n;
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
@@ -124,7 +136,7 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
 
 static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_AXPBY_F32_AXPBY, MLXN_PARAMS_AXPBY_BYTES, err, cap);
-  uint32_t n = mlxn_arg_u32(a, MLXN_SLOT_AXPBY_F32_AXPBY, MLXN_PARAMS_AXPBY_N);
+  uint32_t n = mlxn_params_axpby_of(a, MLXN_SLOT_AXPBY_F32_AXPBY).n;
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);

@@ -34,7 +34,8 @@ int mlxn_need_align_fail(const mlxn_kargs *a, uint32_t mask, uint32_t align, cha
 
 int mlxn_validate_elements(const mlxn_kargs *a, const mlxn_elements_rule *r, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, (int)r->params_slot, r->params_bytes, err, cap);
-  uint32_t n = mlxn_arg_u32(a, (int)r->params_slot, r->n_offset);
+  uint32_t n; /* the field `n` of the block, at the offset its generated layout gives (the rule) */
+  __builtin_memcpy(&n, a->ptr[r->params_slot] + r->n_offset, sizeof n);
   if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes[MLXN_KERNEL_SLOTS] = {0};
   uint32_t buffers = r->inputs | r->outputs;

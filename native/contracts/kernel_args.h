@@ -37,17 +37,8 @@ typedef struct mlxn_kargs {
 /* Fails validation with a formatted reason. */
 int mlxn_kfail(char *err, size_t cap, const char *fmt, ...);
 
-/* Reads a little-endian u32 / f32 at byte offset off of an inline-bytes slot. */
-static inline uint32_t mlxn_arg_u32(const mlxn_kargs *a, int slot, uint32_t off) {
-  uint32_t v;
-  __builtin_memcpy(&v, a->ptr[slot] + off, 4);
-  return v;
-}
-static inline float mlxn_arg_f32(const mlxn_kargs *a, int slot, uint32_t off) {
-  float v;
-  __builtin_memcpy(&v, a->ptr[slot] + off, 4);
-  return v;
-}
+/* A parameter block is read whole, as its generated struct: mlxn_params_<name>_of(a, slot)
+ * (contracts.gen.h), after MLXN_NEED_BYTES has checked the slot holds MLXN_PARAMS_<NAME>_BYTES. */
 
 /* Checks that inline slot `slot` holds at least `need` bytes. */
 #define MLXN_NEED_BYTES(a, slot, need, err, cap)                                                   \

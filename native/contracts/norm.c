@@ -4,6 +4,16 @@
 
 #include "contracts.h"
 
+/* Every dtype's kernel binds its f32 form's slots (the validators and bodies read them through the
+ * f32 names). */
+MLXN_STATIC_ASSERT(MLXN_SLOT_RMS_NORM_F16_NORM == MLXN_SLOT_RMS_NORM_F32_NORM &&
+                       MLXN_SLOT_RMS_NORM_BF16_NORM == MLXN_SLOT_RMS_NORM_F32_NORM &&
+                       MLXN_SLOT_RMS_NORM_MUL_F16_NORM == MLXN_SLOT_RMS_NORM_MUL_F32_NORM &&
+                       MLXN_SLOT_RMS_NORM_MUL_BF16_NORM == MLXN_SLOT_RMS_NORM_MUL_F32_NORM &&
+                       MLXN_SLOT_RMS_NORM_MUL_ADD_F16_NORM == MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM &&
+                       MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_NORM == MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM,
+                   "one slot layout");
+
 /* Checks eps/dim in inline slot `pslot` and that each listed buffer slot holds rows × dim. */
 static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, int nrow,
                          int weight_slot, mlxn_ftype t, char *err, size_t cap) {
@@ -26,24 +36,24 @@ static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, i
 /* ---- rms_norm: 0 in, 1 weight, 2 out, 3 {eps: f32, dim: u32} ----------------------------- */
 /* ---- rms_norm_mul: 0 in, 1 weight, 2 scale, 3 out, 4 {eps, dim}: out = norm(in)·w·scale ---- */
 
-#define NORM_KERNELS(SUF, T)                                                                      \
-  static int rms_norm_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {             \
+#define NORM_KERNELS(SUF, T)                                                                       \
+  static int rms_norm_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {               \
     static const int rows[] = {0, 2};                                                              \
-    return norm_validate(a, 3, rows, 2, 1, T, err, cap);                                           \
+    return norm_validate(a, MLXN_SLOT_RMS_NORM_F32_NORM, rows, 2, 1, T, err, cap);                 \
   }                                                                                                \
-  static int rms_norm_mul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {         \
+  static int rms_norm_mul_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {           \
     static const int rows[] = {0, 2, 3};                                                           \
-    return norm_validate(a, 4, rows, 3, 1, T, err, cap);                                           \
+    return norm_validate(a, MLXN_SLOT_RMS_NORM_MUL_F32_NORM, rows, 3, 1, T, err, cap);             \
   }                                                                                                \
 
 /* ---- rms_norm_mul_add: 0 in, 1 weight, 2 scale, 3 residual, 4 out, 5 {eps, dim}:
  *      out = (norm(in)·w·scale) + residual, rounding each intermediate through the dtype exactly as
  *      rms_norm → mul → add do, so the fused result is bit-identical. */
 
-#define NORM_MUL_ADD_KERNEL(SUF, T)                                                               \
-  static int rms_norm_mul_add_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {     \
+#define NORM_MUL_ADD_KERNEL(SUF, T)                                                                \
+  static int rms_norm_mul_add_##SUF##_validate(const mlxn_kargs *a, char *err, size_t cap) {       \
     static const int rows[] = {0, 2, 3, 4};                                                        \
-    return norm_validate(a, 5, rows, 4, 1, T, err, cap);                                           \
+    return norm_validate(a, MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM, rows, 4, 1, T, err, cap);         \
   }                                                                                                \
 
 NORM_MUL_ADD_KERNEL(f32, MLXN_T_F32)
@@ -58,7 +68,7 @@ NORM_KERNELS(bf16, MLXN_T_BF16)
 
 static int rms_norm_no_scale_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   static const int rows[] = {0, 1};
-  return norm_validate(a, 2, rows, 2, -1, MLXN_T_F32, err, cap);
+  return norm_validate(a, MLXN_SLOT_RMS_NORM_NO_SCALE_F32_NORM, rows, 2, -1, MLXN_T_F32, err, cap);
 }
 
 /* ---- softmax_f32: 0 in, 1 out, 2 {cols: u32}; max-subtracted, f32 accumulation ------------ */

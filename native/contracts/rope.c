@@ -38,6 +38,13 @@ static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
  * cache once. The state is device data, so this validator bounds the worst case statically
  * (state[0] ≤ max_pos − 1) and the body fails the dispatch, writing nothing, when state[0] ≥ max_pos. */
 
+MLXN_STATIC_ASSERT(MLXN_SLOT_ROPE_NORM_F32_ROPE_HEADS == MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS &&
+                       MLXN_SLOT_ROPE_NORM_F32_ROPE_LAYOUT == MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT &&
+                       MLXN_SLOT_ROPE_NORM_F32_POSITIONS == MLXN_SLOT_ROPE_NEOX_F32_POSITIONS &&
+                       MLXN_SLOT_ROPE_NORM_F32_FREQ_FACTORS == MLXN_SLOT_ROPE_NEOX_F32_FREQ_FACTORS &&
+                       MLXN_SLOT_ROPE_NORM_F32_STATE == MLXN_SLOT_ROPE_NEOX_F32_STATE,
+                   "rope_norm_f32 shares rope_neox_f32's slot layout");
+
 /* Shared by rope_neox_f32 and rope_norm_f32 (same bindings and geometry); `op` names the kernel in
  * refusals. */
 static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, size_t cap) {

@@ -7,6 +7,22 @@
 #include "contracts.h"
 #include "sample.h"
 
+/* Each dtype's (or table format's) kernel binds its f32 form's slots (the validators and bodies read
+ * them through the f32 names). */
+MLXN_STATIC_ASSERT(MLXN_SLOT_ARGMAX_BF16_ARGMAX == MLXN_SLOT_ARGMAX_F32_ARGMAX &&
+                       MLXN_SLOT_ARGMAX_BF16_CURSOR == MLXN_SLOT_ARGMAX_F32_CURSOR,
+                   "one slot layout");
+MLXN_STATIC_ASSERT(MLXN_SLOT_SAMPLE_BF16_SAMPLE == MLXN_SLOT_SAMPLE_F32_SAMPLE &&
+                       MLXN_SLOT_SAMPLE_BF16_CURSOR == MLXN_SLOT_SAMPLE_F32_CURSOR,
+                   "one slot layout");
+MLXN_STATIC_ASSERT(MLXN_SLOT_EMBED_GATHER_BF16_GATHER == MLXN_SLOT_EMBED_GATHER_F32_GATHER &&
+                       MLXN_SLOT_EMBED_GATHER_Q8_0_GATHER == MLXN_SLOT_EMBED_GATHER_F32_GATHER &&
+                       MLXN_SLOT_EMBED_GATHER_Q4_0_GATHER == MLXN_SLOT_EMBED_GATHER_F32_GATHER &&
+                       MLXN_SLOT_EMBED_GATHER_BF16_CURSOR == MLXN_SLOT_EMBED_GATHER_F32_CURSOR &&
+                       MLXN_SLOT_EMBED_GATHER_Q8_0_CURSOR == MLXN_SLOT_EMBED_GATHER_F32_CURSOR &&
+                       MLXN_SLOT_EMBED_GATHER_Q4_0_CURSOR == MLXN_SLOT_EMBED_GATHER_F32_CURSOR,
+                   "one slot layout");
+
 /* a·b·c bytes, or 0 with *ok cleared when the product does not fit in 64 bits. */
 static uint64_t checked_bytes(uint64_t a, uint64_t b, uint64_t c, int *ok) {
   uint64_t ab, abc;
@@ -61,13 +77,13 @@ static int logits_validate(const mlxn_kargs *a, uint32_t rows, uint32_t vocab, m
  *      dispatch (its id is still written: NaN ranks below −inf). */
 
 static int argmax_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 16, err, cap);
-  uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
-  uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
-  if (ring_validate(a, 1, 3, rows, ring, has_cursor, err, cap)) return 1;
-  if (logits_validate(a, rows, vocab, t, err, cap)) return 1;
+  MLXN_NEED_BYTES(a, MLXN_SLOT_ARGMAX_F32_ARGMAX, MLXN_PARAMS_ARGMAX_BYTES, err, cap);
+  mlxn_params_argmax p = mlxn_params_argmax_of(a, MLXN_SLOT_ARGMAX_F32_ARGMAX);
+  const int cursor = MLXN_SLOT_ARGMAX_F32_CURSOR;
+  if (ring_validate(a, 1, cursor, p.rows, p.ring, p.has_cursor, err, cap)) return 1;
+  if (logits_validate(a, p.rows, p.vocab, t, err, cap)) return 1;
   MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap); /* ids written, logits read */
-  MLXN_NO_OVERLAP(a, 1, a->len[1], 3, a->len[3], err, cap); /* ids written, cursor read */
+  MLXN_NO_OVERLAP(a, 1, a->len[1], cursor, a->len[cursor], err, cap); /* ids written, cursor read */
   return 0;
 }
 
@@ -77,18 +93,16 @@ static int argmax_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_
  *      threadgroups (rows). A row holding NaN, or only −inf, fails the dispatch and gets the argmax. */
 
 static int sample_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 2, 40, err, cap);
-  uint32_t vocab = mlxn_arg_u32(a, 2, 0), rows = mlxn_arg_u32(a, 2, 4);
-  uint32_t ring = mlxn_arg_u32(a, 2, 8), has_cursor = mlxn_arg_u32(a, 2, 12);
-  float c = mlxn_arg_f32(a, 2, 16);
-  uint32_t top_p = mlxn_arg_u32(a, 2, 24);
-  if (!(c >= 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "c = log2(e)/temperature must be finite and >= 0");
-  if (top_p == 0 || top_p > 0x80000000u)
-    return mlxn_kfail(err, cap, "top_p (Q31) must be in [1, 2^31], got %u", top_p);
-  if (ring_validate(a, 1, 3, rows, ring, has_cursor, err, cap)) return 1;
-  if (logits_validate(a, rows, vocab, t, err, cap)) return 1;
+  MLXN_NEED_BYTES(a, MLXN_SLOT_SAMPLE_F32_SAMPLE, MLXN_PARAMS_SAMPLE_BYTES, err, cap);
+  mlxn_params_sample p = mlxn_params_sample_of(a, MLXN_SLOT_SAMPLE_F32_SAMPLE);
+  const int cursor = MLXN_SLOT_SAMPLE_F32_CURSOR;
+  if (!(p.c >= 0.0f) || isinf(p.c)) return mlxn_kfail(err, cap, "c = log2(e)/temperature must be finite and >= 0");
+  if (p.top_p_q31 == 0 || p.top_p_q31 > MLXN_SAMPLE_TOP_P_OFF)
+    return mlxn_kfail(err, cap, "top_p (Q31) must be in [1, 2^31], got %u", p.top_p_q31);
+  if (ring_validate(a, 1, cursor, p.rows, p.ring, p.has_cursor, err, cap)) return 1;
+  if (logits_validate(a, p.rows, p.vocab, t, err, cap)) return 1;
   MLXN_NO_OVERLAP(a, 1, a->len[1], 0, a->len[0], err, cap); /* ids written, logits read */
-  MLXN_NO_OVERLAP(a, 1, a->len[1], 3, a->len[3], err, cap); /* ids written, cursor read */
+  MLXN_NO_OVERLAP(a, 1, a->len[1], cursor, a->len[cursor], err, cap); /* ids written, cursor read */
   return 0;
 }
 
@@ -100,13 +114,14 @@ static int sample_validate_t(const mlxn_kargs *a, mlxn_ftype t, char *err, size_
 
 
 static int gather_validate_t(const mlxn_kargs *a, int fmt, char *err, size_t cap) {
-  MLXN_NEED_BYTES(a, 3, 20, err, cap);
-  uint32_t rows = mlxn_arg_u32(a, 3, 0), dim = mlxn_arg_u32(a, 3, 4), vocab = mlxn_arg_u32(a, 3, 8);
-  uint32_t ring = mlxn_arg_u32(a, 3, 12), has_cursor = mlxn_arg_u32(a, 3, 16);
+  MLXN_NEED_BYTES(a, MLXN_SLOT_EMBED_GATHER_F32_GATHER, MLXN_PARAMS_GATHER_BYTES, err, cap);
+  mlxn_params_gather p = mlxn_params_gather_of(a, MLXN_SLOT_EMBED_GATHER_F32_GATHER);
+  uint32_t rows = p.rows, dim = p.dim, vocab = p.vocab;
   if (dim == 0 || vocab == 0) return mlxn_kfail(err, cap, "dim and vocab must be > 0");
-  if ((fmt == G_Q8_0 || fmt == G_Q4_0) && dim % 32)
-    return mlxn_kfail(err, cap, "dim=%u must be a multiple of 32 for a block-quantized table", dim);
-  if (ring_validate(a, 1, 4, rows, ring, has_cursor, err, cap)) return 1;
+  uint32_t block = fmt == G_Q8_0 ? ggml_block_values(GGML_Q8_0) : fmt == G_Q4_0 ? ggml_block_values(GGML_Q4_0) : 1;
+  if (dim % block)
+    return mlxn_kfail(err, cap, "dim=%u must be a multiple of %u for a block-quantized table", dim, block);
+  if (ring_validate(a, 1, MLXN_SLOT_EMBED_GATHER_F32_CURSOR, rows, p.ring, p.has_cursor, err, cap)) return 1;
   int ok = 1;
   uint64_t table = checked_bytes(vocab, gather_row_bytes(fmt, dim), 1, &ok);
   uint64_t out = checked_bytes(rows, dim, 4, &ok);
@@ -127,7 +142,9 @@ static int gather_validate_t(const mlxn_kargs *a, int fmt, char *err, size_t cap
 static int step_advance_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE, MLXN_PARAMS_STEP_ADVANCE_BYTES, err, cap);
   mlxn_params_step_advance p = mlxn_params_step_advance_of(a, MLXN_SLOT_STEP_ADVANCE_U32_STEP_ADVANCE);
-  if (p.count == 0 || p.count > 64) return mlxn_kfail(err, cap, "count (words advanced) must be in [1, 64], got %u", p.count);
+  if (p.count == 0 || p.count > MLXN_STEP_ADVANCE_MAX_WORDS)
+    return mlxn_kfail(err, cap, "count (words advanced) must be in [1, %u], got %u", MLXN_STEP_ADVANCE_MAX_WORDS,
+                      p.count);
   if (mlxn_need_grid(a, 0, 1, "state (one thread)", err, cap)) return 1;
   MLXN_NEED_BUF(a, MLXN_SLOT_STEP_ADVANCE_U32_STATE, MLXN_SIZE(p.count, 4), err, cap);
   MLXN_NEED_ALIGN(a, 1u << MLXN_SLOT_STEP_ADVANCE_U32_STATE, 4, err, cap);
