@@ -14,7 +14,7 @@ import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.
 import type { DispatchDescriptor } from "./dispatch.ts";
 import { BARRIER, type CapturedNode, type Dims, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
-import { type Accesses, accessesOf, type MemRange } from "./graph/ranges.ts";
+import { accessesOf, type MemRange } from "./graph/ranges.ts";
 import {
   findBrokenConstantPromises,
   findHazards,
@@ -225,19 +225,15 @@ export class CommandEncoder {
     if (capture !== null) {
       // Recorded as stream words, checked as they are written: a bad descriptor records nothing
       // (and, with auto barriers, leaves no barrier node behind).
-      let acc: Accesses | undefined;
-      let barrier = false;
-      if (policy.auto) {
-        acc = accessesOf(d.pipeline.contract, d.bindings);
-        barrier = capture.length > 0 && policy.conflicts(acc.reads, acc.writes);
-      }
+      // The accesses are staged straight from the bindings (no range lists), as on the direct path.
+      const barrier = policy.auto && policy.stageDispatch(d.pipeline.contract, d.bindings) && capture.length > 0;
       if (!capture.dispatch(d, barrier)) {
         this.#check(d); // says what is wrong
         throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be recorded`);
       }
-      if (acc !== undefined) {
+      if (policy.auto) {
         if (barrier) policy.forget();
-        policy.track(acc.reads, acc.writes);
+        policy.trackStaged();
       }
       return;
     }
