@@ -51,7 +51,10 @@ const IDS = "kernels/spec/ids.gen.txt";
 const kernels: KernelSpec[] = idOrder();
 const isBytes = (s: BufferSlot | BytesSlot): s is BytesSlot => "params" in s;
 
-/** Checks the descriptions: unique names, C-identifier names, slot limits, one layout per name. */
+/**
+ * Checks the descriptions: unique names, C-identifier names, slot limits, one layout per name, and
+ * constants whose names are C identifiers and whose docs fit in a comment.
+ */
 function checkSpecs(): Map<string, ParamLayout> {
   const names = new Set<string>();
   const layouts = new Map<string, ParamLayout>();
@@ -70,6 +73,10 @@ function checkSpecs(): Map<string, ParamLayout> {
       if (seen && seen !== s.params) throw new Error(`two parameter layouts are named '${s.params.name}'`);
       layouts.set(s.params.name, s.params);
     }
+  }
+  for (const [name, [, doc]] of Object.entries(constants)) {
+    if (!/^[A-Z][A-Z0-9_]*$/.test(name)) throw new Error(`constant '${name}' is not an upper-case C identifier`);
+    if (doc.includes("*/")) throw new Error(`constant '${name}': its doc would close the comment it goes in ("*/")`);
   }
   return layouts;
 }

@@ -400,6 +400,8 @@ export const FLASH_MAX_NWG = 0x100;
 export const FLASH_REDUCE_MAX_THREADS = 0x100;
 /** top_p in Q31 at 1.0: sample_* keeps every token (no nucleus cut). */
 export const SAMPLE_TOP_P_OFF = 0x80000000;
+/** Most threads of an argmax or sample threadgroup: 32 simdgroups, whose partial results one simdgroup combines. */
+export const TOKEN_MAX_THREADS = 0x400;
 /** Most state words one step_advance_u32 dispatch advances. */
 export const STEP_ADVANCE_MAX_WORDS = 64;
 /** Contracts of the elementwise kernels. */

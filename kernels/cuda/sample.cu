@@ -122,9 +122,9 @@ struct row_max {
 };
 
 // The row's maximum in the total order, ties to the lowest index, and whether any logit is NaN.
-// blockDim.x is a power of two in [32, 1024] (the contract's validation checks it).
+// blockDim.x is a power of two in [32, MLXN_TOKEN_MAX_THREADS] (the contract's validation checks it).
 template <int T> __device__ row_max block_argmax(const void *x, uint64_t base, uint32_t vocab) {
-  __shared__ uint32_t wk[32], wi[32];
+  __shared__ uint32_t wk[MLXN_TOKEN_MAX_THREADS / 32], wi[MLXN_TOKEN_MAX_THREADS / 32];
   uint32_t bk = 0, bi = NO_INDEX;
   int nan = 0;
   for (uint32_t i0 = threadIdx.x; i0 < vocab; i0 += UNROLL * blockDim.x) {
@@ -329,7 +329,7 @@ __device__ selection block_select(const void *x, uint64_t base, uint32_t vocab, 
   return s;
 }
 
-template <int T> __launch_bounds__(1024) __global__ void k_sample(const mlxn_gpu_args *__restrict__ args) {
+template <int T> __launch_bounds__(MLXN_TOKEN_MAX_THREADS) __global__ void k_sample(const mlxn_gpu_args *__restrict__ args) {
   const mlxn_gpu_args &a = kernel_args(args);
   const mlxn_params_sample sp = mlxn_params_sample_at(a, MLXN_SLOT_SAMPLE_F32_SAMPLE);
   const int cursor = MLXN_SLOT_SAMPLE_F32_CURSOR;

@@ -13,6 +13,7 @@
 #define MLXN_FLASH_MAX_NWG 0x100u
 #define MLXN_FLASH_REDUCE_MAX_THREADS 0x100u
 #define MLXN_SAMPLE_TOP_P_OFF 0x80000000u
+#define MLXN_TOKEN_MAX_THREADS 0x400u
 #define MLXN_STEP_ADVANCE_MAX_WORDS 64u
 // The parameter blocks as MSL structs: bind one as `constant mlxn_params_<name> &p [[buffer(slot)]]`.
 struct mlxn_params_n {

@@ -106,7 +106,11 @@ inline bool pair_wins(uint k, uint i, uint bk, uint bi) { return k > bk || (k ==
 struct row_max { uint key; uint index; bool nan; };
 
 // Scratch of the row maximum: one (key, index, nan) per simdgroup.
-struct argmax_scratch { uint key[32]; uint index[32]; uint nan[32]; };
+struct argmax_scratch {
+  uint key[MLXN_TOKEN_MAX_THREADS / 32];
+  uint index[MLXN_TOKEN_MAX_THREADS / 32];
+  uint nan[MLXN_TOKEN_MAX_THREADS / 32];
+};
 
 inline void simd_argmax(thread uint &bk, thread uint &bi) {
   for (ushort o = 16; o > 0; o >>= 1) {

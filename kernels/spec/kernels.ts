@@ -210,6 +210,10 @@ export const constants: Readonly<Record<string, readonly [value: number, doc: st
     "Most threads of a flash_attn_vec_reduce threadgroup (its CUDA body keeps 3 × 32 partials per thread in registers).",
   ],
   SAMPLE_TOP_P_OFF: [0x80000000, "top_p in Q31 at 1.0: sample_* keeps every token (no nucleus cut)."],
+  TOKEN_MAX_THREADS: [
+    1024,
+    "Most threads of an argmax or sample threadgroup: 32 simdgroups, whose partial results one simdgroup combines.",
+  ],
   STEP_ADVANCE_MAX_WORDS: [64, "Most state words one step_advance_u32 dispatch advances."],
 };
 

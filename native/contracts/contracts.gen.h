@@ -18,6 +18,7 @@
 #define MLXN_FLASH_MAX_NWG 0x100u
 #define MLXN_FLASH_REDUCE_MAX_THREADS 0x100u
 #define MLXN_SAMPLE_TOP_P_OFF 0x80000000u
+#define MLXN_TOKEN_MAX_THREADS 0x400u
 #define MLXN_STEP_ADVANCE_MAX_WORDS 64u
 
 /* Kernel ids: the index of each contract in mlxn_contracts, in description order. */

@@ -58,9 +58,9 @@ static int logits_validate(const mlxn_kargs *a, uint32_t rows, uint32_t vocab, m
   if (vocab == 0 || vocab > (1u << 30)) return mlxn_kfail(err, cap, "vocab must be in [1, 2^30], got %u", vocab);
   /* The GPU kernels reduce over whole warps / simdgroups of a one-dimensional threadgroup. */
   uint32_t tg = a->tg[0];
-  if (tg < 32 || tg > 1024 || (tg & (tg - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
-    return mlxn_kfail(err, cap, "threadgroup must be (2^k, 1, 1) with 32 <= 2^k <= 1024, got (%u, %u, %u)", a->tg[0],
-                      a->tg[1], a->tg[2]);
+  if (tg < 32 || tg > MLXN_TOKEN_MAX_THREADS || (tg & (tg - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
+    return mlxn_kfail(err, cap, "threadgroup must be (2^k, 1, 1) with 32 <= 2^k <= %u, got (%u, %u, %u)",
+                      MLXN_TOKEN_MAX_THREADS, a->tg[0], a->tg[1], a->tg[2]);
   if ((uint64_t)a->groups[0] * a->groups[1] * a->groups[2] < rows)
     return mlxn_kfail(err, cap, "%u threadgroups do not cover %u rows (one per row)",
                       a->groups[0] * a->groups[1] * a->groups[2], rows);
