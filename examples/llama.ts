@@ -15,6 +15,7 @@
 import {
   type DecodeStep,
   DType,
+  type FlashAttnVecOptions,
   type GraphSession,
   type MlxBuffer,
   type MlxDevice,
@@ -22,6 +23,8 @@ import {
   ops,
   quantizeAffine,
   quantizeGgml,
+  type RopeNeoxOptions,
+  type StridedCopyOptions,
 } from "../mod.ts";
 
 /** Shape and weight format of the model. */
@@ -79,6 +82,14 @@ export interface Llama {
   resetCache(): void;
 }
 
+/** The options of a step's rope, cache copy and attention calls. */
+interface StepOptions {
+  ropeQ: RopeNeoxOptions;
+  ropeK: RopeNeoxOptions;
+  copyV: StridedCopyOptions;
+  attn: FlashAttnVecOptions;
+}
+
 /** Builds the model's weights and activations on `device`. */
 export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   const { hidden, heads, kvHeads, ffn, vocab, ctx, quant } = cfg;
@@ -108,22 +119,29 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
   }
   /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
-  const unfused = (n: number, k: number, run: Linear["run"]): Linear => ({
-    n,
-    k,
-    run,
-    addInto(s, x, y, scratch, barrier) {
-      run(s, x, scratch);
-      barrier();
-      s.elementwiseAdd(y, scratch, y);
-    },
-    gluInto(s, x, y, scratch, barrier) {
-      run(s, x, scratch);
-      barrier();
-      const half = (n / 2) * 4;
-      s.siluMul(scratch.slice(0, half), scratch.slice(half, half), y);
-    },
-  });
+  const unfused = (n: number, k: number, run: Linear["run"]): Linear => {
+    // The halves of the SwiGLU scratch, sliced once per scratch buffer rather than per step.
+    let halvesOf: MlxBuffer | undefined, gate: MlxBuffer | undefined, up: MlxBuffer | undefined;
+    return {
+      n,
+      k,
+      run,
+      addInto(s, x, y, scratch, barrier) {
+        run(s, x, scratch);
+        barrier();
+        s.elementwiseAdd(y, scratch, y);
+      },
+      gluInto(s, x, y, scratch, barrier) {
+        run(s, x, scratch);
+        barrier();
+        if (halvesOf !== scratch) {
+          const half = (n / 2) * 4;
+          [halvesOf, gate, up] = [scratch, scratch.slice(0, half), scratch.slice(half, half)];
+        }
+        s.siluMul(gate!, up!, y);
+      },
+    };
+  };
   /** Random bf16 values of scale ~1/√k, generated as bits (fast enough for billions of weights). */
   function randomBf16(count: number, k: number): Uint16Array {
     const table = new Uint16Array(new Float32Array(rand(4096, 1 / Math.sqrt(k))).buffer.slice(0)).filter((_, i) =>
@@ -134,21 +152,29 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     return out;
   }
 
+  // Each projection's options are built once: the ops read them and keep nothing.
   function linear(n: number, k: number): Linear {
     if (quant === "bf16") {
       const buf = device.upload(randomBf16(n * k, k), DType.BF16);
+      const plain = { m: 1, n, k, constantWeights: true };
+      const glu = { m: 1, n: n / 2, k, swiglu: true, constantWeights: true };
+      const residual = { m: 1, n, k, residual: undefined as MlxBuffer | undefined, constantWeights: true };
       return {
         n,
         k,
-        run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, constantWeights: true }),
-        addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y, constantWeights: true }),
-        gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true, constantWeights: true }),
+        run: (s, x, y) => s.matmul(x, buf, y, plain),
+        addInto: (s, x, y) => {
+          residual.residual = y; // the model's own activation: holding it keeps nothing extra alive
+          s.matmul(x, buf, y, residual);
+        },
+        gluInto: (s, x, y) => s.matmul(x, buf, y, glu),
       };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
     if (quant === "q4_0") {
       const buf = device.upload(quantizeGgml(w, n, k, "q4_0"));
-      return unfused(n, k, (s, x, y) => s.quantizedMatmulGgml(x, buf, y, { m: 1, n, k, format: "q4_0" }));
+      const shape = { m: 1, n, k, format: "q4_0" } as const;
+      return unfused(n, k, (s, x, y) => s.quantizedMatmulGgml(x, buf, y, shape));
     }
     const q = quantizeAffine(w, n, k, 4, 64);
     const [qw, sc, bi] = [
@@ -156,7 +182,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       device.upload(q.scales, DType.BF16),
       device.upload(q.biases, DType.BF16),
     ];
-    return unfused(n, k, (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, { m: 1, n, k, bits: 4, groupSize: 64 }));
+    const shape = { m: 1, n, k, bits: 4, groupSize: 64 } as const;
+    return unfused(n, k, (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, shape));
   }
 
   const f32 = (n: number) => device.alloc(n * 4, DType.F32);
@@ -169,10 +196,14 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     wd: linear(hidden, ffn),
     kCache: f32(kvHeads * ctx * headDim),
     vCache: f32(kvHeads * ctx * headDim),
+    /** The caches' rows of each position (see `rows`), sliced on first use. */
+    kRows: new Array<MlxBuffer | undefined>(ctx),
+    vRows: new Array<MlxBuffer | undefined>(ctx),
   }));
   const embedding = rand(vocab * hidden, 1);
   const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
   const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
+  const lmHeadShape = { m: 1, n: vocab, k: hidden, constantWeights: true };
   const ones = device.upload(new Float32Array(hidden).fill(1));
   const qkv = f32((heads + 2 * kvHeads) * headDim), gu = f32(2 * ffn);
   const qBytes = heads * headDim * 4, kvBytes = kvHeads * headDim * 4;
@@ -201,65 +232,76 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
 
   // ---- one token ----------------------------------------------------------------------------------
 
+  // The step's op options, built once (the ops read them and keep nothing): a step then allocates
+  // nothing but the cache-row views of a position it has not seen.
+  const norm = { rows: 1, dim: hidden, eps: 1e-5 };
+  const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
+  /** Options of the position-driven step; `attn.kvSeqLen` is set per step. */
+  const byPosition: StepOptions = {
+    ropeQ: { ...rope, nHeads: heads },
+    ropeK: { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim },
+    copyV: { rows: kvHeads, cols: headDim, dstStride: ctx * headDim },
+    attn: { nHeads: heads, nKvHeads: kvHeads, headDim: headDim as 64, kvSeqLen: 1, kvCapacity: ctx },
+  };
+  /** Options of the state-driven step, for the last state buffer used. */
+  let byState: StepOptions & { state: MlxBuffer } | undefined;
+  function stateOptions(state: MlxBuffer): StepOptions {
+    if (byState === undefined || byState.state !== state) {
+      // Rows at the state's position of the whole caches, attention's keys from it (ctx bounds it).
+      const atState = { state, maxPositions: ctx };
+      byState = {
+        state,
+        ropeQ: { ...byPosition.ropeQ, ...atState },
+        ropeK: { ...byPosition.ropeK, outPosStride: headDim, ...atState },
+        copyV: { ...byPosition.copyV, dstPosStride: headDim, ...atState },
+        attn: { ...byPosition.attn, kvSeqLen: ctx, state },
+      };
+    }
+    return byState;
+  }
+  /** A cache's rows of position `pos` in every KV head, [kvHeads, ctx, headDim] laid out: rope writes K there. */
+  const rows = (table: (MlxBuffer | undefined)[], cache: MlxBuffer, pos: number): MlxBuffer =>
+    table[pos] ?? (table[pos] = cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4));
+
   /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
   function step(s: GraphSession, pos: number, barrier: () => void, positions = act.pos, state?: MlxBuffer): void {
-    const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
-    // With a state: rows at its position of the whole caches, attention's keys from it (ctx bounds it).
-    const atState = state ? { state, maxPositions: ctx } : {};
+    const o = state ? stateOptions(state) : byPosition;
+    if (!state) o.attn.kvSeqLen = pos + 1;
     const ropePositions = state ? undefined : positions;
-    for (const L of layers) {
+    const { x, t, h, q, k, v, qr, tmp, attn } = act;
+    for (let i = 0; i < layers.length; i++) {
+      const L = layers[i]!;
+      const kRows = state ? L.kCache : rows(L.kRows, L.kCache, pos);
+      const vRows = state ? L.vCache : rows(L.vRows, L.vCache, pos);
       barrier();
-      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 }); // RMS_NORM …
+      s.rmsNorm(x, ones, t, norm); // RMS_NORM …
       barrier();
-      s.elementwiseMul(act.t, L.attnNorm, act.h); // … then MUL(weight): the fusion pattern
+      s.elementwiseMul(t, L.attnNorm, h); // … then MUL(weight): the fusion pattern
       barrier();
-      L.wqkv.run(s, act.h, act.qkv);
+      L.wqkv.run(s, h, act.qkv);
       barrier();
-      // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
-      const row = (cache: MlxBuffer) =>
-        state ? cache : cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-      const perPos = state ? headDim : 0;
-      s.ropeNeox(act.q, act.qr, ropePositions, { ...rope, nHeads: heads, ...atState });
-      s.ropeNeox(act.k, row(L.kCache), ropePositions, {
-        ...rope,
-        nHeads: kvHeads,
-        outHeadStride: ctx * headDim,
-        ...(state ? { outPosStride: perPos } : {}),
-        ...atState,
-      });
-      s.stridedCopy(act.v, row(L.vCache), {
-        rows: kvHeads,
-        cols: headDim,
-        dstStride: ctx * headDim,
-        ...(state ? { dstPosStride: perPos } : {}),
-        ...atState,
-      });
+      s.ropeNeox(q, qr, ropePositions, o.ropeQ);
+      s.ropeNeox(k, kRows, ropePositions, o.ropeK);
+      s.stridedCopy(v, vRows, o.copyV);
       barrier();
-      s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
-        nHeads: heads,
-        nKvHeads: kvHeads,
-        headDim: headDim as 64,
-        kvSeqLen: state ? ctx : pos + 1,
-        kvCapacity: ctx,
-        ...(state ? { state } : {}),
-      });
+      s.flashAttnVec(qr, L.kCache, L.vCache, tmp, attn, o.attn);
       barrier();
-      L.wo.addInto(s, act.attn, act.x, act.o, barrier); // x += attn · Woᵀ
+      L.wo.addInto(s, attn, x, act.o, barrier); // x += attn · Woᵀ
       barrier();
-      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+      s.rmsNorm(x, ones, t, norm);
       barrier();
-      s.elementwiseMul(act.t, L.ffnNorm, act.h);
+      s.elementwiseMul(t, L.ffnNorm, h);
       barrier();
-      L.wgu.gluInto(s, act.h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
+      L.wgu.gluInto(s, h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
       barrier();
-      L.wd.addInto(s, act.ff, act.x, act.d, barrier); // x += ff · Wdᵀ
+      L.wd.addInto(s, act.ff, x, act.d, barrier); // x += ff · Wdᵀ
     }
     barrier();
-    s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+    s.rmsNorm(x, ones, t, norm);
     barrier();
-    s.elementwiseMul(act.t, outNorm, act.h);
+    s.elementwiseMul(t, outNorm, h);
     barrier();
-    s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden, constantWeights: true });
+    s.matmul(h, lmHead, act.logits, lmHeadShape);
   }
 
   /** One token pass: embedding gather → step → argmax or seeded sampling into the id ring. */
