@@ -12,6 +12,8 @@ import { allContracts } from "../src/kernels.ts";
 import { createLlama, type LlamaConfig } from "../examples/llama.ts";
 import { Op } from "../src/native/abi.ts";
 import type { StreamWriter } from "../src/native/stream.ts";
+import { loadLlama } from "../src/model/mod.ts";
+import { writeTinyLlamaGguf } from "./helpers/gguf_writer.ts";
 import { openDevice } from "./helpers.ts";
 
 const GOLDEN = new URL("./fixtures/decode_stream_golden.json", import.meta.url);
@@ -142,7 +144,51 @@ function encodeCases(): Record<string, string[]> {
     pass(`${quant} token pass, step state`, false, (s) => model.tokenStep(s, token(1, true), () => s.barrier()));
   }
   pass("ops outside the model", false, (s) => opsOutsideModel(device, s));
+  for (const [name, file] of loadedModels()) {
+    using model = loadLlama(device, file, { ctx: 8 });
+    const ids = device.alloc(8 * 4, DType.U32), state = device.alloc(16, DType.U32);
+    const views = { position: state.slice(0, 4), next: state.slice(4, 4), ring: ids, ringSlots: 8 };
+    const token = (k: number, withState: boolean) => ({
+      index: k,
+      position: k,
+      input: ids.slice((k % 8) * 4, 4),
+      output: ids.slice(((k + 1) % 8) * 4, 4),
+      ...(withState ? { state: views } : {}),
+    });
+    pass(`${name}: token pass, argmax`, false, (s) => model.encodeTokenStep(s, token(3, false)));
+    pass(
+      `${name}: token pass, sampling`,
+      false,
+      (s) => model.encodeTokenStep(s, token(4, false), { temperature: 0.5, topK: 7, seed: 2 }),
+    );
+    pass(`${name}: token pass, step state`, false, (s) => model.encodeTokenStep(s, token(1, true)));
+    pass(`${name}: forward at 5 then 2, auto barriers`, true, (s) => {
+      model.encodeForward(s, ids.slice(0, 4), 5, () => {});
+      model.encodeForward(s, ids.slice(4, 4), 2, () => {});
+    });
+  }
   return cases;
+}
+
+/** Two small GGUF files: k-quant layers with freq factors, and dense f32 weights. */
+function loadedModels(): [string, string][] {
+  const dir = Deno.makeTempDirSync({ prefix: "mlxn-golden-" });
+  const spec = { layers: 2, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 300, seed: 9 };
+  const write = (name: string, bytes: Uint8Array): [string, string] => {
+    Deno.writeFileSync(`${dir}/${name}.gguf`, bytes);
+    return [name, `${dir}/${name}.gguf`];
+  };
+  return [
+    write(
+      "gguf k-quants",
+      writeTinyLlamaGguf({
+        ...spec,
+        freqFactors: new Float32Array(32).fill(1.5),
+        typeOf: (role: string) => (role === "output" ? "q6_k" : role === "token_embd" ? "q8_0" : "q4_k"),
+      }),
+    ),
+    write("gguf f32", writeTinyLlamaGguf(spec)),
+  ];
 }
 
 /** One call of each op the demo model does not make, with non-default options. */
