@@ -187,6 +187,19 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   }
 
   const f32 = (n: number) => device.alloc(n * 4, DType.F32);
+  /** A cache's rows of position `pos` in every KV head, [kvHeads, ctx, headDim] laid out: rope writes K there. */
+  const rowView = (cache: MlxBuffer, pos: number) =>
+    cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+  /**
+   * A cache with its rows of every position as views, made with the model so that a step slices
+   * nothing (a slice costs about what a dispatch's host encode does); past 65,536 views per model
+   * (2 · layers · ctx) a step slices its rows instead.
+   */
+  const eagerRows = 2 * cfg.layers * ctx <= 1 << 16;
+  const kvCache = () => {
+    const cache = f32(kvHeads * ctx * headDim);
+    return { cache, rows: eagerRows ? Array.from({ length: ctx }, (_, pos) => rowView(cache, pos)) : [] };
+  };
   const layers = Array.from({ length: cfg.layers }, () => ({
     attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
     ffnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
@@ -194,11 +207,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     wo: linear(hidden, heads * headDim),
     wgu: linear(2 * ffn, hidden), // rows: gate, then up
     wd: linear(hidden, ffn),
-    kCache: f32(kvHeads * ctx * headDim),
-    vCache: f32(kvHeads * ctx * headDim),
-    /** The caches' rows of each position (see `rows`), sliced on first use. */
-    kRows: new Array<MlxBuffer | undefined>(ctx),
-    vRows: new Array<MlxBuffer | undefined>(ctx),
+    k: kvCache(),
+    v: kvCache(),
   }));
   const embedding = rand(vocab * hidden, 1);
   const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
@@ -259,9 +269,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     }
     return byState;
   }
-  /** A cache's rows of position `pos` in every KV head, [kvHeads, ctx, headDim] laid out: rope writes K there. */
-  const rows = (table: (MlxBuffer | undefined)[], cache: MlxBuffer, pos: number): MlxBuffer =>
-    table[pos] ?? (table[pos] = cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4));
 
   /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
   function step(s: GraphSession, pos: number, barrier: () => void, positions = act.pos, state?: MlxBuffer): void {
@@ -271,8 +278,9 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     const { x, t, h, q, k, v, qr, tmp, attn } = act;
     for (let i = 0; i < layers.length; i++) {
       const L = layers[i]!;
-      const kRows = state ? L.kCache : rows(L.kRows, L.kCache, pos);
-      const vRows = state ? L.vCache : rows(L.vRows, L.vCache, pos);
+      // No view (a large model, or a position outside the cache): slicing makes one or says what is wrong.
+      const kRows = state ? L.k.cache : L.k.rows[pos] ?? rowView(L.k.cache, pos);
+      const vRows = state ? L.v.cache : L.v.rows[pos] ?? rowView(L.v.cache, pos);
       barrier();
       s.rmsNorm(x, ones, t, norm); // RMS_NORM …
       barrier();
@@ -284,7 +292,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       s.ropeNeox(k, kRows, ropePositions, o.ropeK);
       s.stridedCopy(v, vRows, o.copyV);
       barrier();
-      s.flashAttnVec(qr, L.kCache, L.vCache, tmp, attn, o.attn);
+      s.flashAttnVec(qr, L.k.cache, L.v.cache, tmp, attn, o.attn);
       barrier();
       L.wo.addInto(s, attn, x, act.o, barrier); // x += attn · Woᵀ
       barrier();
@@ -346,8 +354,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     tokenStep,
     resetCache() {
       for (const L of layers) {
-        L.kCache.write(new Float32Array(kvHeads * ctx * headDim));
-        L.vCache.write(new Float32Array(kvHeads * ctx * headDim));
+        L.k.cache.write(new Float32Array(kvHeads * ctx * headDim));
+        L.v.cache.write(new Float32Array(kvHeads * ctx * headDim));
       }
     },
   };
