@@ -13,8 +13,10 @@
  * @module
  */
 import {
+  type ArgmaxOptions,
   type DecodeStep,
   DType,
+  type EmbedGatherOptions,
   type FlashAttnVecOptions,
   type GraphSession,
   type MlxBuffer,
@@ -312,6 +314,26 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     s.matmul(h, lmHead, act.logits, lmHeadShape);
   }
 
+  /** A token pass's gather and argmax options (built once; per ring for state-driven passes). */
+  interface TokenOptions {
+    gather: EmbedGatherOptions;
+    argmax: ArgmaxOptions;
+  }
+  const plainTokenOptions: TokenOptions = { gather: { dim: hidden, vocab }, argmax: { vocab } };
+  let byRing: TokenOptions & { st: NonNullable<DecodeStep["state"]> } | undefined;
+  function ringOptions(st: NonNullable<DecodeStep["state"]>): TokenOptions {
+    if (byRing === undefined || byRing.st !== st) {
+      byRing = {
+        st,
+        gather: { dim: hidden, vocab, cursor: st.position, ring: st.ringSlots },
+        argmax: { vocab, cursor: st.next, ring: st.ringSlots },
+      };
+    }
+    return byRing;
+  }
+  /** The position table's element of each position, sliced once. */
+  const positionViews: MlxBuffer[] = [];
+
   /** One token pass: embedding gather → step → argmax or seeded sampling into the id ring. */
   function tokenStep(s: GraphSession, t: DecodeStep, barrier: () => void, select: TokenSelection = {}): void {
     const pos = t.position;
@@ -322,16 +344,15 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       );
     }
     embeddingTable ??= device.upload(embedding);
-    const reg = device.kernels, st = t.state;
+    const reg = device.kernels, st = t.state, o = st ? ringOptions(st) : plainTokenOptions;
     // State-driven: the whole ring, read at the position's slot and written at the next one's.
-    const inRing = st ? { cursor: st.position, ring: st.ringSlots } : {};
-    const outRing = st ? { cursor: st.next, ring: st.ringSlots } : {};
-    ops.embedGather(s, reg, embeddingTable, st ? st.ring : t.input, act.x, { dim: hidden, vocab, ...inRing });
-    step(s, pos, barrier, st ? undefined : act.positions.slice(pos * 4, 4), st?.position);
+    ops.embedGather(s, reg, embeddingTable, st ? st.ring : t.input, act.x, o.gather);
+    step(s, pos, barrier, st ? undefined : positionViews[pos] ??= act.positions.slice(pos * 4, 4), st?.position);
     barrier();
     const out = st ? st.ring : t.output, temperature = select.temperature ?? 0;
-    if (temperature === 0) ops.argmax(s, reg, act.logits, out, { vocab, ...outRing });
+    if (temperature === 0) ops.argmax(s, reg, act.logits, out, o.argmax);
     else {
+      const outRing = st ? { cursor: st.next, ring: st.ringSlots } : {};
       ops.sample(s, reg, act.logits, out, {
         vocab,
         temperature,
