@@ -2,13 +2,19 @@
  * Host cost of the decode-path ops (rope, matmul, attention, sampling) against a prebuilt descriptor
  * of the same kernel: 800 calls per pass into one encoder, nothing runs (the pass is flushed to the
  * native encoder and dropped). The ops check their arguments and fill a reused descriptor, so each
- * should cost about what the descriptor path costs. Read the ratios, not the absolute numbers.
+ * should cost about what the descriptor path costs. Then one whole decode step of the demo model
+ * (examples/llama.ts: 32 layers at small dims, bf16 and Q4_0 weights, hand barriers) through a
+ * direct session, against the same dispatches and barriers replayed as prebuilt descriptors into a
+ * bare encoder: that ratio is the host cost the ops, the session and the model's own code add (issue
+ * 16). Read the ratios, not the absolute numbers.
  *
  *   deno bench --allow-ffi --allow-read --allow-env bench/op_host_bench.ts
  */
-import { DType, f32Bits, MlxDevice, ops } from "../mod.ts";
+import { DType, f32Bits, GraphExecutor, type GraphSession, MlxDevice, ops } from "../mod.ts";
+import { createLlama } from "../examples/llama.ts";
 import type { DispatchDescriptor } from "../src/encoder.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
+import { SESSION_OPS } from "../src/session_ops.ts";
 
 const N = 800, HD = 64, HEADS = 4, CTX = 16, VOCAB = 256, DIM = 64;
 const device = MlxDevice.open({ backend: "cpu" });
@@ -79,3 +85,61 @@ pair("sample", {
   threadgroup: [64, 1, 1],
   dispatchKind: "threadgroups",
 }, (t) => ops.sample(t, registry, logits, ids, { vocab: VOCAB, temperature: 0.8, topK: 40, seed: 7 }));
+
+// ---- one decode step ------------------------------------------------------------------------------
+
+const exec = new GraphExecutor(device);
+const STEP_POSITION = 5;
+
+/** The step's dispatches (descriptors copied) and barriers (null), in order, as a session would encode them. */
+function recordStep(step: (s: GraphSession) => void): (DispatchDescriptor | null)[] {
+  const list: (DispatchDescriptor | null)[] = [];
+  const target: DispatchTarget = {
+    dispatch: (d) =>
+      list.push({
+        ...d,
+        bindings: d.bindings.map((b) => (Array.isArray(b) ? [...b] : b)),
+        grid: typeof d.grid === "number" ? d.grid : [...d.grid],
+        threadgroup: typeof d.threadgroup === "number" ? d.threadgroup : [...d.threadgroup],
+      }),
+    memoryBarrier: () => list.push(null),
+  };
+  // A stand-in session: each op method calls the op on the recording target.
+  const methods = Object.fromEntries(
+    Object.entries(SESSION_OPS).map(([name, op]) => [
+      name,
+      (...args: unknown[]) => (op as (...a: unknown[]) => void)(target, registry, ...args),
+    ]),
+  );
+  step({ ...methods, barrier: () => target.memoryBarrier() } as unknown as GraphSession);
+  return list;
+}
+
+for (const quant of ["bf16", "q4_0"] as const) {
+  const model = createLlama(device, {
+    layers: 32,
+    hidden: 256,
+    heads: 4,
+    kvHeads: 2,
+    ffn: 512,
+    vocab: 512,
+    ctx: 64,
+    quant,
+    seed: 7,
+  });
+  const recorded = recordStep((s) => model.step(s, STEP_POSITION, () => s.barrier()));
+  const dispatches = recorded.filter((d) => d !== null).length;
+  const group = `decode step ${quant}`;
+  Deno.bench(`${group}: ${dispatches} prebuilt descriptors + barriers, flushed`, { group, baseline: true }, () => {
+    const enc = device.commandEncoder();
+    for (const d of recorded) d === null ? enc.memoryBarrier() : enc.dispatch(d);
+    enc.flush();
+    enc.dispose();
+  });
+  Deno.bench(`${group}: decode step, host encode (no execution)`, { group }, () => {
+    const s = exec.begin({ autoBarriers: false });
+    model.step(s, STEP_POSITION, () => s.barrier());
+    s.encoder.flush();
+    s.dispose();
+  });
+}

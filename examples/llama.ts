@@ -13,8 +13,11 @@
  * @module
  */
 import {
+  type ArgmaxOptions,
   type DecodeStep,
   DType,
+  type EmbedGatherOptions,
+  type FlashAttnVecOptions,
   type GraphSession,
   type MlxBuffer,
   type MlxDevice,
@@ -22,6 +25,8 @@ import {
   ops,
   quantizeAffine,
   quantizeGgml,
+  type RopeNeoxOptions,
+  type StridedCopyOptions,
 } from "../mod.ts";
 
 /** Shape and weight format of the model. */
@@ -79,6 +84,14 @@ export interface Llama {
   resetCache(): void;
 }
 
+/** The options of a step's rope, cache copy and attention calls. */
+interface StepOptions {
+  ropeQ: RopeNeoxOptions;
+  ropeK: RopeNeoxOptions;
+  copyV: StridedCopyOptions;
+  attn: FlashAttnVecOptions;
+}
+
 /** Builds the model's weights and activations on `device`. */
 export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   const { hidden, heads, kvHeads, ffn, vocab, ctx, quant } = cfg;
@@ -108,22 +121,29 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
   }
   /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
-  const unfused = (n: number, k: number, run: Linear["run"]): Linear => ({
-    n,
-    k,
-    run,
-    addInto(s, x, y, scratch, barrier) {
-      run(s, x, scratch);
-      barrier();
-      s.elementwiseAdd(y, scratch, y);
-    },
-    gluInto(s, x, y, scratch, barrier) {
-      run(s, x, scratch);
-      barrier();
-      const half = (n / 2) * 4;
-      s.siluMul(scratch.slice(0, half), scratch.slice(half, half), y);
-    },
-  });
+  const unfused = (n: number, k: number, run: Linear["run"]): Linear => {
+    // The halves of the SwiGLU scratch, sliced once per scratch buffer rather than per step.
+    let halvesOf: MlxBuffer | undefined, gate: MlxBuffer | undefined, up: MlxBuffer | undefined;
+    return {
+      n,
+      k,
+      run,
+      addInto(s, x, y, scratch, barrier) {
+        run(s, x, scratch);
+        barrier();
+        s.elementwiseAdd(y, scratch, y);
+      },
+      gluInto(s, x, y, scratch, barrier) {
+        run(s, x, scratch);
+        barrier();
+        if (halvesOf !== scratch) {
+          const half = (n / 2) * 4;
+          [halvesOf, gate, up] = [scratch, scratch.slice(0, half), scratch.slice(half, half)];
+        }
+        s.siluMul(gate!, up!, y);
+      },
+    };
+  };
   /** Random bf16 values of scale ~1/√k, generated as bits (fast enough for billions of weights). */
   function randomBf16(count: number, k: number): Uint16Array {
     const table = new Uint16Array(new Float32Array(rand(4096, 1 / Math.sqrt(k))).buffer.slice(0)).filter((_, i) =>
@@ -134,21 +154,29 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     return out;
   }
 
+  // Each projection's options are built once: the ops read them and keep nothing.
   function linear(n: number, k: number): Linear {
     if (quant === "bf16") {
       const buf = device.upload(randomBf16(n * k, k), DType.BF16);
+      const plain = { m: 1, n, k, constantWeights: true };
+      const glu = { m: 1, n: n / 2, k, swiglu: true, constantWeights: true };
+      const residual = { m: 1, n, k, residual: undefined as MlxBuffer | undefined, constantWeights: true };
       return {
         n,
         k,
-        run: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, constantWeights: true }),
-        addInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n, k, residual: y, constantWeights: true }),
-        gluInto: (s, x, y) => s.matmul(x, buf, y, { m: 1, n: n / 2, k, swiglu: true, constantWeights: true }),
+        run: (s, x, y) => s.matmul(x, buf, y, plain),
+        addInto: (s, x, y) => {
+          residual.residual = y; // the model's own activation: holding it keeps nothing extra alive
+          s.matmul(x, buf, y, residual);
+        },
+        gluInto: (s, x, y) => s.matmul(x, buf, y, glu),
       };
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
     if (quant === "q4_0") {
       const buf = device.upload(quantizeGgml(w, n, k, "q4_0"));
-      return unfused(n, k, (s, x, y) => s.quantizedMatmulGgml(x, buf, y, { m: 1, n, k, format: "q4_0" }));
+      const shape = { m: 1, n, k, format: "q4_0" } as const;
+      return unfused(n, k, (s, x, y) => s.quantizedMatmulGgml(x, buf, y, shape));
     }
     const q = quantizeAffine(w, n, k, 4, 64);
     const [qw, sc, bi] = [
@@ -156,10 +184,24 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       device.upload(q.scales, DType.BF16),
       device.upload(q.biases, DType.BF16),
     ];
-    return unfused(n, k, (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, { m: 1, n, k, bits: 4, groupSize: 64 }));
+    const shape = { m: 1, n, k, bits: 4, groupSize: 64 } as const;
+    return unfused(n, k, (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, shape));
   }
 
   const f32 = (n: number) => device.alloc(n * 4, DType.F32);
+  /** A cache's rows of position `pos` in every KV head, [kvHeads, ctx, headDim] laid out: rope writes K there. */
+  const rowView = (cache: MlxBuffer, pos: number) =>
+    cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
+  /**
+   * A cache with its rows of every position as views, made with the model so that a step slices
+   * nothing (a slice costs about what a dispatch's host encode does); past 65,536 views per model
+   * (2 · layers · ctx) a step slices its rows instead.
+   */
+  const eagerRows = 2 * cfg.layers * ctx <= 1 << 16;
+  const kvCache = () => {
+    const cache = f32(kvHeads * ctx * headDim);
+    return { cache, rows: eagerRows ? Array.from({ length: ctx }, (_, pos) => rowView(cache, pos)) : [] };
+  };
   const layers = Array.from({ length: cfg.layers }, () => ({
     attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
     ffnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
@@ -167,12 +209,13 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     wo: linear(hidden, heads * headDim),
     wgu: linear(2 * ffn, hidden), // rows: gate, then up
     wd: linear(hidden, ffn),
-    kCache: f32(kvHeads * ctx * headDim),
-    vCache: f32(kvHeads * ctx * headDim),
+    k: kvCache(),
+    v: kvCache(),
   }));
   const embedding = rand(vocab * hidden, 1);
   const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
   const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
+  const lmHeadShape = { m: 1, n: vocab, k: hidden, constantWeights: true };
   const ones = device.upload(new Float32Array(hidden).fill(1));
   const qkv = f32((heads + 2 * kvHeads) * headDim), gu = f32(2 * ffn);
   const qBytes = heads * headDim * 4, kvBytes = kvHeads * headDim * 4;
@@ -201,66 +244,95 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
 
   // ---- one token ----------------------------------------------------------------------------------
 
+  // The step's op options, built once (the ops read them and keep nothing): a step then allocates
+  // nothing but the cache-row views of a position it has not seen.
+  const norm = { rows: 1, dim: hidden, eps: 1e-5 };
+  const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
+  /** Options of the position-driven step; `attn.kvSeqLen` is set per step. */
+  const byPosition: StepOptions = {
+    ropeQ: { ...rope, nHeads: heads },
+    ropeK: { ...rope, nHeads: kvHeads, outHeadStride: ctx * headDim },
+    copyV: { rows: kvHeads, cols: headDim, dstStride: ctx * headDim },
+    attn: { nHeads: heads, nKvHeads: kvHeads, headDim: headDim as 64, kvSeqLen: 1, kvCapacity: ctx },
+  };
+  /** Options of the state-driven step, for the last state buffer used. */
+  let byState: StepOptions & { state: MlxBuffer } | undefined;
+  function stateOptions(state: MlxBuffer): StepOptions {
+    if (byState === undefined || byState.state !== state) {
+      // Rows at the state's position of the whole caches, attention's keys from it (ctx bounds it).
+      const atState = { state, maxPositions: ctx };
+      byState = {
+        state,
+        ropeQ: { ...byPosition.ropeQ, ...atState },
+        ropeK: { ...byPosition.ropeK, outPosStride: headDim, ...atState },
+        copyV: { ...byPosition.copyV, dstPosStride: headDim, ...atState },
+        attn: { ...byPosition.attn, kvSeqLen: ctx, state },
+      };
+    }
+    return byState;
+  }
+
   /** Encodes one decode step at `pos`; `barrier` is called wherever hand placement puts one. */
   function step(s: GraphSession, pos: number, barrier: () => void, positions = act.pos, state?: MlxBuffer): void {
-    const rope = { theta: 10000, headDim, ropeDim: headDim, seqLen: 1 };
-    // With a state: rows at its position of the whole caches, attention's keys from it (ctx bounds it).
-    const atState = state ? { state, maxPositions: ctx } : {};
+    const o = state ? stateOptions(state) : byPosition;
+    if (!state) o.attn.kvSeqLen = pos + 1;
     const ropePositions = state ? undefined : positions;
-    for (const L of layers) {
+    const { x, t, h, q, k, v, qr, tmp, attn } = act;
+    for (let i = 0; i < layers.length; i++) {
+      const L = layers[i]!;
+      // No view (a large model, or a position outside the cache): slicing makes one or says what is wrong.
+      const kRows = state ? L.k.cache : L.k.rows[pos] ?? rowView(L.k.cache, pos);
+      const vRows = state ? L.v.cache : L.v.rows[pos] ?? rowView(L.v.cache, pos);
       barrier();
-      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 }); // RMS_NORM …
+      s.rmsNorm(x, ones, t, norm); // RMS_NORM …
       barrier();
-      s.elementwiseMul(act.t, L.attnNorm, act.h); // … then MUL(weight): the fusion pattern
+      s.elementwiseMul(t, L.attnNorm, h); // … then MUL(weight): the fusion pattern
       barrier();
-      L.wqkv.run(s, act.h, act.qkv);
+      L.wqkv.run(s, h, act.qkv);
       barrier();
-      // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
-      const row = (cache: MlxBuffer) =>
-        state ? cache : cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-      const perPos = state ? headDim : 0;
-      s.ropeNeox(act.q, act.qr, ropePositions, { ...rope, nHeads: heads, ...atState });
-      s.ropeNeox(act.k, row(L.kCache), ropePositions, {
-        ...rope,
-        nHeads: kvHeads,
-        outHeadStride: ctx * headDim,
-        ...(state ? { outPosStride: perPos } : {}),
-        ...atState,
-      });
-      s.stridedCopy(act.v, row(L.vCache), {
-        rows: kvHeads,
-        cols: headDim,
-        dstStride: ctx * headDim,
-        ...(state ? { dstPosStride: perPos } : {}),
-        ...atState,
-      });
+      s.ropeNeox(q, qr, ropePositions, o.ropeQ);
+      s.ropeNeox(k, kRows, ropePositions, o.ropeK);
+      s.stridedCopy(v, vRows, o.copyV);
       barrier();
-      s.flashAttnVec(act.qr, L.kCache, L.vCache, act.tmp, act.attn, {
-        nHeads: heads,
-        nKvHeads: kvHeads,
-        headDim: headDim as 64,
-        kvSeqLen: state ? ctx : pos + 1,
-        kvCapacity: ctx,
-        ...(state ? { state } : {}),
-      });
+      s.flashAttnVec(qr, L.k.cache, L.v.cache, tmp, attn, o.attn);
       barrier();
-      L.wo.addInto(s, act.attn, act.x, act.o, barrier); // x += attn · Woᵀ
+      L.wo.addInto(s, attn, x, act.o, barrier); // x += attn · Woᵀ
       barrier();
-      s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+      s.rmsNorm(x, ones, t, norm);
       barrier();
-      s.elementwiseMul(act.t, L.ffnNorm, act.h);
+      s.elementwiseMul(t, L.ffnNorm, h);
       barrier();
-      L.wgu.gluInto(s, act.h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
+      L.wgu.gluInto(s, h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
       barrier();
-      L.wd.addInto(s, act.ff, act.x, act.d, barrier); // x += ff · Wdᵀ
+      L.wd.addInto(s, act.ff, x, act.d, barrier); // x += ff · Wdᵀ
     }
     barrier();
-    s.rmsNorm(act.x, ones, act.t, { rows: 1, dim: hidden, eps: 1e-5 });
+    s.rmsNorm(x, ones, t, norm);
     barrier();
-    s.elementwiseMul(act.t, outNorm, act.h);
+    s.elementwiseMul(t, outNorm, h);
     barrier();
-    s.matmul(act.h, lmHead, act.logits, { m: 1, n: vocab, k: hidden, constantWeights: true });
+    s.matmul(h, lmHead, act.logits, lmHeadShape);
   }
+
+  /** A token pass's gather and argmax options (built once; per ring for state-driven passes). */
+  interface TokenOptions {
+    gather: EmbedGatherOptions;
+    argmax: ArgmaxOptions;
+  }
+  const plainTokenOptions: TokenOptions = { gather: { dim: hidden, vocab }, argmax: { vocab } };
+  let byRing: TokenOptions & { st: NonNullable<DecodeStep["state"]> } | undefined;
+  function ringOptions(st: NonNullable<DecodeStep["state"]>): TokenOptions {
+    if (byRing === undefined || byRing.st !== st) {
+      byRing = {
+        st,
+        gather: { dim: hidden, vocab, cursor: st.position, ring: st.ringSlots },
+        argmax: { vocab, cursor: st.next, ring: st.ringSlots },
+      };
+    }
+    return byRing;
+  }
+  /** The position table's element of each position, sliced once. */
+  const positionViews: MlxBuffer[] = [];
 
   /** One token pass: embedding gather → step → argmax or seeded sampling into the id ring. */
   function tokenStep(s: GraphSession, t: DecodeStep, barrier: () => void, select: TokenSelection = {}): void {
@@ -272,16 +344,15 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       );
     }
     embeddingTable ??= device.upload(embedding);
-    const reg = device.kernels, st = t.state;
+    const reg = device.kernels, st = t.state, o = st ? ringOptions(st) : plainTokenOptions;
     // State-driven: the whole ring, read at the position's slot and written at the next one's.
-    const inRing = st ? { cursor: st.position, ring: st.ringSlots } : {};
-    const outRing = st ? { cursor: st.next, ring: st.ringSlots } : {};
-    ops.embedGather(s, reg, embeddingTable, st ? st.ring : t.input, act.x, { dim: hidden, vocab, ...inRing });
-    step(s, pos, barrier, st ? undefined : act.positions.slice(pos * 4, 4), st?.position);
+    ops.embedGather(s, reg, embeddingTable, st ? st.ring : t.input, act.x, o.gather);
+    step(s, pos, barrier, st ? undefined : positionViews[pos] ??= act.positions.slice(pos * 4, 4), st?.position);
     barrier();
     const out = st ? st.ring : t.output, temperature = select.temperature ?? 0;
-    if (temperature === 0) ops.argmax(s, reg, act.logits, out, { vocab, ...outRing });
+    if (temperature === 0) ops.argmax(s, reg, act.logits, out, o.argmax);
     else {
+      const outRing = st ? { cursor: st.next, ring: st.ringSlots } : {};
       ops.sample(s, reg, act.logits, out, {
         vocab,
         temperature,
@@ -304,8 +375,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     tokenStep,
     resetCache() {
       for (const L of layers) {
-        L.kCache.write(new Float32Array(kvHeads * ctx * headDim));
-        L.vCache.write(new Float32Array(kvHeads * ctx * headDim));
+        L.k.cache.write(new Float32Array(kvHeads * ctx * headDim));
+        L.v.cache.write(new Float32Array(kvHeads * ctx * headDim));
       }
     },
   };

@@ -8,7 +8,7 @@
 import { MlxBuffer } from "./buffer.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import { SLOT_BUFFER } from "./kernels.ts";
-import { Limits, RecordWords } from "./native/abi.ts";
+import { Limits, Op, RecordWords } from "./native/abi.ts";
 import {
   H_BARRIER,
   H_DISPATCH_GROUPS,
@@ -22,10 +22,6 @@ import {
   type StreamWriter,
   TWO_32,
 } from "./native/stream.ts";
-
-function validDim(v: number): boolean {
-  return (v >>> 0) === v && v > 0;
-}
 
 /**
  * Writes one dispatch's records into `writer`: checks the descriptor while writing straight into the
@@ -60,14 +56,17 @@ export function writeDispatch(
     if (tg.length > 1) t1 = tg[1]!;
     if (tg.length > 2) t2 = tg[2]!;
   }
+  // Every dimension a positive u32, tested inline: this function is past V8's inlining budget, so
+  // a helper called here would stay a call (so would StreamWriter.reserve and setBytesHeader below).
   if (
-    !validDim(g0) || !validDim(g1) || !validDim(g2) || !validDim(t0) || !validDim(t1) || !validDim(t2) ||
+    (g0 >>> 0) !== g0 || (g1 >>> 0) !== g1 || (g2 >>> 0) !== g2 || (t0 >>> 0) !== t0 || (t1 >>> 0) !== t1 ||
+    (t2 >>> 0) !== t2 || g0 === 0 || g1 === 0 || g2 === 0 || t0 === 0 || t1 === 0 || t2 === 0 ||
     t0 * t1 * t2 > Limits.MAX_THREADS_PER_GROUP
   ) return false;
   const tgMem = d.threadgroupMemory ?? 0;
   if ((tgMem >>> 0) !== tgMem || tgMem > Limits.MAX_TG_MEMORY) return false;
-  writer.reserve(p.maxDispatchWords + RecordWords.BARRIER);
   const w = writer.words;
+  if (writer.pos + p.maxDispatchWords + RecordWords.BARRIER > w.length) writer.flush(); // StreamWriter.reserve
   let at = writer.pos;
   if (barrierFirst) w[at++] = H_BARRIER;
   if (currentPipeline !== p.handle) {
@@ -109,7 +108,7 @@ export function writeDispatch(
     } else if (Array.isArray(b)) { // inline bytes as u32 words
       const len = b.length;
       if (len === 0 || len * 4 > Limits.MAX_INLINE_BYTES || (code !== 0 && len * 4 !== code)) return false;
-      w[at] = setBytesHeader(len) | (i << 8);
+      w[at] = (((RecordWords.SET_BYTES_HEADER + len) << 16) | (i << 8) | Op.SET_BYTES) >>> 0; // setBytesHeader
       w[at + 1] = len * 4;
       at += 2;
       for (let k = 0; k < len; k++) {

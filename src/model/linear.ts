@@ -38,6 +38,18 @@ export interface Linear {
   dispose(): void;
 }
 
+/**
+ * Views of a scratch buffer, sliced on first use and kept while the same scratch comes back (a
+ * model passes the same one every step), so a step slices nothing.
+ */
+function scratchViews<T>(make: (scratch: MlxBuffer) => T): (scratch: MlxBuffer) => T {
+  let of: MlxBuffer | undefined, views: T | undefined;
+  return (scratch) => {
+    if (of !== scratch) [of, views] = [scratch, make(scratch)];
+    return views!;
+  };
+}
+
 function unfused(
   n: number,
   k: number,
@@ -45,6 +57,9 @@ function unfused(
   buffers: MlxBuffer[],
   run: Linear["run"],
 ): Linear {
+  const half = (n / 2) * 4;
+  const part = scratchViews((scratch) => scratch.slice(0, n * 4));
+  const halves = scratchViews((scratch) => [scratch.slice(0, half), scratch.slice(half, half)] as const);
   return {
     n,
     k,
@@ -52,16 +67,16 @@ function unfused(
     bytes: buffers.reduce((t, b) => t + b.byteLength, 0),
     run,
     addInto(s, x, y, scratch, barrier) {
-      const part = scratch.slice(0, n * 4);
-      run(s, x, part);
+      const p = part(scratch);
+      run(s, x, p);
       barrier();
-      s.elementwiseAdd(y, part, y);
+      s.elementwiseAdd(y, p, y);
     },
     gluInto(s, x, y, scratch, barrier) {
-      run(s, x, scratch.slice(0, n * 4));
+      run(s, x, part(scratch));
       barrier();
-      const half = (n / 2) * 4;
-      s.siluMul(scratch.slice(0, half), scratch.slice(half, half), y);
+      const [gate, up] = halves(scratch);
+      s.siluMul(gate, up, y);
     },
     dispose() {
       for (const b of buffers) b.dispose();
@@ -71,21 +86,29 @@ function unfused(
 
 /** A dense projection over an f32, bf16 or f16 weight buffer [n, k]. */
 export function denseLinear(w: MlxBuffer, n: number, k: number): Linear {
+  // Options built once: the ops read them and keep nothing.
+  const plain = { m: 1, n, k, constantWeights: true };
+  const glu = { m: 1, n: n / 2, k, swiglu: true, constantWeights: true };
+  const residual = { m: 1, n, k, residual: undefined as MlxBuffer | undefined, constantWeights: true };
   return {
     n,
     k,
     format: w.dtype,
     bytes: w.byteLength,
-    run: (s, x, y) => s.matmul(x, w, y, { m: 1, n, k, constantWeights: true }),
-    addInto: (s, x, y) => s.matmul(x, w, y, { m: 1, n, k, residual: y, constantWeights: true }),
-    gluInto: (s, x, y) => s.matmul(x, w, y, { m: 1, n: n / 2, k, swiglu: true, constantWeights: true }),
+    run: (s, x, y) => s.matmul(x, w, y, plain),
+    addInto: (s, x, y) => {
+      residual.residual = y; // the model's own activation: holding it keeps nothing extra alive
+      s.matmul(x, w, y, residual);
+    },
+    gluInto: (s, x, y) => s.matmul(x, w, y, glu),
     dispose: () => w.dispose(),
   };
 }
 
 /** A projection over ggml blocks (u8 buffer of n rows of k/blockValues blocks). */
 export function ggmlLinear(w: MlxBuffer, n: number, k: number, format: GgmlFormat): Linear {
-  return unfused(n, k, format, [w], (s, x, y) => s.quantizedMatmulGgml(x, w, y, { m: 1, n, k, format }));
+  const shape = { m: 1, n, k, format };
+  return unfused(n, k, format, [w], (s, x, y) => s.quantizedMatmulGgml(x, w, y, shape));
 }
 
 /** A projection over MLX affine-quantized weights (codes as bytes, scales and biases [n, k/groupSize]). */
@@ -98,11 +121,12 @@ export function affineLinear(
   bits: AffineQuantBits,
   groupSize: 32 | 64 | 128,
 ): Linear {
+  const shape = { m: 1, n, k, bits, groupSize };
   return unfused(
     n,
     k,
     `affine${bits}/${groupSize}`,
     [w, scales, biases],
-    (s, x, y) => s.quantizedMatmul(x, w, scales, biases, y, { m: 1, n, k, bits, groupSize }),
+    (s, x, y) => s.quantizedMatmul(x, w, scales, biases, y, shape),
   );
 }

@@ -16,9 +16,11 @@ import type { MlxDevice } from "../device.ts";
 import { MlxError } from "../errors.ts";
 import type { GraphSession } from "../executor.ts";
 import type { LlamaConfig } from "../io/model_config.ts";
-import { flashAttnVecScratchBytes } from "../ops/attention.ts";
-import { ropeNeox, ropeNorm } from "../ops/rope.ts";
-import { argmax, embedGather, sample } from "../ops/sample.ts";
+import { type FlashAttnVecOptions, flashAttnVecScratchBytes } from "../ops/attention.ts";
+import type { StridedCopyOptions } from "../ops/elementwise.ts";
+import type { NormOptions } from "../ops/norm.ts";
+import { ropeNeox, type RopeNeoxOptions, ropeNorm } from "../ops/rope.ts";
+import { argmax, embedGather, type EmbedGatherOptions, sample } from "../ops/sample.ts";
 import type { Linear } from "./linear.ts";
 import { type EmbeddingTable, type LinearPart, openWeights, type RopeMode } from "./weights.ts";
 
@@ -56,6 +58,20 @@ interface Layer {
   down: Linear;
   kCache: MlxBuffer;
   vCache: MlxBuffer;
+  /** The caches' rows of each position (see `LlamaModel.#rows`), sliced on first use. */
+  kRows: (MlxBuffer | undefined)[];
+  vRows: (MlxBuffer | undefined)[];
+}
+
+/** The options of a pass's ops, built once per model (and per step state): the ops keep none. */
+interface PassOptions {
+  norm: NormOptions;
+  ropeQ: RopeNeoxOptions;
+  ropeK: RopeNeoxOptions;
+  copyV: StridedCopyOptions;
+  /** `kvSeqLen` is set per pass when the position comes from the host. */
+  attn: FlashAttnVecOptions;
+  gather: EmbedGatherOptions;
 }
 
 /** The per-token activation buffers of one model. */
@@ -104,6 +120,10 @@ export class LlamaModel {
   readonly #freqFactors: MlxBuffer | undefined;
   readonly #act: Record<ActivationName, MlxBuffer>;
   readonly #owned: { dispose(): void }[] = [];
+  #byPosition: PassOptions | undefined;
+  #byState: PassOptions & { state: NonNullable<DecodeStep["state"]> } | undefined;
+  readonly #positionViews: (MlxBuffer | undefined)[] = [];
+  #guHalves: readonly [MlxBuffer, MlxBuffer] | undefined;
 
   /** @internal Use {@link loadLlama}. */
   constructor(device: MlxDevice, path: string, options: LoadLlamaOptions = {}) {
@@ -159,6 +179,8 @@ export class LlamaModel {
           down: down!.linear,
           kCache: f32(kvElems),
           vCache: f32(kvElems),
+          kRows: new Array(ctx),
+          vRows: new Array(ctx),
         });
       }
       this.#embedding = w.embedding(device);
@@ -221,64 +243,36 @@ export class LlamaModel {
     barrier: () => void,
     state?: DecodeStep["state"],
   ): void {
-    const c = this.config, a = this.#act, reg = this.device.kernels;
+    const a = this.#act, reg = this.device.kernels, ffn = this.config.intermediateSize;
     if (!Number.isSafeInteger(position) || position < 0 || position >= this.ctx) {
       throw new MlxError(
         "InvalidArgument",
         `token position ${position} is outside the KV cache of ${this.ctx} positions: load the model with a larger ctx`,
       );
     }
-    const { hiddenSize: hidden, headDim, heads, kvHeads, intermediateSize: ffn } = c;
-    const norm = { rows: 1, dim: hidden, eps: c.rmsEps };
-    const st = state?.position, ctx = this.ctx;
-    const positions = st ? undefined : a.positions.slice(position * 4, 4);
-    const rope = {
-      theta: c.ropeTheta,
-      headDim,
-      ropeDim: c.ropeDim,
-      seqLen: 1,
-      freqFactors: this.#freqFactors,
-    };
-    const rotate = this.ropeMode === "norm" ? ropeNorm : ropeNeox;
-    embedGather(s, reg, this.#embedding.table, state ? state.ring : ids, a.x, {
-      dim: hidden,
-      vocab: c.vocabSize,
-      format: this.#embedding.format,
-      ...(state ? { cursor: state.position, ring: state.ringSlots } : {}),
-    });
+    const st = state?.position;
+    const o = state ? this.#stateOptions(state) : (this.#byPosition ??= this.#passOptions(undefined));
+    if (!state) o.attn.kvSeqLen = position + 1;
+    const positions = st ? undefined : (this.#positionViews[position] ??= a.positions.slice(position * 4, 4));
+    const rotate = this.ropeMode === "norm" ? ropeNorm : ropeNeox, norm = o.norm;
+    embedGather(s, reg, this.#embedding.table, state ? state.ring : ids, a.x, o.gather);
     // With a state: rope and the V copy write at the position's rows of the whole caches, and
     // attention reads its keys from it (the KV capacity bounds it statically).
-    const atState = st ? { state: st, maxPositions: ctx } : {};
-    for (const L of this.#layers) {
+    for (let l = 0; l < this.#layers.length; l++) {
+      const L = this.#layers[l]!;
       barrier();
       s.rmsNorm(a.x, this.#ones, a.t, norm); // RMS_NORM then MUL(weight): the pattern the fuse pass merges
       barrier();
       s.elementwiseMul(a.t, L.attnNorm, a.h);
       barrier();
-      L.qkv.forEach((p, i) => p.linear.run(s, a.h, L.qkvOut[i]!));
+      for (let i = 0; i < L.qkv.length; i++) L.qkv[i]!.linear.run(s, a.h, L.qkvOut[i]!);
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
-      const row = (cache: MlxBuffer) =>
-        st ? cache : cache.slice(position * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-      const kvRows = { nHeads: kvHeads, outHeadStride: ctx * headDim, ...(st ? { outPosStride: headDim } : {}) };
-      rotate(s, reg, a.q, a.qr, positions, { ...rope, nHeads: heads, ...atState });
-      rotate(s, reg, a.k, row(L.kCache), positions, { ...rope, ...kvRows, ...atState });
-      s.stridedCopy(a.v, row(L.vCache), {
-        rows: kvHeads,
-        cols: headDim,
-        dstStride: ctx * headDim,
-        ...(st ? { dstPosStride: headDim } : {}),
-        ...atState,
-      });
+      rotate(s, reg, a.q, a.qr, positions, o.ropeQ);
+      rotate(s, reg, a.k, st ? L.kCache : this.#rows(L.kRows, L.kCache, position), positions, o.ropeK);
+      s.stridedCopy(a.v, st ? L.vCache : this.#rows(L.vRows, L.vCache, position), o.copyV);
       barrier();
-      s.flashAttnVec(a.qr, L.kCache, L.vCache, a.tmp, a.attn, {
-        nHeads: heads,
-        nKvHeads: kvHeads,
-        headDim: headDim as 64,
-        kvSeqLen: st ? ctx : position + 1,
-        kvCapacity: ctx,
-        ...(st ? { state: st } : {}),
-      });
+      s.flashAttnVec(a.qr, L.kCache, L.vCache, a.tmp, a.attn, o.attn);
       barrier();
       L.o.addInto(s, a.attn, a.x, a.o, barrier);
       barrier();
@@ -288,9 +282,10 @@ export class LlamaModel {
       barrier();
       if (L.gateUp.length === 1) L.gateUp[0]!.linear.gluInto(s, a.h, a.ff, a.gu, barrier);
       else {
-        L.gateUp.forEach((p, i) => p.linear.run(s, a.h, L.gateUpOut[i]!));
+        for (let i = 0; i < L.gateUp.length; i++) L.gateUp[i]!.linear.run(s, a.h, L.gateUpOut[i]!);
         barrier();
-        s.siluMul(a.gu.slice(0, ffn * 4), a.gu.slice(ffn * 4, ffn * 4), a.ff);
+        const [gate, up] = this.#guHalves ??= [a.gu.slice(0, ffn * 4), a.gu.slice(ffn * 4, ffn * 4)];
+        s.siluMul(gate, up, a.ff);
       }
       barrier();
       L.down.addInto(s, a.ff, a.x, a.d, barrier);
@@ -301,6 +296,63 @@ export class LlamaModel {
     s.elementwiseMul(a.t, this.#outNorm, a.h);
     barrier();
     this.#lmHead.run(s, a.h, this.logits);
+  }
+
+  /** A cache's rows of `position` in every KV head ([kvHeads, ctx, headDim] laid out), sliced once. */
+  #rows(table: (MlxBuffer | undefined)[], cache: MlxBuffer, position: number): MlxBuffer {
+    const headDim = this.config.headDim;
+    return table[position] ??= cache.slice(
+      position * headDim * 4,
+      ((this.config.kvHeads - 1) * this.ctx + 1) * headDim * 4,
+    );
+  }
+
+  /** The pass options for a step state, rebuilt only when a different state comes. */
+  #stateOptions(state: NonNullable<DecodeStep["state"]>): PassOptions {
+    if (this.#byState === undefined || this.#byState.state !== state) {
+      this.#byState = { ...this.#passOptions(state), state };
+    }
+    return this.#byState;
+  }
+
+  /** Every op option of a pass: position-driven without `state`, else read on the device from it. */
+  #passOptions(state: DecodeStep["state"]): PassOptions {
+    const c = this.config, ctx = this.ctx, { hiddenSize: hidden, headDim, heads, kvHeads } = c;
+    const st = state?.position;
+    const rope = { theta: c.ropeTheta, headDim, ropeDim: c.ropeDim, seqLen: 1, freqFactors: this.#freqFactors };
+    const atState = st ? { state: st, maxPositions: ctx } : {};
+    return {
+      norm: { rows: 1, dim: hidden, eps: c.rmsEps },
+      ropeQ: { ...rope, nHeads: heads, ...atState },
+      ropeK: {
+        ...rope,
+        nHeads: kvHeads,
+        outHeadStride: ctx * headDim,
+        ...(st ? { outPosStride: headDim } : {}),
+        ...atState,
+      },
+      copyV: {
+        rows: kvHeads,
+        cols: headDim,
+        dstStride: ctx * headDim,
+        ...(st ? { dstPosStride: headDim } : {}),
+        ...atState,
+      },
+      attn: {
+        nHeads: heads,
+        nKvHeads: kvHeads,
+        headDim: headDim as 64,
+        kvSeqLen: ctx,
+        kvCapacity: ctx,
+        ...(st ? { state: st } : {}),
+      },
+      gather: {
+        dim: hidden,
+        vocab: c.vocabSize,
+        format: this.#embedding.format,
+        ...(state ? { cursor: state.position, ring: state.ringSlots } : {}),
+      },
+    };
   }
 
   /**

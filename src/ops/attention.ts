@@ -21,6 +21,7 @@ import {
   dispatchReusedSlots,
   type DispatchTarget,
   groupsDescriptor,
+  isU32,
   overlapping,
 } from "./common.ts";
 
@@ -167,6 +168,67 @@ export function flashAttnVec(
   out: MlxBuffer,
   o: FlashAttnVecOptions,
 ): void {
+  const nh = o.nHeads, nkv = o.nKvHeads, hd = o.headDim, kvLen = o.kvSeqLen, cap = o.kvCapacity;
+  const nwg = o.nwg ?? 32, scale = o.scale ?? 1 / Math.sqrt(hd), softcap = o.softcap ?? 0;
+  const mask = o.mask ?? "causal", window = o.slidingWindow ?? 0, state = o.state, kvType = k.dtype;
+  const maskCode = mask === "none" ? 0 : mask === "causal" ? 1 : mask === "sliding" ? 2 : -1;
+  const kvBytes = nkv * cap * hd * (kvType === DType.F16 ? 2 : 4), tmpBytes = nh * nwg * (hd + 2) * 4;
+  // Every check in one test on the hot path; anything off goes through checkFlashAttnVec, which
+  // throws with the precise message.
+  if (
+    !(isU32(nh, 1) && isU32(nkv, 1) && nh % nkv === 0 && (hd === 64 || hd === 128 || hd === 256 || hd === 512) &&
+      isU32(kvLen, 1) && kvLen <= cap && isU32(nwg, 1) && nwg <= 256 && Number.isFinite(scale) &&
+      softcap >= 0 && softcap < Infinity && maskCode >= 0 && (mask !== "sliding" || isU32(window, 1)) &&
+      (kvType === DType.F32 || kvType === DType.F16) && q.dtype === DType.F32 && q.byteLength >= nh * hd * 4 &&
+      k.byteLength >= kvBytes && v.dtype === kvType && v.byteLength >= kvBytes && tmp.dtype === DType.F32 &&
+      tmp.byteLength >= tmpBytes && out.dtype === DType.F32 && out.byteLength >= nh * hd * 4 &&
+      (!state ||
+        (state.dtype === DType.U32 && state.byteLength >= 4 && !overlapping(tmp, tmpBytes, state, 4))))
+  ) checkFlashAttnVec(q, k, v, tmp, out, o);
+  const d = flashDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(kvType === DType.F32 ? FLASH_F32 : FLASH_F16);
+  b[0] = q;
+  b[1] = k;
+  b[2] = v;
+  b[3] = tmp;
+  b[5] = state;
+  packFlashParams(
+    flashWords,
+    nh,
+    nkv,
+    hd,
+    kvLen,
+    cap,
+    scale,
+    maskCode,
+    window,
+    softcap,
+    nwg,
+    state ? 1 : 0,
+  );
+  flashGrid[0] = nh;
+  flashGrid[1] = nwg;
+  dispatchReusedSlots(target, d, 0b101111);
+  target.memoryBarrier(); // the reduce reads every workgroup's partial result
+  const r = reduceDescriptor;
+  r.pipeline = registry.resolve(FLASH_REDUCE);
+  r.bindings[0] = tmp;
+  r.bindings[1] = out;
+  packFlashReduceParams(reduceWords, nh, hd, nwg);
+  r.grid = nh;
+  r.threadgroup = hd < 256 ? hd : 256;
+  dispatchReused(target, r, 2);
+}
+
+/** Every check of {@link flashAttnVec}, each with its message (the slow path). */
+function checkFlashAttnVec(
+  q: MlxBuffer,
+  k: MlxBuffer,
+  v: MlxBuffer,
+  tmp: MlxBuffer,
+  out: MlxBuffer,
+  o: FlashAttnVecOptions,
+): void {
   const op = "flash_attn_vec";
   checkHeads(op, o.nHeads, o.nKvHeads);
   const hd = o.headDim;
@@ -203,37 +265,4 @@ export function flashAttnVec(
       throw new MlxError("InvalidArgument", `${op}: the step state must not lie in tmp`);
     }
   }
-  const d = flashDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(kvType === DType.F32 ? FLASH_F32 : FLASH_F16);
-  b[0] = q;
-  b[1] = k;
-  b[2] = v;
-  b[3] = tmp;
-  b[5] = state;
-  packFlashParams(
-    flashWords,
-    o.nHeads,
-    o.nKvHeads,
-    o.headDim,
-    o.kvSeqLen,
-    o.kvCapacity,
-    scale,
-    maskCode,
-    window,
-    softcap,
-    nwg,
-    state ? 1 : 0,
-  );
-  flashGrid[0] = o.nHeads;
-  flashGrid[1] = nwg;
-  dispatchReusedSlots(target, d, 0b101111);
-  target.memoryBarrier(); // the reduce reads every workgroup's partial result
-  const r = reduceDescriptor;
-  r.pipeline = registry.resolve(FLASH_REDUCE);
-  r.bindings[0] = tmp;
-  r.bindings[1] = out;
-  packFlashReduceParams(reduceWords, o.nHeads, o.headDim, nwg);
-  r.grid = o.nHeads;
-  r.threadgroup = o.headDim < 256 ? o.headDim : 256;
-  dispatchReused(target, r, 2);
 }

@@ -131,6 +131,11 @@ export function f32Bits(v: number): number {
   return u32OfF32[0]!;
 }
 
+/** Whether `v` is an integer in [min, 2³²) (checkU32's test, for combined hot-path tests). */
+export function isU32(v: number, min: number): boolean {
+  return (v >>> 0) === v && v >= min;
+}
+
 /** Throws InvalidArgument unless `v` is an integer in [min, 2³²). */
 export function checkU32(op: string, name: string, v: number, min = 1): void {
   // Small enough to inline at every call site; the message is built out of line.

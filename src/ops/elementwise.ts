@@ -30,6 +30,7 @@ import {
   floatKernel,
   type FloatKernels,
   floatKernels,
+  isU32,
   overlapping,
   threadsDescriptor,
 } from "./common.ts";
@@ -220,6 +221,36 @@ export function stridedCopy(
   dst: MlxBuffer,
   o: StridedCopyOptions,
 ): void {
+  const rows = o.rows, cols = o.cols, ss = o.srcStride ?? cols, ds = o.dstStride ?? cols;
+  const state = o.state, ps = o.dstPosStride ?? 0, maxPos = o.maxPositions ?? 0;
+  const dstBytes = ((rows - 1) * ds + cols + (state ? (maxPos - 1) * ps : 0)) * 4;
+  // Every check in one test on the hot path; anything off goes through checkStridedCopy, which
+  // throws with the precise message.
+  if (
+    !(isU32(rows, 1) && isU32(cols, 1) && isU32(ss, cols) && isU32(ds, cols) && isU32(ps, 0) &&
+      src.dtype === DType.F32 && src.byteLength >= ((rows - 1) * ss + cols) * 4 && dst.dtype === DType.F32 &&
+      dst.byteLength >= dstBytes &&
+      (state
+        ? isU32(maxPos, 1) && state.dtype === DType.U32 && state.byteLength >= 4 &&
+          !overlapping(dst, dstBytes, state, 4)
+        : ps === 0 && maxPos === 0))
+  ) checkStridedCopy(src, dst, o);
+  const d = copyDescriptor;
+  d.pipeline = registry.resolve(STRIDED_COPY);
+  d.bindings[0] = src;
+  d.bindings[1] = dst;
+  d.bindings[3] = state;
+  packStridedCopyParams(copyWords, rows, cols, ss, ds, state ? 1 : 0, ps, maxPos);
+  copyGrid[0] = cols;
+  copyGrid[1] = rows;
+  copyGroup[0] = cols < 256 ? cols : 256;
+  d.grid = copyGrid;
+  d.threadgroup = copyGroup;
+  dispatchReusedSlots(target, d, 0b1011);
+}
+
+/** Every check of {@link stridedCopy}, each with its message (the slow path). */
+function checkStridedCopy(src: MlxBuffer, dst: MlxBuffer, o: StridedCopyOptions): void {
   const op = "strided_copy";
   const ss = o.srcStride ?? o.cols, ds = o.dstStride ?? o.cols;
   checkU32(op, "rows", o.rows);
@@ -240,18 +271,6 @@ export function stridedCopy(
   if (state && overlapping(dst, dstElems * 4, state, 4)) {
     throw new MlxError("InvalidArgument", `${op}: the step state must not lie in the destination`);
   }
-  const d = copyDescriptor;
-  d.pipeline = registry.resolve(STRIDED_COPY);
-  d.bindings[0] = src;
-  d.bindings[1] = dst;
-  d.bindings[3] = state;
-  packStridedCopyParams(copyWords, o.rows, o.cols, ss, ds, state ? 1 : 0, ps, maxPos);
-  copyGrid[0] = o.cols;
-  copyGrid[1] = o.rows;
-  copyGroup[0] = o.cols < 256 ? o.cols : 256;
-  d.grid = copyGrid;
-  d.threadgroup = copyGroup;
-  dispatchReusedSlots(target, d, 0b1011);
 }
 
 /** out = tanh(in / cap) · cap (f32). */

@@ -11,7 +11,7 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   AFFINE_GATHER_PARAMS,
   AFFINE_GENERAL_PARAMS,
@@ -34,14 +34,16 @@ import {
   packGgmlIdParams,
   packGgmlParams,
 } from "../kernels.gen.ts";
-import { type AffineQuantBits, GGML_BLOCK, type GgmlFormat } from "../quant.ts";
+import { type AffineQuantBits, GGML_BLOCK, type GgmlBlockLayout, type GgmlFormat } from "../quant.ts";
 import {
   checkBuffer,
   checkU32,
   dispatchReused,
   dispatchReusedSlots,
   type DispatchTarget,
+  elementBytes,
   groupsDescriptor,
+  isU32,
   kernelName,
   overlapping,
 } from "./common.ts";
@@ -59,6 +61,10 @@ const MATMUL_F32 = kernelRef("matmul_f32"),
   MATMUL_BF16 = kernelRef("matmul_bf16"),
   MATMUL_F16 = kernelRef("matmul_f16");
 const AFFINE = kernelRef("qmatmul_affine"), AFFINE_FAST = kernelRef("qmatmul_affine_fast");
+/** Per ggml format: its block layout, kernel name prefix and mat-vec kernel, made once. */
+const GGML_KERNELS: ReadonlyMap<string, { block: GgmlBlockLayout; prefix: string; mv: KernelRef }> = new Map(
+  FORMATS.map((f) => [f, { block: GGML_BLOCK[f], prefix: `qmatmul_${f}`, mv: kernelRef(`qmatmul_${f}_mv`) }]),
+);
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. The dense product's
 // residual sits in slot 4, after its inline words.
@@ -140,6 +146,34 @@ export function matmul(
   y: MlxBuffer,
   s: DenseMatmulOptions,
 ): void {
+  const m = s.m, n = s.n, k = s.k, wt = w.dtype, r = s.residual, swiglu = s.swiglu === true;
+  const yBytes = m * n * 4;
+  // Every check in one test on the hot path; anything off goes through checkMatmul, which throws
+  // with the precise message.
+  if (
+    !(isU32(m, 1) && isU32(n, 1) && isU32(k, 1) && (wt === DType.F32 || wt === DType.BF16 || wt === DType.F16) &&
+      x.dtype === DType.F32 && x.byteLength >= m * k * 4 &&
+      w.byteLength >= (swiglu ? 2 : 1) * n * k * elementBytes(wt) && y.dtype === DType.F32 &&
+      y.byteLength >= yBytes &&
+      (!r ||
+        (!swiglu && r.dtype === DType.F32 && r.byteLength >= yBytes &&
+          ((r.allocId === y.allocId && r.byteOffset === y.byteOffset) || !overlapping(r, yBytes, y, yBytes)))))
+  ) checkMatmul(x, w, y, s);
+  const epilogue = r ? MATMUL_EPILOGUE_RESIDUAL : swiglu ? MATMUL_EPILOGUE_SWIGLU : MATMUL_EPILOGUE_NONE;
+  const d = denseDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(wt === DType.F32 ? MATMUL_F32 : wt === DType.BF16 ? MATMUL_BF16 : MATMUL_F16);
+  b[0] = x;
+  b[1] = w;
+  b[2] = y;
+  packDenseParams(denseWords, m, n, k, epilogue | (s.constantWeights ? MATMUL_MODE_CONSTANT_WEIGHTS : 0));
+  b[4] = r;
+  denseGrid[0] = Math.ceil(n / (swiglu ? OUTS_SWIGLU : OUTS));
+  denseGrid[1] = m;
+  dispatchReusedSlots(target, d, DENSE_BUFFER_SLOTS);
+}
+
+/** Every check of {@link matmul}, each with its message (the slow path). */
+function checkMatmul(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, s: DenseMatmulOptions): void {
   checkShape("matmul", s);
   if (w.dtype !== DType.F32 && w.dtype !== DType.BF16 && w.dtype !== DType.F16) {
     throw new MlxError("InvalidArgument", `matmul: weights must be f32, bf16 or f16, got ${w.dtype}`);
@@ -158,17 +192,6 @@ export function matmul(
       throw new MlxError("InvalidArgument", "matmul: the residual must be y itself or not overlap it");
     }
   }
-  const epilogue = r ? MATMUL_EPILOGUE_RESIDUAL : swiglu ? MATMUL_EPILOGUE_SWIGLU : MATMUL_EPILOGUE_NONE;
-  const d = denseDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(w.dtype === DType.F32 ? MATMUL_F32 : w.dtype === DType.BF16 ? MATMUL_BF16 : MATMUL_F16);
-  b[0] = x;
-  b[1] = w;
-  b[2] = y;
-  packDenseParams(denseWords, s.m, s.n, s.k, epilogue | (s.constantWeights ? MATMUL_MODE_CONSTANT_WEIGHTS : 0));
-  b[4] = r;
-  denseGrid[0] = Math.ceil(s.n / (swiglu ? OUTS_SWIGLU : OUTS));
-  denseGrid[1] = s.m;
-  dispatchReusedSlots(target, d, DENSE_BUFFER_SLOTS);
 }
 
 /** Options of {@link quantizedMatmul}. */
@@ -223,6 +246,37 @@ export function quantizedMatmul(
   y: MlxBuffer,
   o: AffineMatmulOptions,
 ): void {
+  const m = o.m, n = o.n, k = o.k, bits = o.bits, gs = o.groupSize, variant = o.variant;
+  // The seed's kernels (4, 6 or 8 bits, bf16 scales) in one test on the hot path; anything else goes
+  // through the full checks (which throw with the precise message) and may take a general kernel.
+  const seed = isU32(m, 1) && isU32(n, 1) && isU32(k, 1) && (bits === 4 || bits === 6 || bits === 8) &&
+    (gs === 32 || gs === 64 || gs === 128) && k % gs === 0 && scales.dtype === DType.BF16 &&
+    biases.dtype === DType.BF16;
+  const applies = seed && n % 8 === 0 && k % 256 === 0 && bits !== 6;
+  const fast = variant === "fast" || (variant === undefined && applies);
+  const scaleBytes = n * (k / gs) * 2;
+  if (
+    !(seed && (!fast || applies) && x.dtype === DType.F32 && x.byteLength >= m * k * 4 &&
+      w.byteLength >= (n * k * bits) / 8 && scales.byteLength >= scaleBytes && biases.byteLength >= scaleBytes &&
+      y.dtype === DType.F32 && y.byteLength >= m * n * 4)
+  ) affineGeneral(target, registry, x, w, scales, biases, y, o);
+  else seedAffine(target, registry, x, w, scales, biases, y, o, fast);
+}
+
+/**
+ * {@link quantizedMatmul} off the hot path: every check with its message, then the general kernel
+ * for what the seed's kernels do not take (or the seed's kernel for a call the hot-path test left).
+ */
+function affineGeneral(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  y: MlxBuffer,
+  o: AffineMatmulOptions,
+): void {
   const op = "quantized_matmul";
   checkShape(op, o);
   const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
@@ -240,17 +294,32 @@ export function quantizedMatmul(
   checkBuffer(op, "scales", scales, scales.dtype, o.n * groups);
   checkBuffer(op, "biases", biases, scales.dtype, o.n * groups);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
-  if (!seed) {
-    const general = words(AFFINE_GENERAL_PARAMS);
-    packAffineGeneralParams(general, o.m, o.n, o.k, o.bits, o.groupSize, scaleType);
-    target.dispatch({
-      pipeline: registry.get("qmatmul_affine_general"),
-      bindings: [x, w, scales, biases, y, general],
-      grid: [Math.ceil(o.n / OUTS), o.m, 1],
-      threadgroup: THREADS,
-    });
+  if (seed) {
+    seedAffine(target, registry, x, w, scales, biases, y, o, fast);
     return;
   }
+  const general = words(AFFINE_GENERAL_PARAMS);
+  packAffineGeneralParams(general, o.m, o.n, o.k, o.bits, o.groupSize, scaleType);
+  target.dispatch({
+    pipeline: registry.get("qmatmul_affine_general"),
+    bindings: [x, w, scales, biases, y, general],
+    grid: [Math.ceil(o.n / OUTS), o.m, 1],
+    threadgroup: THREADS,
+  });
+}
+
+/** Dispatches one of the seed's affine kernels (the call's checks passed). */
+function seedAffine(
+  target: DispatchTarget,
+  registry: KernelRegistry,
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  y: MlxBuffer,
+  o: AffineMatmulOptions,
+  fast: boolean,
+): void {
   const d = affineDescriptor, b = d.bindings;
   d.pipeline = registry.resolve(fast ? AFFINE_FAST : AFFINE);
   b[0] = x;
@@ -290,24 +359,37 @@ export function quantizedMatmulGgml(
   y: MlxBuffer,
   o: GgmlMatmulOptions,
 ): void {
+  const m = o.m, n = o.n, k = o.k, kernels = GGML_KERNELS.get(o.format);
+  const variant = o.variant ?? (m <= 8 ? "mv" : "mm");
+  // Every check in one test on the hot path; anything off goes through checkGgml, which throws with
+  // the precise message.
+  if (
+    !(kernels !== undefined && isU32(m, 1) && isU32(n, 1) && isU32(k, 1) && k % kernels.block.values === 0 &&
+      (variant === "mm" || (variant === "mv" && m <= 8)) && x.dtype === DType.F32 && x.byteLength >= m * k * 4 &&
+      w.byteLength >= n * (k / kernels.block.values) * kernels.block.bytes && y.dtype === DType.F32 &&
+      y.byteLength >= m * n * 4)
+  ) checkGgml(x, w, y, o, variant);
+  const d = ggmlDescriptor, b = d.bindings;
+  d.pipeline = variant === "mv" ? registry.resolve(kernels!.mv) : registry.get(kernelName(kernels!.prefix, variant));
+  b[0] = x;
+  b[1] = w;
+  b[2] = y;
+  packGgmlParams(ggmlWords, m, n, k);
+  ggmlGrid[0] = Math.ceil(n / OUTS);
+  ggmlGrid[1] = variant === "mv" ? 1 : m;
+  dispatchReused(target, d, 3);
+}
+
+/** Every check of {@link quantizedMatmulGgml}, each with its message (the slow path). */
+function checkGgml(x: MlxBuffer, w: MlxBuffer, y: MlxBuffer, o: GgmlMatmulOptions, variant: string): void {
   const op = "quantized_matmul_ggml";
   checkShape(op, o);
   checkFormat(op, o.format, o.k);
-  const variant = o.variant ?? (o.m <= 8 ? "mv" : "mm");
   if (variant === "mv" && o.m > 8) throw new MlxError("InvalidArgument", `${op}: the mat-vec path takes m <= 8`);
   const blk = GGML_BLOCK[o.format];
   checkBuffer(op, "x", x, DType.F32, o.m * o.k);
   checkBytes(op, "w", w, o.n * (o.k / blk.values) * blk.bytes);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
-  const d = ggmlDescriptor, b = d.bindings;
-  d.pipeline = registry.get(kernelName(kernelName("qmatmul", o.format), variant));
-  b[0] = x;
-  b[1] = w;
-  b[2] = y;
-  packGgmlParams(ggmlWords, o.m, o.n, o.k);
-  ggmlGrid[0] = Math.ceil(o.n / OUTS);
-  ggmlGrid[1] = variant === "mv" ? 1 : o.m;
-  dispatchReused(target, d, 3);
 }
 
 /** Options of {@link quantizedMatmulIdGgml}. */

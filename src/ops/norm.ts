@@ -17,9 +17,11 @@ import {
   checkU32,
   dispatchReused,
   type DispatchTarget,
+  elementBytes,
   floatKernel,
   floatKernels,
   groupsDescriptor,
+  isU32,
   type ReusedDescriptor,
 } from "./common.ts";
 
@@ -90,18 +92,28 @@ export function rmsNorm(
   output: MlxBuffer,
   o: NormOptions,
 ): void {
-  checkNorm("rms_norm", o);
-  const ref = floatKernel(NORM, input.dtype);
-  checkBuffer("rms_norm", "input", input, input.dtype, o.rows * o.dim);
-  checkBuffer("rms_norm", "weight", weight, input.dtype, o.dim);
-  checkBuffer("rms_norm", "output", output, input.dtype, o.rows * o.dim);
+  const rows = o.rows, dim = o.dim, eps = o.eps, dt = input.dtype, bytes = rows * dim * elementBytes(dt);
+  // Every check in one test on the hot path; anything off goes through the checks below, which
+  // throw with the precise message.
+  if (
+    !(isU32(rows, 1) && isU32(dim, 1) && eps >= 0 && eps < Infinity &&
+      (dt === DType.F32 || dt === DType.F16 || dt === DType.BF16) && input.byteLength >= bytes &&
+      weight.dtype === dt && weight.byteLength >= dim * elementBytes(dt) && output.dtype === dt &&
+      output.byteLength >= bytes)
+  ) {
+    checkNorm("rms_norm", o);
+    floatKernel(NORM, dt);
+    checkBuffer("rms_norm", "input", input, dt, rows * dim);
+    checkBuffer("rms_norm", "weight", weight, dt, dim);
+    checkBuffer("rms_norm", "output", output, dt, rows * dim);
+  }
   const d = normDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(ref);
+  d.pipeline = registry.resolve(floatKernel(NORM, dt));
   b[0] = input;
   b[1] = weight;
   b[2] = output;
-  packNormParams(normWords, o.eps, o.dim);
-  setRows(d, o.rows, o.dim);
+  packNormParams(normWords, eps, dim);
+  setRows(d, rows, dim);
   dispatchReused(target, d, 3);
 }
 

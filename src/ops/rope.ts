@@ -19,6 +19,7 @@ import {
   checkU32,
   dispatchReusedSlots,
   type DispatchTarget,
+  isU32,
   overlapping,
   threadsDescriptor,
 } from "./common.ts";
@@ -162,6 +163,50 @@ function ropeHeads(
   positions: MlxBuffer | undefined,
   o: RopeNeoxOptions,
 ): void {
+  const hd = o.headDim, nh = o.nHeads, seq = o.seqLen, ropeDim = o.ropeDim;
+  const hs = o.outHeadStride ?? hd, ts = o.outTokenStride ?? nh * hd;
+  const state = o.state, ps = o.outPosStride ?? 0, maxPos = o.maxPositions ?? 0, freq = o.freqFactors;
+  const rows = seq * nh, inBytes = rows * hd * 4;
+  // With a state, the furthest rows are those of position maxPositions − 1.
+  const outBytes = ((seq - 1) * ts + (nh - 1) * hs + hd + (state ? (maxPos - 1) * ps : 0)) * 4;
+  // Every check in one test on the hot path (no freq factors; a decode step's dense or cache rows);
+  // anything else, valid or not, goes through checkRopeHeads, which throws with the precise message.
+  if (
+    !(o.theta > 0 && o.theta < Infinity && isU32(hd, 1) && isU32(ropeDim, 2) && (ropeDim & 1) === 0 &&
+      ropeDim <= hd && isU32(nh, 1) && isU32(seq, 1) && isU32(hs, 0) && isU32(ts, 0) && isU32(ps, 0) &&
+      freq === undefined && input.dtype === DType.F32 && input.byteLength >= inBytes &&
+      output.dtype === DType.F32 && output.byteLength >= outBytes &&
+      (state
+        ? isU32(maxPos, 1) && state.dtype === DType.U32 && state.byteLength >= 4 &&
+          !overlapping(output, outBytes, state, 4)
+        : ps === 0 && maxPos === 0 && positions !== undefined && positions.dtype === DType.U32 &&
+          positions.byteLength >= seq * 4) &&
+      rowsDisjoint(seq, nh, hd, hs, ts) &&
+      ((hs === hd && (ts === nh * hd || seq === 1)) || !overlapping(input, inBytes, output, outBytes)))
+  ) checkRopeHeads(op, input, output, positions, o);
+  const half = ropeDim / 2, d = neoxDescriptor, b = d.bindings;
+  d.pipeline = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM);
+  b[0] = input;
+  b[1] = output;
+  packRopeHeadsParams(neoxWords, o.theta, hd, ropeDim);
+  b[3] = state ? undefined : positions;
+  packRopeLayoutParams(neoxLayout, nh, freq ? 1 : 0, hs, ts, state ? 1 : 0, ps, maxPos);
+  b[5] = freq;
+  b[6] = state;
+  neoxGrid[0] = half;
+  neoxGrid[1] = rows;
+  neoxGroup[0] = half < 256 ? half : 256;
+  dispatchReusedSlots(target, d, 0b1101011);
+}
+
+/** Every check of {@link ropeHeads}, each with its message (the slow path). */
+function checkRopeHeads(
+  op: string,
+  input: MlxBuffer,
+  output: MlxBuffer,
+  positions: MlxBuffer | undefined,
+  o: RopeNeoxOptions,
+): void {
   checkPositive(op, "theta", o.theta);
   checkU32(op, "headDim", o.headDim);
   checkEven(op, "ropeDim", o.ropeDim);
@@ -207,17 +252,4 @@ function ropeHeads(
   } else if (positions) checkBuffer(op, "positions", positions, DType.U32, o.seqLen);
   else throw new MlxError("InvalidArgument", `${op}: pass positions (u32 [seqLen]) or a step state`);
   if (o.freqFactors) checkBuffer(op, "freqFactors", o.freqFactors, DType.F32, o.ropeDim / 2);
-  const half = o.ropeDim / 2, d = neoxDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM);
-  b[0] = input;
-  b[1] = output;
-  packRopeHeadsParams(neoxWords, o.theta, o.headDim, o.ropeDim);
-  b[3] = state ? undefined : positions;
-  packRopeLayoutParams(neoxLayout, o.nHeads, o.freqFactors ? 1 : 0, hs, ts, state ? 1 : 0, ps, maxPos);
-  b[5] = o.freqFactors;
-  b[6] = state;
-  neoxGrid[0] = half;
-  neoxGrid[1] = rows;
-  neoxGroup[0] = half < 256 ? half : 256;
-  dispatchReusedSlots(target, d, 0b1101011);
 }
