@@ -192,7 +192,7 @@ export class BarrierPolicy {
       ranges[3 * k] = a;
       ranges[3 * k + 1] = s;
       ranges[3 * k + 2] = e;
-      staged[2 * k] = m;
+      staged[2 * k] = m & WRITE;
       staged[2 * k + 1] = slot;
       k++;
     }
@@ -206,19 +206,9 @@ export class BarrierPolicy {
     const n = this.#staged;
     if (n === 0) return;
     this.#staged = 0;
-    const scratch = this.#scratch!, g = scratch.group, ranges = scratch.ranges, staged = scratch.modes;
+    const scratch = this.#scratch!, g = scratch.group;
     // After a barrier (or growth) an allocation may belong elsewhere in the table: probe again.
-    const reprobe = g.layout !== this.#stagedLayout;
-    for (let k = 0; k < n; k++) {
-      const a = ranges[3 * k]!;
-      g.addAt(
-        reprobe ? g.find(a) : staged[2 * k + 1]!,
-        a,
-        ranges[3 * k + 1]!,
-        ranges[3 * k + 2]!,
-        staged[2 * k]! !== READ,
-      );
-    }
+    g.addStaged(scratch.ranges, scratch.modes, n, g.layout !== this.#stagedLayout);
   }
 
   /** Forgets the tracked accesses (after a barrier every earlier write is visible): O(1). */

@@ -190,7 +190,7 @@ export class GroupAccesses {
   /**
    * The slot of allocation `alloc`: where the group holds it, or the free slot where it would go
    * (call {@link GroupAccesses.reserve} first). For {@link GroupAccesses.conflictsAt} and
-   * {@link GroupAccesses.addAt}, so that a dispatch's check and add probe the table once.
+   * {@link GroupAccesses.addStaged}, so that a dispatch's check and add probe the table once.
    */
   find(alloc: number): number {
     const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
@@ -209,31 +209,45 @@ export class GroupAccesses {
   }
 
   /**
-   * {@link GroupAccesses.add} of a non-empty range at the slot {@link GroupAccesses.find} gave for
-   * `alloc` since the last reset, with room reserved: no probe unless another allocation took that
-   * free slot in between.
+   * Adds `n` staged ranges, each at the slot {@link GroupAccesses.find} gave for its allocation
+   * (room reserved first), in one call: range k is allocation
+   * `ranges[3k]`, bytes [`ranges[3k+1]`, `ranges[3k+2]`) (non-empty), written when `info[2k]` is
+   * non-zero, found at slot `info[2k+1]` — probed again with `reprobe` (the layout changed since),
+   * or when another allocation took that free slot in between. The common cases (a new allocation,
+   * a range that overlaps or touches the single interval held) are inline: one call per dispatch.
    */
-  addAt(slot: number, alloc: number, start: number, end: number, write: boolean): void {
-    const slots = this.#slots, epoch = this.#epoch;
-    let k = slot * SLOT;
-    if (slots[k + EPOCH] === epoch && slots[k + KEY] !== alloc) {
-      slot = this.find(alloc);
-      k = slot * SLOT;
+  addStaged(ranges: Float64Array, info: Int32Array, n: number, reprobe: boolean): void {
+    const slots = this.#slots, epoch = this.#epoch, mask = this.#mask;
+    for (let k = 0; k < n; k++) {
+      const a = ranges[3 * k]!, s = ranges[3 * k + 1]!, e = ranges[3 * k + 2]!, write = info[2 * k] !== 0;
+      let i = info[2 * k + 1]!, o = i * SLOT;
+      if (reprobe || (slots[o + EPOCH] === epoch && slots[o + KEY] !== a)) {
+        i = (Math.imul(a | 0, 0x9e3779b1) >>> 7) & mask;
+        while (slots[i * SLOT + EPOCH] === epoch && slots[i * SLOT + KEY] !== a) i = (i + 1) & mask;
+        o = i * SLOT;
+      }
+      if (slots[o + EPOCH] !== epoch) { // claim the slot with this range
+        slots[o + KEY] = a;
+        slots[o + EPOCH] = epoch;
+        slots[o + TOUCHED] = s;
+        slots[o + TOUCHED + 1] = e;
+        slots[o + WRITTEN] = write ? s : 0;
+        slots[o + WRITTEN + 1] = write ? e : 0;
+        this.#allocs++;
+        continue;
+      }
+      const ts = slots[o + TOUCHED]!, te = slots[o + TOUCHED + 1]!;
+      if (ts !== SPILLED && s <= te && ts <= e) { // still one interval
+        if (s < ts) slots[o + TOUCHED] = s;
+        if (e > te) slots[o + TOUCHED + 1] = e;
+      } else this.#addTo(i, TOUCHED, s, e);
+      if (!write) continue;
+      const ws = slots[o + WRITTEN]!, we = slots[o + WRITTEN + 1]!;
+      if (ws !== SPILLED && ws !== we && s <= we && ws <= e) {
+        if (s < ws) slots[o + WRITTEN] = s;
+        if (e > we) slots[o + WRITTEN + 1] = e;
+      } else this.#addTo(i, WRITTEN, s, e);
     }
-    if (slots[k + EPOCH] !== epoch) {
-      slots[k + KEY] = alloc;
-      slots[k + EPOCH] = epoch;
-      slots[k + TOUCHED] = start;
-      slots[k + TOUCHED + 1] = end;
-      if (write) {
-        slots[k + WRITTEN] = start;
-        slots[k + WRITTEN + 1] = end;
-      } else slots[k + WRITTEN] = slots[k + WRITTEN + 1] = 0;
-      this.#allocs++;
-      return;
-    }
-    if (write) this.#addTo(slot, WRITTEN, start, end);
-    this.#addTo(slot, TOUCHED, start, end);
   }
 
   /** Adds bytes [start, end) of allocation `alloc` to the group, as read and/or written. */
