@@ -59,6 +59,26 @@ Deno.bench("session, auto barriers, none needed (800 slices of one buffer)", { g
   s.dispose();
 });
 
+// Tracker cost per dispatch against the width of the concurrent group: dispatch i writes slice
+// i % width of one buffer, so the pass is groups of `width` disjoint slices with a barrier between
+// (each group's first write overwrites the previous group's). Flat across widths is the target.
+for (const width of [1, 8, 64, 800]) {
+  Deno.bench(`session, auto barriers, groups of ${width} slice writes of one buffer`, { group: "host path" }, () => {
+    const s = exec.begin({ autoBarriers: true });
+    for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, slices[i % width]!);
+    s.encoder.flush();
+    s.dispose();
+  });
+}
+
+const outs = Array.from({ length: N }, () => device.alloc(ELEMS * 4, DType.F32));
+Deno.bench("session, auto barriers, none needed (800 separate allocations)", { group: "host path" }, () => {
+  const s = exec.begin({ autoBarriers: true });
+  for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, outs[i]!);
+  s.encoder.flush();
+  s.dispose();
+});
+
 // The pass below needs no barrier; auto barriers are off in these three so that the comparison is
 // the plan cache against direct encoding, not the conflict tracker (measured above).
 Deno.bench("direct session + finish, host part (axpby into 800 slices)", { group: "host path" }, (b) => {

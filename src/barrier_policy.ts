@@ -25,18 +25,60 @@ export interface GroupStats {
 
 const READ = 1, WRITE = 2;
 const SMALL_GROUP = 64;
-const EMPTY_F64 = new Float64Array(0);
+
+/**
+ * What a policy tracks with: the group's table and the staged dispatch's ranges. Kept across
+ * encoders (see {@link BarrierPolicy.release}): each typed array costs ~0.7 µs to create in Deno,
+ * and a table grown to a group of hundreds of allocations is reused at that size instead of
+ * rehashed up again by every pass.
+ */
+class TrackingScratch {
+  readonly group = new GroupAccesses();
+  // The staged dispatch: allocation, start, end per range; access mode and table slot per range.
+  ranges = new Float64Array(3 * 16);
+  modes = new Int32Array(2 * 16);
+
+  /** Room for `n` staged ranges. */
+  fit(n: number): void {
+    if (3 * n <= this.ranges.length) return;
+    const cap = Math.max(2 * n, 32);
+    this.ranges = new Float64Array(3 * cap);
+    this.modes = new Int32Array(2 * cap);
+  }
+}
+
+const scratchPool: TrackingScratch[] = [];
+const POOLED_SCRATCH = 8;
+
+// READ / WRITE per slot of a contract (0: not a buffer), made once per contract.
+const slotModes = new WeakMap<KernelContract, Uint8Array>();
+
+function accessModes(contract: KernelContract): Uint8Array {
+  let modes = slotModes.get(contract);
+  if (modes === undefined) {
+    const slots = contract.slots;
+    modes = new Uint8Array(slots.length);
+    for (let i = 0; i < slots.length; i++) {
+      const slot = slots[i]!;
+      if (slot.kind !== "buffer") continue;
+      modes[i] = slot.access === "read" ? READ : slot.access === "write" ? WRITE : READ | WRITE;
+    }
+    slotModes.set(contract, modes);
+  }
+  return modes;
+}
+
+const NO_MODES: Uint8Array = new Uint8Array(0);
 
 /** Auto-barrier decisions and group sizes. */
 export class BarrierPolicy {
   /** Whether dispatches are tracked and get a barrier exactly on conflict. */
   auto: boolean;
-  readonly #group = new GroupAccesses();
-  // The ranges of the dispatch being encoded (stageDispatch), added to the group by trackStaged.
-  // Four numbers each (allocation, start, end, READ|WRITE) in one array: one typed array to create
-  // per encoder, on its first dispatch.
-  #stage = EMPTY_F64;
-  #staged = 0;
+  #scratch: TrackingScratch | null = null; // taken on the first tracked access
+  #contract: KernelContract | null = null; // the last staged dispatch's contract and its modes
+  #modes: Uint8Array = NO_MODES;
+  #staged = 0; // ranges staged by stageDispatch
+  #stagedLayout = 0; // the table's layout when they were staged (their slots hold until it changes)
   #groupSize = 0;
   #groups = 0; // closed groups
   // Closed groups by size: counts for sizes below SMALL_GROUP, and each wider group's size (a
@@ -49,6 +91,25 @@ export class BarrierPolicy {
     this.auto = auto;
   }
 
+  #take(): TrackingScratch {
+    const scratch = scratchPool.pop() ?? new TrackingScratch();
+    scratch.group.reset();
+    return this.#scratch = scratch;
+  }
+
+  /**
+   * Hands the tracking structures back for a later encoder (at commit or dispose): the group is
+   * forgotten; a later tracked access takes them again.
+   */
+  release(): void {
+    const scratch = this.#scratch;
+    if (scratch === null) return;
+    this.#scratch = null;
+    this.#staged = 0;
+    scratch.group.reset();
+    if (scratchPool.length < POOLED_SCRATCH) scratchPool.push(scratch);
+  }
+
   /**
    * Whether accesses conflict with the current group (so a barrier must come first). Throws
    * InvalidArgument for a malformed range.
@@ -56,7 +117,9 @@ export class BarrierPolicy {
   conflicts(reads: readonly MemRange[], writes: readonly MemRange[]): boolean {
     checkRanges(reads, "barrier reads");
     checkRanges(writes, "barrier writes");
-    const g = this.#group;
+    const scratch = this.#scratch;
+    if (scratch === null) return false;
+    const g = scratch.group;
     if (g.empty) return false;
     for (let i = 0; i < reads.length; i++) {
       const r = reads[i]!;
@@ -73,7 +136,8 @@ export class BarrierPolicy {
   track(reads: readonly MemRange[], writes: readonly MemRange[]): void {
     checkRanges(reads, "tracked reads");
     checkRanges(writes, "tracked writes");
-    const g = this.#group;
+    if (reads.length + writes.length === 0) return;
+    const g = (this.#scratch ?? this.#take()).group;
     for (let i = 0; i < reads.length; i++) {
       const r = reads[i]!;
       g.add(r[0], r[1], r[2], true, false);
@@ -89,19 +153,26 @@ export class BarrierPolicy {
    * whether they conflict with the current group; {@link BarrierPolicy.trackStaged} then adds them
    * (once the dispatch is written). The accesses are those of `accessesOf` (ranges.ts) — every bound
    * buffer slot's exact range, read and/or written per the contract — read straight from the
-   * bindings in one walk, with no range lists built. Throws InvalidArgument for a binding whose own
-   * `range()` is malformed.
+   * bindings in one walk, with no range lists built; each allocation's table slot is probed once,
+   * here, and kept for the add. Throws InvalidArgument for a binding whose own `range()` is
+   * malformed.
    */
   stageDispatch(contract: KernelContract, bindings: readonly unknown[]): boolean {
-    const g = this.#group, slots = contract.slots, n = Math.min(slots.length, bindings.length);
-    if (4 * n > this.#stage.length) this.#stage = new Float64Array(4 * Math.max(2 * n, 8));
-    const stage = this.#stage;
+    let modes = this.#modes;
+    if (contract !== this.#contract) {
+      modes = this.#modes = accessModes(contract);
+      this.#contract = contract;
+    }
+    const n = modes.length < bindings.length ? modes.length : bindings.length;
+    const scratch = this.#scratch ?? this.#take(), g = scratch.group;
     this.#staged = 0; // nothing staged if a binding throws below
-    const check = !g.empty;
+    scratch.fit(n);
+    g.reserve(n); // the slots found below stay valid until trackStaged
+    const ranges = scratch.ranges, staged = scratch.modes;
     let conflict = false, k = 0;
     for (let i = 0; i < n; i++) {
-      const slot = slots[i]!;
-      if (slot.kind !== "buffer") continue;
+      const m = modes[i]!;
+      if (m === 0) continue;
       const b = bindings[i];
       let a: number, s: number, e: number;
       if (b instanceof MlxBuffer) {
@@ -115,32 +186,34 @@ export class BarrierPolicy {
         e = r[2];
       } else continue;
       if (s === e) continue; // zero bytes touch nothing
-      const access = slot.access, m = access === "read" ? READ : access === "write" ? WRITE : READ | WRITE;
+      const slot = g.find(a);
       // A write is checked against every byte the group touched, which covers the read check.
-      if (check && !conflict) conflict = g.conflicts(a, s, e, m !== READ);
-      stage[k] = a;
-      stage[k + 1] = s;
-      stage[k + 2] = e;
-      stage[k + 3] = m;
-      k += 4;
+      if (!conflict) conflict = g.conflictsAt(slot, s, e, m !== READ);
+      ranges[3 * k] = a;
+      ranges[3 * k + 1] = s;
+      ranges[3 * k + 2] = e;
+      staged[2 * k] = m & WRITE;
+      staged[2 * k + 1] = slot;
+      k++;
     }
     this.#staged = k;
+    this.#stagedLayout = g.layout;
     return conflict;
   }
 
   /** Adds the accesses of the last {@link BarrierPolicy.stageDispatch} to the current group. */
   trackStaged(): void {
-    const g = this.#group, stage = this.#stage;
-    for (let k = 0; k < this.#staged; k += 4) {
-      const m = stage[k + 3]!;
-      g.add(stage[k]!, stage[k + 1]!, stage[k + 2]!, (m & READ) !== 0, (m & WRITE) !== 0);
-    }
+    const n = this.#staged;
+    if (n === 0) return;
     this.#staged = 0;
+    const scratch = this.#scratch!, g = scratch.group;
+    // After a barrier (or growth) an allocation may belong elsewhere in the table: probe again.
+    g.addStaged(scratch.ranges, scratch.modes, n, g.layout !== this.#stagedLayout);
   }
 
   /** Forgets the tracked accesses (after a barrier every earlier write is visible): O(1). */
   forget(): void {
-    this.#group.reset();
+    this.#scratch?.group.reset();
   }
 
   /** Counts one dispatch into the current group. */

@@ -571,6 +571,7 @@ export class CommandEncoder {
     }
     this.#verify(label);
     this.#policy.endGroup();
+    this.#policy.release(); // nothing more is tracked: the tracker goes to the next encoder
     this.#label = label;
     const w = this.#writer!;
     w.flush();
@@ -686,6 +687,7 @@ export class CommandEncoder {
     if (this.#state === "disposed") return;
     this.#capture?.discard();
     this.#capture = null;
+    this.#policy.release();
     if (this.#state === "encoding") {
       const w = this.#writer!;
       w.attach(undefined);

@@ -138,6 +138,15 @@ export class GroupAccesses {
   #mask = -1;
   #allocs = 0; // slots claimed by the current group
   #epoch = 1;
+  #layout = 0;
+
+  /**
+   * Changes whenever a slot from {@link GroupAccesses.find} may have gone stale: at a reset (the
+   * allocation may now belong nearer its hash) and when the table grows.
+   */
+  get layout(): number {
+    return this.#layout;
+  }
 
   /** Whether the group touched no byte yet. */
   get empty(): boolean {
@@ -148,6 +157,7 @@ export class GroupAccesses {
   reset(): void {
     this.#allocs = 0;
     this.#epoch++; // exact up to 2^53 groups
+    this.#layout++;
   }
 
   /**
@@ -167,6 +177,77 @@ export class GroupAccesses {
     const f = k + (write ? TOUCHED : WRITTEN), s = slots[f]!;
     if (s !== SPILLED) return s < end && start < slots[f + 1]!;
     return (write ? this.#spillTouched : this.#spillWritten)[i]!.intersects(start, end);
+  }
+
+  /**
+   * Makes room for `n` more allocations, so that the next `n` adds of new allocations do not move
+   * any: a slot from {@link GroupAccesses.find} stays valid until then (or until a reset).
+   */
+  reserve(n: number): void {
+    while (2 * (this.#allocs + n) > this.#mask + 1) this.#rehash();
+  }
+
+  /**
+   * The slot of allocation `alloc`: where the group holds it, or the free slot where it would go
+   * (call {@link GroupAccesses.reserve} first). For {@link GroupAccesses.conflictsAt} and
+   * {@link GroupAccesses.addStaged}, so that a dispatch's check and add probe the table once.
+   */
+  find(alloc: number): number {
+    const slots = this.#slots, mask = this.#mask, epoch = this.#epoch;
+    let i = (Math.imul(alloc | 0, 0x9e3779b1) >>> 7) & mask;
+    while (slots[i * SLOT + EPOCH] === epoch && slots[i * SLOT + KEY] !== alloc) i = (i + 1) & mask;
+    return i;
+  }
+
+  /** {@link GroupAccesses.conflicts} for a non-empty range of the allocation {@link GroupAccesses.find} gave `slot` for. */
+  conflictsAt(slot: number, start: number, end: number, write: boolean): boolean {
+    const slots = this.#slots, k = slot * SLOT;
+    if (slots[k + EPOCH] !== this.#epoch) return false; // the allocation is not in the group
+    const f = k + (write ? TOUCHED : WRITTEN), s = slots[f]!;
+    if (s !== SPILLED) return s < end && start < slots[f + 1]!;
+    return (write ? this.#spillTouched : this.#spillWritten)[slot]!.intersects(start, end);
+  }
+
+  /**
+   * Adds `n` staged ranges, each at the slot {@link GroupAccesses.find} gave for its allocation
+   * (room reserved first), in one call: range k is allocation
+   * `ranges[3k]`, bytes [`ranges[3k+1]`, `ranges[3k+2]`) (non-empty), written when `info[2k]` is
+   * non-zero, found at slot `info[2k+1]` — probed again with `reprobe` (the layout changed since),
+   * or when another allocation took that free slot in between. The common cases (a new allocation,
+   * a range that overlaps or touches the single interval held) are inline: one call per dispatch.
+   */
+  addStaged(ranges: Float64Array, info: Int32Array, n: number, reprobe: boolean): void {
+    const slots = this.#slots, epoch = this.#epoch, mask = this.#mask;
+    for (let k = 0; k < n; k++) {
+      const a = ranges[3 * k]!, s = ranges[3 * k + 1]!, e = ranges[3 * k + 2]!, write = info[2 * k] !== 0;
+      let i = info[2 * k + 1]!, o = i * SLOT;
+      if (reprobe || (slots[o + EPOCH] === epoch && slots[o + KEY] !== a)) {
+        i = (Math.imul(a | 0, 0x9e3779b1) >>> 7) & mask;
+        while (slots[i * SLOT + EPOCH] === epoch && slots[i * SLOT + KEY] !== a) i = (i + 1) & mask;
+        o = i * SLOT;
+      }
+      if (slots[o + EPOCH] !== epoch) { // claim the slot with this range
+        slots[o + KEY] = a;
+        slots[o + EPOCH] = epoch;
+        slots[o + TOUCHED] = s;
+        slots[o + TOUCHED + 1] = e;
+        slots[o + WRITTEN] = write ? s : 0;
+        slots[o + WRITTEN + 1] = write ? e : 0;
+        this.#allocs++;
+        continue;
+      }
+      const ts = slots[o + TOUCHED]!, te = slots[o + TOUCHED + 1]!;
+      if (ts !== SPILLED && s <= te && ts <= e) { // still one interval
+        if (s < ts) slots[o + TOUCHED] = s;
+        if (e > te) slots[o + TOUCHED + 1] = e;
+      } else this.#addTo(i, TOUCHED, s, e);
+      if (!write) continue;
+      const ws = slots[o + WRITTEN]!, we = slots[o + WRITTEN + 1]!;
+      if (ws !== SPILLED && ws !== we && s <= we && ws <= e) {
+        if (s < ws) slots[o + WRITTEN] = s;
+        if (e > we) slots[o + WRITTEN + 1] = e;
+      } else this.#addTo(i, WRITTEN, s, e);
+    }
   }
 
   /** Adds bytes [start, end) of allocation `alloc` to the group, as read and/or written. */
@@ -202,8 +283,7 @@ export class GroupAccesses {
   /** Adds [s, e) (non-empty) to the slot's written or touched bytes. */
   #addTo(slot: number, field: number, s: number, e: number): void {
     const slots = this.#slots, k = slot * SLOT + field, start = slots[k]!, end = slots[k + 1]!;
-    const spill = field === WRITTEN ? this.#spillWritten : this.#spillTouched;
-    if (start === SPILLED) spill[slot]!.add(s, e);
+    if (start === SPILLED) (field === WRITTEN ? this.#spillWritten : this.#spillTouched)[slot]!.add(s, e);
     else if (start === end) { // empty
       slots[k] = s;
       slots[k + 1] = e;
@@ -211,6 +291,7 @@ export class GroupAccesses {
       slots[k] = Math.min(start, s);
       slots[k + 1] = Math.max(end, e);
     } else {
+      const spill = field === WRITTEN ? this.#spillWritten : this.#spillTouched;
       const set = spill[slot] ??= new ByteIntervals();
       set.clear();
       set.add(start, end);
@@ -223,6 +304,7 @@ export class GroupAccesses {
   #rehash(): void {
     const old = this.#slots, oldWritten = this.#spillWritten, oldTouched = this.#spillTouched;
     const cap = Math.max(64, 2 * (this.#mask + 1));
+    this.#layout++;
     this.#slots = new Float64Array(cap * SLOT);
     this.#spillWritten = new Array(cap);
     this.#spillTouched = new Array(cap);
