@@ -11,7 +11,16 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { attentionContracts, packFlashParams, packFlashReduceParams, packSdpaParams } from "../kernels.gen.ts";
+import {
+  attentionContracts,
+  FLASH_MAX_NWG,
+  FLASH_REDUCE_MAX_THREADS,
+  MAX_HEAD_DIM,
+  packFlashParams,
+  packFlashReduceParams,
+  packSdpaParams,
+  SDPA_ROWS,
+} from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkFinite,
@@ -37,7 +46,7 @@ const FLASH_REDUCE = kernelRef("flash_attn_vec_reduce");
 const sdpaWords = [0, 0, 0, 0, 0, 0, 0], sdpaGrid = [0, 0, 0];
 const sdpaDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, sdpaWords]);
 sdpaDescriptor.grid = sdpaGrid;
-sdpaDescriptor.threadgroup = 32;
+sdpaDescriptor.threadgroup = SDPA_ROWS;
 const flashWords = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], flashGrid = [0, 0, 1];
 const flashDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, flashWords, undefined]);
 flashDescriptor.grid = flashGrid;
@@ -87,7 +96,7 @@ export function sdpa(
   checkHeads(op, o.nHeads, o.nKvHeads);
   checkU32(op, "batch", batch);
   checkU32(op, "headDim", o.headDim);
-  if (o.headDim > 512) throw new MlxError("InvalidArgument", `${op}: headDim must be <= 512`);
+  if (o.headDim > MAX_HEAD_DIM) throw new MlxError("InvalidArgument", `${op}: headDim must be <= ${MAX_HEAD_DIM}`);
   checkU32(op, "seqLen", o.seqLen);
   if (!(o.seqLen <= o.kvSeqLen && o.kvSeqLen <= o.kvCapacity)) {
     throw new MlxError(
@@ -111,7 +120,7 @@ export function sdpa(
   packSdpaParams(sdpaWords, o.nHeads, o.nKvHeads, o.headDim, o.seqLen, o.kvSeqLen, scale, o.kvCapacity);
   sdpaGrid[0] = batch;
   sdpaGrid[1] = o.nHeads;
-  sdpaGrid[2] = Math.ceil(o.seqLen / 32);
+  sdpaGrid[2] = Math.ceil(o.seqLen / SDPA_ROWS);
   dispatchReused(target, d, 4);
 }
 
@@ -177,7 +186,7 @@ export function flashAttnVec(
   // throws with the precise message.
   if (
     !(isU32(nh, 1) && isU32(nkv, 1) && nh % nkv === 0 && (hd === 64 || hd === 128 || hd === 256 || hd === 512) &&
-      isU32(kvLen, 1) && kvLen <= cap && isU32(nwg, 1) && nwg <= 256 && Number.isFinite(scale) &&
+      isU32(kvLen, 1) && kvLen <= cap && isU32(nwg, 1) && nwg <= FLASH_MAX_NWG && Number.isFinite(scale) &&
       softcap >= 0 && softcap < Infinity && maskCode >= 0 && (mask !== "sliding" || isU32(window, 1)) &&
       (kvType === DType.F32 || kvType === DType.F16) && q.dtype === DType.F32 && q.byteLength >= nh * hd * 4 &&
       k.byteLength >= kvBytes && v.dtype === kvType && v.byteLength >= kvBytes && tmp.dtype === DType.F32 &&
@@ -216,7 +225,7 @@ export function flashAttnVec(
   r.bindings[1] = out;
   packFlashReduceParams(reduceWords, nh, hd, nwg);
   r.grid = nh;
-  r.threadgroup = hd < 256 ? hd : 256;
+  r.threadgroup = hd < FLASH_REDUCE_MAX_THREADS ? hd : FLASH_REDUCE_MAX_THREADS;
   dispatchReused(target, r, 2);
 }
 
@@ -241,7 +250,7 @@ function checkFlashAttnVec(
   }
   const nwg = o.nwg ?? 32, scale = o.scale ?? 1 / Math.sqrt(o.headDim), softcap = o.softcap ?? 0;
   checkU32(op, "nwg", nwg);
-  if (nwg > 256) throw new MlxError("InvalidArgument", `${op}: nwg must be <= 256`);
+  if (nwg > FLASH_MAX_NWG) throw new MlxError("InvalidArgument", `${op}: nwg must be <= ${FLASH_MAX_NWG}`);
   checkFinite(op, "scale", scale);
   checkNonNegative(op, "softcap", softcap);
   const mask = o.mask ?? "causal";

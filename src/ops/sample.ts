@@ -27,7 +27,15 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
-import { packArgmaxParams, packGatherParams, packStepAdvanceParams, sampleContracts } from "../kernels.gen.ts";
+import {
+  packArgmaxParams,
+  packGatherParams,
+  packStepAdvanceParams,
+  SAMPLE_TOP_P_OFF,
+  sampleContracts,
+  STEP_ADVANCE_MAX_WORDS,
+  TOKEN_MAX_THREADS,
+} from "../kernels.gen.ts";
 import {
   checkBuffer,
   checkU32,
@@ -86,7 +94,7 @@ export interface TokenRing {
 
 /** Threads per threadgroup of {@link argmax} and {@link sample} for a vocabulary (32 to 1024). */
 export function tokenThreadgroupSize(vocab: number): number {
-  return Math.max(32, Math.min(1024, nextPow2(Math.ceil(vocab / 4))));
+  return Math.max(32, Math.min(TOKEN_MAX_THREADS, nextPow2(Math.ceil(vocab / 4))));
 }
 
 /** Checks the ring of `o` whose rows and ring (defaults applied) the caller passes. */
@@ -158,8 +166,6 @@ export interface SampleOptions extends TokenRing {
   counter?: number;
 }
 
-const TWO31 = 2 ** 31;
-
 /**
  * Seeded sampling of one token per row, written into the ring. Every backend picks the same token
  * for the same inputs, because the choice is made on integers:
@@ -219,7 +225,7 @@ export function sample(
     throw new MlxError("InvalidArgument", `${op}: seed must be an integer in [0, 2^64), got ${o.seed}`);
   }
   const c = t === 0 ? 0 : Math.fround(Math.LOG2E / t);
-  const pq = Math.max(1, Math.min(TWO31, Math.round(topP * TWO31)));
+  const pq = Math.max(1, Math.min(SAMPLE_TOP_P_OFF, Math.round(topP * SAMPLE_TOP_P_OFF)));
   const d = sampleDescriptor, b = d.bindings, w = sampleWords;
   d.pipeline = registry.resolve(logits.dtype === DType.F32 ? SAMPLE_F32 : SAMPLE_BF16);
   b[0] = logits;
@@ -340,7 +346,9 @@ export function stepAdvance(
   const op = "step_advance";
   const words = o.words ?? ADVANCED_WORDS, add = o.add ?? 1;
   checkU32(op, "words", words);
-  if (words > 64) throw new MlxError("InvalidArgument", `${op}: words must be at most 64, got ${words}`);
+  if (words > STEP_ADVANCE_MAX_WORDS) {
+    throw new MlxError("InvalidArgument", `${op}: words must be at most ${STEP_ADVANCE_MAX_WORDS}, got ${words}`);
+  }
   checkU32(op, "add", add, 0);
   checkBuffer(op, "state", state, DType.U32, words);
   const d = advanceDescriptor;
