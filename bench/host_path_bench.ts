@@ -109,6 +109,25 @@ Deno.bench("recorded pass, plan cache hit: capture + finish({ fuse, reorder }), 
   pass.wait();
 });
 
+// The same hits split over two command buffers: each buffer takes its cached records by copying.
+recordedPass(1).finish({ fuse: true, reorder: true, dualBuffer: true });
+Deno.bench("recorded pass, plan cache hit, dual buffer: capture + finish, host part", { group: "host path" }, (b) => {
+  b.start();
+  const s = recordedPass(++step % 7);
+  const pass = s.commit({ fuse: true, reorder: true, dualBuffer: true });
+  b.end();
+  pass.wait();
+});
+
+// The same pass frozen once: each commit copies its optimised stream, with no capture or key.
+const frozen = recordedPass(1).freeze({ fuse: true, reorder: true });
+Deno.bench("frozen pass (GraphSession.freeze): commit, host part", { group: "host path" }, (b) => {
+  b.start();
+  const pass = frozen.commit();
+  b.end();
+  pass.wait();
+});
+
 Deno.bench("recorded pass, plan cache off: capture + finish({ fuse, reorder }), host part", {
   group: "host path",
 }, (b) => {
