@@ -229,3 +229,309 @@ Deno.test("freeze: the executor's fusion and reorder switches are honoured as by
     }
   }
 });
+
+// ---- long dual-buffer programs: plan-cache hits and frozen passes against fresh optimisations ----
+
+const ALLOCS = 3, ELEMS = 1024, DIM = 32;
+type View = readonly [alloc: number, first: number];
+type LongOp =
+  | { op: "add" | "mul"; a: View; b: View; out: View; tg: number }
+  | { op: "axpby"; a: View; b: View; out: View; alpha: number; beta: number }
+  | { op: "normMul"; x: View; tmp: View; s: View; out: View; eps: number };
+
+const viewOverlap = (p: View, q: View) => p[0] === q[0] && p[1] === q[1];
+
+/** A random program of `n` ops over 64-element views; outputs never alias a different input view. */
+function longProgram(n: number, seed: number): LongOp[] {
+  const r = rng(seed), pick = (k: number) => Math.floor(r() * k);
+  const view = (): View => [pick(ALLOCS), pick(ELEMS / 64) * 64];
+  const prog: LongOp[] = [];
+  while (prog.length < n) {
+    const kind = pick(4);
+    if (kind < 2) {
+      const o = {
+        op: kind === 0 ? "add" as const : "mul" as const,
+        a: view(),
+        b: view(),
+        out: view(),
+        tg: 32 << pick(2),
+      };
+      if ([o.a, o.b].every((v) => !viewOverlap(v, o.out) || v === o.out)) prog.push(o);
+    } else if (kind === 2) {
+      const o = { op: "axpby" as const, a: view(), b: view(), out: view(), alpha: r() * 2 - 1, beta: r() * 2 - 1 };
+      if (!viewOverlap(o.a, o.out) && !viewOverlap(o.b, o.out)) prog.push(o);
+    } else {
+      const o = { op: "normMul" as const, x: view(), tmp: view(), s: view(), out: view(), eps: 1e-5 + r() * 1e-3 };
+      const distinct = [o.x, o.tmp, o.s, o.out].every((v, i, all) =>
+        all.every((w, j) => i === j || !viewOverlap(v, w))
+      );
+      if (distinct) prog.push(o);
+    }
+  }
+  return prog;
+}
+
+/** Same topology, every inline constant changed (in both halves of the program). */
+function newConstants(prog: LongOp[], seed: number): LongOp[] {
+  return prog.map((o, i) => {
+    const v = Math.sin(seed * 3.7 + i) * 1.25;
+    if (o.op === "axpby") return { ...o, alpha: v, beta: 0.5 - v };
+    if (o.op === "normMul") return { ...o, eps: Math.abs(v) * 1e-3 + 1e-6 };
+    return o;
+  });
+}
+
+function emitLong(s: GraphSession, prog: LongOp[], allocs: MlxBuffer[], w: MlxBuffer): void {
+  // A new view object per binding: nothing may depend on buffer object identity.
+  const v = (x: View) => allocs[x[0]]!.slice(x[1] * 4, 64 * 4);
+  const add = s.encoder.resolvePipeline({ name: "elementwise_add_f32" });
+  const mul = s.encoder.resolvePipeline({ name: "elementwise_mul_f32" });
+  for (const o of prog) {
+    if (o.op === "normMul") {
+      s.rmsNorm(v(o.x), w, v(o.tmp), { rows: 64 / DIM, dim: DIM, eps: o.eps });
+      s.elementwiseMul(v(o.tmp), v(o.s), v(o.out));
+    } else if (o.op === "axpby") s.axpby(v(o.a), v(o.b), v(o.out), { alpha: o.alpha, beta: o.beta });
+    else {
+      s.dispatch({
+        pipeline: o.op === "add" ? add : mul,
+        bindings: [v(o.a), v(o.b), v(o.out), [64]],
+        grid: 64,
+        threadgroup: o.tg,
+        dispatchKind: "threads",
+      });
+    }
+  }
+}
+
+Deno.test("long dual-buffer programs (>= 200 dispatches): plan-cache hits and frozen passes equal fresh optimisations", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const allocs = Array.from({ length: ALLOCS }, () => device.alloc(ELEMS * 4, DType.F32));
+  const init = allocs.map((_, i) => randomValues(ELEMS, 900 + i, DType.F32, -1, 1));
+  using w = device.upload(randomValues(DIM, 8, DType.F32, 0.5, 1.5));
+  const reset = () => allocs.forEach((a, i) => a.write(init[i]!));
+  const state = () => allocs.map((a) => a.readBytes());
+  let secondChunkDispatches = 0, fusions = 0;
+  for (let seed = 1; seed <= 6; seed++) {
+    const validate = seed % 2 === 0;
+    const flags: FinishOptions = { fuse: seed % 3 !== 0, reorder: seed % 3 !== 1, dualBuffer: true };
+    const prog = longProgram(200 + 23 * seed, seed);
+    const cached = new GraphExecutor(device, { validate });
+    const fresh = new GraphExecutor(device, { validate, planCache: false });
+    const run = (exec: GraphExecutor, p: LongOp[]) => {
+      reset();
+      using s = exec.beginRecorded();
+      emitLong(s, p, allocs, w);
+      const pending = s.commit(flags);
+      const perBuffer = pending.encoders.map((e) => e.dispatchCount);
+      const report = pending.wait();
+      return { report, bytes: state(), perBuffer };
+    };
+    equal(run(cached, prog).report.planCache, "miss");
+    for (let k = 1; k <= 3; k++) {
+      const next = newConstants(prog, seed * 10 + k);
+      const hit = run(cached, next), want = run(fresh, next);
+      const what = `seed ${seed}, validate ${validate}, pass ${k}`;
+      equal(hit.report.planCache, "hit", what);
+      deepStrictEqual(strip(hit.report), strip(want.report), what);
+      deepStrictEqual(hit.perBuffer, want.perBuffer, what);
+      deepStrictEqual(hit.bytes, want.bytes, what);
+      // The same pass frozen, committed twice.
+      reset();
+      using s = cached.beginRecorded();
+      emitLong(s, next, allocs, w);
+      const frozen = s.freeze(flags);
+      equal(frozen.commandBuffers, 2);
+      deepStrictEqual(strip(frozen.commit().wait()), strip(want.report), `${what}, frozen`);
+      deepStrictEqual(state(), want.bytes, `${what}, frozen`);
+      const second = run(fresh, next).bytes; // the fresh pass from the frozen pass's results
+      reset();
+      frozen.commit().wait();
+      deepStrictEqual(state(), second, `${what}, frozen again`);
+      secondChunkDispatches += want.perBuffer[1]!;
+      fusions += want.report.fusions;
+    }
+  }
+  ok(secondChunkDispatches > 0 && fusions > 0, "the programs fill both command buffers and exercise fusion");
+  allocs.forEach((a) => a.dispose());
+});
+
+Deno.test("plan cache, dual buffer: an allocation disposed and replaced between passes gives a fresh optimisation's results", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const allocs = Array.from({ length: ALLOCS }, () => device.alloc(ELEMS * 4, DType.F32));
+  const init = allocs.map((_, i) => randomValues(ELEMS, 700 + i, DType.F32, -1, 1));
+  using w = device.upload(randomValues(DIM, 8, DType.F32, 0.5, 1.5));
+  const prog = longProgram(240, 77);
+  const flags = { fuse: true, reorder: true, dualBuffer: true };
+  const cached = new GraphExecutor(device), fresh = new GraphExecutor(device, { planCache: false });
+  const run = (exec: GraphExecutor, p: LongOp[]) => {
+    allocs.forEach((a, i) => a.write(init[i]!));
+    using s = exec.beginRecorded();
+    emitLong(s, p, allocs, w);
+    return { report: s.finish(flags), bytes: allocs.map((a) => a.readBytes()) };
+  };
+  run(cached, prog);
+  for (let k = 0; k < 4; k++) {
+    // Replace one allocation (its native handle may be reused by the new one).
+    const i = k % ALLOCS;
+    const old = allocs[i]!;
+    const stale = old.slice(0, 256);
+    old.dispose();
+    allocs[i] = device.alloc(ELEMS * 4, DType.F32);
+    const next = newConstants(prog, k + 5);
+    const got = run(cached, next), want = run(fresh, next);
+    deepStrictEqual(strip(got.report), strip(want.report), `replacement ${k} (${got.report.planCache})`);
+    deepStrictEqual(got.bytes, want.bytes, `replacement ${k}`);
+    // A pass binding the stale view is refused when it is recorded.
+    using s = cached.beginRecorded();
+    throws(() => s.elementwiseAdd(stale, stale, allocs[i]!.slice(0, 256)), isMlx("Disposed"));
+  }
+  allocs.forEach((a) => a.dispose());
+});
+
+// ---- DecodeLoop({ frozen: true, recorded: true, stepState: true }) --------------------------------
+
+/**
+ * A state-driven token loop over a table: x = table[id] (dim wide, `vocab` rows), next id =
+ * argmax(x[0, pick)). With pick > vocab an id ≥ vocab can come out mid-run and fail the next gather.
+ */
+function stateTableLoop(
+  exec: GraphExecutor,
+  o: { vocab: number; dim: number; pick: number; rows?: number; seed?: number; values?: Float32Array },
+  options: Partial<DecodeLoopOptions>,
+) {
+  const device = exec.device, rows = o.rows ?? 1;
+  const values = o.values ?? randomValues(o.vocab * o.dim, o.seed ?? 31);
+  const table = device.upload(values);
+  const bufs = { x: device.alloc(rows * o.dim * 4, DType.F32) };
+  let encoded = 0;
+  const next = (id: number) => refArgmax(values.subarray(id * o.dim, id * o.dim + o.pick));
+  const loop = new DecodeLoop(exec, {
+    rows,
+    recorded: true,
+    stepState: true,
+    ...options,
+    encodeStep(s, t) {
+      encoded++;
+      const st = t.state!;
+      ops.embedGather(s, exec.registry, table, st.ring, bufs.x, {
+        dim: o.dim,
+        vocab: o.vocab,
+        rows,
+        cursor: st.position,
+        ring: st.ringSlots,
+      });
+      s.barrier();
+      // argmax over the first `pick` columns of each row: rows of x strided by dim, as a view per row
+      ops.argmax(s, exec.registry, bufs.x, st.ring, { vocab: o.pick, rows, cursor: st.next, ring: st.ringSlots });
+    },
+  });
+  return {
+    loop,
+    next,
+    bufs,
+    get encoded() {
+      return encoded;
+    },
+    [Symbol.dispose]() {
+      loop.dispose();
+      table.dispose();
+      bufs.x.dispose();
+    },
+  };
+}
+
+/** The host reference: the chain of next ids. */
+function chain(next: (id: number) => number, first: number, steps: number): number[] {
+  const out: number[] = [];
+  for (let k = 0, cur = first; k < steps; k++) out.push(cur = next(cur));
+  return out;
+}
+
+Deno.test("frozen DecodeLoop: tokens equal the re-encoding loop and the host chain; encodeStep once per run; runAsync too", async () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  for (const validate of [false, true]) {
+    for (const finish of [{}, { fuse: true, reorder: true }, { fuse: true, reorder: true, dualBuffer: true }]) {
+      const exec = new GraphExecutor(device, { validate });
+      const base = { depth: 3, readBatch: 2, finish };
+      using plain = stateTableLoop(exec, { vocab: 40, dim: 40, pick: 40 }, base);
+      using frozen = stateTableLoop(exec, { vocab: 40, dim: 40, pick: 40 }, { ...base, frozen: true });
+      const what = `validate ${validate}, ${JSON.stringify(finish)}`;
+      const want = chain(frozen.next, 7, 23);
+      ok(new Set(want).size > 3, `a non-degenerate chain: ${want}`);
+      deepStrictEqual([...plain.loop.run({ first: 7, steps: 23 }).tokens], want, what);
+      const a = frozen.loop.run({ first: 7, steps: 11 });
+      const b = frozen.loop.run({ first: a.tokens[10]!, steps: 12, startPosition: 11 });
+      deepStrictEqual([...a.tokens, ...b.tokens], want, what);
+      equal(frozen.encoded, 2, `${what}: encodeStep once per run`);
+      deepStrictEqual(a.reports.map((r) => r.planCache), ["miss", ...new Array(10).fill("hit")]);
+      const c = await frozen.loop.runAsync({ first: 7, steps: 23 });
+      deepStrictEqual([...c.tokens], want, `${what}: runAsync`);
+      equal(frozen.encoded, 3);
+    }
+  }
+});
+
+Deno.test("frozen DecodeLoop: an out-of-range id mid-run throws after draining; nothing leaks; the loop stays usable", async () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  const vocab = 12, dim = 32;
+  for (const finish of [{}, { dualBuffer: true }]) {
+    // Rows 0..4 lead to the next row, row 5 to id 20 (past the table); rows 6..11 cycle.
+    const values = randomValues(vocab * dim, 5, DType.F32, -1, 0);
+    const target = (i: number) => i < 5 ? i + 1 : i === 5 ? 20 : 6 + (i - 5) % 6;
+    for (let i = 0; i < vocab; i++) values[i * dim + target(i)] = 1;
+    using m = stateTableLoop(exec, { vocab, dim, pick: dim, values }, { depth: 3, readBatch: 2, frozen: true, finish });
+    const first = 0, at = 5;
+    deepStrictEqual(chain(m.next, first, 6), [1, 2, 3, 4, 5, 20]);
+    const before = live(device);
+    const failed = isMlx("CommandBufferError", /embed_gather/);
+    let seen: number[] = [];
+    throws(() => m.loop.run({ first, steps: 10, onTokens: (ids) => seen.push(...ids) }), failed);
+    equal(live(device), before, "every pass in flight was waited for and released");
+    deepStrictEqual(seen, chain(m.next, first, seen.length), "ids read before the failure are the chain's");
+    ok(seen.length <= at + 1);
+    seen = [];
+    await rejects(m.loop.runAsync({ first, steps: 10 }), failed);
+    equal(live(device), before);
+    // A good start afterwards decodes normally (the state and the frozen pass are per run).
+    const good = 7;
+    deepStrictEqual([...m.loop.run({ first: good, steps: 6 }).tokens], chain(m.next, good, 6));
+  }
+});
+
+Deno.test("frozen DecodeLoop: a buffer disposed mid-run is a Disposed error after draining; the next run re-freezes", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using m = stateTableLoop(exec, { vocab: 30, dim: 30, pick: 30 }, { depth: 2, readBatch: 1, frozen: true });
+  const before = live(device);
+  throws(
+    () =>
+      m.loop.run({
+        first: 3,
+        steps: 8,
+        onTokens: (_, from) => {
+          if (from === 2) {
+            m.bufs.x.dispose();
+            m.bufs.x = device.alloc(30 * 4, DType.F32);
+          }
+        },
+      }),
+    isMlx("Disposed", /freeze a new pass/),
+  );
+  equal(live(device), before);
+  deepStrictEqual([...m.loop.run({ first: 3, steps: 8 }).tokens], chain(m.next, 3, 8));
+});
+
+Deno.test("frozen DecodeLoop: option checks say what to do", () => {
+  using ctx = testContext();
+  const exec = new GraphExecutor(ctx.device);
+  const encodeStep = () => {};
+  for (const o of [{ frozen: true }, { frozen: true, recorded: true }, { frozen: true, stepState: true }]) {
+    throws(() => new DecodeLoop(exec, { encodeStep, ...o }), isMlx("InvalidArgument", /recorded: true and stepState/));
+  }
+});
