@@ -3,7 +3,7 @@
  * inputs and lifecycle edges, each checked against a pass optimised afresh (plan cache off) or
  * against host references.
  */
-import { deepStrictEqual, equal, notDeepStrictEqual, ok, rejects, throws } from "node:assert/strict";
+import { deepStrictEqual, equal, ok, rejects, throws } from "node:assert/strict";
 import {
   DecodeLoop,
   type DecodeLoopOptions,
@@ -17,7 +17,7 @@ import {
   MlxError,
   ops,
 } from "../mod.ts";
-import { randomValues, rng, testContext } from "./helpers.ts";
+import { randomValues, rng, runDeno, testContext } from "./helpers.ts";
 import { refArgmax } from "./reference.ts";
 
 const E = 64;
@@ -534,4 +534,66 @@ Deno.test("frozen DecodeLoop: option checks say what to do", () => {
   for (const o of [{ frozen: true }, { frozen: true, recorded: true }, { frozen: true, stepState: true }]) {
     throws(() => new DecodeLoop(exec, { encodeStep, ...o }), isMlx("InvalidArgument", /recorded: true and stepState/));
   }
+});
+
+// ---- examples/decode.ts: --loop and the frozen mode --------------------------------------------
+
+const demo = new URL("../examples/decode.ts", import.meta.url).pathname;
+const demoFlags = ["run", "--no-prompt", "--allow-ffi", "--allow-read", "--allow-env"];
+const small = ["--layers", "1", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--ffn", "128", "--vocab", "64"];
+const backendEnv: Record<string, string> = Deno.env.get("MLXN_BACKEND")
+  ? { MLXN_BACKEND: Deno.env.get("MLXN_BACKEND")! }
+  : {};
+
+Deno.test({
+  // FAILS: examples/decode.ts passes --depth / --read-batch to DecodeLoop unchecked against the
+  // ring bound (depth + readBatch <= 65536): the DecodeLoop's MlxError escapes as an uncaught error
+  // with a stack trace, after the model was built, instead of a "decode: ..." usage error.
+  ignore: true,
+  name: "decode demo: a --depth or --read-batch past the id ring's bound is a usage error, not an uncaught stack trace",
+  fn: async () => {
+    for (const args of [["--depth", "70000"], ["--read-batch", "65530", "--depth", "7"]]) {
+      const r = await runDeno(
+        [...demoFlags, demo, ...small, "--tokens", "2", "--modes", "frozen", ...args],
+        backendEnv,
+      );
+      ok(r.code !== 0, args.join(" "));
+      ok(/^decode: .*(depth|read-batch)/m.test(r.stderr), `${args.join(" ")}: ${r.stderr}`);
+      ok(!/^\s+at /m.test(r.stderr), `${args.join(" ")}: a stack trace was printed:\n${r.stderr}`);
+    }
+  },
+});
+
+Deno.test("decode demo: --loop both runs the frozen mode once, under the pipelined loop, with the sync columns' tokens", async () => {
+  const r = await runDeno([
+    ...demoFlags,
+    demo,
+    ...small,
+    ...["--tokens", "5", "--warmup", "2", "--depth", "1", "--read-batch", "1"],
+    ...["--modes", "direct/hand,frozen", "--loop", "both"],
+  ], backendEnv);
+  equal(r.code, 0, r.stderr + r.stdout);
+  const header = r.stdout.split("\n").find((l) => /^\s+direct\/hand\s/.test(l))!.trim().split(/\s{2,}/);
+  deepStrictEqual(header, ["direct/hand", "direct/hand", "frozen"]);
+  const row = (name: string) =>
+    r.stdout.split("\n").find((l) => l.startsWith(name + " "))!.slice(name.length).trim().split(/\s+/);
+  deepStrictEqual(row("loop"), ["sync", "pipelined", "pipelined"]);
+  deepStrictEqual(row("same tokens"), ["yes", "yes", "yes"]);
+  deepStrictEqual(row("plan hits"), ["-", "-", "4/5"]);
+});
+
+Deno.test({
+  // FAILS: a disposed DecodeLoop's run() reports the id ring's allocation as disposed ("allocate a
+  // new one"), which names an internal buffer and does not say to make a new DecodeLoop.
+  ignore: true,
+  name: "DecodeLoop: run on a disposed loop says the loop was disposed and what to do",
+  fn: () => {
+    using ctx = testContext();
+    const exec = new GraphExecutor(ctx.device);
+    for (const frozen of [false, true]) {
+      using m = stateTableLoop(exec, { vocab: 8, dim: 8, pick: 8 }, { frozen });
+      m.loop.dispose();
+      throws(() => m.loop.run({ first: 1, steps: 2 }), isMlx("Disposed", /DecodeLoop.*(new DecodeLoop|create)/));
+    }
+  },
 });
