@@ -661,3 +661,46 @@ Deno.test({
     }
   },
 });
+
+Deno.test("frozen DecodeLoop: encodeStep throwing, or a hazard at the frozen pass's commit, leaves nothing behind", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const before = live(device);
+  const vocab = 16;
+  const values = randomValues(vocab * vocab, 13);
+  using table = device.upload(values), x = device.alloc(vocab * 4, DType.F32);
+  const next = (id: number) => refArgmax(values.subarray(id * vocab, (id + 1) * vocab));
+  for (const validate of [false, true]) {
+    let fail: "throw" | "hazard" | null = "throw";
+    const exec = new GraphExecutor(device, { validate, autoBarriers: false });
+    using loop = new DecodeLoop(exec, {
+      recorded: true,
+      stepState: true,
+      frozen: true,
+      depth: 2,
+      readBatch: 2,
+      encodeStep(s, t) {
+        const st = t.state!;
+        if (fail === "throw") throw new Error("model bug");
+        ops.embedGather(s, exec.registry, table, st.ring, x, {
+          dim: vocab,
+          vocab,
+          cursor: st.position,
+          ring: st.ringSlots,
+        });
+        if (fail !== "hazard") s.barrier(); // without it the argmax reads x with no barrier
+        ops.argmax(s, exec.registry, x, st.ring, { vocab, cursor: st.next, ring: st.ringSlots });
+      },
+    });
+    throws(() => loop.run({ first: 1, steps: 4 }), /model bug/);
+    equal(live(device), before);
+    if (validate) {
+      fail = "hazard";
+      throws(() => loop.run({ first: 1, steps: 4 }), isMlx("HazardError"));
+      equal(live(device), before);
+    }
+    fail = null;
+    deepStrictEqual([...loop.run({ first: 1, steps: 6 }).tokens], chain(next, 1, 6), `validate ${validate}`);
+    equal(live(device), before);
+  }
+});
