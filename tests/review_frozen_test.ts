@@ -704,3 +704,45 @@ Deno.test("frozen DecodeLoop: encodeStep throwing, or a hazard at the frozen pas
     equal(live(device), before);
   }
 });
+
+Deno.test("freeze under MLXN_FUSION=0 / MLXN_REORDER=0 (read once per process): no fusion / no reorder, same bytes", async () => {
+  const mod = new URL("../mod.ts", import.meta.url).href;
+  const code = `
+    import { DType, GraphExecutor, MlxDevice } from "${mod}";
+    const device = MlxDevice.open();
+    const exec = new GraphExecutor(device);
+    const E = 64, v = (s) => new Float32Array(E).map((_, i) => Math.sin(s * 7 + i));
+    const x = device.upload(v(1)), w = device.upload(v(2)), y = device.upload(v(3));
+    const tmp = device.alloc(E * 4, DType.F32), out = device.alloc(E * 4, DType.F32), z = device.alloc(E * 4, DType.F32);
+    const a = device.alloc(E * 4, DType.F32);
+    const s = exec.beginRecorded({ autoBarriers: true });
+    s.rmsNorm(x, w, tmp, { rows: 1, dim: E, eps: 1e-5 });
+    s.elementwiseMul(tmp, y, out);
+    s.elementwiseAdd(x, y, a);
+    s.elementwiseMul(a, y, a);
+    s.elementwiseAdd(a, x, a);
+    s.axpby(y, y, z, { alpha: 2, beta: 1 }); // independent: the reorder pass moves it up
+    const frozen = s.freeze({ fuse: true, reorder: true, dualBuffer: true });
+    const r = frozen.commit().wait();
+    console.log(JSON.stringify({ fusions: r.fusions, reordered: r.reordered, out: [...out.readBytes()], z: [...z.readBytes(), ...a.readBytes()] }));
+    device.close();
+  `;
+  const results: Record<string, { fusions: number; reordered: number; out: number[]; z: number[] }> = {};
+  for (const env of [{}, { MLXN_FUSION: "0" }, { MLXN_REORDER: "0" }]) {
+    const r = await runDeno(["eval", "--no-prompt", code], { ...backendEnv, ...env });
+    equal(r.code, 0, r.stderr);
+    results[JSON.stringify(env)] = JSON.parse(r.stdout.trim().split("\n").pop()!);
+  }
+  const [on, noFusion, noReorder] = Object.values(results) as [
+    typeof results[string],
+    typeof results[string],
+    typeof results[string],
+  ];
+  equal(on.fusions, 1);
+  ok(on.reordered > 0, "the pass is reordered by default");
+  equal(noFusion.fusions, 0);
+  equal(noReorder.reordered, 0);
+  equal(noReorder.fusions, 1);
+  deepStrictEqual([noFusion.out, noFusion.z], [on.out, on.z], "fusion is bit-identical");
+  deepStrictEqual([noReorder.out, noReorder.z], [on.out, on.z]);
+});
