@@ -746,3 +746,21 @@ Deno.test("freeze under MLXN_FUSION=0 / MLXN_REORDER=0 (read once per process): 
   deepStrictEqual([noFusion.out, noFusion.z], [on.out, on.z], "fusion is bit-identical");
   deepStrictEqual([noReorder.out, noReorder.z], [on.out, on.z]);
 });
+
+Deno.test("frozen DecodeLoop: rows side by side and a ring that wraps many times give each row's host chain", () => {
+  using ctx = testContext();
+  const exec = new GraphExecutor(ctx.device);
+  const rows = 3, steps = 37, firsts = [0, 9, 33];
+  using m = stateTableLoop(exec, { vocab: 34, dim: 34, pick: 34, rows }, {
+    frozen: true,
+    depth: 2,
+    readBatch: 3,
+    finish: { fuse: true, reorder: true, dualBuffer: true },
+  });
+  equal(m.loop.ringSlots, 5);
+  const r = m.loop.run({ first: firsts, steps, startPosition: 3 });
+  const perRow = firsts.map((f) => chain(m.next, f, steps));
+  const want = Array.from({ length: steps }, (_, k) => perRow.map((c) => c[k]!)).flat();
+  deepStrictEqual([...r.tokens], want);
+  equal(m.encoded, 1);
+});
