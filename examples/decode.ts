@@ -184,6 +184,9 @@ const problems = [
     : ["backend must be cpu, cuda or metal"]),
   ...(unknownModes.length ? [`unknown mode ${unknownModes.join(", ")}`] : []),
   ...(wantedModes.length ? [] : ["modes must name at least one mode"]),
+  ...(new Set(wantedModes).size === wantedModes.length ? [] : ["modes must not repeat a mode"]),
+  // The DecodeLoop's id ring has depth + read-batch slots, at most 65,536.
+  ...(loopCfg.depth + loopCfg["read-batch"] <= 65536 ? [] : ["depth + read-batch must be at most 65536"]),
   ...(Object.hasOwn(LOOPS, a.loop) ? [] : [`loop must be sync, pipelined or both, not "${a.loop}"`]),
 ];
 if (problems.length) usageError(problems.join("; "));

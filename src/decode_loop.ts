@@ -93,7 +93,9 @@ export interface DecodeLoopOptions {
   /**
    * Encode each run's first step only and commit that pass, frozen ({@link GraphSession.freeze}),
    * for every later step: no per-step encoding (default false). Needs `recorded` and `stepState`,
-   * which make every step's pass identical; `encodeStep` is then called once per run.
+   * and a pass that reads every per-step value through `step.state`. `encodeStep` is then called
+   * twice per run of two steps or more: the second call encodes the next step's pass, never
+   * committed, to check that it is the same (an InvalidArgument when it is not).
    */
   frozen?: boolean | undefined;
   /** Options of every step's session (e.g. autoBarriers). */
@@ -330,6 +332,9 @@ export class DecodeLoop {
     if (this.#running) {
       throw new MlxError("InvalidState", "DecodeLoop.run: a run is in progress (called from encodeStep or onTokens?)");
     }
+    if (this.ids.disposed) {
+      throw new MlxError("Disposed", "DecodeLoop.run: this loop was disposed; create a new DecodeLoop");
+    }
     const steps = options.steps;
     if (!Number.isSafeInteger(steps) || steps < 0) {
       throw new MlxError("InvalidArgument", `DecodeLoop.run: steps must be a non-negative integer, got ${steps}`);
@@ -425,6 +430,15 @@ export class DecodeLoop {
               }
               if (this.#frozen) {
                 frozen = s.freeze(this.#finish);
+                // One frozen pass replays every step: check that the next step's pass is the same.
+                if (steps - k > 1 && !this.#nextStepIsSame(frozen, k + 1, start, base)) {
+                  throw new MlxError(
+                    "InvalidArgument",
+                    `DecodeLoop: frozen: the passes of steps ${k} and ${k + 1} differ, so one frozen pass cannot ` +
+                      `replay every step; read the position and the id ring through step.state (not step.input, ` +
+                      `step.output or per-step inline constants), or create the loop without frozen`,
+                  );
+                }
                 pass = frozen.commit({ label });
               } else pass = s.commit({ ...this.#finish, label });
             } finally {
@@ -459,6 +473,26 @@ export class DecodeLoop {
       this.#running = false;
     }
     return { tokens, wallNs: nowNs() - t0, deviceNs, encodeNs, readbacks, timings, reports };
+  }
+
+  /** Whether step `k`'s pass, encoded into a recorded session that is never committed, is `frozen`'s. */
+  #nextStepIsSame(frozen: FrozenPass, k: number, start: number, base: number): boolean {
+    const R = this.ringSlots;
+    const s = this.executor.beginRecorded(this.#session);
+    try {
+      this.#encodeStep(s, {
+        index: k,
+        position: start + k,
+        input: this.#slots[(base + k) % R]!,
+        output: this.#slots[(base + k + 1) % R]!,
+        state: this.#state?.views,
+      });
+      s.barrier();
+      stepAdvance(s, this.executor.registry, this.#state!.buffer);
+      return s.isSamePass(frozen);
+    } finally {
+      s.dispose();
+    }
   }
 
   /** Frees the id ring (slot views share its allocation) and the step state. */

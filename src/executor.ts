@@ -80,7 +80,8 @@ export interface FinishReport {
   /**
    * Recorded passes: "hit" when the pass replayed the cached plan of its topology (no fusion,
    * reorder or barrier placement ran), "miss" when it was optimised and its plan cached; "off" for
-   * direct passes and when the plan cache is switched off.
+   * direct passes and when the plan cache is switched off. A {@link FrozenPass}'s commits, whatever
+   * the plan cache: "miss" for the first (the freeze optimised it), "hit" for every later one.
    */
   readonly planCache: PlanCacheOutcome;
   /** Fusions applied. */
@@ -353,9 +354,52 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     this.#done = true;
     const enc = this.#encoder;
     try {
-      const capture = enc.takeCompactCapture()!;
+      const capture = this.#takeCapture(enc, "freeze");
       try {
         return this.#freeze(enc, capture, options);
+      } finally {
+        capture.release();
+      }
+    } finally {
+      enc.dispose();
+    }
+  }
+
+  /** The session's capture; an MlxError when it was taken through the `encoder` escape hatch. */
+  #takeCapture(enc: CommandEncoder, what: string): Capture {
+    const capture = enc.takeCompactCapture();
+    if (capture === null) {
+      throw new MlxError(
+        "InvalidState",
+        `${what}: this recorded session's capture was already taken through s.encoder; record the pass again`,
+      );
+    }
+    return capture;
+  }
+
+  /**
+   * Ends a recorded session without committing it and says whether its pass is exactly `frozen`'s:
+   * the same commands, bound ranges, inline constants and user ranges, so that committing `frozen`
+   * does what this session would have done.
+   */
+  isSamePass(frozen: FrozenPass): boolean {
+    this.#assertOpen("isSamePass");
+    if (!this.#recorded) {
+      throw new MlxError("InvalidState", "isSamePass: only a recorded session (beginRecorded) can be compared");
+    }
+    this.#done = true;
+    const enc = this.#encoder;
+    try {
+      const capture = this.#takeCapture(enc, "isSamePass");
+      try {
+        const key = frozenKeys.get(frozen)!;
+        if (capture.length !== key.words.length) return false;
+        const w = capture.words, k = key.words;
+        for (let i = 0; i < k.length; i++) if (w[i] !== k[i]) return false;
+        const fp = new Fingerprint();
+        fp.compute(capture, 0);
+        const extra = fp.view();
+        return extra.length === key.extra.length && extra.every((v, i) => v === key.extra[i]);
       } finally {
         capture.release();
       }
@@ -391,7 +435,10 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       barriers = [n0, n1];
       if (r0 !== null && r1 !== null) records.push(r0, r1);
     }
-    return new FrozenPass(exec.device, {
+    const fp = new Fingerprint();
+    fp.compute(capture, 0);
+    const key = { words: capture.words.slice(0, capture.length), extra: fp.view().slice() };
+    const frozen = new FrozenPass(exec.device, {
       validate: this.#validate,
       label: options.label ?? "",
       buffers: [...capture.buffers],
@@ -406,6 +453,8 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
         records: records.length > 0 ? records : null,
       },
     });
+    frozenKeys.set(frozen, key);
+    return frozen;
   }
 
   /**
@@ -413,7 +462,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
    * All or nothing: a failure commits nothing (the caller disposes `enc`).
    */
   #commitRecorded(enc: CommandEncoder, options: FinishOptions, label: string): RecordedCommit {
-    const capture = enc.takeCompactCapture()!;
+    const capture = this.#takeCapture(enc, "commit");
     try {
       return this.#encodeRecorded(enc, capture, options, label);
     } finally {
@@ -650,6 +699,9 @@ function pendingPass(encoders: CommandEncoder[], summary: PassSummary): PendingP
   };
 }
 
+/** What each frozen pass was frozen from: its capture's words (constants included) and key numbers. */
+const frozenKeys = new WeakMap<FrozenPass, { readonly words: Uint32Array; readonly extra: Float64Array }>();
+
 /** What a frozen pass replays. */
 interface FrozenPlan {
   readonly validate: boolean;
@@ -670,7 +722,7 @@ interface FrozenPlan {
  */
 export class FrozenPass {
   readonly #device: MlxDevice;
-  readonly #frozen: FrozenPlan;
+  #frozen: FrozenPlan | null;
   #commits = 0;
 
   /** @ignore Internal: made by GraphSession.freeze. */
@@ -679,14 +731,17 @@ export class FrozenPass {
     this.#frozen = frozen;
   }
 
-  /** Command buffers per commit (2 when frozen with `dualBuffer`). */
+  /** Command buffers per commit (2 when frozen with `dualBuffer`; 0 once disposed). */
   get commandBuffers(): number {
-    return this.#frozen.plan.barriers.length;
+    return this.#frozen?.plan.barriers.length ?? 0;
   }
 
   /** Commits the pass again without waiting. */
   commit(options: { label?: string | undefined } = {}): PendingPass {
     const began = nowNs();
+    if (this.#frozen === null) {
+      throw new MlxError("InvalidState", "FrozenPass.commit: this frozen pass was disposed; freeze a new one");
+    }
     const { validate, buffers, nodes, plan } = this.#frozen;
     const label = options.label ?? this.#frozen.label;
     for (let i = 0; i < buffers.length; i++) {
@@ -723,5 +778,18 @@ export class FrozenPass {
       barriers: [...plan.barriers],
       began,
     });
+  }
+
+  /**
+   * Drops the frozen command stream and its references to the pass's buffers (committed passes are
+   * unaffected); later commits are refused.
+   */
+  dispose(): void {
+    this.#frozen = null;
+  }
+
+  /** Same as {@link FrozenPass.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
   }
 }

@@ -59,6 +59,8 @@ Deno.test("an unknown flag or a bad value is a one-line error and the usage, exi
       ["--loop", "Both"],
       ["--loop", ""],
       ["--loop", "sync,pipelined"],
+      ["--modes", "frozen,frozen"],
+      ["--depth", "65000", "--read-batch", "1000"],
     ]
   ) {
     const r = await runDeno([...flags, demo, ...args]);
@@ -68,6 +70,7 @@ Deno.test("an unknown flag or a bad value is a one-line error and the usage, exi
   }
   match((await runDeno([...flags, demo, "--bogus"])).stderr, /'--bogus'/);
   match((await runDeno([...flags, demo, "--loop", "async"])).stderr, /^decode: loop must be sync, pipelined or both/);
+  match((await runDeno([...flags, demo, "--modes", "pipelined,pipelined"])).stderr, /^decode: modes must not repeat/);
 });
 
 Deno.test("the README lists every flag the demo takes, and no other", async () => {

@@ -120,3 +120,29 @@ Deno.test("freeze: only recorded sessions, once; a disposed buffer is refused an
   );
   deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(0), "nothing ran");
 });
+
+Deno.test("isSamePass tells a frozen pass's exact repeat from a pass with other constants or ranges; dispose", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(16).fill(1)), out = device.alloc(64, DType.F32);
+  const pass = (alpha: number, half: number) => {
+    const s = exec.beginRecorded();
+    s.axpby(a.slice(0, 32), a.slice(32, 32), out.slice(half * 32, 32), { alpha, beta: 1 });
+    return s;
+  };
+  const frozen = pass(2, 0).freeze({ reorder: true });
+  equal(pass(2, 0).isSamePass(frozen), true, "the same pass");
+  equal(pass(3, 0).isSamePass(frozen), false, "another constant");
+  equal(pass(2, 1).isSamePass(frozen), false, "another output range");
+  using direct = exec.begin();
+  throws(() => direct.isSamePass(frozen), (e) => e instanceof MlxError && e.code === "InvalidState");
+  frozen.commit().wait();
+  deepStrictEqual(Array.from(out.read() as Float32Array).slice(0, 9), [3, 3, 3, 3, 3, 3, 3, 3, 0]);
+  frozen.dispose();
+  equal(frozen.commandBuffers, 0);
+  throws(
+    () => frozen.commit(),
+    (e) => e instanceof MlxError && e.code === "InvalidState" && /disposed/.test(e.message),
+  );
+});
