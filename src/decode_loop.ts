@@ -417,17 +417,7 @@ export class DecodeLoop {
           else {
             const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(this.#session);
             try {
-              this.#encodeStep(s, {
-                index: k,
-                position: start + k,
-                input: this.#slots[(base + k) % R]!,
-                output: this.#slots[(base + k + 1) % R]!,
-                state: state?.views,
-              });
-              if (state) {
-                s.barrier(); // every read of the state in this pass precedes its advance
-                stepAdvance(s, this.executor.registry, state.buffer);
-              }
+              this.#encodePass(s, k, start, base);
               if (this.#frozen) {
                 frozen = s.freeze(this.#finish);
                 // One frozen pass replays every step: check that the next step's pass is the same.
@@ -475,20 +465,27 @@ export class DecodeLoop {
     return { tokens, wallNs: nowNs() - t0, deviceNs, encodeNs, readbacks, timings, reports };
   }
 
+  /** Encodes step `k`'s pass (the user's step, then the step state's advance) into `s`. */
+  #encodePass(s: GraphSession, k: number, start: number, base: number): void {
+    const R = this.ringSlots, state = this.#state;
+    this.#encodeStep(s, {
+      index: k,
+      position: start + k,
+      input: this.#slots[(base + k) % R]!,
+      output: this.#slots[(base + k + 1) % R]!,
+      state: state?.views,
+    });
+    if (state) {
+      s.barrier(); // every read of the state in this pass precedes its advance
+      stepAdvance(s, this.executor.registry, state.buffer);
+    }
+  }
+
   /** Whether step `k`'s pass, encoded into a recorded session that is never committed, is `frozen`'s. */
   #nextStepIsSame(frozen: FrozenPass, k: number, start: number, base: number): boolean {
-    const R = this.ringSlots;
     const s = this.executor.beginRecorded(this.#session);
     try {
-      this.#encodeStep(s, {
-        index: k,
-        position: start + k,
-        input: this.#slots[(base + k) % R]!,
-        output: this.#slots[(base + k + 1) % R]!,
-        state: this.#state?.views,
-      });
-      s.barrier();
-      stepAdvance(s, this.executor.registry, this.#state!.buffer);
+      this.#encodePass(s, k, start, base);
       return s.isSamePass(frozen);
     } finally {
       s.dispose();
