@@ -211,41 +211,23 @@ export class GraphExecutor {
  */
 export class GraphSession extends SessionOpSurface implements DispatchTarget {
   // Each op of SESSION_OPS becomes a method that checks the session is open and calls the op with
-  // the session's encoder and registry: fixed parameters (no rest array), one call deep. Each method
-  // is compiled from its own source text: closures of one shared function literal share their call
-  // feedback, which makes the call into the op megamorphic (never inlined) once a pass uses more than
-  // four ops. Where code generation from strings is disallowed, the shared closure does the same job.
+  // the session's encoder and registry: fixed parameters (no rest array), one call deep.
   static {
-    const open = (s: GraphSession, name: string): CommandEncoder => {
-      if (s.#done) throw closedSessionError(name);
-      return s.#encoder;
-    };
-    const registryOf = (s: GraphSession): KernelRegistry => s.#registry;
-    type Method = (this: GraphSession, ...args: unknown[]) => void;
-    const shared = (name: string, op: AnyOp): Method =>
-      function (this: GraphSession, a: unknown, b: unknown, c: unknown, d: unknown, e: unknown, f: unknown) {
-        op(open(this, name), registryOf(this), a, b, c, d, e, f);
-      };
-    let compile = true;
     for (const [name, op] of Object.entries(SESSION_OPS)) {
       const dispatcher = op as AnyOp;
       if (dispatcher.length - 2 > MAX_OP_ARGUMENTS) throw new Error(`${name}: too many arguments to bind`);
-      if (!/^[A-Za-z_$][\w$]*$/.test(name)) throw new Error(`${name}: not an identifier`);
-      let method: Method | undefined;
-      if (compile) {
-        try {
-          method = new Function(
-            "op",
-            "open",
-            "registryOf",
-            `return function ${name}(a, b, c, d, e, f) { op(open(this, "${name}"), registryOf(this), a, b, c, d, e, f); };`,
-          )(dispatcher, open, registryOf) as Method;
-        } catch (e) {
-          if (!(e instanceof EvalError)) throw e;
-          compile = false; // --disallow-code-generation-from-strings
-        }
-      }
-      method ??= shared(name, dispatcher);
+      const method = function (
+        this: GraphSession,
+        a: unknown,
+        b: unknown,
+        c: unknown,
+        d: unknown,
+        e: unknown,
+        f: unknown,
+      ) {
+        if (this.#done) throw closedSessionError(name);
+        dispatcher(this.#encoder, this.#registry, a, b, c, d, e, f);
+      };
       Object.defineProperty(method, "name", { value: name });
       Object.defineProperty(GraphSession.prototype, name, { value: method, writable: true, configurable: true });
     }
