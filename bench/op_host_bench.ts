@@ -6,7 +6,8 @@
  * (examples/llama.ts: 32 layers at small dims, bf16 and Q4_0 weights, hand barriers) through a
  * direct session, against the same dispatches and barriers replayed as prebuilt descriptors into a
  * bare encoder: that ratio is the host cost the ops, the session and the model's own code add (issue
- * 16). Read the ratios, not the absolute numbers.
+ * 16). Last, what a token pays outside the ops: a view (`slice`), and opening and disposing an
+ * encoder or a session. Read the ratios, not the absolute numbers.
  *
  *   deno bench --allow-ffi --allow-read --allow-env bench/op_host_bench.ts
  */
@@ -143,3 +144,25 @@ for (const quant of ["bf16", "q4_0"] as const) {
     s.dispose();
   });
 }
+
+// ---- per-view and per-session costs -------------------------------------------------------------
+
+const whole = f32(1 << 14);
+Deno.bench("views: 64 slices of one buffer", { group: "views" }, () => {
+  for (let i = 0; i < 64; i++) whole.slice(i * 256, 256);
+});
+Deno.bench("views: 64 slices with an explicit shape", { group: "views" }, () => {
+  for (let i = 0; i < 64; i++) whole.slice(i * 256, 256, { shape: [8, 8] });
+});
+Deno.bench("lifecycle: encoder open + dispose", { group: "lifecycle", baseline: true }, () => {
+  device.commandEncoder().dispose();
+});
+Deno.bench("lifecycle: session open + dispose", { group: "lifecycle" }, () => {
+  exec.begin({ autoBarriers: false }).dispose();
+});
+Deno.bench("lifecycle: session open + one op + flush + dispose", { group: "lifecycle" }, () => {
+  const s = exec.begin({ autoBarriers: false });
+  s.elementwiseAdd(x, x, y);
+  s.encoder.flush();
+  s.dispose();
+});

@@ -49,6 +49,28 @@ const finalizer = new FinalizationRegistry<{ host: BufferHost; state: Allocation
   },
 );
 
+// The shapes of views without an explicit shape are `[elements]`, frozen: views of one length
+// share one array (a direct-mapped table, so a view costs no array and no freeze once its length
+// was seen; a collision just replaces the entry).
+const FLAT_SHAPE_SLOTS = 512;
+const flatShapes: (readonly number[] | undefined)[] = new Array(FLAT_SHAPE_SLOTS).fill(undefined);
+
+function flatShape(elements: number): readonly number[] {
+  const slot = (elements ^ (elements >>> 9) ^ (elements >>> 18)) & (FLAT_SHAPE_SLOTS - 1);
+  const shape = flatShapes[slot];
+  if (shape !== undefined && shape[0] === elements) return shape;
+  return flatShapes[slot] = Object.freeze([elements]);
+}
+
+/** A frozen copy of a caller's shape (holes read as undefined, as a spread copies them). */
+function frozenCopy(shape: readonly number[]): readonly number[] {
+  if (!Array.isArray(shape)) return Object.freeze([...shape]);
+  const n = shape.length;
+  const copy: number[] = [];
+  for (let i = 0; i < n; i++) copy.push(shape[i]!);
+  return Object.freeze(copy);
+}
+
 /** Typed data accepted by {@link MlxBuffer.write}. */
 export type HostData = ArrayLike<number> | ArrayBufferView;
 
@@ -104,7 +126,7 @@ export class MlxBuffer {
     this.byteLength = byteLength;
     this.#whole = byteOffset === 0 && byteLength === this.#state.byteLength;
     this.dtype = dtype;
-    this.shape = Object.freeze(shape ? [...shape] : [Math.floor(byteLength / dtypeSize(dtype))]);
+    this.shape = shape ? frozenCopy(shape) : flatShape(Math.floor(byteLength / dtypeSize(dtype)));
     this.#root = root;
   }
 
@@ -150,9 +172,16 @@ export class MlxBuffer {
    * unlike {@link MlxBuffer.write}). The offset must be a multiple of the element size of the view's
    * dtype.
    */
-  slice(byteOffset: number, byteLength: number, options: { dtype?: DType; shape?: readonly number[] } = {}): MlxBuffer {
-    const dtype = options.dtype ?? this.dtype;
-    if (!isDType(dtype)) throw new MlxError("InvalidArgument", `slice: unknown dtype ${String(dtype)}`);
+  slice(byteOffset: number, byteLength: number, options?: { dtype?: DType; shape?: readonly number[] }): MlxBuffer {
+    let dtype = this.dtype;
+    let shape: readonly number[] | undefined;
+    if (options !== undefined) {
+      dtype = options.dtype ?? dtype;
+      if (dtype !== this.dtype && !isDType(dtype)) {
+        throw new MlxError("InvalidArgument", `slice: unknown dtype ${String(dtype)}`);
+      }
+      shape = options.shape;
+    }
     if (
       !Number.isSafeInteger(byteOffset) || !Number.isSafeInteger(byteLength) || byteOffset < 0 ||
       byteLength < 0 || byteOffset + byteLength > this.byteLength
@@ -171,14 +200,14 @@ export class MlxBuffer {
           `${es} bytes for ${dtype}`,
       );
     }
-    this.handle; // throws if disposed
+    if (this.#state.handle === 0) throw this.#disposedError();
     return new MlxBuffer(
       this.#host,
       this.#state,
       this.byteOffset + byteOffset,
       byteLength,
       dtype,
-      options.shape,
+      shape,
       this.#root ?? this,
     );
   }

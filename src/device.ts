@@ -8,7 +8,7 @@
 import { type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
 import { type BackendName, envConfig } from "./config.ts";
 import { DType, dtypeSize, isDType } from "./dtype.ts";
-import { CommandEncoder, type EncoderOptions } from "./encoder.ts";
+import { type CommandBufferSlot, CommandEncoder, type EncoderOptions } from "./encoder.ts";
 import { KernelRegistry } from "./kernels.ts";
 import { MlxError } from "./errors.ts";
 import { Flag, Live } from "./native/abi.ts";
@@ -87,37 +87,39 @@ interface ProfileSettings {
 }
 
 /**
- * The encoders whose streams may hold unflushed records, held weakly: a session dropped without
- * finish or dispose must stay collectable so its finalizer can release the native command buffer.
+ * The command buffers whose streams may hold unflushed records. It holds their slots, never their
+ * encoders, so an encoder dropped without commit or dispose stays collectable (its finalizer then
+ * removes the slot). Each slot knows its index: adding and removing are O(1) and allocate nothing.
  */
-class OpenEncoders {
-  readonly #refs = new Set<WeakRef<CommandEncoder>>();
-  readonly #refOf = new WeakMap<CommandEncoder, WeakRef<CommandEncoder>>();
-  #pruneAt = 64;
+class OpenCommandBuffers {
+  readonly #slots: CommandBufferSlot[] = [];
 
-  add(e: CommandEncoder): void {
-    const ref = new WeakRef(e);
-    this.#refOf.set(e, ref);
-    this.#refs.add(ref);
-    if (this.#refs.size >= this.#pruneAt) { // amortised: dead refs never outnumber live ones for long
-      for (const r of this.#refs) if (r.deref() === undefined) this.#refs.delete(r);
-      this.#pruneAt = Math.max(64, 2 * this.#refs.size);
+  add(cb: CommandBufferSlot): void {
+    cb.openIndex = this.#slots.length;
+    this.#slots.push(cb);
+  }
+
+  delete(cb: CommandBufferSlot): void {
+    const i = cb.openIndex;
+    if (i < 0 || this.#slots[i] !== cb) return;
+    cb.openIndex = -1;
+    const last = this.#slots.pop()!;
+    if (last !== cb) {
+      this.#slots[i] = last;
+      last.openIndex = i;
     }
   }
 
-  delete(e: CommandEncoder): void {
-    const ref = this.#refOf.get(e);
-    if (ref === undefined) return;
-    this.#refOf.delete(e);
-    this.#refs.delete(ref);
+  /** Hands every open stream's records to the native library (a failing one leaves the list and throws). */
+  flushAll(): void {
+    const slots = this.#slots;
+    // Backwards: a slot that fails leaves the list by swapping in the last one, already flushed.
+    for (let i = slots.length - 1; i >= 0; i--) slots[i]?.flush();
   }
 
-  *[Symbol.iterator](): IterableIterator<CommandEncoder> {
-    for (const ref of this.#refs) {
-      const e = ref.deref();
-      if (e === undefined) this.#refs.delete(ref); // collected; its finalizer frees the command buffer
-      else yield e;
-    }
+  /** Drops every open command buffer without running it. */
+  abandonAll(): void {
+    for (const cb of [...this.#slots]) cb.abandon();
   }
 }
 
@@ -154,7 +156,7 @@ export class MlxDevice {
   #ptr: Deno.PointerObject | null;
   #kernels: KernelRegistry | undefined;
   readonly #writers: StreamWriter[] = [];
-  readonly #open = new OpenEncoders();
+  readonly #open = new OpenCommandBuffers();
   #deferred: number[] = [];
   #closingTraced = false;
 
@@ -331,9 +333,8 @@ export class MlxDevice {
   }
 
   /** A new command encoder (one command buffer); validation defaults to the device's setting. */
-  commandEncoder(options: EncoderOptions = {}): CommandEncoder {
-    this.devicePtr();
-    return new CommandEncoder(this, { validate: this.validate, ...options });
+  commandEncoder(options?: EncoderOptions): CommandEncoder {
+    return new CommandEncoder(this, options); // throws Disposed after close
   }
 
   /**
@@ -350,7 +351,7 @@ export class MlxDevice {
     }
     const ptr = this.#ptr;
     if (ptr === null) return;
-    for (const e of [...this.#open]) e.dispose();
+    this.#open.abandonAll();
     this.#ptr = null;
     deviceCleanup.unregister(this);
     this.sym.mlxn_device_close(ptr);
@@ -366,7 +367,7 @@ export class MlxDevice {
     if (this.#ptr === null) return;
     // Records still in an encoder's stream name this handle: hand them over first so the native
     // side holds its reference and defers the free until the command buffer completes.
-    for (const e of this.#open) e.flush();
+    this.#open.flushAll();
     check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
   }
 
@@ -379,7 +380,7 @@ export class MlxDevice {
     if (this.#deferred.length === 0 || this.#ptr === null) return;
     const list = this.#deferred;
     this.#deferred = [];
-    for (const e of this.#open) e.flush();
+    this.#open.flushAll();
     for (const h of list) this.sym.mlxn_buffer_free(this.#ptr, h);
   }
 
@@ -394,14 +395,14 @@ export class MlxDevice {
   }
 
   /** @ignore Internal. */
-  encoderOpened(e: CommandEncoder): void {
-    this.#open.add(e);
+  commandBufferOpened(cb: CommandBufferSlot): void {
+    this.#open.add(cb);
   }
 
   /** @ignore Internal. */
-  encoderClosed(e: CommandEncoder): void {
-    this.#open.delete(e);
-    this.#drainDeferred();
+  commandBufferClosed(cb: CommandBufferSlot, drain: boolean): void {
+    this.#open.delete(cb);
+    if (drain) this.#drainDeferred();
   }
 }
 

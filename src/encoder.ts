@@ -61,14 +61,16 @@ export interface EncoderHost {
   readonly profiler: Profiler | null;
   /** The device's kernel registry (resolves pipelines by name). */
   readonly kernels: KernelRegistry;
+  /** Whether command encoders validate hazards at commit by default. */
+  readonly validate: boolean;
   /** Borrows a stream writer. */
   takeWriter(): StreamWriter;
   /** Returns a writer. */
   returnWriter(w: StreamWriter): void;
-  /** Registers an encoder whose stream may hold unflushed records. */
-  encoderOpened(e: CommandEncoder): void;
-  /** Unregisters it. */
-  encoderClosed(e: CommandEncoder): void;
+  /** Registers a command buffer whose stream may hold unflushed records. */
+  commandBufferOpened(cb: CommandBufferSlot): void;
+  /** Unregisters it; with `drain`, frees the buffers whose free was deferred. */
+  commandBufferClosed(cb: CommandBufferSlot, drain: boolean): void;
 }
 
 /** How to commit a command buffer. */
@@ -99,10 +101,109 @@ function toRanges(list: readonly RangeLike[]): MemRange[] {
 /** Lifecycle state of a CommandEncoder. */
 export type EncoderState = "encoding" | "committed" | "completed" | "failed" | "disposed";
 
-// A closed device detaches its command buffers instead of freeing them, so they are always freed here.
-const cleanup = new FinalizationRegistry<{ host: EncoderHost; ptr: Deno.PointerObject }>(({ host, ptr }) => {
-  host.sym.mlxn_cmdbuf_free(ptr);
-});
+/**
+ * @ignore Internal: the native command buffer of an encoder, its stream writer and its lifecycle
+ * state. The device tracks it (not the encoder) while its stream may hold unflushed records, to
+ * flush it before a buffer is freed and to drop it when the device closes; it never references its
+ * encoder, so an encoder dropped without commit or dispose stays collectable, and its finalizer
+ * releases the command buffer.
+ */
+export class CommandBufferSlot {
+  /** Lifecycle state (the encoder's). */
+  state: EncoderState = "encoding";
+  /** The native command buffer; null once freed. */
+  ptr: Deno.PointerObject | null;
+  /** The stream writer while encoding. */
+  writer: StreamWriter | null;
+  /** Why the command buffer failed (encoding or execution). */
+  error: MlxError | null = null;
+  /** Waits in flight on another thread (the native command buffer stays until they return). */
+  asyncWaits = 0;
+  /** @ignore Position in the device's list of open command buffers; -1 when not in it. */
+  openIndex = -1;
+  readonly #host: EncoderHost;
+  readonly #sym: NativeSymbols;
+
+  /** Takes a writer and registers with the host as open. */
+  constructor(host: EncoderHost, ptr: Deno.PointerObject) {
+    this.#host = host;
+    this.#sym = host.sym;
+    this.ptr = ptr;
+    const w = this.writer = host.takeWriter();
+    w.attach((bytes, len) => this.#encodeChunk(bytes, len));
+    host.commandBufferOpened(this);
+  }
+
+  /** Hands every record written so far to the native library now (encoding only). */
+  flush(): void {
+    if (this.state === "encoding") this.writer!.flush();
+  }
+
+  /**
+   * Ends the stream: the writer goes back to the host, which stops tracking this command buffer
+   * (and, unless `quiet`, frees the buffers whose free it deferred).
+   */
+  closeStream(quiet = false): void {
+    const w = this.writer;
+    if (w === null) return;
+    this.writer = null;
+    w.attach(undefined);
+    this.#host.returnWriter(w);
+    this.#host.commandBufferClosed(this, !quiet);
+  }
+
+  /** Records the outcome and frees the native command buffer unless a wait still needs it. */
+  finish(err: MlxError | null): void {
+    this.error = err;
+    this.state = err ? "failed" : "completed";
+    this.freeNativeIfIdle();
+  }
+
+  /** Frees the native command buffer once it is neither committed nor waited on. */
+  freeNativeIfIdle(): void {
+    const ptr = this.ptr;
+    if (ptr === null || this.asyncWaits > 0 || this.state === "committed") return;
+    this.ptr = null;
+    this.#sym.mlxn_cmdbuf_free(ptr); // also after device close: the native side only detached it
+  }
+
+  /** The device is closing: an open command buffer is dropped without running. */
+  abandon(): void {
+    if (this.state !== "encoding") return;
+    this.closeStream();
+    this.state = "disposed";
+    this.freeNativeIfIdle();
+  }
+
+  /** Its encoder was garbage-collected: release whatever it still held. */
+  collected(): void {
+    this.closeStream(true); // a finalizer flushes nothing (a failing flush would have nowhere to throw)
+    const ptr = this.ptr;
+    if (ptr === null) return;
+    this.ptr = null;
+    this.#sym.mlxn_cmdbuf_free(ptr); // a committed one is waited for first (native)
+  }
+
+  #encodeChunk(bytes: Uint8Array, byteLength: number): void {
+    const rc = this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength);
+    if (rc !== Status.OK) {
+      const err = new MlxError(codeOf(rc), lastErrorText(this.#sym));
+      // The native command buffer is now in its sticky error state; nothing more can be encoded.
+      this.closeStream();
+      this.finish(err);
+      throw err;
+    }
+  }
+}
+
+// Dropped encoders release their command buffers here. Nothing is unregistered: a disposed
+// encoder's slot has nothing left to release, and a registration costs a fraction of an
+// unregistration (no token table). A closed device detaches its command buffers instead of freeing
+// them, so they are always freed here or at dispose.
+const cleanup = new FinalizationRegistry<CommandBufferSlot>((cb) => cb.collected());
+
+const NO_OPTIONS: EncoderOptions = Object.freeze({});
+const NO_HAZARDS: readonly Hazard[] = Object.freeze([]);
 
 const timingScratch = new BigUint64Array(2);
 
@@ -138,17 +239,13 @@ function validDim(v: number): boolean {
 export class CommandEncoder {
   readonly #host: EncoderHost;
   readonly #sym: NativeSymbols;
-  #ptr: Deno.PointerObject | null;
-  #writer: StreamWriter | null;
-  #state: EncoderState = "encoding";
+  readonly #cb: CommandBufferSlot; // native command buffer, writer and lifecycle state
   #pipeline = 0;
   #dispatches = 0;
   #barriers = 0;
   #label = "";
   #kernels: { kernel: string; opKind: string }[] | null; // per dispatch, when profiling dispatches
   #barriersBefore: number[] | null; // dispatch counts at barriers, when profiling
-  #asyncWaits = 0;
-  #error: MlxError | null = null;
   #gpuStartNs = 0;
   #gpuEndNs = 0;
   #timings: DispatchTiming[] | null = null;
@@ -156,25 +253,26 @@ export class CommandEncoder {
   readonly #policy: BarrierPolicy; // auto barriers and group statistics
   // validation: what was encoded, to check at commit
   #log: CapturedNode[] | null;
-  #hazards: Hazard[] = [];
+  #hazards: readonly Hazard[] = NO_HAZARDS;
 
-  /** @ignore Internal: Use `device.commandEncoder()`. */
-  constructor(host: EncoderHost, options: EncoderOptions = {}) {
+  /**
+   * @ignore Internal: Use `device.commandEncoder()`. Validation defaults to the host's setting
+   * (an explicit `validate: undefined` turns it off).
+   */
+  constructor(host: EncoderHost, options: EncoderOptions = NO_OPTIONS) {
     this.#policy = new BarrierPolicy(options.autoBarriers ?? false);
-    this.#log = options.validate ? [] : null;
+    const validate = options.validate === undefined && !("validate" in options) ? host.validate : options.validate;
+    this.#log = validate ? [] : null;
     this.#host = host;
     this.#sym = host.sym;
     const ptr = host.sym.mlxn_cmdbuf_new(host.devicePtr());
     if (ptr === null) {
       throw new MlxError("OutOfMemory", `could not create a command buffer: ${lastErrorText(host.sym)}`);
     }
-    this.#ptr = ptr;
-    this.#writer = host.takeWriter();
-    this.#writer.attach((bytes, len) => this.#encodeChunk(bytes, len));
+    this.#cb = new CommandBufferSlot(host, ptr);
     this.#kernels = host.profileDispatches ? [] : null;
     this.#barriersBefore = host.profiler ? [] : null;
-    cleanup.register(this, { host, ptr }, this);
-    host.encoderOpened(this);
+    cleanup.register(this, this.#cb);
   }
 
   /** Dispatches encoded so far. */
@@ -194,7 +292,7 @@ export class CommandEncoder {
 
   /** "encoding", "committed", "completed", "failed" or "disposed". */
   get state(): EncoderState {
-    return this.#state;
+    return this.#cb.state;
   }
 
   /**
@@ -203,13 +301,13 @@ export class CommandEncoder {
    * conflict with its concurrent group.
    */
   dispatch(d: DispatchDescriptor): void {
-    if (this.#state !== "encoding") throw this.#notEncoding("dispatch");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("dispatch");
     const policy = this.#policy;
     if (policy.auto && this.#capture === null && this.#log === null) {
       // The barrier (if the accesses conflict) and the dispatch are written in one all-or-nothing
       // step, so a bad descriptor leaves no barrier behind and needs no separate check.
       const barrier = policy.stageDispatch(d.pipeline.contract, d.bindings) && this.#dispatches > 0;
-      if (writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches, barrier)) {
+      if (writeDispatch(this.#cb.writer!, d, this.#pipeline, this.#dispatches, barrier)) {
         if (barrier) {
           this.#barrierIssued();
           counterState.autoBarriers++;
@@ -254,7 +352,7 @@ export class CommandEncoder {
 
   /** Writes a dispatch's records (see writeDispatch); false with nothing written when it is not valid. */
   #writeDispatch(d: DispatchDescriptor): boolean {
-    if (!writeDispatch(this.#writer!, d, this.#pipeline, this.#dispatches)) return false;
+    if (!writeDispatch(this.#cb.writer!, d, this.#pipeline, this.#dispatches)) return false;
     this.#dispatched(d);
     return true;
   }
@@ -274,7 +372,7 @@ export class CommandEncoder {
    * nothing: lets a caller check work before committing anything it depends on.
    */
   checkDispatch(d: DispatchDescriptor): void {
-    if (this.#state !== "encoding") throw this.#notEncoding("checkDispatch");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("checkDispatch");
     this.#check(d);
   }
 
@@ -359,14 +457,14 @@ export class CommandEncoder {
    * dispatch is a no-op and is not counted.
    */
   memoryBarrier(): void {
-    if (this.#state !== "encoding") throw this.#notEncoding("memoryBarrier");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("memoryBarrier");
     this.#policy.forget(); // every earlier write is now visible
     if (this.#capture !== null) {
       this.#capture.barrier(); // in capture mode a barrier is a node; nothing is issued or counted
       return;
     }
     if (this.#dispatches === 0) return;
-    const w = this.#writer!;
+    const w = this.#cb.writer!;
     w.reserve(RecordWords.BARRIER);
     w.barrier();
     this.#barrierIssued();
@@ -440,7 +538,7 @@ export class CommandEncoder {
 
   /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
   startCapture(): void {
-    if (this.#state !== "encoding") throw this.#notEncoding("startCapture");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("startCapture");
     this.#capture ??= new CaptureRecorder();
   }
 
@@ -481,12 +579,12 @@ export class CommandEncoder {
     groupSizes: Int32Array,
     lastPipeline: number,
   ): boolean {
-    if (this.#state !== "encoding") throw this.#notEncoding("appendPlanRecords");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("appendPlanRecords");
     if (
       this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null || this.#capture !== null ||
       this.#dispatches !== 0 || this.#pipeline !== 0
     ) return false;
-    const w = this.#writer!;
+    const w = this.#cb.writer!;
     const cap = w.words.length;
     let from = 0;
     for (let c = 0; c < cuts.length;) {
@@ -544,7 +642,7 @@ export class CommandEncoder {
 
   /** Hands every record written so far to the native library now. */
   flush(): void {
-    if (this.#state === "encoding") this.#writer!.flush();
+    if (this.#cb.state === "encoding") this.#cb.writer!.flush();
   }
 
   /**
@@ -562,7 +660,7 @@ export class CommandEncoder {
   }
 
   #commit(label: string): void {
-    if (this.#state !== "encoding") throw this.#notEncoding("commit");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("commit");
     if (this.#capture !== null) {
       throw new MlxError(
         "InvalidState",
@@ -573,19 +671,16 @@ export class CommandEncoder {
     this.#policy.endGroup();
     this.#policy.release(); // nothing more is tracked: the tracker goes to the next encoder
     this.#label = label;
-    const w = this.#writer!;
-    w.flush();
-    w.attach(undefined);
-    this.#host.returnWriter(w);
-    this.#writer = null;
-    this.#host.encoderClosed(this);
-    const rc = this.#sym.mlxn_cmdbuf_commit(this.#ptr!);
+    const cb = this.#cb;
+    cb.writer!.flush();
+    cb.closeStream();
+    const rc = this.#sym.mlxn_cmdbuf_commit(cb.ptr!);
     if (rc !== Status.OK) {
       const err = new MlxError(codeOf(rc), `commit failed: ${lastErrorText(this.#sym)}`);
-      this.#finish(err);
+      cb.finish(err);
       throw err;
     }
-    this.#state = "committed";
+    cb.state = "committed";
     counterState.commandBuffers++;
   }
 
@@ -594,7 +689,7 @@ export class CommandEncoder {
    * encoder disposed, if a barrier is missing; nothing is committed. A no-op without validation.
    */
   checkHazards(label = ""): void {
-    if (this.#state !== "encoding") throw this.#notEncoding("checkHazards");
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("checkHazards");
     this.#verify(label);
   }
 
@@ -631,32 +726,33 @@ export class CommandEncoder {
 
   /** Blocks until the committed command buffer completed; throws its error if it failed. */
   waitUntilCompleted(): void {
-    if (this.#state === "committed") {
-      const rc = this.#sym.mlxn_cmdbuf_wait(this.#ptr!);
-      if (this.#state === "committed") this.#complete(rc);
-    } else if (this.#state === "encoding") {
+    if (this.#cb.state === "committed") {
+      const rc = this.#sym.mlxn_cmdbuf_wait(this.#cb.ptr!);
+      if (this.#cb.state === "committed") this.#complete(rc);
+    } else if (this.#cb.state === "encoding") {
       throw new MlxError("InvalidState", "waitUntilCompleted before commit: commit the command buffer first");
     }
-    if (this.#error) throw this.#error;
+    if (this.#cb.error) throw this.#cb.error;
   }
 
   /** Resolves when the committed command buffer completed, without blocking the event loop. */
   async completed(): Promise<void> {
-    if (this.#state === "encoding") {
+    const cb = this.#cb;
+    if (cb.state === "encoding") {
       throw new MlxError("InvalidState", "completed() before commit: commit the command buffer first");
     }
-    if (this.#state === "committed") {
-      this.#asyncWaits++;
+    if (cb.state === "committed") {
+      cb.asyncWaits++;
       let rc: number;
       try {
-        rc = await this.#sym.mlxn_cmdbuf_wait_async(this.#ptr!);
+        rc = await this.#sym.mlxn_cmdbuf_wait_async(cb.ptr!);
       } finally {
-        this.#asyncWaits--;
+        cb.asyncWaits--;
       }
-      if (this.#state === "committed") this.#complete(rc);
-      else this.#freeNativeIfIdle();
+      if (cb.state === "committed") this.#complete(rc);
+      else cb.freeNativeIfIdle();
     }
-    if (this.#error) throw this.#error;
+    if (cb.error) throw cb.error;
   }
 
   /** GPU (backend clock) start of execution in ns; 0 until completed. */
@@ -684,22 +780,19 @@ export class CommandEncoder {
    * buffer it bound); a committed one is waited for first.
    */
   dispose(): void {
-    if (this.#state === "disposed") return;
+    const cb = this.#cb;
+    if (cb.state === "disposed") return;
     this.#capture?.discard();
     this.#capture = null;
     this.#policy.release();
-    if (this.#state === "encoding") {
-      const w = this.#writer!;
-      w.attach(undefined);
-      this.#host.returnWriter(w);
-      this.#writer = null;
-      this.#host.encoderClosed(this);
-    } else if (this.#state === "committed" && !this.#host.closed) {
-      const rc = this.#sym.mlxn_cmdbuf_wait(this.#ptr!);
-      if (this.#state === "committed") this.#complete(rc);
+    if (cb.state === "encoding") {
+      cb.closeStream();
+    } else if (cb.state === "committed" && !this.#host.closed) {
+      const rc = this.#sym.mlxn_cmdbuf_wait(cb.ptr!);
+      if (cb.state === "committed") this.#complete(rc);
     }
-    this.#state = "disposed";
-    this.#freeNativeIfIdle();
+    cb.state = "disposed";
+    cb.freeNativeIfIdle();
   }
 
   /** Same as {@link CommandEncoder.dispose}. */
@@ -707,23 +800,8 @@ export class CommandEncoder {
     this.dispose();
   }
 
-  #encodeChunk(bytes: Uint8Array, byteLength: number): void {
-    const rc = this.#sym.mlxn_cmdbuf_encode(this.#ptr!, bytes, byteLength);
-    if (rc !== Status.OK) {
-      const err = new MlxError(codeOf(rc), lastErrorText(this.#sym));
-      // The native command buffer is now in its sticky error state; nothing more can be encoded.
-      const w = this.#writer!;
-      w.attach(undefined);
-      this.#host.returnWriter(w);
-      this.#writer = null;
-      this.#host.encoderClosed(this);
-      this.#finish(err);
-      throw err;
-    }
-  }
-
   #complete(rc: number): void {
-    const sym = this.#sym, ptr = this.#ptr!;
+    const sym = this.#sym, ptr = this.#cb.ptr!;
     const n = this.#kernels ? this.#dispatches : 0;
     // Typed-array allocation is costly in Deno: reuse a scratch unless per-dispatch timings are on.
     const out = n === 0 ? timingScratch : new BigUint64Array(2 + 3 * n);
@@ -760,21 +838,7 @@ export class CommandEncoder {
         `command buffer${this.#label ? ` '${this.#label}'` : ""} failed: ${text || lastErrorText(sym)}`,
       );
     }
-    this.#finish(err);
-  }
-
-  #finish(err: MlxError | null): void {
-    this.#error = err;
-    this.#state = err ? "failed" : "completed";
-    this.#freeNativeIfIdle();
-  }
-
-  #freeNativeIfIdle(): void {
-    if (this.#ptr === null || this.#asyncWaits > 0 || this.#state === "committed") return;
-    const ptr = this.#ptr;
-    this.#ptr = null;
-    cleanup.unregister(this);
-    this.#sym.mlxn_cmdbuf_free(ptr); // also after device close: the native side only detached it
+    this.#cb.finish(err);
   }
 
   #checkInlineSize(kernel: string, i: number, s: SlotSpec, n: number): void {
@@ -787,12 +851,12 @@ export class CommandEncoder {
   }
 
   #notEncoding(what: string): MlxError {
-    if (this.#state === "disposed") {
+    if (this.#cb.state === "disposed") {
       return new MlxError("Disposed", `${what}: this command encoder was disposed; create a new one`);
     }
     return new MlxError(
       "InvalidState",
-      `${what}: this command buffer was already committed (${this.#state}); ` +
+      `${what}: this command buffer was already committed (${this.#cb.state}); ` +
         `create a new encoder with device.commandEncoder()`,
     );
   }
