@@ -29,14 +29,14 @@ const SIZES: Record<DType, number> = { f32: 4, f16: 2, bf16: 2, u32: 4, i32: 4, 
 
 /** Bytes per element of a dtype. */
 export function dtypeSize(dtype: DType): number {
-  const size = SIZES[dtype];
-  if (size === undefined) throw new TypeError(`unknown dtype ${String(dtype)}`);
-  return size;
+  if (!isDType(dtype)) throw new TypeError(`unknown dtype ${String(dtype)}`);
+  return SIZES[dtype];
 }
 
 /** Whether `value` is one of the {@link DType} values. */
 export function isDType(value: unknown): value is DType {
-  return typeof value === "string" && value in SIZES;
+  // Own keys only: names inherited from Object.prototype ("toString", "constructor") are no dtype.
+  return typeof value === "string" && Object.hasOwn(SIZES, value);
 }
 
 /** The typed array a buffer's contents are read as: 16-bit floats widen to Float32Array. */

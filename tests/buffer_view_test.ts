@@ -1,6 +1,7 @@
 /** MlxBuffer views: shapes, freezing and errors of slices, and views that allocate no shape of their own. */
 import { deepStrictEqual, equal, notStrictEqual, ok, strictEqual, throws } from "node:assert/strict";
 import { DType, MlxError } from "../mod.ts";
+import { isDType } from "../src/dtype.ts";
 import { testContext } from "./helpers.ts";
 
 const isCode = (code: string, text: RegExp) => (e: unknown) =>
@@ -87,4 +88,15 @@ Deno.test("slice errors: unknown dtype, out of range, misaligned, disposed (in t
   throws(() => buf.slice(0, 4), isCode("Disposed", /was disposed/));
   throws(() => bytes.slice(0, 2), isCode("Disposed", /was disposed/));
   throws(() => buf.slice(60, 8), isCode("InvalidArgument", /outside/), "range checks come before the disposed check");
+});
+
+Deno.test("names inherited from Object.prototype are no dtype: alloc and slice refuse them with InvalidArgument", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  for (const name of ["toString", "constructor", "__proto__", "hasOwnProperty"]) {
+    equal(isDType(name), false, name);
+    throws(() => device.alloc(8, name as DType), (e) => e instanceof MlxError && e.code === "InvalidArgument", name);
+    using b = device.alloc(8, DType.F32);
+    throws(() => b.slice(0, 8, { dtype: name as DType }), (e) => e instanceof MlxError, name);
+  }
 });
