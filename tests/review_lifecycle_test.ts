@@ -195,6 +195,29 @@ Deno.test("dispose during an async wait frees the command buffer only after the 
   deepStrictEqual(Array.from((out.read() as Float32Array).subarray(0, 4)), [2, 2, 2, 2]);
 });
 
+// FAILS: barrierBetween and trackDispatch check no state: on a disposed or committed encoder they
+// silently track (and take a pooled tracker back that is never released).
+Deno.test({
+  name: "barrierBetween and trackDispatch refuse a disposed or committed encoder",
+  ignore: true,
+  fn() {
+    using ctx = testContext();
+    const { device, registry } = ctx;
+    using a = device.upload(new Float32Array(8).fill(1));
+    using out = device.alloc(32, DType.F32);
+    const committed = device.commandEncoder();
+    ops.elementwiseAdd(committed, registry, a, a, out);
+    committed.commitAndWait();
+    const disposed = device.commandEncoder();
+    disposed.dispose();
+    for (const [enc, code] of [[committed, "InvalidState"], [disposed, "Disposed"]] as const) {
+      throws(() => enc.trackDispatch([a], [out]), isCode(code), `trackDispatch (${code})`);
+      throws(() => enc.barrierBetween([a], []), isCode(code), `barrierBetween (${code})`);
+    }
+    committed.dispose();
+  },
+});
+
 // FAILS: MlxBuffer.dispose zeroes its handle and unregisters its finalizer before
 // MlxDevice.releaseBuffer flushes the open streams; when another encoder's stream is rejected the
 // flush throws, mlxn_buffer_free never runs and the buffer leaks (a second dispose is a no-op).
