@@ -75,6 +75,29 @@ function frozenCopy(shape: readonly number[]): readonly number[] {
 export type HostData = ArrayLike<number> | ArrayBufferView;
 
 /**
+ * @ignore Internal: throws InvalidArgument unless `shape` is a list of safe non-negative integers (no
+ * holes) whose elements of `dtype` fit in `byteLength` bytes.
+ */
+export function checkShape(op: string, shape: readonly number[], dtype: DType, byteLength: number): void {
+  let n = 1, ok = Array.isArray(shape);
+  for (let i = 0; ok && i < shape.length; i++) {
+    const d = shape[i];
+    ok = Number.isSafeInteger(d) && d! >= 0;
+    n *= ok ? d! : 1;
+  }
+  const text = Array.isArray(shape) ? Array.from(shape, String).join(",") : String(shape);
+  if (!ok) {
+    throw new MlxError("InvalidArgument", `${op}: shape [${text}] must be an array of non-negative integers`);
+  }
+  if (n * dtypeSize(dtype) > byteLength) {
+    throw new MlxError(
+      "InvalidArgument",
+      `${op}: shape [${text}] of ${dtype} needs ${n * dtypeSize(dtype)} bytes, more than ${byteLength}`,
+    );
+  }
+}
+
+/**
  * A zero-filled device allocation, or a slice view `[byteOffset, byteOffset + byteLength)` of one.
  * Slices share their parent's allocation; binding a slice binds exactly its bytes.
  *
@@ -200,6 +223,7 @@ export class MlxBuffer {
           `${es} bytes for ${dtype}`,
       );
     }
+    if (shape !== undefined) checkShape("slice", shape, dtype, byteLength);
     if (this.#state.handle === 0) throw this.#disposedError();
     return new MlxBuffer(
       this.#host,

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
+import { checkShape, type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
 import { type BackendName, envConfig } from "./config.ts";
 import { DType, dtypeSize, isDType } from "./dtype.ts";
 import { type CommandBufferSlot, CommandEncoder, type EncoderOptions } from "./encoder.ts";
@@ -110,11 +110,20 @@ class OpenCommandBuffers {
     }
   }
 
-  /** Hands every open stream's records to the native library (a failing one leaves the list and throws). */
+  /**
+   * Hands every open stream's records to the native library. Never throws: a stream the library
+   * rejects leaves the list with its error kept in its slot, and its own encoder reports it.
+   */
   flushAll(): void {
     const slots = this.#slots;
     // Backwards: a slot that fails leaves the list by swapping in the last one, already flushed.
-    for (let i = slots.length - 1; i >= 0; i--) slots[i]?.flush();
+    for (let i = slots.length - 1; i >= 0; i--) {
+      try {
+        slots[i]?.flush();
+      } catch (e) {
+        if (!(e instanceof MlxError)) throw e;
+      }
+    }
   }
 
   /** Drops every open command buffer without running it. */
@@ -297,15 +306,7 @@ export class MlxDevice {
     if (byteLength % dtypeSize(dtype) !== 0) {
       throw new MlxError("InvalidArgument", `alloc: ${byteLength} bytes is not a whole number of ${dtype} elements`);
     }
-    if (shape !== undefined) {
-      const n = shape.reduce((a, b) => a * b, 1);
-      if (!shape.every((d) => Number.isSafeInteger(d) && d >= 0) || n * dtypeSize(dtype) > byteLength) {
-        throw new MlxError(
-          "InvalidArgument",
-          `alloc: shape [${shape}] of ${dtype} needs ${n * dtypeSize(dtype)} bytes, more than ${byteLength}`,
-        );
-      }
-    }
+    if (shape !== undefined) checkShape("alloc", shape, dtype, byteLength);
     this.#drainDeferred();
     const handle = this.sym.mlxn_buffer_alloc(this.devicePtr(), BigInt(byteLength));
     if (handle === 0) {
@@ -367,8 +368,11 @@ export class MlxDevice {
     if (this.#ptr === null) return;
     // Records still in an encoder's stream name this handle: hand them over first so the native
     // side holds its reference and defers the free until the command buffer completes.
-    this.#open.flushAll();
-    check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
+    try {
+      this.#open.flushAll();
+    } finally {
+      check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
+    }
   }
 
   /** @ignore Internal. */

@@ -121,6 +121,8 @@ export class CommandBufferSlot {
   asyncWaits = 0;
   /** @ignore Position in the device's list of open command buffers; -1 when not in it. */
   openIndex = -1;
+  /** The native library rejected the stream while it was being encoded (`error` says why). */
+  rejected = false;
   readonly #host: EncoderHost;
   readonly #sym: NativeSymbols;
 
@@ -170,7 +172,7 @@ export class CommandBufferSlot {
   /** The device is closing: an open command buffer is dropped without running. */
   abandon(): void {
     if (this.state !== "encoding") return;
-    this.closeStream();
+    this.closeStream(true); // the device is closing: it frees every buffer itself
     this.state = "disposed";
     this.freeNativeIfIdle();
   }
@@ -189,7 +191,9 @@ export class CommandBufferSlot {
     if (rc !== Status.OK) {
       const err = new MlxError(codeOf(rc), lastErrorText(this.#sym));
       // The native command buffer is now in its sticky error state; nothing more can be encoded.
-      this.closeStream();
+      // Quietly: this may run inside the device's flush of every stream, which must not recurse.
+      this.closeStream(true);
+      this.rejected = true;
       this.finish(err);
       throw err;
     }
@@ -499,6 +503,7 @@ export class CommandEncoder {
    * also annotate the next captured dispatch.
    */
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("barrierBetween");
     const r = toRanges(reads), w = toRanges(writes);
     this.#capture?.addPendingRanges({ reads: r, writes: w });
     this.#track(r, w, true);
@@ -509,6 +514,7 @@ export class CommandEncoder {
    * in capture mode they are merged into the last captured dispatch's accesses.
    */
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("trackDispatch");
     const r = toRanges(reads), w = toRanges(writes);
     this.#capture?.mergeIntoLastDispatch({ reads: r, writes: w });
     this.#track(r, w, false);
@@ -851,8 +857,15 @@ export class CommandEncoder {
   }
 
   #notEncoding(what: string): MlxError {
-    if (this.#cb.state === "disposed") {
+    const cb = this.#cb;
+    if (cb.state === "disposed") {
       return new MlxError("Disposed", `${what}: this command encoder was disposed; create a new one`);
+    }
+    if (cb.rejected && cb.error !== null) {
+      return new MlxError(
+        cb.error.code,
+        `${what}: this command buffer's stream was rejected (${cb.error.message}); create a new encoder`,
+      );
     }
     return new MlxError(
       "InvalidState",

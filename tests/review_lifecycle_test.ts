@@ -72,9 +72,11 @@ Deno.test("a disposed, committed or failed encoder refuses every use with an Mlx
 
   const failed = device.commandEncoder();
   rejectedDispatch(failed, registry, a, out);
-  throws(() => failed.commit(), isMlxError, "the rejected stream fails at commit's flush");
+  let rejection: MlxError | undefined;
+  throws(() => failed.commit(), (e) => isMlxError(e) && (rejection = e as MlxError) !== undefined, "commit's flush");
   equal(failed.state, "failed");
-  assertRefusesEverything(failed, registry, a, "InvalidState");
+  // Every later use reports the rejection itself (its code), not a generic state error.
+  assertRefusesEverything(failed, registry, a, rejection!.code);
   throws(() => failed.waitUntilCompleted(), isMlxError, "the wait reports the stream's error");
   failed.dispose();
   failed.dispose();
@@ -199,7 +201,6 @@ Deno.test("dispose during an async wait frees the command buffer only after the 
 // silently track (and take a pooled tracker back that is never released).
 Deno.test({
   name: "barrierBetween and trackDispatch refuse a disposed or committed encoder",
-  ignore: true,
   fn() {
     using ctx = testContext();
     const { device, registry } = ctx;
@@ -223,7 +224,6 @@ Deno.test({
 // flush throws, mlxn_buffer_free never runs and the buffer leaks (a second dispose is a no-op).
 Deno.test({
   name: "disposing a buffer while an unrelated encoder holds a rejected stream frees the buffer",
-  ignore: true,
   fn() {
     using ctx = testContext();
     const { device, registry } = ctx;
@@ -250,7 +250,6 @@ Deno.test({
 // "already committed (failed)" instead of the rejection that a commit never saw.
 Deno.test({
   name: "commit of an encoder whose stream the device flushed and the decoder rejected reports the rejection",
-  ignore: true,
   fn() {
     using ctx = testContext();
     const { device, registry } = ctx;
@@ -306,8 +305,8 @@ Deno.test("view shapes are frozen, shared only between views of one length, and 
   deepStrictEqual([...shaped.shape], [4, 4]);
   ok(Object.isFrozen(shaped.shape));
   notStrictEqual(shaped.shape, mine);
-  const typed = buf.slice(0, 64, { shape: new Int32Array([2, 8]) as unknown as number[] });
-  deepStrictEqual([...typed.shape], [2, 8]);
+  // A shape is an array of numbers: a typed array is refused, as a shape with holes is.
+  throws(() => buf.slice(0, 64, { shape: new Int32Array([2, 8]) as unknown as number[] }), isMlxError);
 });
 
 Deno.test("dtype-changing slices: element counts in the view's dtype, own dtype inherited, bad dtypes refused", () => {
@@ -338,7 +337,6 @@ Deno.test("dtype-changing slices: element counts in the view's dtype, own dtype 
 // than the view holds): view.shape then misdescribes the bytes silently.
 Deno.test({
   name: "slice refuses a shape that does not fit the view, as alloc does",
-  ignore: true,
   fn() {
     using ctx = testContext();
     const { device } = ctx;
@@ -405,7 +403,6 @@ Deno.test("finalizers that close a device or churn encoders between the library'
 // rejected stream makes the flush throw, the collected buffers' handles are lost and never freed.
 Deno.test({
   name: "buffers collected while a rejected stream is open are still freed",
-  ignore: true,
   async fn() {
     const r = await runProbe("deferred");
     equal(r.allocThrew, false, "an allocation does not fail because of another encoder's bad stream");
@@ -417,7 +414,6 @@ Deno.test({
 // the other open streams; a rejected one makes close() throw half done (the device stays open).
 Deno.test({
   name: "closing a device with a rejected open stream and collected buffers closes it",
-  ignore: true,
   async fn() {
     const r = await runProbe("closeDeferred");
     equal(r.closeThrew, false, "close() does not throw another encoder's stale stream error");
