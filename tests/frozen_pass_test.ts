@@ -5,17 +5,10 @@
 import { deepStrictEqual, equal, throws } from "node:assert/strict";
 import { DType, type FinishReport, GraphExecutor, type GraphSession, type MlxBuffer, MlxError } from "../mod.ts";
 import { CommandEncoder } from "../src/encoder.ts";
-import { testContext } from "./helpers.ts";
+import { reportWithoutTimes, testContext } from "./helpers.ts";
 
 const N = 90, E = 64;
-const stripTimes = (r: FinishReport) => ({
-  mode: r.mode,
-  fusions: r.fusions,
-  reordered: r.reordered,
-  barriers: r.barriers,
-  dispatches: r.dispatches,
-  groups: r.groups,
-});
+const stripTimes = reportWithoutTimes;
 
 /**
  * N independent axpbys into slices, then N accumulations of them into `acc` slices, then a norm and

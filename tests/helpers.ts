@@ -2,7 +2,7 @@
  * Test helpers: the device under test (MLXN_BACKEND selects it; CPU by default), a seeded PRNG and
  * tolerance checks that report the worst element.
  */
-import { type DType, KernelRegistry, MlxDevice } from "../mod.ts";
+import { type DType, type FinishReport, KernelRegistry, MlxDevice } from "../mod.ts";
 import { roundThrough } from "../src/dtype.ts";
 
 /** Opens the device under test. */
@@ -102,4 +102,16 @@ export async function runDeno(
   }).output();
   const dec = new TextDecoder();
   return { success: out.success, code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** A finish report without its times (which differ between runs): what two equal passes share. */
+export function reportWithoutTimes(r: FinishReport) {
+  return {
+    mode: r.mode,
+    fusions: r.fusions,
+    reordered: r.reordered,
+    barriers: r.barriers,
+    dispatches: r.dispatches,
+    groups: r.groups,
+  };
 }

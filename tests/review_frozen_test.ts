@@ -9,7 +9,6 @@ import {
   type DecodeLoopOptions,
   DType,
   type FinishOptions,
-  type FinishReport,
   GraphExecutor,
   type GraphSession,
   type MlxBuffer,
@@ -17,18 +16,11 @@ import {
   MlxError,
   ops,
 } from "../mod.ts";
-import { randomValues, rng, runDeno, testContext } from "./helpers.ts";
+import { randomValues, reportWithoutTimes, rng, runDeno, testContext } from "./helpers.ts";
 import { refArgmax } from "./reference.ts";
 
 const E = 64;
-const strip = (r: FinishReport) => ({
-  mode: r.mode,
-  fusions: r.fusions,
-  reordered: r.reordered,
-  barriers: r.barriers,
-  dispatches: r.dispatches,
-  groups: r.groups,
-});
+const strip = reportWithoutTimes;
 const live = (d: MlxDevice) => MlxDevice.liveObjects(d).commandBuffers;
 const isMlx = (code: string, re?: RegExp) => (e: unknown) =>
   e instanceof MlxError && e.code === code && (re === undefined || re.test(e.message));
