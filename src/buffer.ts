@@ -62,12 +62,10 @@ function flatShape(elements: number): readonly number[] {
   return flatShapes[slot] = Object.freeze([elements]);
 }
 
-/** A frozen copy of a caller's shape (holes read as undefined, as a spread copies them). */
+/** A frozen copy of a caller's shape (already checked by {@link checkShape}: an array of integers). */
 function frozenCopy(shape: readonly number[]): readonly number[] {
-  if (!Array.isArray(shape)) return Object.freeze([...shape]);
-  const n = shape.length;
   const copy: number[] = [];
-  for (let i = 0; i < n; i++) copy.push(shape[i]!);
+  for (let i = 0; i < shape.length; i++) copy.push(shape[i]!);
   return Object.freeze(copy);
 }
 

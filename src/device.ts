@@ -368,11 +368,8 @@ export class MlxDevice {
     if (this.#ptr === null) return;
     // Records still in an encoder's stream name this handle: hand them over first so the native
     // side holds its reference and defers the free until the command buffer completes.
-    try {
-      this.#open.flushAll();
-    } finally {
-      check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
-    }
+    this.#open.flushAll(); // never throws: a rejected stream keeps its error for its own encoder
+    check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
   }
 
   /** @ignore Internal. */

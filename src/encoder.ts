@@ -648,7 +648,7 @@ export class CommandEncoder {
 
   /** Hands every record written so far to the native library now. */
   flush(): void {
-    if (this.#cb.state === "encoding") this.#cb.writer!.flush();
+    this.#cb.flush();
   }
 
   /**

@@ -596,28 +596,13 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
    * all or nothing.
    */
   #replayRecords(enc: CommandEncoder, capture: Capture, plan: CachedPlan, label: string): RecordedCommit {
-    const records = plan.records!;
-    const buffers = capture.buffers;
-    for (let i = 0; i < buffers.length; i++) {
-      if (buffers[i]!.rawHandle === 0) {
-        throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i]!.allocId}) was disposed`);
-      }
-    }
+    assertBuffersLive(capture.buffers, "");
     const encoders = [enc];
     try {
-      for (let c = 0; c < records.length; c++) {
-        const target = c === 0 ? enc : this.#exec.device.commandEncoder({ validate: this.#validate });
-        if (c > 0) encoders.push(target);
-        const r = records[c]!;
-        patchConstants(r, capture);
-        if (!appendRecords(target, r)) {
-          // An encoder that cannot take records (validation on) gets the plan's steps.
-          const from = c === 0 ? 0 : plan.firstSteps, to = c === 0 ? plan.firstSteps : plan.steps.length;
-          replaySteps(plan, capture.nodes(), target, from, to);
-        }
+      for (let c = 1; c < plan.records!.length; c++) {
+        encoders.push(this.#exec.device.commandEncoder({ validate: this.#validate }));
       }
-      if (this.#validate) { for (const e of encoders) e.checkHazards(label); }
-      for (const e of encoders) e.commit(label);
+      commitPlan(plan, encoders, () => capture.nodes(), capture, this.#validate, label);
     } catch (e) {
       for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();
       throw e;
@@ -646,6 +631,41 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
   #assertOpen(what: string): void {
     if (this.#done) throw closedSessionError(what);
   }
+}
+
+/** Throws Disposed when one of `buffers` was disposed (`fix` is appended to the message). */
+function assertBuffersLive(buffers: readonly MlxBuffer[], fix: string): void {
+  for (let i = 0; i < buffers.length; i++) {
+    if (buffers[i]!.rawHandle === 0) {
+      throw new MlxError("Disposed", `a buffer this pass binds (allocation ${buffers[i]!.allocId}) was disposed${fix}`);
+    }
+  }
+}
+
+/**
+ * Encodes command buffer c of `plan` into `encoders[c]`: its records copied (their constants
+ * patched from `capture` when given), or, where an encoder cannot take records (validation on), its
+ * steps replayed with the bindings of `nodes()`. Then checks (validation on) and commits them all:
+ * nothing is committed unless every one encoded.
+ */
+function commitPlan(
+  plan: CachedPlan,
+  encoders: readonly CommandEncoder[],
+  nodes: () => readonly CapturedNode[],
+  capture: Capture | null,
+  validate: boolean,
+  label: string,
+): void {
+  for (let c = 0; c < encoders.length; c++) {
+    const enc = encoders[c]!, r = plan.records?.[c];
+    if (r !== undefined && capture !== null) patchConstants(r, capture);
+    if (r === undefined || !appendRecords(enc, r)) {
+      const last = c === encoders.length - 1;
+      replaySteps(plan, nodes(), enc, c === 0 ? 0 : plan.firstSteps, last ? plan.steps.length : plan.firstSteps);
+    }
+  }
+  if (validate) { for (const e of encoders) e.checkHazards(label); }
+  for (const e of encoders) e.commit(label);
 }
 
 /** What a report says besides its times. */
@@ -744,28 +764,13 @@ export class FrozenPass {
     }
     const { validate, buffers, nodes, plan } = this.#frozen;
     const label = options.label ?? this.#frozen.label;
-    for (let i = 0; i < buffers.length; i++) {
-      if (buffers[i]!.rawHandle === 0) {
-        throw new MlxError(
-          "Disposed",
-          `a buffer the frozen pass binds (allocation ${buffers[i]!.allocId}) was disposed; freeze a new pass`,
-        );
-      }
-    }
-    const chunks = plan.barriers.length;
+    assertBuffersLive(buffers, "; freeze a new pass");
     const encoders: CommandEncoder[] = [];
     try {
-      for (let c = 0; c < chunks; c++) {
-        const enc = this.#device.commandEncoder({ autoBarriers: false, validate });
-        encoders.push(enc);
-        const r = plan.records?.[c];
-        if (r === undefined || !appendRecords(enc, r)) {
-          const from = c === 0 ? 0 : plan.firstSteps, to = c === chunks - 1 ? plan.steps.length : plan.firstSteps;
-          replaySteps(plan, nodes, enc, from, to);
-        }
+      for (let c = 0; c < plan.barriers.length; c++) {
+        encoders.push(this.#device.commandEncoder({ autoBarriers: false, validate }));
       }
-      if (validate) { for (const e of encoders) e.checkHazards(label); }
-      for (const e of encoders) e.commit(label);
+      commitPlan(plan, encoders, () => nodes, null, validate, label);
     } catch (e) {
       for (const enc of encoders) enc.dispose();
       throw e;
