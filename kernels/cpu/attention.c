@@ -120,10 +120,12 @@ FAV_KERNEL(f32, MLXN_T_F32)
 FAV_KERNEL(f16, MLXN_T_F16)
 
 static int fav_reduce_run(const mlxn_kargs *a, uint32_t gx, uint32_t gy, uint32_t gz, void *s) {
-  (void)gy; (void)gz; (void)s;
+  (void)s;
   mlxn_params_flash_reduce p = mlxn_params_flash_reduce_of(a, MLXN_SLOT_FLASH_ATTN_VEC_REDUCE_FLASH_REDUCE);
   uint32_t heads = p.n_heads, hd = p.head_dim, nwg = p.nwg;
-  if (gx >= heads) return 0;
+  /* One group per head: the output row is accumulated in place, so extra groups along y or z (which
+   * the workers may run at the same time) must not touch it. */
+  if (gx >= heads || gy != 0 || gz != 0) return 0;
   const float *tmp = (const float *)a->ptr[0] + (uint64_t)gx * nwg * (hd + 2);
   float *out = (float *)a->ptr[1] + (uint64_t)gx * hd;
   float m = -INFINITY;
