@@ -276,6 +276,14 @@ interface Result {
 const interactive = Deno.stderr.isTerminal();
 const progress = (text: string) => Deno.stderr.writeSync(new TextEncoder().encode(text));
 
+/** The index of the largest value (the first on ties). A plain loop: a reduce callback boxes each
+ * float, and the garbage it leaves would be collected inside the next pass's encode. */
+function argmax(values: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i]! > values[best]!) best = i;
+  return best;
+}
+
 /** Each pipelined-loop column's DecodeLoop, made on its first run and kept for the next rounds. */
 const decodeLoops = new Map<Column, DecodeLoop>();
 
@@ -356,6 +364,7 @@ function run(c: Column): Result {
   // Recorded passes read the position from the device step state and advance it themselves, so
   // every token's pass has the same commands (and replays the plan cached at the first).
   const state = act.state!, position = state.slice(0, 4);
+  const logitsStore = new Float32Array(cfg.tokens * cfg.vocab);
   if (mode.recorded) state.write(Uint32Array.from([0, 1, 0, 0]));
   for (let pos = 0; pos < cfg.tokens + warmup; pos++) {
     if (pos === warmup) { // only tokens after the warm-up are measured and compared
@@ -388,8 +397,10 @@ function run(c: Column): Result {
         ? { fuse: true, reorder: true, dualBuffer: mode.dualBuffer, label: `token ${pos}` }
         : { label: `token ${pos}` },
     );
-    const logits = act.logits!.read() as Float32Array;
-    token = logits.reduce((best, v, i) => v > logits[best]! ? i : best, 0);
+    // Read into the column's preallocated logits (no 128 KB allocation per token to collect later).
+    const at = pos < warmup ? 0 : pos - warmup, logits = logitsStore.subarray(at * cfg.vocab, (at + 1) * cfg.vocab);
+    act.logits!.readBytesInto(logits);
+    token = argmax(logits);
     r.tokens.push(token);
     r.logits.push(logits);
     r.encodeNs += rep.encodingNs;

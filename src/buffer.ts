@@ -267,7 +267,28 @@ export class MlxBuffer {
   /** Copies this view's bytes to the host. */
   readBytes(): Uint8Array {
     const out = new Uint8Array(this.byteLength);
-    if (this.byteLength === 0) return out;
+    this.readBytesInto(out);
+    return out;
+  }
+
+  /**
+   * Copies this view's bytes, as stored on the device (f16/bf16 not widened), into `target`, which
+   * must be exactly as long in bytes. A token loop reads its logits into one reused array this way
+   * instead of allocating a new one per token (garbage that would be collected inside a later encode).
+   * Throws InvalidArgument for a target of another length.
+   */
+  readBytesInto(target: ArrayBufferView): void {
+    if (!ArrayBuffer.isView(target) || target.byteLength !== this.byteLength) {
+      throw new MlxError(
+        "InvalidArgument",
+        `readBytesInto: the target must be an ArrayBufferView of exactly ${this.byteLength} bytes (this view's length); ` +
+          `got ${ArrayBuffer.isView(target) ? `${target.byteLength} bytes` : typeof target}`,
+      );
+    }
+    const out = target instanceof Uint8Array
+      ? target
+      : new Uint8Array(target.buffer, target.byteOffset, target.byteLength);
+    if (this.byteLength === 0) return;
     const sym = this.#host.sym;
     const rc = sym.mlxn_buffer_read(
       this.#host.devicePtr(),
@@ -277,7 +298,6 @@ export class MlxBuffer {
       BigInt(this.byteLength),
     );
     check(sym, rc, "buffer read");
-    return out;
   }
 
   /** Copies this view to the host as a typed array of its dtype (f16/bf16 widen to f32). */

@@ -155,3 +155,24 @@ Deno.test("alloc defaults to f32: the buffer reads back as floats and writes cou
   deepStrictEqual(Array.from(b.slice(8, 8).read() as Float32Array), [1.5, 2.5]); // slice in bytes
   throws(() => device.alloc(6), isCode("InvalidArgument")); // not a whole number of f32 elements
 });
+
+Deno.test("readBytesInto copies a view's stored bytes into a reused target of exactly its length", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  using f = device.upload(new Float32Array([1.5, -2, 3, 4]));
+  const into = new Float32Array(8).fill(9);
+  const view = f.slice(4, 8); // elements 1 and 2
+  view.readBytesInto(into.subarray(2, 4));
+  deepStrictEqual([...into], [9, 9, -2, 3, 9, 9, 9, 9]);
+  // bf16 is copied as stored, not widened: the raw halves read() widens.
+  using h = device.upload(new Float32Array([1, -0.5]), DType.BF16);
+  const raw = new Uint16Array(2);
+  h.readBytesInto(raw);
+  deepStrictEqual([...raw], [0x3f80, 0xbf00]);
+  throws(() => f.readBytesInto(new Float32Array(3)), isCode("InvalidArgument"));
+  throws(() => f.readBytesInto(new Uint8Array(17)), isCode("InvalidArgument"));
+  throws(() => f.readBytesInto([1, 2, 3, 4] as unknown as Float32Array), isCode("InvalidArgument"));
+  const gone = device.upload(new Float32Array(2));
+  gone.dispose();
+  throws(() => gone.readBytesInto(new Float32Array(2)), isCode("Disposed"));
+});

@@ -1,0 +1,82 @@
+/**
+ * Where a decode step's host encode goes, split at the flush: the model's ops writing the stream
+ * (JS), the native decode of the stream (flush), and the commit (hand-off to the queue). Sync loop:
+ * each pass is waited for before the next is encoded, so the parts are timed on a quiet host.
+ * Run it on the GPU machine to compare its host with this one:
+ *
+ *   deno run --allow-ffi --allow-read --allow-env bench/encode_breakdown.ts [--backend cuda] [--small]
+ *
+ * Prints, per mode, min and median µs per token of each part and the dispatch count. Environment:
+ * FIXED_POS=1 encodes position 5 every token; NO_RUN=1 flushes and drops each pass (nothing runs);
+ * OVERLAP=1 keeps two passes in flight (each token waits for the one before it), as a pipelined loop
+ * does (the model's state is then raced on: only the timings mean anything); SETTLE_MS=n busy-waits
+ * n ms after each pass.
+ */
+import { parseArgs } from "node:util";
+import { type BackendName, GraphExecutor, MlxDevice, type PendingPass } from "../mod.ts";
+import { createLlama } from "../examples/llama.ts";
+
+const { values: a } = parseArgs({
+  options: {
+    backend: { type: "string" },
+    small: { type: "boolean", default: false },
+    tokens: { type: "string", default: "200" },
+  },
+});
+const device = MlxDevice.open({ backend: a.backend as BackendName | undefined });
+const exec = new GraphExecutor(device);
+const cfg = a.small
+  ? { layers: 32, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 512, ctx: 512 }
+  : { layers: 32, hidden: 2048, heads: 16, kvHeads: 4, ffn: 5632, vocab: 32000, ctx: 512 };
+const model = createLlama(device, { ...cfg, quant: "bf16", seed: 1 });
+const tokens = Number(a.tokens);
+const overlap = Deno.env.get("OVERLAP") !== undefined;
+const noRun = Deno.env.get("NO_RUN") !== undefined;
+const settle = Number(Deno.env.get("SETTLE_MS") ?? 0);
+
+const stats = (xs: number[]) => {
+  const s = xs.slice(20).sort((x, y) => x - y);
+  return `${(s[0]! / 1e3).toFixed(1).padStart(7)} ${(s[s.length >> 1]! / 1e3).toFixed(1).padStart(7)}`;
+};
+const now = () => performance.now() * 1e6;
+
+for (const auto of [false, true]) {
+  const js: number[] = [], flush: number[] = [], commit: number[] = [];
+  let dispatches = 0;
+  let previous: PendingPass | null = null;
+  for (let t = 0; t < tokens; t++) {
+    const pos = Deno.env.get("FIXED_POS") ? 5 : t % (cfg.ctx - 1);
+    const t0 = now();
+    const s = exec.begin({ autoBarriers: auto });
+    model.step(s, pos, auto ? () => {} : () => s.barrier());
+    const t1 = now();
+    s.encoder.flush();
+    const t2 = now();
+    if (noRun) {
+      s.dispose();
+      js.push(t1 - t0);
+      flush.push(t2 - t1);
+      commit.push(0);
+      continue;
+    }
+    const pass = s.commit();
+    const t3 = now();
+    if (overlap) { // two passes in flight, as a pipelined loop keeps them: wait for the previous one
+      if (previous !== null) dispatches = previous.wait().dispatches;
+      previous = pass;
+    } else dispatches = pass.wait().dispatches;
+    if (settle > 0) {
+      const until = performance.now() + settle;
+      while (performance.now() < until);
+    }
+    js.push(t1 - t0);
+    flush.push(t2 - t1);
+    commit.push(t3 - t2);
+  }
+  previous?.wait();
+  console.log(
+    `${auto ? "direct/auto" : "direct/hand"} (${dispatches} dispatches): µs min / median — js ${stats(js)} | flush ${
+      stats(flush)
+    } | commit ${stats(commit)}`,
+  );
+}
