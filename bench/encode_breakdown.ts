@@ -40,7 +40,9 @@ const stats = (xs: number[]) => {
 };
 const now = () => performance.now() * 1e6;
 
-for (const auto of [false, true]) {
+for (
+  const auto of Deno.env.get("MODES") === "hand" ? [false] : Deno.env.get("MODES") === "auto" ? [true] : [false, true]
+) {
   const js: number[] = [], flush: number[] = [], commit: number[] = [];
   let dispatches = 0;
   let previous: PendingPass | null = null;

@@ -57,6 +57,8 @@ interface Instance {
 
 interface Case {
   kernel: string;
+  /** The test step's name, where one kernel has several cases (default: the kernel's name). */
+  label?: string;
   /** The work: element threads (kernels indexed by thread) or threadgroups (indexed by group). */
   unit: "threads" | "groups";
   extent: Dim3;
@@ -84,21 +86,25 @@ function elementwiseCase(
   params: number[] | null,
   arity: 1 | 2,
   ref: (a: Float32Array, b: Float32Array) => ArrayLike<number>,
+  inPlace = false,
 ): Case {
   return {
     kernel,
+    ...(inPlace ? { label: `${kernel}, in place` } : {}),
     unit: "threads",
     extent: [n, 1, 1],
     canonical: { tg: [Math.min(256, n), 1, 1], tgMemory: 0 },
     defined: params ? undefined : (threads) => Math.min(n, threads[0]),
     make(device) {
       const av = f32(n, 11), bv = f32(n, 12);
-      const a = device.upload(av), b = device.upload(bv), out = nanBuffer(device, n);
+      // In place, the output is the first input: a geometry that runs an element twice applies the
+      // op twice (out of place, a second run writes the same value and goes unseen).
+      const a = device.upload(av), b = device.upload(bv), out = inPlace ? a : nanBuffer(device, n);
       const ins = arity === 2 ? [a, b] : [a];
       return {
         bindings: params ? [...ins, out, params] : [...ins, out],
         check: (limit) => close(out.read() as Float32Array, ref(av, bv), kernel, limit),
-        buffers: [a, b, out],
+        buffers: inPlace ? [a, b] : [a, b, out],
       };
     },
   };
@@ -201,6 +207,29 @@ function matmulDenseCase(swiglu: boolean, dtype: "f32" | "f16" = "f32"): Case {
       return {
         bindings: [x, w, y, [m, n, k, swiglu ? 2 : 0], undefined],
         check: () => close(y.read() as Float32Array, want, `${kernel}${swiglu ? " swiglu" : ""}`),
+        buffers: [x, w, y],
+      };
+    },
+  };
+}
+
+/** The dense product with its residual epilogue bound to y itself (y += x · Wᵀ): a geometry that
+ * runs an output twice adds the product twice. */
+function matmulResidualInPlaceCase(): Case {
+  const m = 2, n = 9, k = 70;
+  return {
+    kernel: "matmul_f32",
+    label: "matmul_f32, residual in place",
+    unit: "groups",
+    extent: [Math.ceil(n / 4), m, 1],
+    canonical: { tg: [128, 1, 1], tgMemory: 0 },
+    make(device) {
+      const xv = f32(m * k, 33), wv = f32(n * k, 34), yv = f32(m * n, 35);
+      const x = device.upload(xv), w = device.upload(wv), y = device.upload(yv);
+      const product = refMatmul(xv, wv, m, n, k).y, want = Float64Array.from(product, (v, i) => v + yv[i]!);
+      return {
+        bindings: [x, w, y, [m, n, k, 1], y],
+        check: () => close(y.read() as Float32Array, want, "matmul_f32 residual in place"),
         buffers: [x, w, y],
       };
     },
@@ -341,9 +370,10 @@ function refRopeNorm(
   return out;
 }
 
-function ropeHeadsCase(kernel: "rope_neox_f32" | "rope_norm_f32"): Case {
+function ropeHeadsCase(kernel: "rope_neox_f32" | "rope_norm_f32", inPlace = false): Case {
   return {
     kernel,
+    ...(inPlace ? { label: `${kernel}, in place` } : {}),
     unit: "threads",
     extent: [4, 6, 1],
     canonical: { tg: [4, 1, 1], tgMemory: 0 },
@@ -351,12 +381,19 @@ function ropeHeadsCase(kernel: "rope_neox_f32" | "rope_norm_f32"): Case {
     make(device) {
       const o = { theta: 10000, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 3 };
       const xv = f32(6 * 16, 111), pos = [2, 5, 7];
-      const x = device.upload(xv), out = nanBuffer(device, 6 * 16), p = device.upload(Uint32Array.from(pos), D.U32);
+      const x = device.upload(xv), p = device.upload(Uint32Array.from(pos), D.U32);
+      // In place, a geometry that runs a pair twice rotates it twice.
+      const out = inPlace ? x : nanBuffer(device, 6 * 16);
       const want = kernel === "rope_neox_f32" ? refRopeNeox(xv, pos, o) : refRopeNorm(xv, pos, o);
+      const check = (limit = want.length) => {
+        if (!inPlace) return close(out.read() as Float32Array, want, kernel, limit);
+        // Rows past the grid keep their input.
+        close(out.read() as Float32Array, Float64Array.from(want, (v, i) => i < limit ? v : xv[i]!), kernel);
+      };
       return {
         bindings: [x, out, [f32Bits(10000), 16, 8], p, [2, 0, 16, 32, 0, 0, 0], undefined],
-        check: (limit) => close(out.read() as Float32Array, want, kernel, limit),
-        buffers: [x, out, p],
+        check,
+        buffers: inPlace ? [x, p] : [x, out, p],
       };
     },
   };
@@ -429,6 +466,18 @@ const CASES: Case[] = [
     2,
     (a, b) => Float64Array.from(a, (x, i) => Math.fround(0.5 * x) + Math.fround(-2 * b[i]!)),
   ),
+  // Kernels with an element count in their parameters may run in place (out = a).
+  elementwiseCase("elementwise_add_f32", 37, [37], 2, refAdd, true),
+  elementwiseCase("silu_mul_f32", 37, [37], 2, (a, b) => Float64Array.from(refSilu(a), (s, i) => s * b[i]!), true),
+  elementwiseCase("softcap_f32", 37, [f32Bits(1.5), 37], 1, (a) => refSoftcap(a, 1.5), true),
+  elementwiseCase(
+    "axpby_f32",
+    37,
+    [f32Bits(0.5), f32Bits(-2), 37, 0],
+    2,
+    (a, b) => Float64Array.from(a, (x, i) => Math.fround(0.5 * x) + Math.fround(-2 * b[i]!)),
+    true,
+  ),
   {
     kernel: "strided_copy_f32",
     unit: "threads",
@@ -465,6 +514,8 @@ const CASES: Case[] = [
     },
   },
   ropeHeadsCase("rope_neox_f32"),
+  ropeHeadsCase("rope_neox_f32", true),
+  matmulResidualInPlaceCase(),
   matmulDenseCase(false),
   matmulDenseCase(true),
   affineCase(false),
@@ -587,7 +638,7 @@ function geometryArb(c: Case): fc.Arbitrary<Geometry> {
 Deno.test("the geometry src/ops uses computes the reference result for every kernel", async (t) => {
   using ctx = testContext();
   for (const c of CASES) {
-    await t.step(c.kernel, () => {
+    await t.step(c.label ?? c.kernel, () => {
       const g: Geometry = {
         kind: c.unit === "threads" ? "threads" : "threadgroups",
         tg: c.canonical.tg,
@@ -603,7 +654,7 @@ Deno.test("the geometry src/ops uses computes the reference result for every ker
 Deno.test("any dispatch geometry is refused naming it, or computes the reference result", async (t) => {
   using ctx = testContext();
   for (const [i, c] of CASES.entries()) {
-    await t.step(c.kernel, () => {
+    await t.step(c.label ?? c.kernel, () => {
       const seen = { refused: 0, computed: 0 };
       fc.assert(fc.property(geometryArb(c), (g) => void seen[runOnce(ctx, c, g)]++), { numRuns: 40, seed: 0x9e0 + i });
       // Neither outcome may be vacuous: some shapes run (and match), some are refused.

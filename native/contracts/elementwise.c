@@ -20,7 +20,7 @@ MLXN_STATIC_ASSERT(MLXN_SLOT_SILU_MUL_F32_N == BINARY_PARAMS && MLXN_SLOT_SILU_M
 static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, BINARY_PARAMS, MLXN_PARAMS_N_BYTES, err, cap);
   uint32_t n = mlxn_params_n_of(a, BINARY_PARAMS).n;
-  if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
+  if (mlxn_need_dims(a, 1, err, cap) || mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, mlxn_ftype_size(t));
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
@@ -58,6 +58,7 @@ SILU_MUL_KERNEL(silu_mul_bf16, MLXN_T_BF16)
 /* One thread per element over grid[0] elements: 0 in, 1 out. */
 #define UNARY_KERNEL(NAME, T, FN)                                                                  \
   static int NAME##_validate(const mlxn_kargs *a, char *err, size_t cap) {                       \
+    if (mlxn_need_dims(a, 1, err, cap)) return 1;                                                       \
     uint64_t bytes = MLXN_SIZE(a->grid[0], mlxn_ftype_size(T));                                      \
     MLXN_NEED_BUF(a, 0, bytes, err, cap);                                                          \
     MLXN_NEED_BUF(a, 1, bytes, err, cap);                                                          \
@@ -124,7 +125,7 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   float c = p.cap;
   if (!(c > 0.0f) || isinf(c)) return mlxn_kfail(err, cap, "softcap: cap must be finite and > 0");
   uint32_t n = p.n;
-  if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
+  if (mlxn_need_dims(a, 1, err, cap) || mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);
@@ -137,7 +138,7 @@ static int softcap_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
 static int axpby_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_AXPBY_F32_AXPBY, MLXN_PARAMS_AXPBY_BYTES, err, cap);
   uint32_t n = mlxn_params_axpby_of(a, MLXN_SLOT_AXPBY_F32_AXPBY).n;
-  if (mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
+  if (mlxn_need_dims(a, 1, err, cap) || mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;
   uint64_t bytes = MLXN_SIZE(n, 4);
   MLXN_NEED_BUF(a, 0, bytes, err, cap);
   MLXN_NEED_BUF(a, 1, bytes, err, cap);

@@ -116,6 +116,20 @@ static inline int mlxn_need_tg(const mlxn_kargs *a, uint32_t x, const char *why,
                     a->tg[2]);
 }
 
+/* Fails unless the grid and the threadgroup are 1 along every dimension past the first `dims`: the
+ * kernel indexes its work along those alone, so a thread along another one would run the same work
+ * again (an in-place op applied twice, an accumulating epilogue adding twice, a race on a GPU). */
+static inline int mlxn_need_dims(const mlxn_kargs *a, int dims, char *err, size_t cap) {
+  int ok = 1;
+  for (int d = dims; d < 3; d++) ok &= a->grid[d] == 1 && a->tg[d] == 1;
+  if (ok) return 0;
+  return mlxn_kfail(err, cap,
+                    "the kernel's work runs along %s only: the grid and the threadgroup must be 1 along %s; "
+                    "got grid (%u, %u, %u) threads, threadgroup (%u, %u, %u)",
+                    dims == 1 ? "x" : "x and y", dims == 1 ? "y and z" : "z", a->grid[0], a->grid[1], a->grid[2],
+                    a->tg[0], a->tg[1], a->tg[2]);
+}
+
 /* Row kernels reduce one row per threadgroup by a tree over its threads through one f32 of
  * threadgroup memory per thread: the threadgroup must be (2^k, 1, 1) with 4·2^k bytes. */
 static inline int mlxn_need_row_tg(const mlxn_kargs *a, const char *op, char *err, size_t cap) {

@@ -18,6 +18,7 @@ static int need_mm_tg(const mlxn_kargs *a, uint32_t threads, const char *op, cha
 
 static int check_mm(const mlxn_kargs *a, uint32_t m, uint32_t n, uint32_t k, uint32_t outs, char *err, size_t cap) {
   if (m == 0 || n == 0 || k == 0) return mlxn_kfail(err, cap, "M, N and K must be > 0");
+  if (mlxn_need_dims(a, 2, err, cap)) return 1;
   if ((uint64_t)a->groups[0] * outs < n || a->groups[1] < m)
     return mlxn_kfail(err, cap, "grid %ux%u threadgroups does not cover N=%u (x%u per group) and M=%u",
                       a->groups[0], a->groups[1], n, outs, m);
@@ -147,6 +148,7 @@ static int qmatmul_affine_gather_validate(const mlxn_kargs *a, char *err, size_t
     return mlxn_kfail(err, cap, "rows, N, K, top_k and n_experts must be > 0");
   if (rows % top_k) return mlxn_kfail(err, cap, "rows=%u must be a multiple of top_k=%u", rows, top_k);
   if (affine_general_check(k, bits, gs, t, err, cap)) return 1;
+  if (mlxn_need_dims(a, 2, err, cap)) return 1;
   if ((uint64_t)a->groups[0] * MM_OUTS < n || a->groups[1] < rows)
     return mlxn_kfail(err, cap, "grid does not cover N=%u, rows=%u", n, rows);
   uint64_t x_bytes = MLXN_SIZE(rows / top_k, k, 4), w_bytes = MLXN_SIZE(experts, n, (uint64_t)k / 8 * bits);
@@ -188,6 +190,7 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
     mlxn_params_ggml p = mlxn_params_ggml_of(a, GGML_PARAMS);                                      \
     if (p.m == 0 || p.n == 0 || p.k == 0) return mlxn_kfail(err, cap, "M, N and K must be > 0"); \
     if (ggml_check_k(F, p.k, err, cap)) return 1;                                                  \
+    if (mlxn_need_dims(a, 2, err, cap)) return 1;                                                  \
     if ((uint64_t)a->groups[0] * MM_OUTS < p.n || a->groups[1] < rows_needed)                      \
       return mlxn_kfail(err, cap, "grid does not cover N=%u, M=%u", p.n, p.m);                     \
     uint64_t x_bytes = MLXN_SIZE(p.m, p.k, 4), y_bytes = MLXN_SIZE(p.m, p.n, 4);                   \
@@ -226,6 +229,7 @@ static int ggml_check_k(ggml_fmt f, uint32_t k, char *err, size_t cap) {
       return mlxn_kfail(err, cap, "rows, N, K, top_k and n_experts must be > 0");                  \
     if (rows % top_k) return mlxn_kfail(err, cap, "rows=%u must be a multiple of top_k=%u", rows, top_k); \
     if (ggml_check_k(F, k, err, cap)) return 1;                                                    \
+    if (mlxn_need_dims(a, 2, err, cap)) return 1;                                                  \
     if ((uint64_t)a->groups[0] * MM_OUTS < n || a->groups[1] < rows)                               \
       return mlxn_kfail(err, cap, "grid does not cover N=%u, rows=%u", n, rows);                   \
     uint64_t row_bytes = (uint64_t)(k / ggml_block_values(F)) * ggml_block_bytes(F);              \

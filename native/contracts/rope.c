@@ -15,7 +15,7 @@ static int rope_f32_validate(const mlxn_kargs *a, char *err, size_t cap) {
   uint32_t hd = p.head_dim, seq = p.seq_len;
   if (!(theta > 0.0f) || isinf(theta)) return mlxn_kfail(err, cap, "rope: theta must be finite and > 0");
   if (hd == 0 || hd % 2) return mlxn_kfail(err, cap, "rope: head_dim must be even and > 0, got %u", hd);
-  if (mlxn_need_grid(a, 0, hd / 2, "rotated pair (head_dim / 2)", err, cap) ||
+  if (mlxn_need_dims(a, 2, err, cap) || mlxn_need_grid(a, 0, hd / 2, "rotated pair (head_dim / 2)", err, cap) ||
       mlxn_need_grid(a, 1, seq, "position (seq_len)", err, cap))
     return 1;
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(seq, hd, 4), err, cap);
@@ -65,7 +65,8 @@ static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, s
     return mlxn_kfail(err, cap, "%s: rope_dim must be even, > 0 and <= head_dim (%u), got %u", op, hd, rd);
   if (heads == 0) return mlxn_kfail(err, cap, "%s: n_heads must be > 0", op);
   /* Each pair thread also copies every (rope_dim/2)-th pass-through dimension: all must run. */
-  if (mlxn_need_grid(a, 0, rd / 2, "rotated pair (rope_dim / 2)", err, cap)) return 1;
+  if (mlxn_need_dims(a, 2, err, cap) || mlxn_need_grid(a, 0, rd / 2, "rotated pair (rope_dim / 2)", err, cap))
+    return 1;
   uint64_t rows = a->grid[1];
   uint64_t tokens = (rows + heads - 1) / heads;
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(rows, hd, 4), err, cap);
