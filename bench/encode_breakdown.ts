@@ -10,10 +10,11 @@
  * FIXED_POS=1 encodes position 5 every token; NO_RUN=1 flushes and drops each pass (nothing runs);
  * OVERLAP=1 keeps two passes in flight (each token waits for the one before it), as a pipelined loop
  * does (the model's state is then raced on: only the timings mean anything); SETTLE_MS=n busy-waits
- * n ms after each pass.
+ * n ms after each pass; LOOP=1 also times a pipelined DecodeLoop (encode per step against its
+ * encodeStep callback).
  */
 import { parseArgs } from "node:util";
-import { type BackendName, GraphExecutor, MlxDevice, type PendingPass } from "../mod.ts";
+import { type BackendName, DecodeLoop, GraphExecutor, MlxDevice, type PendingPass } from "../mod.ts";
 import { createLlama } from "../examples/llama.ts";
 
 const { values: a } = parseArgs({
@@ -41,7 +42,13 @@ const stats = (xs: number[]) => {
 const now = () => performance.now() * 1e6;
 
 for (
-  const auto of Deno.env.get("MODES") === "hand" ? [false] : Deno.env.get("MODES") === "auto" ? [true] : [false, true]
+  const auto of Deno.env.get("MODES") === "hand"
+    ? [false]
+    : Deno.env.get("MODES") === "auto"
+    ? [true]
+    : Deno.env.get("MODES") === "none"
+    ? []
+    : [false, true]
 ) {
   const js: number[] = [], flush: number[] = [], commit: number[] = [];
   let dispatches = 0;
@@ -81,4 +88,35 @@ for (
       stats(flush)
     } | commit ${stats(commit)}`,
   );
+}
+
+// The pipelined DecodeLoop (depth 2, step state, ids read every 16 steps): its encode per step
+// against the model's part of it (the encodeStep callback), so the difference is the loop's own.
+if (Deno.env.get("LOOP") !== undefined) {
+  for (const auto of [false, true]) {
+    const modelNs: number[] = [];
+    const loop = new DecodeLoop(exec, {
+      depth: 2,
+      readBatch: 16,
+      stepState: true,
+      session: { autoBarriers: auto },
+      encodeStep: (s, t) => {
+        const t0 = now();
+        model.tokenStep(s, t, auto ? () => {} : () => s.barrier());
+        modelNs.push(now() - t0);
+      },
+    });
+    model.resetCache();
+    loop.run({ first: 1, steps: 20 });
+    modelNs.length = 0;
+    const steps = Math.min(tokens, cfg.ctx - 21);
+    const rep = loop.run({ first: 1, steps, startPosition: 20 });
+    const perStep = rep.encodeNs / steps / 1e3;
+    console.log(
+      `DecodeLoop ${auto ? "direct/auto" : "direct/hand"}: encode ${perStep.toFixed(1)} µs/step (mean); ` +
+        `the model's encodeStep min / median ${stats(modelNs)} µs; wall ${(rep.wallNs / steps / 1e3).toFixed(0)} µs, ` +
+        `device ${(rep.deviceNs / steps / 1e3).toFixed(0)} µs per step`,
+    );
+    loop.dispose();
+  }
 }
