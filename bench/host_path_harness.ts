@@ -58,6 +58,12 @@ const cases: [string, () => void][] = [
     s.encoder.flush();
     s.dispose();
   }],
+  ["session op, auto barriers off, 800 slices", () => {
+    const s = exec.begin({ autoBarriers: false });
+    for (let i = 0; i < N; i++) s.elementwiseAdd(x, y, slices[i]);
+    s.encoder.flush();
+    s.dispose();
+  }],
   ["auto, a hazard on every dispatch", autoPass((s) => s.elementwiseAdd(out, y, out))],
   ["auto, none needed: 800 slices", autoPass((s, i) => s.elementwiseAdd(x, y, slices[i]))],
   ["auto, none needed: 800 slices reversed", autoPass((s, i) => s.elementwiseAdd(x, y, reversed[i]))],

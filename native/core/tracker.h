@@ -30,10 +30,13 @@ typedef struct trk_set {
 
 #define TRK_TOUCHED_SPILLED 1u
 #define TRK_WRITTEN_SPILLED 2u
+/* Every access of the allocation in this group was a write: its written bytes are its touched bytes,
+ * kept once (outputs written slice by slice in any order then cost one set, not two). */
+#define TRK_WRITTEN_IS_TOUCHED 4u
 
 typedef struct trk_entry {
   uint32_t epoch;  /* the group that holds this entry; another value: not in the group */
-  uint32_t spill;  /* TRK_*_SPILLED: the bytes live in the entry's sets, not inline */
+  uint32_t spill;  /* TRK_*_SPILLED: the bytes live in the entry's sets, not inline; TRK_WRITTEN_IS_TOUCHED */
   uint64_t ts, te; /* touched bytes [ts, te) when not spilled (never empty) */
   uint64_t ws, we; /* written bytes [ws, we) when not spilled; 0, 0 when none */
   uint32_t sets;   /* 1 + index of this entry's pair of sets in trk->sets (0: none yet) */
@@ -64,13 +67,16 @@ static inline void trk_free(mlxn_tracker *t) {
 
 /* Index of the first of the set's intervals whose end is >= s (touching counts), or n. */
 static inline uint32_t trk_first_ending_from(const trk_set *set, uint64_t s) {
-  uint32_t lo = 0, hi = set->n;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (set->iv[2 * mid + 1] < s) lo = mid + 1;
-    else hi = mid;
+  uint32_t n = set->n, base = 0;
+  if (n == 0) return 0;
+  /* Branch-free halving (a conditional move per step): the probes of a group's slices in random
+   * order are unpredictable, and mispredicted branches were most of a lookup's cost. */
+  while (n > 1) {
+    uint32_t half = n / 2;
+    base = set->iv[2 * (base + half) + 1] < s ? base + half : base;
+    n -= half;
   }
-  return lo;
+  return base + (set->iv[2 * base + 1] < s);
 }
 
 /* Whether [s, e) (non-empty) shares a byte with the set. */
@@ -123,7 +129,7 @@ static inline __attribute__((always_inline)) int trk_conflicts(const mlxn_tracke
   if (idx >= t->cap) return 0;
   const trk_entry *x = &t->e[idx];
   if (x->epoch != t->epoch) return 0;
-  if (write) {
+  if (write || (x->spill & TRK_WRITTEN_IS_TOUCHED)) {
     if (!(x->spill & TRK_TOUCHED_SPILLED)) return s < x->te && x->ts < e;
     return trk_set_intersects(&t->sets[2 * (x->sets - 1)], s, e);
   }
@@ -189,6 +195,29 @@ static inline int trk_add_to(mlxn_tracker *t, trk_entry *x, int which, uint64_t 
   return 0;
 }
 
+/* The allocation is read for the first time in the group after only writes: its written bytes
+ * become a copy of its touched bytes. Non-zero when out of memory. */
+static inline int trk_split_written(mlxn_tracker *t, trk_entry *x) {
+  x->spill &= ~TRK_WRITTEN_IS_TOUCHED;
+  if (!(x->spill & TRK_TOUCHED_SPILLED)) {
+    x->ws = x->ts;
+    x->we = x->te;
+    return 0;
+  }
+  trk_set *pair = trk_sets_of(t, x);
+  trk_set *touched = &pair[0], *written = &pair[1];
+  if (written->cap < touched->n) {
+    uint64_t *iv = realloc(written->iv, (size_t)touched->cap * 2 * sizeof(uint64_t));
+    if (!iv) return 1;
+    written->iv = iv;
+    written->cap = touched->cap;
+  }
+  memcpy(written->iv, touched->iv, (size_t)touched->n * 2 * sizeof(uint64_t));
+  written->n = touched->n;
+  x->spill |= TRK_WRITTEN_SPILLED;
+  return 0;
+}
+
 /* Adds bytes [s, e) (non-empty) of the buffer at table index idx to the group, as touched and, with
  * write, written. Non-zero when out of memory. */
 static inline __attribute__((always_inline)) int trk_add(mlxn_tracker *t, uint32_t idx, uint64_t s, uint64_t e,
@@ -197,20 +226,26 @@ static inline __attribute__((always_inline)) int trk_add(mlxn_tracker *t, uint32
   trk_entry *x = &t->e[idx];
   if (x->epoch != t->epoch) { /* first access of this allocation in the group */
     x->epoch = t->epoch;
-    x->spill = 0;
+    x->spill = write ? TRK_WRITTEN_IS_TOUCHED : 0;
     x->ts = s;
     x->te = e;
-    x->ws = write ? s : 0;
-    x->we = write ? e : 0;
+    x->ws = x->we = 0;
     return 0;
   }
+  if ((x->spill & TRK_WRITTEN_IS_TOUCHED) && !write && trk_split_written(t, x)) return 1;
   if (!(x->spill & TRK_TOUCHED_SPILLED) && s <= x->te && x->ts <= e) { /* the common case, inline */
     if (s < x->ts) x->ts = s;
     if (e > x->te) x->te = e;
   } else if (trk_add_to(t, x, 0, &x->ts, &x->te, s, e)) {
     return 1;
   }
-  return write ? trk_add_to(t, x, 1, &x->ws, &x->we, s, e) : 0;
+  if (!write || (x->spill & TRK_WRITTEN_IS_TOUCHED)) return 0;
+  if (!(x->spill & TRK_WRITTEN_SPILLED) && x->ws != x->we && s <= x->we && x->ws <= e) { /* inline too */
+    if (s < x->ws) x->ws = s;
+    if (e > x->we) x->we = e;
+    return 0;
+  }
+  return trk_add_to(t, x, 1, &x->ws, &x->we, s, e);
 }
 
 #endif /* MLXN_TRACKER_H */
