@@ -2,6 +2,7 @@
  *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors,
  *                  and the defaults of the optional backend hooks
  *   core/stream.c  command-stream decoder and validation (against the contracts of native/contracts)
+ *   core/tracker.h the conflict tracker of the decoder's automatic barriers (header-only, inlined there)
  *   core/queue.c   the command queue thread (command buffers run in commit order) */
 #ifndef MLXN_CPU_INTERNAL_H
 #define MLXN_CPU_INTERNAL_H
