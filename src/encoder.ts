@@ -328,7 +328,7 @@ export class CommandEncoder {
   get barrierCount(): number {
     const cb = this.#cb;
     if (!cb.nativeStats) return this.#barriers;
-    cb.flush(); // the native decoder counts what it has seen; after commit the count is final
+    this.#flushQuietly(); // the native decoder counts what it has seen; after commit the count is final
     return cb.barriers;
   }
 
@@ -615,6 +615,17 @@ export class CommandEncoder {
     }
   }
 
+  /**
+   * Hands the records written so far to the native decoder for its counts. A getter does not throw
+   * a rejected stream's error: the command buffer keeps it, and the next call that encodes or
+   * commits reports it.
+   */
+  #flushQuietly(): void {
+    try {
+      this.#cb.flush();
+    } catch { /* kept by the command buffer (see above) */ }
+  }
+
   /** Reads the native decoder's group sizes into the policy (after a flush). */
   #loadNativeGroups(): void {
     const cb = this.#cb;
@@ -667,8 +678,8 @@ export class CommandEncoder {
   groupStats(): GroupStats {
     const cb = this.#cb;
     if (cb.nativeStats && cb.state === "encoding") { // after commit the policy holds the final sizes
-      cb.flush();
-      this.#loadNativeGroups();
+      this.#flushQuietly();
+      if (cb.state === "encoding") this.#loadNativeGroups();
     }
     return this.#policy.stats(this.#dispatches);
   }

@@ -433,3 +433,23 @@ Deno.test("hostile TRACK and AUTO_BARRIERS records are refused with a reason, ne
   const sym = device.sym;
   equal(sym.mlxn_cmdbuf_barrier_stats(null, new Uint32Array(8), 8), 0);
 });
+
+Deno.test("the barrier count of a stream the decoder rejects does not throw; the next encode reports the rejection", () => {
+  using device = openDevice({ backend: "cpu" });
+  using a = device.alloc(64, DType.F32), x = device.alloc(64, DType.F32);
+  const add = { pipeline: device.kernels.get("elementwise_add_f32"), dispatchKind: "threads" } as const;
+  using enc = device.commandEncoder({ autoBarriers: true, validate: false });
+  enc.dispatch({ ...add, bindings: [x, x, a, [16]], grid: 16, threadgroup: 16 });
+  // The output partly overlaps an input: the TS encoder writes it, the native decoder refuses it.
+  enc.dispatch({ ...add, bindings: [a.slice(0, 32), x, a.slice(16, 32), [8]], grid: 8, threadgroup: 8 });
+  equal(enc.barrierCount, 0);
+  equal(enc.groupStats().dispatches, 2);
+  equal(enc.state, "failed");
+  let thrown: unknown;
+  try {
+    enc.dispatch({ ...add, bindings: [x, x, a, [16]], grid: 16, threadgroup: 16 });
+  } catch (e) {
+    thrown = e;
+  }
+  match(String(thrown), /stream was rejected .*partly overlaps/);
+});
