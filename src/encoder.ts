@@ -155,8 +155,8 @@ export class CommandBufferSlot {
 
   /**
    * Reads the native decoder's barrier statistics (`cap` words of them: Stat.COUNT for the counts,
-   * more for the group sizes) into a shared scratch, adds what changed to the global counters and
-   * returns the scratch and the number of words the whole answer takes.
+   * more for the group sizes) into the module's scratch array, adds what changed to the global
+   * counters and returns the number of words the whole answer takes.
    */
   readStats(cap: number): number {
     let out = statsScratch;
