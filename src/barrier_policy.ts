@@ -1,7 +1,10 @@
 /**
  * The barrier policy of a command encoder: with automatic barriers on, every dispatch's accesses
  * are checked against its concurrent group (a ConflictTracker) and a barrier is asked for exactly on
- * conflict; and, always, the sizes of the concurrent groups as they close.
+ * conflict; and, always, the sizes of the concurrent groups as they close. A direct encoder leaves
+ * the tracking to the native decoder (AUTO_BARRIERS and TRACK records) and loads its group sizes
+ * here; capture mode and validating or profiling encoders, which need every barrier on the host,
+ * track here.
  *
  * @module
  */
