@@ -36,7 +36,7 @@ endif
 
 CPU_LIB := build/libmlxn_cpu.$(SO)
 CORE_SRC := $(wildcard native/core/*.c) $(wildcard native/contracts/*.c)
-CORE_HDR := native/mlxn.h native/core/internal.h native/core/backend.h $(wildcard native/contracts/*.h)
+CORE_HDR := native/mlxn.h native/core/internal.h native/core/backend.h native/core/tracker.h $(wildcard native/contracts/*.h)
 CPU_SRC := $(CORE_SRC) $(wildcard native/cpu/*.c) $(wildcard kernels/cpu/*.c)
 CPU_HDR := $(CORE_HDR) kernels/cpu/cpu_kernel.h
 

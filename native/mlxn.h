@@ -45,6 +45,24 @@
  *                      carries its complete binding set; the pipeline stays set.
  *    BARRIER           [hdr]                                                        1 word
  *                      every dispatch after it sees all memory written before it.
+ *    AUTO_BARRIERS     [hdr]   slot field 1 = on, 0 = off                           1 word
+ *                      with it on, the decoder places barriers itself: before a dispatch whose
+ *                      accesses conflict with its concurrent group it starts a new group exactly as
+ *                      a BARRIER would. A dispatch's accesses are its bound buffer slots' byte ranges,
+ *                      read and/or written as the kernel's contract declares (zero-length ranges
+ *                      touch nothing). Conflict: a read of a byte the group wrote (RAW), a write of a
+ *                      byte the group read or wrote (WAR, WAW); read–read and different buffers never.
+ *                      No barrier goes before a command buffer's first dispatch. Either setting, and
+ *                      every BARRIER record (also one before the first dispatch), forgets the group.
+ *    TRACK             [hdr, n × {buffer, flags, offset_lo, offset_hi, length_lo, length_hi}]
+ *                      1 + 6n words, 1 <= n <= MLXN_MAX_TRACK_ENTRIES, slot field 0. Ranges given by
+ *                      the host (barrier_between / track_dispatch), tracked whether AUTO_BARRIERS is
+ *                      on or off: flags MLXN_TRACK_READ and/or MLXN_TRACK_WRITE per entry, and
+ *                      MLXN_TRACK_CHECK set in every entry or in none. With CHECK, if any range
+ *                      conflicts with the group and the command buffer has a dispatch, a new group
+ *                      starts first; then every range joins the group. Each buffer must be live on
+ *                      this device and [offset, offset+length) inside it; the command buffer keeps
+ *                      a reference on it (as on a bound one) until it completes or is freed.
  *
  *  Between two barriers, dispatches form a concurrent group and may run in any order or overlap.
  *  The decoder validates every record against the device and the kernel's signature (slot kinds,
@@ -64,7 +82,7 @@
 extern "C" {
 #endif
 
-#define MLXN_ABI_VERSION 2
+#define MLXN_ABI_VERSION 3
 
 /* ---- status codes ------------------------------------------------------------------------- */
 #define MLXN_OK 0
@@ -87,6 +105,8 @@ extern "C" {
 #define MLXN_OP_BARRIER 7
 #define MLXN_OP_SET_BUFFER64 8
 #define MLXN_OP_SET_BUFFER_WHOLE 9
+#define MLXN_OP_AUTO_BARRIERS 10
+#define MLXN_OP_TRACK 11
 
 #define MLXN_REC_SET_PIPELINE_WORDS 2
 #define MLXN_REC_SET_BUFFER_WORDS 4
@@ -96,6 +116,9 @@ extern "C" {
 #define MLXN_REC_SET_TG_MEMORY_WORDS 2
 #define MLXN_REC_DISPATCH_WORDS 8
 #define MLXN_REC_BARRIER_WORDS 1
+#define MLXN_REC_AUTO_BARRIERS_WORDS 1
+#define MLXN_REC_TRACK_HEADER_WORDS 1
+#define MLXN_REC_TRACK_ENTRY_WORDS 6
 
 /* ---- limits (shared by every backend; Metal's are the tightest) --------------------------- */
 #define MLXN_MAX_SLOTS 31            /* buffer/bytes argument slots per kernel */
@@ -103,6 +126,22 @@ extern "C" {
 #define MLXN_MAX_TG_MEMORY 32768     /* threadgroup memory per dispatch, bytes */
 #define MLXN_MAX_THREADS_PER_GROUP 1024
 #define MLXN_MAX_TG_MEMORY_INDEX 8
+#define MLXN_MAX_TRACK_ENTRIES 1024  /* ranges in one TRACK record */
+
+/* ---- TRACK entry flags ----------------------------------------------------------------------- */
+#define MLXN_TRACK_READ 1
+#define MLXN_TRACK_WRITE 2
+#define MLXN_TRACK_CHECK 4
+
+/* ---- mlxn_cmdbuf_barrier_stats: indices of its first words --------------------------------- */
+#define MLXN_STAT_DISPATCHES 0       /* dispatches encoded */
+#define MLXN_STAT_GROUPS 1           /* barrier-separated groups, the open one included */
+#define MLXN_STAT_AUTO_BARRIERS 2    /* barriers the decoder placed (AUTO_BARRIERS, TRACK with CHECK) */
+#define MLXN_STAT_AUTO_CONCURRENT 3  /* tracked dispatches and checked TRACKs that needed none */
+#define MLXN_STAT_BARRIERS 4         /* every barrier after the first dispatch: BARRIER records and placed ones */
+#define MLXN_STAT_OPEN_GROUP 5       /* dispatches in the open group */
+#define MLXN_STAT_COUNT 6
+#define MLXN_STAT_SMALL_SIZES 64     /* group sizes counted one by one below this */
 
 /* ---- device open flags --------------------------------------------------------------------- */
 #define MLXN_FLAG_SERIAL 1           /* MLXN_CONCURRENCY=0: an implicit barrier after every dispatch */
@@ -206,6 +245,13 @@ MLXN_API uint32_t mlxn_cmdbuf_dispatch_count(mlxn_cmdbuf *cb);
  * to (cap-2)/3 dispatches: tag, start, end. Returns the number of dispatch entries written;
  * dispatches without timing report start = end = 0. */
 MLXN_API uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t cap);
+
+/* The command buffer's barrier statistics, in any state: out[MLXN_STAT_*] (MLXN_STAT_COUNT words;
+ * counters saturate at UINT32_MAX), then MLXN_STAT_SMALL_SIZES words, out[MLXN_STAT_COUNT + k] = the
+ * closed groups of exactly k dispatches (k = 0 stays 0), then the size of every closed group of
+ * MLXN_STAT_SMALL_SIZES or more dispatches, in order. Writes at most cap words and returns how many
+ * the whole answer takes: call again with more room when that exceeds cap. 0 for a NULL argument. */
+MLXN_API uint32_t mlxn_cmdbuf_barrier_stats(mlxn_cmdbuf *cb, uint32_t *out, uint32_t cap);
 
 /* Frees the command buffer. A committed one is waited for first; an uncommitted one is dropped
  * without running, releasing every buffer it bound. */

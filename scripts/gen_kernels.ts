@@ -82,6 +82,12 @@ function checkSpecs(): Map<string, ParamLayout> {
 }
 
 const upper = (s: string) => s.toUpperCase();
+/** The buffer slots a kernel reads (`"read"`: access read or readwrite) or writes, as a C bit mask. */
+const accessMask = (k: KernelSpec, mode: "read" | "write") =>
+  `0x${
+    k.slots.reduce((m, s, i) => !isBytes(s) && (s.access === mode || s.access === "readwrite") ? m | (1 << i) : m, 0)
+      .toString(16)
+  }u`;
 const signature = (k: KernelSpec) => k.slots.map((s) => isBytes(s) ? "c" : s.optional ? "o" : "b").join("");
 const camel = (s: string) => s.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase());
 const pascal = (s: string) => camel(s).replace(/^./, (c) => c.toUpperCase());
@@ -262,7 +268,9 @@ function cTable(): string {
   out.push("static const mlxn_contract contracts[MLXN_KERNEL_COUNT] = {");
   for (const k of kernels) {
     out.push(
-      `    {MLXN_K_${upper(k.name)}, "${k.name}", "${signature(k)}", mlxn_validate_${k.name}, ${k.tgFloatsPerThread}},`,
+      `    {MLXN_K_${upper(k.name)}, "${k.name}", "${signature(k)}", mlxn_validate_${k.name}, ${k.tgFloatsPerThread}, ${
+        accessMask(k, "read")
+      }, ${accessMask(k, "write")}},`,
     );
   }
   out.push("};", "");

@@ -1,7 +1,10 @@
 /**
  * The barrier policy of a command encoder: with automatic barriers on, every dispatch's accesses
  * are checked against its concurrent group (a ConflictTracker) and a barrier is asked for exactly on
- * conflict; and, always, the sizes of the concurrent groups as they close.
+ * conflict; and, always, the sizes of the concurrent groups as they close. A direct encoder leaves
+ * the tracking to the native decoder (AUTO_BARRIERS and TRACK records) and loads its group sizes
+ * here; capture mode and validating or profiling encoders, which need every barrier on the host,
+ * track here.
  *
  * @module
  */
@@ -10,6 +13,7 @@ import { MlxBuffer } from "./buffer.ts";
 import { checkRange, checkRanges, type MemRange, type RangedBinding } from "./graph/ranges.ts";
 import { GroupAccesses } from "./graph/tracker.ts";
 import type { KernelContract } from "./kernels.ts";
+import { Stat } from "./native/abi.ts";
 
 /** Concurrent-group statistics of an encoder. */
 export interface GroupStats {
@@ -232,6 +236,25 @@ export class BarrierPolicy {
       while (h.length <= size) h.push(0);
       h[size] = h[size]! + 1;
     } else (this.#wide ??= []).push(size);
+  }
+
+  /**
+   * Takes the group sizes the native decoder counted (it places the barriers of a direct encoder
+   * with automatic barriers): `words` is what `mlxn_cmdbuf_barrier_stats` wrote, `total` words of it.
+   * They replace the sizes counted here.
+   */
+  loadNativeGroups(words: Uint32Array, total: number): void {
+    const open = words[Stat.OPEN_GROUP]!;
+    this.#groupSize = open;
+    this.#groups = words[Stat.GROUPS]! - (open > 0 ? 1 : 0);
+    const h = this.#histogram, small = Stat.COUNT;
+    let top = Stat.SMALL_SIZES - 1; // the histogram runs to the largest small size seen, as endGroup grows it
+    while (top > 0 && words[small + top] === 0) top--;
+    h.length = 0;
+    if (top > 0) { for (let k = 0; k <= top; k++) h.push(words[small + k]!); }
+    const wide = total - small - Stat.SMALL_SIZES;
+    if (wide > 0) this.#wide = Array.from(words.subarray(small + Stat.SMALL_SIZES, total));
+    else this.#wide = undefined;
   }
 
   /** The group statistics so far, the open group included (O(1) per group, the histogram aside). */

@@ -42,12 +42,35 @@ interface AllocationState {
 
 let nextAllocId = 1;
 
-const finalizer = new FinalizationRegistry<{ host: BufferHost; state: AllocationState }>(
+/** An allocation and its device, as the finalizer and {@link liveAllocation} hold it. */
+interface HeldAllocation {
+  readonly host: BufferHost;
+  readonly state: AllocationState;
+}
+
+// Live allocations by id: a range given as [allocation id, start, end) names its buffer only by id,
+// and the native tracker needs the handle (barrierBetween / trackDispatch on a direct encoder).
+const liveAllocations = new Map<number, HeldAllocation>();
+
+const finalizer = new FinalizationRegistry<HeldAllocation>(
   ({ host, state }) => {
+    liveAllocations.delete(state.allocId);
     if (state.handle !== 0) host.deferFree(state.handle);
     state.handle = 0;
   },
 );
+
+/**
+ * @ignore Internal: the native handle and size of allocation `allocId` if it is live on `host`
+ * (undefined when it was disposed, collected, never existed or belongs to another device).
+ */
+export function liveAllocation(
+  allocId: number,
+  host: object,
+): { readonly handle: number; readonly byteLength: number } | undefined {
+  const held = liveAllocations.get(allocId);
+  return held !== undefined && held.host === host && held.state.handle !== 0 ? held.state : undefined;
+}
 
 // The shapes of views without an explicit shape are `[elements]`, frozen: views of one length
 // share one array (a direct-mapped table, so a view costs no array and no freeze once its length
@@ -139,7 +162,9 @@ export class MlxBuffer {
     this.#host = host;
     if (typeof state === "number") {
       this.#state = { handle: state, allocId: nextAllocId++, byteLength };
-      finalizer.register(this, { host, state: this.#state }, this);
+      const held = { host, state: this.#state };
+      finalizer.register(this, held, this);
+      liveAllocations.set(this.#state.allocId, held);
     } else {
       this.#state = state;
     }
@@ -313,6 +338,7 @@ export class MlxBuffer {
     const h = this.#state.handle;
     if (h === 0) return;
     this.#state.handle = 0;
+    liveAllocations.delete(this.#state.allocId);
     finalizer.unregister(this.#root ?? this);
     this.#host.releaseBuffer(h);
   }

@@ -6,7 +6,7 @@
  * @module
  */
 
-import { MlxBuffer } from "./buffer.ts";
+import { liveAllocation, MlxBuffer } from "./buffer.ts";
 import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
@@ -14,7 +14,7 @@ import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.
 import type { DispatchDescriptor } from "./dispatch.ts";
 import { BARRIER, type CapturedNode, type Dims, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
-import { accessesOf, type MemRange } from "./graph/ranges.ts";
+import { accessesOf, checkRanges, type MemRange } from "./graph/ranges.ts";
 import {
   findBrokenConstantPromises,
   findHazards,
@@ -24,11 +24,11 @@ import {
 } from "./graph/validate.ts";
 import { type KernelRegistry, Pipeline, type SlotSpec } from "./kernels.ts";
 import type { Profiler } from "./profile.ts";
-import { CbStatus, Limits, RecordWords, Status } from "./native/abi.ts";
+import { CbStatus, Limits, RecordWords, Stat, Status, Track } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
-import { StreamWriter } from "./native/stream.ts";
+import { H_AUTO_BARRIERS_OFF, H_AUTO_BARRIERS_ON, StreamWriter, trackHeader, TWO_32 } from "./native/stream.ts";
 
 export type { Binding, Dims, DispatchKind, InlineWords } from "./graph/nodes.ts";
 export type { DispatchDescriptor } from "./dispatch.ts";
@@ -98,6 +98,9 @@ function toRanges(list: readonly RangeLike[]): MemRange[] {
   return list.map((x) => x instanceof MlxBuffer ? x.range() : x);
 }
 
+// mlxn_cmdbuf_barrier_stats' answer: counts, small group sizes, room for some wide groups (grows).
+let statsScratch = new Uint32Array(Stat.COUNT + Stat.SMALL_SIZES + 64);
+
 /** Lifecycle state of a CommandEncoder. */
 export type EncoderState = "encoding" | "committed" | "completed" | "failed" | "disposed";
 
@@ -123,6 +126,15 @@ export class CommandBufferSlot {
   openIndex = -1;
   /** The native library rejected the stream while it was being encoded (`error` says why). */
   rejected = false;
+  /**
+   * The native decoder places barriers (AUTO_BARRIERS, or a TRACK with CHECK was written): its
+   * counts are read after every chunk and feed the global counters.
+   */
+  nativeStats = false;
+  /** Barriers of the command buffer, as the native decoder last counted them (with `nativeStats`). */
+  barriers = 0;
+  #autoBarriers = 0; // the native counts last added to the global counters
+  #autoConcurrent = 0;
   readonly #host: EncoderHost;
   readonly #sym: NativeSymbols;
 
@@ -139,6 +151,25 @@ export class CommandBufferSlot {
   /** Hands every record written so far to the native library now (encoding only). */
   flush(): void {
     if (this.state === "encoding") this.writer!.flush();
+  }
+
+  /**
+   * Reads the native decoder's barrier statistics (`cap` words of them: Stat.COUNT for the counts,
+   * more for the group sizes) into the module's scratch array, adds what changed to the global
+   * counters and returns the number of words the whole answer takes.
+   */
+  readStats(cap: number): number {
+    let out = statsScratch;
+    if (out.length < cap) out = statsScratch = new Uint32Array(cap);
+    const total = this.#sym.mlxn_cmdbuf_barrier_stats(this.ptr!, out, cap);
+    const auto = out[Stat.AUTO_BARRIERS]!, concurrent = out[Stat.AUTO_CONCURRENT]!;
+    counterState.autoBarriers += auto - this.#autoBarriers;
+    counterState.barriers += auto - this.#autoBarriers;
+    counterState.autoConcurrent += concurrent - this.#autoConcurrent;
+    this.#autoBarriers = auto;
+    this.#autoConcurrent = concurrent;
+    this.barriers = out[Stat.BARRIERS]!;
+    return total;
   }
 
   /**
@@ -188,7 +219,9 @@ export class CommandBufferSlot {
 
   #encodeChunk(bytes: Uint8Array, byteLength: number): void {
     const rc = this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength);
-    if (rc !== Status.OK) {
+    if (rc === Status.OK) {
+      if (this.nativeStats) this.readStats(Stat.COUNT); // one call per chunk: the counters stay current
+    } else {
       const err = new MlxError(codeOf(rc), lastErrorText(this.#sym));
       // The native command buffer is now in its sticky error state; nothing more can be encoded.
       // Quietly: this may run inside the device's flush of every stream, which must not recurse.
@@ -255,6 +288,12 @@ export class CommandEncoder {
   #timings: DispatchTiming[] | null = null;
   #capture: CaptureRecorder | null = null; // capture mode
   readonly #policy: BarrierPolicy; // auto barriers and group statistics
+  // The native decoder tracks this encoder's direct dispatches and user ranges (no validation log
+  // and no profiler, which need every barrier here): dispatch() then only writes the dispatch.
+  readonly #native: boolean;
+  #direct: boolean; // #native and not capturing
+  #nativeAuto = false; // the AUTO_BARRIERS state written to the stream
+  #nativeTracked = false; // the stream turned tracking on or held a TRACK: a reset must be written where the policy forgets
   // validation: what was encoded, to check at commit
   #log: CapturedNode[] | null;
   #hazards: readonly Hazard[] = NO_HAZARDS;
@@ -276,6 +315,7 @@ export class CommandEncoder {
     this.#cb = new CommandBufferSlot(host, ptr);
     this.#kernels = host.profileDispatches ? [] : null;
     this.#barriersBefore = host.profiler ? [] : null;
+    this.#native = this.#direct = this.#log === null && this.#barriersBefore === null;
     cleanup.register(this, this.#cb);
   }
 
@@ -284,9 +324,12 @@ export class CommandEncoder {
     return this.#dispatches;
   }
 
-  /** Barriers issued so far. */
+  /** Barriers issued so far (placed by hand or automatically). */
   get barrierCount(): number {
-    return this.#barriers;
+    const cb = this.#cb;
+    if (!cb.nativeStats) return this.#barriers;
+    this.#flushQuietly(); // the native decoder counts what it has seen; after commit the count is final
+    return cb.barriers;
   }
 
   /** The label given at commit. */
@@ -307,6 +350,13 @@ export class CommandEncoder {
   dispatch(d: DispatchDescriptor): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("dispatch");
     const policy = this.#policy;
+    if (this.#direct) {
+      // Barriers, automatic or not, are the native decoder's business: only the dispatch is written.
+      if (policy.auto !== this.#nativeAuto) this.#writeAutoBarriers(policy.auto);
+      if (this.#writeDispatch(d)) return;
+      this.#check(d); // says what is wrong
+      throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be encoded`);
+    }
     if (policy.auto && this.#capture === null && this.#log === null) {
       // The barrier (if the accesses conflict) and the dispatch are written in one all-or-nothing
       // step, so a bad descriptor leaves no barrier behind and needs no separate check.
@@ -467,8 +517,14 @@ export class CommandEncoder {
       this.#capture.barrier(); // in capture mode a barrier is a node; nothing is issued or counted
       return;
     }
-    if (this.#dispatches === 0) return;
     const w = this.#cb.writer!;
+    if (this.#dispatches === 0) {
+      if (this.#nativeTracked) { // nothing to separate, but the native tracker forgets its ranges too
+        w.reserve(RecordWords.BARRIER);
+        w.barrier();
+      }
+      return;
+    }
     w.reserve(RecordWords.BARRIER);
     w.barrier();
     this.#barrierIssued();
@@ -495,6 +551,87 @@ export class CommandEncoder {
   set autoBarriers(on: boolean) {
     this.#policy.auto = on;
     this.#policy.forget();
+    // Turning tracking on is written lazily, before the next dispatch or range; a reset now.
+    if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") this.#writeAutoBarriers(on);
+  }
+
+  /** Writes an AUTO_BARRIERS record (which also resets the native tracker). */
+  #writeAutoBarriers(on: boolean): void {
+    const cb = this.#cb, w = cb.writer!;
+    w.reserve(RecordWords.AUTO_BARRIERS);
+    w.words[w.pos++] = on ? H_AUTO_BARRIERS_ON : H_AUTO_BARRIERS_OFF;
+    this.#nativeAuto = on;
+    if (on) this.#nativeTracked = cb.nativeStats = true;
+  }
+
+  /**
+   * Writes user ranges as TRACK records (with `check`, one record: the native decoder places a
+   * barrier first if any conflicts). Ranges are checked as the JS policy checks them; a range of an
+   * allocation that is no longer live (or of another device) is left out: no dispatch of this
+   * command buffer can bind it any more. A range past its allocation's end is cut at the end.
+   */
+  #trackNative(reads: readonly RangeLike[], writes: readonly RangeLike[], check: boolean): void {
+    const r = toRanges(reads), wr = toRanges(writes);
+    checkRanges(r, check ? "barrier reads" : "tracked reads");
+    checkRanges(wr, check ? "barrier writes" : "tracked writes");
+    const n = r.length + wr.length;
+    if (check && n > Limits.MAX_TRACK_ENTRIES) {
+      throw new MlxError(
+        "InvalidArgument",
+        `barrierBetween: ${n} ranges, at most ${Limits.MAX_TRACK_ENTRIES} in one call: merge adjacent ranges`,
+      );
+    }
+    if (this.#policy.auto !== this.#nativeAuto) this.#writeAutoBarriers(this.#policy.auto);
+    const cb = this.#cb, w = cb.writer!, host = this.#host;
+    const flags = check ? Track.CHECK : 0;
+    let header = -1, k = 0;
+    for (let i = 0; i < n; i++) {
+      const isWrite = i >= r.length, range = isWrite ? wr[i - r.length]! : r[i]!;
+      const live = liveAllocation(range[0], host);
+      if (live === undefined) continue;
+      const end = Math.min(range[2], live.byteLength), start = Math.min(range[1], end);
+      if (header < 0 || k === Limits.MAX_TRACK_ENTRIES) { // a new record (only without check: n fits one)
+        if (header >= 0) w.words[header] = trackHeader(k);
+        w.reserve(RecordWords.TRACK_HEADER + RecordWords.TRACK_ENTRY * Math.min(n - i, Limits.MAX_TRACK_ENTRIES));
+        header = w.pos++;
+        k = 0;
+      }
+      const at = w.pos;
+      w.words[at] = live.handle;
+      w.words[at + 1] = (isWrite ? Track.WRITE : Track.READ) | flags;
+      w.words[at + 2] = start >>> 0;
+      w.words[at + 3] = Math.floor(start / TWO_32);
+      w.words[at + 4] = (end - start) >>> 0;
+      w.words[at + 5] = Math.floor((end - start) / TWO_32);
+      w.pos = at + RecordWords.TRACK_ENTRY;
+      k++;
+    }
+    if (header >= 0) {
+      w.words[header] = trackHeader(k);
+      this.#nativeTracked = true;
+      if (check) cb.nativeStats = true;
+    } else if (check) {
+      counterState.autoConcurrent++; // nothing to check: as the JS policy counts it
+    }
+  }
+
+  /**
+   * Hands the records written so far to the native decoder for its counts. A getter does not throw
+   * a rejected stream's error: the command buffer keeps it, and the next call that encodes or
+   * commits reports it.
+   */
+  #flushQuietly(): void {
+    try {
+      this.#cb.flush();
+    } catch { /* kept by the command buffer (see above) */ }
+  }
+
+  /** Reads the native decoder's group sizes into the policy (after a flush). */
+  #loadNativeGroups(): void {
+    const cb = this.#cb;
+    let total = cb.readStats(statsScratch.length);
+    if (total > statsScratch.length) total = cb.readStats(total);
+    this.#policy.loadNativeGroups(statsScratch, total);
   }
 
   /**
@@ -504,6 +641,7 @@ export class CommandEncoder {
    */
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("barrierBetween");
+    if (this.#direct) return this.#trackNative(reads, writes, true);
     const r = toRanges(reads), w = toRanges(writes);
     this.#capture?.addPendingRanges({ reads: r, writes: w });
     this.#track(r, w, true);
@@ -515,6 +653,7 @@ export class CommandEncoder {
    */
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("trackDispatch");
+    if (this.#direct) return this.#trackNative(reads, writes, false);
     const r = toRanges(reads), w = toRanges(writes);
     this.#capture?.mergeIntoLastDispatch({ reads: r, writes: w });
     this.#track(r, w, false);
@@ -537,6 +676,11 @@ export class CommandEncoder {
 
   /** The concurrent-group size histogram of what was encoded so far. */
   groupStats(): GroupStats {
+    const cb = this.#cb;
+    if (cb.nativeStats && cb.state === "encoding") { // after commit the policy holds the final sizes
+      this.#flushQuietly();
+      if (cb.state === "encoding") this.#loadNativeGroups();
+    }
     return this.#policy.stats(this.#dispatches);
   }
 
@@ -546,6 +690,7 @@ export class CommandEncoder {
   startCapture(): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("startCapture");
     this.#capture ??= new CaptureRecorder();
+    this.#direct = false;
   }
 
   /** Whether the encoder is recording. */
@@ -567,6 +712,11 @@ export class CommandEncoder {
     const capture = this.#capture;
     this.#capture = null;
     this.#policy.forget();
+    this.#direct = this.#native;
+    // The native tracker forgets too (the record also brings its setting in line with the policy's).
+    if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") {
+      this.#writeAutoBarriers(this.#policy.auto);
+    }
     return capture ? capture.take() : null;
   }
 
@@ -591,6 +741,8 @@ export class CommandEncoder {
       this.#dispatches !== 0 || this.#pipeline !== 0
     ) return false;
     const w = this.#cb.writer!;
+    const tracking = this.#nativeAuto; // the plan carries its barriers: the decoder must not add any
+    if (tracking) this.#writeAutoBarriers(false);
     const cap = w.words.length;
     let from = 0;
     for (let c = 0; c < cuts.length;) {
@@ -603,6 +755,7 @@ export class CommandEncoder {
       w.pos += to - from;
       from = to;
     }
+    if (tracking) this.#writeAutoBarriers(true);
     const policy = this.#policy;
     for (let g = 0; g < groupSizes.length; g++) {
       if (g > 0) {
@@ -679,6 +832,7 @@ export class CommandEncoder {
     this.#label = label;
     const cb = this.#cb;
     cb.writer!.flush();
+    if (cb.nativeStats) this.#loadNativeGroups(); // the final counts, before the command buffer runs
     cb.closeStream();
     const rc = this.#sym.mlxn_cmdbuf_commit(cb.ptr!);
     if (rc !== Status.OK) {
@@ -792,6 +946,13 @@ export class CommandEncoder {
     this.#capture = null;
     this.#policy.release();
     if (cb.state === "encoding") {
+      if (cb.nativeStats && !this.#host.closed) {
+        // The counters count the barriers of what was written, as when the JS policy placed them.
+        try {
+          cb.flush();
+          cb.readStats(Stat.COUNT);
+        } catch { /* a rejected stream: its error stays with this encoder */ }
+      }
       cb.closeStream();
     } else if (cb.state === "committed" && !this.#host.closed) {
       const rc = this.#sym.mlxn_cmdbuf_wait(cb.ptr!);

@@ -19,6 +19,9 @@ typedef struct mlxn_contract {
   int (*validate)(const mlxn_kargs *a, char *err, size_t cap);
   /* Threadgroup memory the kernel reduces through: at least this many f32 per thread at index 0. */
   uint32_t tg_floats_per_thread;
+  /* Bit i set: buffer slot i is read (access read or readwrite) / written (write or readwrite). The
+   * decoder's automatic barriers derive a dispatch's accesses from these. */
+  uint32_t reads, writes;
 } mlxn_contract;
 
 /* Contract `id` (0 <= id < MLXN_KERNEL_COUNT), or NULL past the end: the core's one way in. */

@@ -458,6 +458,9 @@ static void add_contract(const mlxn_contract *k) {
     if (k->signature[i] != 'o') m->required |= 1u << i;
     if (k->signature[i] == 'c') m->bytes |= 1u << i;
   }
+  /* Access modes of buffer slots only: a mask bit on another slot would be a contract table error. */
+  m->reads = k->reads & m->all & ~m->bytes;
+  m->writes = k->writes & m->all & ~m->bytes;
 }
 
 /* Pipeline handles number the contracts in table order. */
@@ -510,6 +513,7 @@ mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
   cb->status = MLXN_CB_ENCODING;
   pthread_mutex_lock(&dev->mu);
   if (dev->n_spare > 0) mlxn_storage_adopt(cb, &dev->spare[--dev->n_spare]);
+  trk_reset(&cb->tracker); /* a recycled tracker's entries belong to an earlier group */
   cb->serial = dev->next_serial++;
   cb->live_next = dev->live;
   if (dev->live) dev->live->live_prev = cb;
@@ -618,6 +622,28 @@ uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t cap) {
     out[4 + 3 * i] = s == UINT64_MAX ? 0 : e;
   }
   return n;
+}
+
+static uint32_t put_stat(uint32_t *out, uint32_t cap, uint32_t i, uint32_t v) {
+  if (i < cap) out[i] = v;
+  return i + 1;
+}
+
+uint32_t mlxn_cmdbuf_barrier_stats(mlxn_cmdbuf *cb, uint32_t *out, uint32_t cap) {
+  if (!cb || !out) return 0;
+  mlxn_device *dev = cb->dev; /* the decoder writes these under dev->mu; detached, nothing does */
+  if (dev) pthread_mutex_lock(&dev->mu);
+  uint32_t i = 0;
+  i = put_stat(out, cap, i, cb->n_dispatches);
+  i = put_stat(out, cap, i, cb->lg_groups);
+  i = put_stat(out, cap, i, cb->st_auto_barriers);
+  i = put_stat(out, cap, i, cb->st_auto_concurrent);
+  i = put_stat(out, cap, i, cb->st_barriers);
+  i = put_stat(out, cap, i, cb->lg_open);
+  for (uint32_t k = 0; k < MLXN_STAT_SMALL_SIZES; k++) i = put_stat(out, cap, i, cb->lg_small[k]);
+  for (uint32_t k = 0; k < cb->n_wide && i != UINT32_MAX; k++) i = put_stat(out, cap, i, cb->lg_wide[k]);
+  if (dev) pthread_mutex_unlock(&dev->mu);
+  return i;
 }
 
 void mlxn_cmdbuf_free(mlxn_cmdbuf *cb) {

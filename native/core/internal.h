@@ -2,6 +2,7 @@
  *   core/device.c  the ABI entry points: device, buffer table, pipelines, command buffers, errors,
  *                  and the defaults of the optional backend hooks
  *   core/stream.c  command-stream decoder and validation (against the contracts of native/contracts)
+ *   core/tracker.h the conflict tracker of the decoder's automatic barriers (header-only, inlined there)
  *   core/queue.c   the command queue thread (command buffers run in commit order) */
 #ifndef MLXN_CPU_INTERNAL_H
 #define MLXN_CPU_INTERNAL_H
@@ -13,6 +14,7 @@
 
 #include "../mlxn.h"
 #include "backend.h"
+#include "tracker.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -37,6 +39,8 @@ typedef struct mlxn_slot_masks {
   uint32_t all;      /* every slot of the signature */
   uint32_t required; /* slots that must be bound ('b', 'c') */
   uint32_t bytes;    /* inline-bytes slots ('c') */
+  uint32_t reads;    /* buffer slots the kernel reads (contract access read or readwrite) */
+  uint32_t writes;   /* buffer slots the kernel writes (write or readwrite) */
 } mlxn_slot_masks;
 
 /* ---- command buffers -------------------------------------------------------------------------- */
@@ -63,6 +67,17 @@ struct mlxn_cmdbuf {
   uint32_t *refs; /* buffer table indices this command buffer holds a reference on */
   uint32_t n_refs, cap_refs;
 
+  /* automatic barriers (MLXN_OP_AUTO_BARRIERS, MLXN_OP_TRACK) and what mlxn_cmdbuf_barrier_stats
+   * reports. Groups here are the barrier-separated groups, whatever MLXN_FLAG_SERIAL does to n_groups. */
+  mlxn_tracker tracker;
+  uint8_t auto_barriers; /* dispatches are tracked and get a barrier on conflict */
+  uint32_t st_auto_barriers, st_auto_concurrent, st_barriers; /* saturating counters */
+  uint32_t lg_groups; /* groups so far, the open one included */
+  uint32_t lg_open;   /* dispatches in the open group */
+  uint32_t lg_small[MLXN_STAT_SMALL_SIZES]; /* closed groups by size, below MLXN_STAT_SMALL_SIZES */
+  uint32_t *lg_wide;  /* sizes of the closed groups of MLXN_STAT_SMALL_SIZES or more, in order */
+  uint32_t n_wide, cap_wide;
+
   /* decoder state carried across chunks */
   const mlxn_contract *pipeline;
   const mlxn_slot_masks *pipeline_masks;
@@ -72,6 +87,8 @@ struct mlxn_cmdbuf {
   uint32_t bytes_mask; /* of those, the ones bound to inline bytes */
   uint8_t *slot_ptr[MLXN_MAX_SLOTS];
   uint64_t slot_len[MLXN_MAX_SLOTS];
+  uint64_t slot_off[MLXN_MAX_SLOTS];   /* buffer slots: offset of the binding in its buffer */
+  uint32_t slot_index[MLXN_MAX_SLOTS]; /* buffer slots: the buffer's table index */
   void *slot_object[MLXN_MAX_SLOTS];
   uint32_t tg_memory;
   uint32_t error_offset;
@@ -92,6 +109,9 @@ typedef struct cb_storage {
   uint32_t *refs;
   uint32_t cap_refs;
   arena_block *arena; /* one empty block */
+  mlxn_tracker tracker; /* its epoch carries on, so no stale entry matches a later group */
+  uint32_t *lg_wide;
+  uint32_t cap_wide;
 } cb_storage;
 
 #define MLXN_SPARE_STORAGE 4

@@ -53,6 +53,8 @@ void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb) {
   cb->n_refs = 0;
   cb->n_dispatches = 0;
   cb->n_groups = 0;
+  cb->lg_groups = cb->lg_open = cb->n_wide = 0;
+  memset(cb->lg_small, 0, sizeof cb->lg_small);
   /* Keep one arena block (the oldest, at the tail) for reuse; free the rest. */
   while (cb->arena && cb->arena->next) {
     arena_block *n = cb->arena->next;
@@ -68,6 +70,9 @@ void mlxn_storage_adopt(mlxn_cmdbuf *cb, cb_storage *sp) {
   cb->refs = sp->refs;
   cb->cap_refs = sp->cap_refs;
   cb->arena = sp->arena;
+  cb->tracker = sp->tracker;
+  cb->lg_wide = sp->lg_wide;
+  cb->cap_wide = sp->cap_wide;
   memset(sp, 0, sizeof *sp);
 }
 
@@ -77,10 +82,16 @@ void mlxn_storage_give(mlxn_cmdbuf *cb, cb_storage *sp) {
   sp->refs = cb->refs;
   sp->cap_refs = cb->cap_refs;
   sp->arena = cb->arena;
+  sp->tracker = cb->tracker;
+  sp->lg_wide = cb->lg_wide;
+  sp->cap_wide = cb->cap_wide;
   cb->dispatches = NULL;
   cb->refs = NULL;
   cb->arena = NULL;
   cb->cap_dispatches = cb->cap_refs = 0;
+  memset(&cb->tracker, 0, sizeof cb->tracker);
+  cb->lg_wide = NULL;
+  cb->cap_wide = cb->n_wide = 0;
 }
 
 void mlxn_storage_free(mlxn_cmdbuf *cb) {
@@ -94,6 +105,10 @@ void mlxn_storage_free(mlxn_cmdbuf *cb) {
   cb->dispatches = NULL;
   cb->refs = NULL;
   cb->cap_dispatches = cb->cap_refs = 0;
+  trk_free(&cb->tracker);
+  free(cb->lg_wide);
+  cb->lg_wide = NULL;
+  cb->cap_wide = cb->n_wide = 0;
 }
 
 void mlxn_command_prepare(mlxn_cmdbuf *cb) {
@@ -130,8 +145,27 @@ static const char *op_name(uint32_t op) {
     case MLXN_OP_BARRIER: return "BARRIER";
     case MLXN_OP_SET_BUFFER64: return "SET_BUFFER64";
     case MLXN_OP_SET_BUFFER_WHOLE: return "SET_BUFFER_WHOLE";
+    case MLXN_OP_AUTO_BARRIERS: return "AUTO_BARRIERS";
+    case MLXN_OP_TRACK: return "TRACK";
     default: return "?";
   }
+}
+
+static inline void sat_inc(uint32_t *v) {
+  if (*v != UINT32_MAX) ++*v;
+}
+
+/* Counts the open group (cb->lg_open dispatches) as closed. Non-zero when out of memory. */
+static int close_group(mlxn_cmdbuf *cb) {
+  uint32_t size = cb->lg_open;
+  cb->lg_open = 0;
+  if (size < MLXN_STAT_SMALL_SIZES) {
+    cb->lg_small[size]++;
+    return 0;
+  }
+  if (!grow((void **)&cb->lg_wide, &cb->cap_wide, cb->n_wide + 1, sizeof(uint32_t))) return 1;
+  cb->lg_wide[cb->n_wide++] = size;
+  return 0;
 }
 
 static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, uint32_t off) {
@@ -204,7 +238,40 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   why[0] = 0;
   if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
 
-  if (cb->n_groups == 0 || cb->barrier_pending || (cb->dev->flags & MLXN_FLAG_SERIAL)) cb->n_groups++;
+  int new_group = cb->n_dispatches == 0 || cb->barrier_pending;
+  if (cb->auto_barriers) {
+    /* Check every access before adding any: a dispatch never conflicts with itself. */
+    uint32_t bufs = bound & ~m->bytes, reads = bufs & m->reads, writes = bufs & m->writes;
+    uint32_t touched = reads | writes;
+    mlxn_tracker *t = &cb->tracker;
+    int conflict = 0;
+    for (uint32_t left = touched; left && !conflict; left &= left - 1) {
+      uint32_t s = (uint32_t)__builtin_ctz(left);
+      uint64_t len = cb->slot_len[s];
+      if (len) conflict = trk_conflicts(t, cb->slot_index[s], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u);
+    }
+    if (conflict && cb->n_dispatches > 0) {
+      trk_reset(t);
+      cb->barrier_pending = 1;
+      new_group = 1;
+      sat_inc(&cb->st_auto_barriers);
+      sat_inc(&cb->st_barriers);
+    } else {
+      sat_inc(&cb->st_auto_concurrent);
+    }
+    for (uint32_t left = touched; left; left &= left - 1) {
+      uint32_t s = (uint32_t)__builtin_ctz(left);
+      uint64_t len = cb->slot_len[s];
+      if (len && trk_add(t, cb->slot_index[s], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u))
+        FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory tracking the accesses of kernel %s", k->name);
+    }
+  }
+  if (new_group) {
+    if (cb->n_dispatches > 0 && close_group(cb)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+    cb->lg_groups++;
+  }
+  cb->lg_open++;
+  if (new_group || (cb->dev->flags & MLXN_FLAG_SERIAL)) cb->n_groups++;
   cb->n_dispatches++;
   d->kernel = cb->pipeline_kernel;
   d->contract = k;
@@ -255,9 +322,81 @@ static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb
   }
   cb->slot_ptr[slot] = e->data + boff;
   cb->slot_len[slot] = blen;
+  cb->slot_off[slot] = boff;
+  cb->slot_index[slot] = index;
   cb->slot_object[slot] = e->handle;
   cb->bytes_mask &= ~(1u << slot);
   cb->bound_mask |= 1u << slot;
+  return MLXN_OK;
+}
+
+/* A TRACK record: validates every entry (and keeps each buffer referenced) before it changes the
+ * group; with CHECK, places a barrier if a range conflicts; then adds every range. */
+static int32_t decode_track(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t words, uint32_t off) {
+  if (words < MLXN_REC_TRACK_HEADER_WORDS + MLXN_REC_TRACK_ENTRY_WORDS ||
+      (words - MLXN_REC_TRACK_HEADER_WORDS) % MLXN_REC_TRACK_ENTRY_WORDS != 0)
+    FAIL(MLXN_E_STREAM, "TRACK must be %d + %d words per range (at least one), header says %u",
+         MLXN_REC_TRACK_HEADER_WORDS, MLXN_REC_TRACK_ENTRY_WORDS, words);
+  uint32_t n = (words - MLXN_REC_TRACK_HEADER_WORDS) / MLXN_REC_TRACK_ENTRY_WORDS;
+  if (n > MLXN_MAX_TRACK_ENTRIES)
+    FAIL(MLXN_E_STREAM, "TRACK of %u ranges: at most %d per record; split it", n, MLXN_MAX_TRACK_ENTRIES);
+  mlxn_device *dev = cb->dev;
+  const uint8_t *first = r + 4 * MLXN_REC_TRACK_HEADER_WORDS;
+  uint32_t check = word(first + 4) & MLXN_TRACK_CHECK;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *x = first + 4 * MLXN_REC_TRACK_ENTRY_WORDS * i;
+    uint32_t handle = word(x), flags = word(x + 4);
+    uint64_t boff = word(x + 8) | ((uint64_t)word(x + 12) << 32);
+    uint64_t blen = word(x + 16) | ((uint64_t)word(x + 20) << 32);
+    if (flags & ~(uint32_t)(MLXN_TRACK_READ | MLXN_TRACK_WRITE | MLXN_TRACK_CHECK))
+      FAIL(MLXN_E_STREAM, "TRACK range %u: unknown flags 0x%x", i, flags);
+    if (!(flags & (MLXN_TRACK_READ | MLXN_TRACK_WRITE)))
+      FAIL(MLXN_E_STREAM, "TRACK range %u is neither read nor written (flags 0x%x)", i, flags);
+    if ((flags & MLXN_TRACK_CHECK) != check)
+      FAIL(MLXN_E_STREAM, "TRACK range %u: CHECK must be set in every range of a record or in none", i);
+    uint32_t index;
+    buffer_entry *e = mlxn_buffer_in_table(dev->buffers, dev->n_buffers, handle, &index);
+    if (!e)
+      FAIL(MLXN_E_BAD_HANDLE, "TRACK range %u: buffer handle 0x%x is not a live buffer: it %s", i, handle,
+           mlxn_handle_problem(dev, handle));
+    if (boff > e->size || blen > e->size - boff)
+      FAIL(MLXN_E_STREAM, "TRACK range %u: [%llu, +%llu) is past the end of a %llu-byte buffer", i,
+           (unsigned long long)boff, (unsigned long long)blen, (unsigned long long)e->size);
+    if (e->last_cb != cb->serial) { /* keep its table index from being recycled while tracked */
+      if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
+        FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+      cb->refs[cb->n_refs++] = index;
+      e->refs++;
+      e->last_cb = cb->serial;
+    }
+  }
+  mlxn_tracker *t = &cb->tracker;
+  if (check) {
+    int conflict = 0;
+    for (uint32_t i = 0; i < n && !conflict; i++) {
+      const uint8_t *x = first + 4 * MLXN_REC_TRACK_ENTRY_WORDS * i;
+      uint64_t boff = word(x + 8) | ((uint64_t)word(x + 12) << 32);
+      uint64_t blen = word(x + 16) | ((uint64_t)word(x + 20) << 32);
+      uint32_t index = (word(x) & HANDLE_INDEX_MASK) - 1; /* validated above */
+      if (blen) conflict = trk_conflicts(t, index, boff, boff + blen, (word(x + 4) & MLXN_TRACK_WRITE) != 0);
+    }
+    if (conflict && cb->n_dispatches > 0) {
+      trk_reset(t);
+      cb->barrier_pending = 1;
+      sat_inc(&cb->st_auto_barriers);
+      sat_inc(&cb->st_barriers);
+    } else {
+      sat_inc(&cb->st_auto_concurrent);
+    }
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *x = first + 4 * MLXN_REC_TRACK_ENTRY_WORDS * i;
+    uint64_t boff = word(x + 8) | ((uint64_t)word(x + 12) << 32);
+    uint64_t blen = word(x + 16) | ((uint64_t)word(x + 20) << 32);
+    uint32_t index = (word(x) & HANDLE_INDEX_MASK) - 1;
+    if (blen && trk_add(t, index, boff, boff + blen, (word(x + 4) & MLXN_TRACK_WRITE) != 0))
+      FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory tracking TRACK range %u", i);
+  }
   return MLXN_OK;
 }
 
@@ -345,8 +484,24 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       case MLXN_OP_BARRIER:
         NEED_WORDS(op, MLXN_REC_BARRIER_WORDS);
         NO_SLOT(op);
-        if (cb->n_dispatches > 0) cb->barrier_pending = 1;
+        if (cb->n_dispatches > 0) {
+          cb->barrier_pending = 1;
+          sat_inc(&cb->st_barriers);
+        }
+        trk_reset(&cb->tracker); /* every earlier write is visible (or there was none) */
         break;
+      case MLXN_OP_AUTO_BARRIERS:
+        NEED_WORDS(op, MLXN_REC_AUTO_BARRIERS_WORDS);
+        if (slot > 1) FAIL(MLXN_E_STREAM, "AUTO_BARRIERS takes 0 (off) or 1 (on) in the slot field, got %u", slot);
+        cb->auto_barriers = (uint8_t)slot;
+        trk_reset(&cb->tracker);
+        break;
+      case MLXN_OP_TRACK: {
+        NO_SLOT(op);
+        int32_t rc = decode_track(cb, r, words, off);
+        if (rc != MLXN_OK) return rc;
+        break;
+      }
       case MLXN_OP_SET_BUFFER64: {
         NEED_WORDS(op, MLXN_REC_SET_BUFFER64_WORDS);
         int32_t rc = bind_buffer(cb, dev->buffers, dev->n_buffers, slot, word(r + 4),

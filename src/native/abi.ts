@@ -6,7 +6,7 @@
  */
 
 /** ABI version this module speaks; a library reporting another version is refused. */
-export const ABI_VERSION = 2;
+export const ABI_VERSION = 3;
 
 /** Native status codes (MLXN_OK, MLXN_E_*). */
 export const Status = {
@@ -32,6 +32,8 @@ export const Op = {
   BARRIER: 7,
   SET_BUFFER64: 8,
   SET_BUFFER_WHOLE: 9,
+  AUTO_BARRIERS: 10,
+  TRACK: 11,
 } as const;
 
 /** Record lengths in 32-bit words, header included (MLXN_REC_*_WORDS). */
@@ -44,6 +46,9 @@ export const RecordWords = {
   SET_TG_MEMORY: 2,
   DISPATCH: 8,
   BARRIER: 1,
+  AUTO_BARRIERS: 1,
+  TRACK_HEADER: 1,
+  TRACK_ENTRY: 6,
 } as const;
 
 /** Limits shared by every backend (MLXN_MAX_*). */
@@ -53,6 +58,25 @@ export const Limits = {
   MAX_TG_MEMORY: 32768,
   MAX_THREADS_PER_GROUP: 1024,
   MAX_TG_MEMORY_INDEX: 8,
+  MAX_TRACK_ENTRIES: 1024,
+} as const;
+
+/** Flags of a TRACK record's range (MLXN_TRACK_*). */
+export const Track = { READ: 1, WRITE: 2, CHECK: 4 } as const;
+
+/**
+ * Word indices of mlxn_cmdbuf_barrier_stats' output (MLXN_STAT_*); after COUNT words come
+ * SMALL_SIZES per-size group counts, then the sizes of the wider groups.
+ */
+export const Stat = {
+  DISPATCHES: 0,
+  GROUPS: 1,
+  AUTO_BARRIERS: 2,
+  AUTO_CONCURRENT: 3,
+  BARRIERS: 4,
+  OPEN_GROUP: 5,
+  COUNT: 6,
+  SMALL_SIZES: 64,
 } as const;
 
 /** Device open flags (MLXN_FLAG_*). */

@@ -57,6 +57,8 @@ export const symbols = {
   mlxn_cmdbuf_dispatch_count: { parameters: ["pointer"], result: "u32" },
   /** uint32_t mlxn_cmdbuf_timings(mlxn_cmdbuf *cb, uint64_t *out, uint32_t cap) */
   mlxn_cmdbuf_timings: { parameters: ["pointer", "buffer", "u32"], result: "u32" },
+  /** uint32_t mlxn_cmdbuf_barrier_stats(mlxn_cmdbuf *cb, uint32_t *out, uint32_t cap) */
+  mlxn_cmdbuf_barrier_stats: { parameters: ["pointer", "buffer", "u32"], result: "u32" },
   /** void mlxn_cmdbuf_free(mlxn_cmdbuf *cb) */
   mlxn_cmdbuf_free: { parameters: ["pointer"], result: "void" },
   /** uint32_t mlxn_live_objects(uint64_t *out, uint32_t cap) */

@@ -25,6 +25,7 @@ export const CPU_SOURCES: readonly string[] = [
   "native/mlxn.h",
   "native/core/internal.h",
   "native/core/backend.h",
+  "native/core/tracker.h",
   "native/contracts/kernel_args.h",
   "native/contracts/contracts.gen.h",
   "native/contracts/contracts.h",

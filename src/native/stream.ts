@@ -23,6 +23,14 @@ export const H_DISPATCH_THREADS: number = recordHeader(Op.DISPATCH_THREADS, Reco
 export const H_DISPATCH_GROUPS: number = recordHeader(Op.DISPATCH_GROUPS, RecordWords.DISPATCH);
 /** Header word of a BARRIER record. */
 export const H_BARRIER: number = recordHeader(Op.BARRIER, RecordWords.BARRIER);
+/** AUTO_BARRIERS record turning the decoder's automatic barriers on. */
+export const H_AUTO_BARRIERS_ON: number = recordHeader(Op.AUTO_BARRIERS, RecordWords.AUTO_BARRIERS, 1);
+/** AUTO_BARRIERS record turning them off. */
+export const H_AUTO_BARRIERS_OFF: number = recordHeader(Op.AUTO_BARRIERS, RecordWords.AUTO_BARRIERS, 0);
+/** Header word of a TRACK record of `n` ranges. */
+export function trackHeader(n: number): number {
+  return recordHeader(Op.TRACK, RecordWords.TRACK_HEADER + RecordWords.TRACK_ENTRY * n);
+}
 /** SET_BYTES header for `words` data words at slot 0 (OR in `slot << 8`). */
 export function setBytesHeader(dataWords: number): number {
   return recordHeader(Op.SET_BYTES, RecordWords.SET_BYTES_HEADER + dataWords);

@@ -57,7 +57,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mlxn_last_error((uint8_t *)msg, sizeof msg);
     fprintf(stderr, "refused: %s\n", msg);
   }
-  if (verbose && ok) fprintf(stderr, "accepted: %u dispatches, %s\n", cb->n_dispatches, cheap_to_run(cb) ? "runs" : "not run");
+  /* The barrier statistics, whatever the outcome: into a short array first (a partial answer),
+   * then in full; every group is counted once. */
+  uint32_t head[8], full[MLXN_STAT_COUNT + MLXN_STAT_SMALL_SIZES + 64];
+  uint32_t total = mlxn_cmdbuf_barrier_stats(cb, head, 8);
+  if (total < MLXN_STAT_COUNT + MLXN_STAT_SMALL_SIZES) abort();
+  if (total <= sizeof full / sizeof full[0] && mlxn_cmdbuf_barrier_stats(cb, full, total) == total) {
+    uint64_t counted = full[MLXN_STAT_OPEN_GROUP], groups = full[MLXN_STAT_OPEN_GROUP] > 0;
+    for (uint32_t k = 1; k < MLXN_STAT_SMALL_SIZES; k++) {
+      counted += (uint64_t)k * full[MLXN_STAT_COUNT + k];
+      groups += full[MLXN_STAT_COUNT + k];
+    }
+    for (uint32_t i = MLXN_STAT_COUNT + MLXN_STAT_SMALL_SIZES; i < total; i++, groups++) counted += full[i];
+    if (ok && (counted != full[MLXN_STAT_DISPATCHES] || groups != full[MLXN_STAT_GROUPS])) abort();
+  }
+  if (verbose && ok)
+    fprintf(stderr, "accepted: %u dispatches in %u groups (%u barriers placed), %s\n", cb->n_dispatches,
+            head[MLXN_STAT_GROUPS], head[MLXN_STAT_AUTO_BARRIERS], cheap_to_run(cb) ? "runs" : "not run");
   if (ok && cheap_to_run(cb)) {
     if (mlxn_cmdbuf_commit(cb) != MLXN_OK) abort(); /* an accepted stream must commit */
     int32_t rc = mlxn_cmdbuf_wait(cb);

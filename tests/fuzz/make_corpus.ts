@@ -9,7 +9,7 @@
  */
 import { KernelRegistry, MlxDevice } from "../../mod.ts";
 import { allContracts } from "../../src/kernels.ts";
-import { Op, recordHeader } from "../../src/native/abi.ts";
+import { Op, recordHeader, Track } from "../../src/native/abi.ts";
 import { f32Bits } from "../../src/ops/common.ts";
 
 using device = MlxDevice.open({ backend: "cpu" });
@@ -272,6 +272,36 @@ seeds.chain_with_barriers = [
   ...rec(Op.SET_BUFFER_WHOLE, 0, 1),
   ...rec(Op.SET_BUFFER_WHOLE, 1, 1),
   ...rec(Op.DISPATCH_THREADS, 0, 16, 1, 1, 16, 1, 1, 3),
+];
+
+// Automatic barriers: the decoder tracks the dispatches (a RAW on the 4 KiB buffer, then disjoint
+// writes), user ranges with and without CHECK (one past a barrier), tracking turned off and on.
+const track = (flags: number, ...ranges: [number, number, number][]): Words => [
+  recordHeader(Op.TRACK, 1 + 6 * ranges.length),
+  ...ranges.flatMap(([h, off, len]) => [h, flags, off, 0, len, 0]),
+];
+const addInto = (a: [number, number], b: [number, number], out: [number, number], tag: number): Words => [
+  ...rec(Op.SET_BUFFER, 0, SMALL, ...a),
+  ...rec(Op.SET_BUFFER, 1, SMALL, ...b),
+  ...rec(Op.SET_BUFFER, 2, SMALL, ...out),
+  ...rec(Op.SET_BYTES, 3, 4, 64),
+  ...rec(Op.DISPATCH_THREADS, 0, 64, 1, 1, 64, 1, 1, tag),
+];
+seeds.auto_barriers = [
+  ...rec(Op.AUTO_BARRIERS, 1),
+  ...rec(Op.SET_PIPELINE, 0, reg.get("elementwise_add_f32").handle),
+  ...addInto([0, 256], [256, 256], [512, 256], 0),
+  ...addInto([512, 256], [256, 256], [768, 256], 1), // reads what dispatch 0 wrote: a barrier
+  ...addInto([0, 256], [256, 256], [1536, 256], 2), // disjoint: same group
+  ...addInto([0, 256], [256, 256], [1024, 256], 3),
+  ...track(Track.READ | Track.CHECK, [SMALL, 1100, 8], [BIG, 0, 64]), // reads bytes dispatch 3 wrote
+  ...track(Track.WRITE, [BIG, 64, 64], [BIG, 256, 64], [BIG, 128, 64]),
+  ...track(Track.READ | Track.WRITE | Track.CHECK, [BIG, 200, 0], [1, 0, 64]),
+  ...rec(Op.AUTO_BARRIERS, 0),
+  ...addInto([0, 256], [256, 256], [512, 256], 4),
+  ...rec(Op.BARRIER, 0),
+  ...rec(Op.AUTO_BARRIERS, 1),
+  ...addInto([512, 256], [256, 256], [2048, 256], 5),
 ];
 
 const missing = allContracts().map((c) => c.name).filter((name) => {
