@@ -144,16 +144,20 @@ export class Fingerprint {
     this.#len = 0;
     this.#push(flags);
     this.#push(capture.nodeCount);
-    for (const [i, kind] of capture.opKinds) {
-      this.#push(i);
-      this.#push(this.#intern(kind));
+    if (capture.opKinds.size > 0) {
+      for (const [i, kind] of capture.opKinds) {
+        this.#push(i);
+        this.#push(this.#intern(kind));
+      }
     }
     this.#push(-1);
-    for (const [i, n] of capture.annotated) {
-      this.#push(i);
-      this.#push(this.#intern(n.opKind));
-      this.#ranges(n.reads);
-      this.#ranges(n.writes);
+    if (capture.annotated.size > 0) {
+      for (const [i, n] of capture.annotated) {
+        this.#push(i);
+        this.#push(this.#intern(n.opKind));
+        this.#ranges(n.reads);
+        this.#ranges(n.writes);
+      }
     }
     // The hash covers the shape only (sizes and extra numbers): equal keys are then told apart by
     // one exact comparison, which needs no walk over the records.
@@ -167,19 +171,18 @@ export class Fingerprint {
    * Whether the stored key is the last computation's: its extra numbers, and its capture words
    * `stored` equal to the new capture's wherever `constants` (1 per inline-constant value word of
    * `stored`) is 0. Sound without parsing the new words: equal headers from the first word on make
-   * every record the same length, so the constant values lie at the same places in both.
+   * every record the same length, so the constant values lie at the same places in both. Allocates
+   * nothing: both sides are compared two words at a time through their Float64Array views.
    */
-  equals(stored: Uint32Array, constants: Uint8Array, extra: Float64Array): boolean {
-    const n = this.#len;
+  equals(key: Sighting): boolean {
+    const n = this.#len, extra = key.extra;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!, length = stored.length;
+    const c = this.#capture!, stored = key.words, constants = key.constants, length = stored.length;
     if (c.length !== length) return false;
     // Two words at a time as doubles; a pair that differs, is NaN or is ±0 is checked word by word.
-    const w = c.words, pairs = length >>> 1;
-    const a = new Float64Array(w.buffer, w.byteOffset, pairs);
-    const b = new Float64Array(stored.buffer, stored.byteOffset, pairs);
+    const w = c.words, pairs = length >>> 1, a = c.pairs, b = key.pairs;
     for (let i = 0; i < pairs; i++) {
       const x = a[i];
       if (x !== b[i] || x === 0) {
@@ -226,10 +229,26 @@ export class Fingerprint {
 }
 
 /** A topology key: capture words, which of them are constant values, and the extra numbers. */
-interface Sighting {
+export interface Sighting {
+  /** The capture's words. */
   readonly words: Uint32Array;
+  /** The same, two words per double. */
+  readonly pairs: Float64Array;
+  /** 1 for each word of `words` that holds an inline constant's value. */
   readonly constants: Uint8Array;
+  /** The key's extra numbers. */
   readonly extra: Float64Array;
+}
+
+/** The key of the last fingerprinted capture, copied. */
+function keyOf(fp: Fingerprint): Sighting {
+  const c = fp.capture, words = c.words.slice(0, c.length);
+  return {
+    words,
+    pairs: new Float64Array(words.buffer, 0, words.length >>> 1),
+    constants: constantWords(words),
+    extra: fp.view().slice(),
+  };
 }
 
 interface Entry extends Sighting {
@@ -296,7 +315,7 @@ export class PlanCache {
     const list = this.#byHash.get(fp.hash);
     if (list !== undefined) {
       for (const e of list) {
-        if (!fp.equals(e.words, e.constants, e.extra)) continue;
+        if (!fp.equals(e)) continue;
         this.#lru.delete(e);
         this.#lru.set(e, fp.hash);
         this.#hits++;
@@ -310,9 +329,7 @@ export class PlanCache {
   /** @ignore Stores a plan for the fingerprinted topology, evicting the least recently used beyond capacity. */
   store(fp: Fingerprint, plan: CachedPlan): void {
     if (this.capacity === 0) return;
-    const c = fp.capture;
-    const words = c.words.slice(0, c.length);
-    const e: Entry = { words, constants: constantWords(words), extra: fp.view().slice(), plan };
+    const e: Entry = { ...keyOf(fp), plan };
     const list = this.#byHash.get(fp.hash);
     if (list) list.push(e);
     else this.#byHash.set(fp.hash, [e]);
@@ -339,13 +356,12 @@ export class PlanCache {
     if (seen === undefined && !this.#byHash.has(hash)) return true;
     if (seen !== undefined) {
       for (const e of seen) {
-        if (!fp.equals(e.words, e.constants, e.extra)) continue;
+        if (!fp.equals(e)) continue;
         this.#forgetSeen(e, hash);
         return true;
       }
     }
-    const c = fp.capture, words = c.words.slice(0, c.length);
-    const e: Sighting = { words, constants: constantWords(words), extra: fp.view().slice() };
+    const e = keyOf(fp);
     if (seen) {
       // A few per shape bound the comparisons a miss costs.
       if (seen.length === SIGHTINGS_PER_SHAPE) this.#forgetSeen(seen[0]!, hash);
