@@ -21,6 +21,7 @@ import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/r
 import type { Pipeline } from "./kernels.ts";
 import { Op, RecordWords } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
+import { BarrierPolicy } from "./barrier_policy.ts";
 
 /**
  * Marks a captured node whose accesses include ranges the user gave (barrierBetween, trackDispatch,
@@ -118,9 +119,11 @@ function takeTables(): Tables {
 
 function returnTables(t: Tables, pipelines: number, buffers: number): void {
   t.writer.attach(undefined);
-  // Drop the references (a spare must not keep buffers alive), keeping the arrays' storage.
-  t.pipelines.fill(undefined as unknown as Pipeline, 0, pipelines);
-  t.buffers.fill(undefined as unknown as MlxBuffer, 0, buffers);
+  // Drop the references (a spare must not keep buffers alive), keeping the arrays' storage. A loop,
+  // not Array#fill: after a fill, V8 stores into the array several times slower.
+  const p = t.pipelines as unknown[], b = t.buffers as unknown[];
+  for (let i = 0; i < pipelines; i++) p[i] = undefined;
+  for (let i = 0; i < buffers; i++) b[i] = undefined;
   if (spareTables.length < MAX_SPARE) spareTables.push(t);
 }
 
@@ -151,6 +154,11 @@ export class Capture {
   readonly opKinds: ReadonlyMap<number, CapturedOpKind>;
   /** Nodes whose accesses include user ranges, by node index. */
   readonly annotated: ReadonlyMap<number, MarkedNode>;
+  /**
+   * Recorded with automatic barriers: {@link Capture.nodes} places a barrier before every dispatch
+   * whose accesses conflict with its concurrent group (none were recorded per dispatch).
+   */
+  readonly autoBarriers: boolean;
   #nodes: CapturedNode[] | null = null;
   #starts: Int32Array | null = null; // per node, its first word (derived with the nodes)
   #released = false;
@@ -166,8 +174,10 @@ export class Capture {
     bufferCount: number,
     opKinds: ReadonlyMap<number, CapturedOpKind>,
     annotated: ReadonlyMap<number, MarkedNode>,
+    autoBarriers: boolean,
   ) {
     this.#tables = tables;
+    this.autoBarriers = autoBarriers;
     if (spilled) {
       const s = tables.store;
       let pairs = tables.storePairs;
@@ -190,9 +200,50 @@ export class Capture {
     this.annotated = annotated;
   }
 
-  /** The graph nodes (built once, on first call). */
+  /**
+   * The graph nodes (built once, on first call): the recorded ones, with, under automatic barriers,
+   * a barrier before each dispatch whose accesses conflict with its group.
+   */
   nodes(): CapturedNode[] {
     if (this.#nodes !== null) return this.#nodes;
+    const [nodes, starts] = this.#recordedNodes();
+    if (!this.autoBarriers) {
+      this.#starts = starts;
+      return this.#nodes = nodes;
+    }
+    const out: CapturedNode[] = [], outStarts: number[] = [];
+    const policy = new BarrierPolicy(true);
+    try {
+      for (let i = 0; i < nodes.length; i++) {
+        const n = nodes[i]!;
+        if (n.kind !== "dispatch") policy.forget();
+        else {
+          // Exactly the encoder's rule: derived accesses staged from the bindings, merged with
+          // any user ranges (checked and tracked as ranges).
+          const user = this.annotated.has(i);
+          const conflict = user
+            ? policy.conflicts(n.reads, n.writes)
+            : policy.stageDispatch((n.pipeline as Pipeline).contract, n.bindings!);
+          if (conflict && out.length > 0) {
+            out.push(BARRIER);
+            outStarts.push(starts[i]!);
+            policy.forget();
+          }
+          if (user) policy.track(n.reads, n.writes);
+          else policy.trackStaged();
+        }
+        out.push(n);
+        outStarts.push(starts[i]!);
+      }
+    } finally {
+      policy.release();
+    }
+    this.#starts = Int32Array.from(outStarts);
+    return this.#nodes = out;
+  }
+
+  /** The nodes as recorded, and the first word of each. */
+  #recordedNodes(): [CapturedNode[], Int32Array] {
     const out: CapturedNode[] = new Array(this.nodeCount);
     const starts = new Int32Array(this.nodeCount);
     const w = this.words, pipelines = this.pipelines, buffers = this.buffers;
@@ -234,15 +285,14 @@ export class Capture {
       }
       at += len;
     }
-    this.#starts = starts;
-    return this.#nodes = out;
+    return [out, starts];
   }
 
   /** Word offset of the inline constants bound at `slot` of node `i` (-1 if none). */
   constantOffset(i: number, slot: number): number {
     if (this.#starts === null) this.nodes();
     const w = this.words, starts = this.#starts!;
-    const end = i + 1 < this.nodeCount ? starts[i + 1]! : this.length;
+    const end = i + 1 < starts.length ? starts[i + 1]! : this.length;
     for (let at = starts[i]!; at < end;) {
       const h = w[at]!;
       if ((h & OP_MASK) === Op.SET_BYTES && ((h >>> SLOT_SHIFT) & OP_MASK) === slot) return at;
@@ -301,16 +351,15 @@ export class CaptureRecorder {
   }
 
   /**
-   * Records a dispatch (a barrier first, with `barrierFirst`), consuming the annotations. Returns
-   * false with nothing recorded when the descriptor is not valid (the encoder then says why).
+   * Records a dispatch, consuming the annotations. Returns false with nothing recorded when the
+   * descriptor is not valid (the encoder then says why).
    */
-  dispatch(d: DispatchDescriptor, barrierFirst = false): boolean {
+  dispatch(d: DispatchDescriptor): boolean {
     const t = this.#t, wr = t.writer, p = d.pipeline;
     // Room first, so that the write below cannot spill and the dispatch's position is known.
     if (wr.pos + p.maxDispatchWords + RecordWords.BARRIER > wr.words.length) wr.flush();
-    const at = this.#stored + wr.pos;
-    const i = barrierFirst ? this.#count + 1 : this.#count;
-    if (!writeDispatch(wr, d, this.#pipeline, i, barrierFirst)) return false;
+    const at = this.#stored + wr.pos, i = this.#count;
+    if (!writeDispatch(wr, d, this.#pipeline, i)) return false;
     if (p.handle !== this.#pipeline) {
       this.#pipeline = p.handle;
       t.pipelines[this.#pipelines++] = p;
@@ -328,7 +377,7 @@ export class CaptureRecorder {
     this.#count = i + 1;
     this.#barrierAt = -1;
     this.#lastDispatch = i;
-    this.#lastStart = barrierFirst ? at + RecordWords.BARRIER : at;
+    this.#lastStart = at;
     this.#lastBuffer = first;
     const kind = this.#pendingOpKind ?? d.opKind;
     if (kind !== undefined && kind !== p.contract.opKind) (this.#opKinds ??= new Map()).set(i, kind);
@@ -350,8 +399,11 @@ export class CaptureRecorder {
     this.#count++;
   }
 
-  /** The recorded pass, without a trailing barrier; the recorder is done afterwards. */
-  take(): Capture {
+  /**
+   * The recorded pass, without a trailing barrier; the recorder is done afterwards. With
+   * `autoBarriers`, the capture's nodes get their barriers where accesses conflict.
+   */
+  take(autoBarriers = false): Capture {
     const t = this.#t, wr = t.writer;
     this.#open = false;
     const spilled = this.#stored > 0;
@@ -374,6 +426,7 @@ export class CaptureRecorder {
       this.#buffers,
       this.#opKinds ?? NO_OP_KINDS,
       this.#annotated ?? NO_ANNOTATIONS,
+      autoBarriers,
     );
   }
 

@@ -325,17 +325,12 @@ export class CommandEncoder {
     }
     const capture = this.#capture;
     if (capture !== null) {
-      // Recorded as stream words, checked as they are written: a bad descriptor records nothing
-      // (and, with auto barriers, leaves no barrier node behind).
-      // The accesses are staged straight from the bindings (no range lists), as on the direct path.
-      const barrier = policy.auto && policy.stageDispatch(d.pipeline.contract, d.bindings) && capture.length > 0;
-      if (!capture.dispatch(d, barrier)) {
+      // Recorded as stream words, checked as they are written: a bad descriptor records nothing.
+      // Automatic barriers are not placed here: the capture places them when its nodes are built
+      // (on a plan-cache miss), so a pass that hits the cache never tracks an access.
+      if (!capture.dispatch(d)) {
         this.#check(d); // says what is wrong
         throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be recorded`);
-      }
-      if (policy.auto) {
-        if (barrier) policy.forget();
-        policy.trackStaged();
       }
       return;
     }
@@ -567,7 +562,7 @@ export class CommandEncoder {
     const capture = this.#capture;
     this.#capture = null;
     this.#policy.forget();
-    return capture ? capture.take() : null;
+    return capture ? capture.take(this.#policy.auto) : null;
   }
 
   /**

@@ -8,8 +8,10 @@
  * native handle, which names one live allocation) and byte range (or the inline constants' byte
  * length, or nothing), its op kind where it differs from the contract's, and its read and write
  * ranges when the user added any (otherwise they follow from the pipeline's contract and the
- * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer). The
- * first part is exactly the capture's stream words with the constants' values masked out. Every
+ * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer) and
+ * whether the session places barriers automatically (those barriers are not recorded: they follow
+ * from the rest of the key). The first part is exactly the capture's stream words (SET_PIPELINE
+ * only where the pipeline changes) with the constants' values masked out. Every
  * decision of the passes depends only on these, never on constant values, so a replay with new
  * constants is what a fresh optimisation would produce. What may differ between hits: the values of
  * inline constants, and which buffer object views a given allocation range.
@@ -143,6 +145,7 @@ export class Fingerprint {
     this.#capture = capture;
     this.#len = 0;
     this.#push(flags);
+    this.#push(capture.autoBarriers ? 1 : 0); // its barriers follow from the rest of the key
     this.#push(capture.nodeCount);
     if (capture.opKinds.size > 0) {
       for (const [i, kind] of capture.opKinds) {

@@ -1,0 +1,86 @@
+/**
+ * Interleaved host-cost harness for recorded passes and the plan cache: every case runs in one
+ * process, round after round, so that load from other work on the machine hits all cases alike
+ * (`deno bench` ranges were unusable on a shared 2-core VM). 800 axpby dispatches into 800 slices of
+ * one buffer, 64 elements each, CPU backend; each case times the host part only (begin to commit)
+ * and waits outside the timing. Prints min and median µs per case as JSON.
+ *
+ *   deno run -A bench/hit_path_harness.ts [path/to/mod.ts] [rounds]
+ *
+ * The module path lets one run compare two checkouts: run it once per tree, alternating.
+ *
+ * @module
+ */
+
+const modPath = Deno.args[0] ?? new URL("../mod.ts", import.meta.url).href;
+const rounds = Number(Deno.args[1] ?? 300);
+const mod = await import(modPath.startsWith("file:") ? modPath : new URL(modPath, `file://${Deno.cwd()}/`).href);
+const { DType, GraphExecutor, MlxDevice } = mod;
+
+const N = 800, ELEMS = 64;
+const device = MlxDevice.open({ backend: "cpu" });
+const exec = new GraphExecutor(device);
+const noCache = new GraphExecutor(device, { planCache: false });
+const x = device.upload(new Float32Array(ELEMS).fill(1)), y = device.upload(new Float32Array(ELEMS).fill(2));
+const wide = device.alloc(N * ELEMS * 4, DType.F32);
+const slices = Array.from({ length: N }, (_, i) => wide.slice(i * ELEMS * 4, ELEMS * 4));
+
+// deno-lint-ignore no-explicit-any
+type Session = any;
+const emit = (s: Session, alpha: number, first = 0) => {
+  for (let i = 0; i < N; i++) s.axpby(x, y, slices[i === 0 ? first : i]!, { alpha, beta: 1 });
+  return s;
+};
+const rec = (alpha: number, autoBarriers = false) => emit(exec.beginRecorded({ autoBarriers }), alpha);
+const OPT = { fuse: true, reorder: true };
+const OPT_DUAL = { fuse: true, reorder: true, dualBuffer: true };
+rec(1).finish(OPT);
+rec(1).finish(OPT_DUAL);
+rec(1, true).finish(OPT);
+const frozen = rec(1).freeze(OPT);
+let step = 0, moving = 0;
+
+const timed = (body: () => { wait(): unknown } | null): number => {
+  const t = performance.now();
+  const pass = body();
+  const d = performance.now() - t;
+  pass?.wait();
+  return d;
+};
+const cases: Record<string, () => number> = {
+  "direct session + commit": () => timed(() => emit(exec.begin({ autoBarriers: false }), 1).commit()),
+  "direct session + commit, auto barriers": () => timed(() => emit(exec.begin({ autoBarriers: true }), 1).commit()),
+  "capture alone (then dispose)": () => {
+    const t = performance.now();
+    const s = rec(++step % 7);
+    const d = performance.now() - t;
+    s.dispose();
+    return d;
+  },
+  "hit, one buffer": () => timed(() => rec(++step % 7).commit(OPT)),
+  "hit, dual buffer": () => timed(() => rec(++step % 7).commit(OPT_DUAL)),
+  "hit, one buffer, auto barriers": () => timed(() => rec(++step % 7, true).commit(OPT)),
+  "frozen commit": () => timed(() => frozen.commit()),
+  "plan cache off": () => timed(() => emit(noCache.beginRecorded({ autoBarriers: false }), 1).commit(OPT)),
+  "miss, new topology every pass": () => {
+    moving = (moving + 1) % N;
+    return timed(() => emit(exec.beginRecorded({ autoBarriers: false }), 1, moving).commit(OPT));
+  },
+};
+const times: Record<string, number[]> = {};
+const warm = Math.min(30, rounds >> 2);
+for (let r = 0; r < rounds; r++) {
+  for (const [name, run] of Object.entries(cases)) {
+    for (let k = 0; k < 3; k++) {
+      const d = run();
+      if (r >= warm) (times[name] ??= []).push(d * 1000);
+    }
+  }
+}
+const out: Record<string, { min: number; median: number }> = {};
+for (const [name, v] of Object.entries(times)) {
+  v.sort((a, b) => a - b);
+  out[name] = { min: +v[0]!.toFixed(1), median: +v[v.length >> 1]!.toFixed(1) };
+}
+console.log(JSON.stringify(out));
+device.close();
