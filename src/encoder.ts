@@ -141,6 +141,12 @@ export class CommandBufferSlot {
     if (this.state === "encoding") this.writer!.flush();
   }
 
+  /** Hands every record written so far, then `stream` (whole records), to the native library now. */
+  encodeNow(stream: Uint8Array): void {
+    this.writer!.flush();
+    if (stream.byteLength > 0) this.#encodeChunk(stream, stream.byteLength);
+  }
+
   /**
    * Ends the stream: the writer goes back to the host, which stops tracking this command buffer
    * (and, unless `quiet`, frees the buffers whose free it deferred).
@@ -566,38 +572,20 @@ export class CommandEncoder {
   }
 
   /**
-   * @ignore Internal: Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
-   * `words`, cut only at `cuts` (step boundaries, ascending, the last one the end; no step is larger
-   * than a writer),
-   * holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier between each two),
-   * the last one on pipeline `lastPipeline`. Returns false, with nothing written, where the encoder
-   * needs per-dispatch bookkeeping (validation, profiling) or already holds work.
+   * @ignore Internal: Appends the finished records of a cached plan to a fresh encoder (no dispatch
+   * yet): `stream` (whole records) goes to the native library as one chunk, straight from the plan's
+   * memory (no copy), holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier
+   * between each two), the last one on pipeline `lastPipeline`. Returns false, with nothing written,
+   * where the encoder needs per-dispatch bookkeeping (validation, profiling) or already holds work;
+   * throws (the command buffer then failed) when the native library refuses the stream.
    */
-  appendPlanRecords(
-    words: Uint32Array,
-    cuts: Int32Array,
-    dispatches: number,
-    groupSizes: Int32Array,
-    lastPipeline: number,
-  ): boolean {
+  appendPlanRecords(stream: Uint8Array, dispatches: number, groupSizes: Int32Array, lastPipeline: number): boolean {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("appendPlanRecords");
     if (
       this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null || this.#capture !== null ||
       this.#dispatches !== 0 || this.#pipeline !== 0
     ) return false;
-    const w = this.#cb.writer!;
-    const cap = w.words.length;
-    let from = 0;
-    for (let c = 0; c < cuts.length;) {
-      // the longest run of whole steps that fits the writer (one step always does)
-      let to = from;
-      while (c < cuts.length && cuts[c]! - from <= cap) to = cuts[c++]!;
-      if (to === from) continue;
-      w.reserve(to - from);
-      w.words.set(words.subarray(from, to), w.pos);
-      w.pos += to - from;
-      from = to;
-    }
+    this.#cb.encodeNow(stream);
     const policy = this.#policy;
     for (let g = 0; g < groupSizes.length; g++) {
       if (g > 0) {

@@ -80,8 +80,8 @@ export interface CachedPlan {
 export interface PlanRecords {
   /** The stream words. */
   readonly words: Uint32Array;
-  /** Where each step (dispatch or barrier) ends, in words. */
-  readonly cuts: Int32Array;
+  /** The same memory as bytes, as the native library takes a stream. */
+  readonly bytes: Uint8Array;
   /** Triples (word in `words`, word in the capture, count): where each constant's value comes from. */
   readonly patches: Int32Array;
   /** Dispatches per concurrent group (a barrier between each two). */
@@ -171,33 +171,51 @@ export class Fingerprint {
   }
 
   /**
-   * Whether the stored key is the last computation's: its extra numbers, and its capture words
-   * `stored` equal to the new capture's wherever `constants` (1 per inline-constant value word of
-   * `stored`) is 0. Sound without parsing the new words: equal headers from the first word on make
-   * every record the same length, so the constant values lie at the same places in both. Allocates
-   * nothing: both sides are compared two words at a time through their Float64Array views.
+   * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
+   * to the new capture's except at inline-constant values. Sound without parsing the new words: equal
+   * headers from the first word on make every record the same length, so the constant values lie at
+   * the same places in both. Both sides are compared two words at a time through their Float64Array
+   * views, with no allocation. A constant that differs from the key's is written, on the way, into
+   * the plan's records where the key's map says it goes (and into the key, which therefore always
+   * holds the records' constants): on a hit the records carry this pass's constants with no
+   * separate patch pass; on a miss they stay a consistent pair with the key.
    */
-  equals(key: Sighting): boolean {
+  equals(key: Sighting, records: readonly PlanRecords[] | null | undefined): boolean {
     const n = this.#len, extra = key.extra;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!, stored = key.words, constants = key.constants, length = stored.length;
+    const c = this.#capture!, stored = key.words, targets = key.targets, length = stored.length;
     if (c.length !== length) return false;
-    // Two words at a time as doubles; a pair that differs, is NaN or is ±0 is checked word by word.
+    const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
+    // A pair that differs, is NaN or is ±0 is checked word by word.
     const w = c.words, pairs = length >>> 1, a = c.pairs, b = key.pairs;
     for (let i = 0; i < pairs; i++) {
-      const x = a[i];
-      if (x !== b[i] || x === 0) {
-        const k = 2 * i;
-        if ((w[k] !== stored[k] && constants[k] === 0) || (w[k + 1] !== stored[k + 1] && constants[k + 1] === 0)) {
-          return false;
+      const v = a[i];
+      if (v === b[i] && v !== 0) continue;
+      for (let k = 2 * i; k < 2 * i + 2; k++) {
+        const word = w[k]!;
+        if (word === stored[k]) continue;
+        const to = targets[k]!;
+        if (to === MUST_EQUAL) return false;
+        if (to >= 0) {
+          if (to < split) r0[to] = word;
+          else r1[to - split] = word;
+          stored[k] = word;
         }
       }
     }
     if (length & 1) {
-      const k = length - 1;
-      if (w[k] !== stored[k] && constants[k] === 0) return false;
+      const k = length - 1, word = w[k]!;
+      if (word !== stored[k]) {
+        const to = targets[k]!;
+        if (to === MUST_EQUAL) return false;
+        if (to >= 0) {
+          if (to < split) r0[to] = word;
+          else r1[to - split] = word;
+          stored[k] = word;
+        }
+      }
     }
     return true;
   }
@@ -231,42 +249,59 @@ export class Fingerprint {
   }
 }
 
-/** A topology key: capture words, which of them are constant values, and the extra numbers. */
+/**
+ * A topology key: the capture's words, where each word's value goes on a hit, and the extra
+ * numbers. The words are mutable: a hit leaves the new pass's constants in them.
+ */
 export interface Sighting {
-  /** The capture's words. */
+  /** The capture's words (their inline constants: those last written into the records). */
   readonly words: Uint32Array;
   /** The same, two words per double. */
   readonly pairs: Float64Array;
-  /** 1 for each word of `words` that holds an inline constant's value. */
-  readonly constants: Uint8Array;
+  /**
+   * Per word: MUST_EQUAL (-1) outside inline-constant values; for a constant value, its word in
+   * the plan's records (the second command buffer's words counted after the first's), or
+   * UNUSED_CONSTANT (-2) where the records take no constant from it.
+   */
+  readonly targets: Int32Array;
   /** The key's extra numbers. */
   readonly extra: Float64Array;
 }
 
-/** The key of the last fingerprinted capture, copied. */
-function keyOf(fp: Fingerprint): Sighting {
+const MUST_EQUAL = -1;
+const UNUSED_CONSTANT = -2;
+const NO_WORDS = new Uint32Array(0);
+
+/**
+ * The key of the last fingerprinted capture, copied, with its constants mapped into `records`
+ * (from their patch lists); null when a capture word would feed two record words (the records
+ * then cannot be patched while comparing).
+ */
+function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefined): Sighting | null {
   const c = fp.capture, words = c.words.slice(0, c.length);
-  return {
-    words,
-    pairs: new Float64Array(words.buffer, 0, words.length >>> 1),
-    constants: constantWords(words),
-    extra: fp.view().slice(),
-  };
+  const targets = new Int32Array(words.length).fill(MUST_EQUAL);
+  for (let at = 0; at < words.length;) {
+    const h = words[at]!, len = h >>> LEN_SHIFT;
+    if ((h & OP_MASK) === Op.SET_BYTES) targets.fill(UNUSED_CONSTANT, at + 2, at + len);
+    at += len;
+  }
+  let base = 0;
+  for (const r of records ?? []) {
+    const p = r.patches;
+    for (let i = 0; i < p.length; i += 3) {
+      const to = p[i]!, from = p[i + 1]!, n = p[i + 2]!;
+      for (let k = 0; k < n; k++) {
+        if (targets[from + k] !== UNUSED_CONSTANT) return null;
+        targets[from + k] = base + to + k;
+      }
+    }
+    base += r.words.length;
+  }
+  return { words, pairs: new Float64Array(words.buffer, 0, words.length >>> 1), targets, extra: fp.view().slice() };
 }
 
 interface Entry extends Sighting {
   readonly plan: CachedPlan;
-}
-
-/** 1 for each word of `words` (whole records) that holds an inline constant's value. */
-function constantWords(words: Uint32Array): Uint8Array {
-  const mask = new Uint8Array(words.length);
-  for (let at = 0; at < words.length;) {
-    const h = words[at]!, len = h >>> LEN_SHIFT;
-    if ((h & OP_MASK) === Op.SET_BYTES) mask.fill(1, at + 2, at + len);
-    at += len;
-  }
-  return mask;
 }
 
 /** Hit and miss counts of a cache. */
@@ -318,7 +353,7 @@ export class PlanCache {
     const list = this.#byHash.get(fp.hash);
     if (list !== undefined) {
       for (const e of list) {
-        if (!fp.equals(e)) continue;
+        if (!fp.equals(e, e.plan.records)) continue;
         this.#lru.delete(e);
         this.#lru.set(e, fp.hash);
         this.#hits++;
@@ -329,10 +364,18 @@ export class PlanCache {
     return undefined;
   }
 
-  /** @ignore Stores a plan for the fingerprinted topology, evicting the least recently used beyond capacity. */
+  /**
+   * @ignore Stores a plan for the fingerprinted topology, evicting the least recently used beyond
+   * capacity. Its records (if any) take the constants of later hits while their keys are compared.
+   */
   store(fp: Fingerprint, plan: CachedPlan): void {
     if (this.capacity === 0) return;
-    const e: Entry = { ...keyOf(fp), plan };
+    let key = keyOf(fp, plan.records);
+    if (key === null) { // cannot happen with the passes as they are; replayed through the steps then
+      plan = { ...plan, records: null };
+      key = keyOf(fp, null)!;
+    }
+    const e: Entry = { ...key, plan };
     const list = this.#byHash.get(fp.hash);
     if (list) list.push(e);
     else this.#byHash.set(fp.hash, [e]);
@@ -359,12 +402,12 @@ export class PlanCache {
     if (seen === undefined && !this.#byHash.has(hash)) return true;
     if (seen !== undefined) {
       for (const e of seen) {
-        if (!fp.equals(e)) continue;
+        if (!fp.equals(e, null)) continue;
         this.#forgetSeen(e, hash);
         return true;
       }
     }
-    const e = keyOf(fp);
+    const e = keyOf(fp, null)!;
     if (seen) {
       // A few per shape bound the comparisons a miss costs.
       if (seen.length === SIGHTINGS_PER_SHAPE) this.#forgetSeen(seen[0]!, hash);
@@ -629,7 +672,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
     }
     return {
       words,
-      cuts,
+      bytes: new Uint8Array(words.buffer, words.byteOffset, words.byteLength),
       patches: Int32Array.from(patches),
       groupSizes: Int32Array.from([...this.#groups, this.#groupSize]),
       dispatches: this.#dispatches,
@@ -646,14 +689,5 @@ export class RecordsBuilder implements GraphEncodeTarget {
     }
     s.set(this.#writer.words.subarray(0, n), this.#stored);
     this.#stored += n;
-  }
-}
-
-/** Writes the values of the capture's inline constants into a plan's records. */
-export function patchConstants(records: PlanRecords, capture: Capture): void {
-  const t = records.words, src = capture.words, p = records.patches;
-  for (let i = 0; i < p.length; i += 3) {
-    const d = p[i]!, s = p[i + 1]!, n = p[i + 2]!;
-    for (let k = 0; k < n; k++) t[d + k] = src[s + k]!;
   }
 }

@@ -164,3 +164,29 @@ Deno.test("plan cache: the same pass with and without automatic barriers is two 
   equal(pass(true).planCache, "hit");
   deepStrictEqual(pass(false).barriers, [0]);
 });
+
+Deno.test("plan cache: keys of one shape compared in turn each keep their records' constants (hits equal fresh runs)", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const cached = new GraphExecutor(device), fresh = new GraphExecutor(device, { planCache: false });
+  using x = device.upload(new Float32Array(64).map((_, i) => i)), y = device.upload(new Float32Array(64).fill(3));
+  using out = device.alloc(8 * 256, DType.F32);
+  // Dispatches 0..2 are the same in both topologies; dispatch 3's output moves with `k`. Comparing
+  // the first topology's key for a pass of the second writes dispatches 0..2's constants into the
+  // first's records before the difference shows: a later pass of the first with its original
+  // constants must still get those.
+  const run = (exec: GraphExecutor, k: number, alpha: number) => {
+    out.write(new Float32Array(8 * 64));
+    using s = exec.beginRecorded();
+    for (let i = 0; i < 4; i++) s.axpby(x, y, out.slice((i < 3 ? i : 3 + k) * 256, 256), { alpha: alpha + i, beta: 1 });
+    const report = s.finish({ fuse: true, reorder: true });
+    return { planCache: report.planCache, bytes: out.readBytes() };
+  };
+  const outcomes: string[] = [];
+  for (const [k, alpha] of [[0, 1], [1, 2], [1, 3], [1, 4], [0, 1], [1, 6], [0, 1], [0, 8]] as const) {
+    const got = run(cached, k, alpha);
+    outcomes.push(got.planCache);
+    deepStrictEqual(got.bytes, run(fresh, k, alpha).bytes, `pass k=${k} alpha=${alpha}`);
+  }
+  deepStrictEqual(outcomes, ["miss", "miss", "miss", "hit", "hit", "hit", "hit", "hit"]);
+});
