@@ -1,20 +1,25 @@
 /**
  * Interleaved host-cost harness for recorded passes and the plan cache: every case runs in one
  * process, round after round, so that load from other work on the machine hits all cases alike
- * (`deno bench` ranges were unusable on a shared 2-core VM). 800 axpby dispatches into 800 slices of
- * one buffer, 64 elements each, CPU backend; each case times the host part only (begin to commit)
- * and waits outside the timing. Prints min and median µs per case as JSON.
+ * (`deno bench` ranges were unusable on a shared 2-core VM). Each case times the host part only
+ * (begin to commit) and waits outside the timing. Prints min and median µs per case as JSON.
  *
- *   deno run -A bench/hit_path_harness.ts [path/to/mod.ts] [rounds]
+ *   deno run -A bench/hit_path_harness.ts [path/to/mod.ts] [rounds] [passes|demo]
  *
- * The module path lets one run compare two checkouts: run it once per tree, alternating.
+ * "passes" (the default): 800 axpby dispatches into 800 slices of one buffer, 64 elements each, CPU
+ * backend. "demo": one token step of examples/decode.ts's model (4 layers, hidden 256, q4_0) in its
+ * sync-loop modes: direct/hand, direct/auto and recorded/opt (state-driven, fused, reordered, two
+ * command buffers: a plan-cache hit every pass). The module path lets one run compare two
+ * checkouts: run it once per tree, alternating.
  *
  * @module
  */
 
 const modPath = Deno.args[0] ?? new URL("../mod.ts", import.meta.url).href;
 const rounds = Number(Deno.args[1] ?? 300);
-const mod = await import(modPath.startsWith("file:") ? modPath : new URL(modPath, `file://${Deno.cwd()}/`).href);
+const suite = Deno.args[2] ?? "passes";
+const modUrl = modPath.startsWith("file:") ? modPath : new URL(modPath, `file://${Deno.cwd()}/`).href;
+const mod = await import(modUrl);
 const { DType, GraphExecutor, MlxDevice } = mod;
 
 const N = 800, ELEMS = 64;
@@ -47,7 +52,7 @@ const timed = (body: () => { wait(): unknown } | null): number => {
   pass?.wait();
   return d;
 };
-const cases: Record<string, () => number> = {
+const passCases: Record<string, () => number> = {
   "direct session + commit": () => timed(() => emit(exec.begin({ autoBarriers: false }), 1).commit()),
   "direct session + commit, auto barriers": () => timed(() => emit(exec.begin({ autoBarriers: true }), 1).commit()),
   "capture alone (then dispose)": () => {
@@ -67,6 +72,53 @@ const cases: Record<string, () => number> = {
     return timed(() => emit(exec.beginRecorded({ autoBarriers: false }), 1, moving).commit(OPT));
   },
 };
+
+/** One token step of the demo's model in each sync-loop mode (host part). */
+async function demoCases(): Promise<Record<string, () => number>> {
+  const { createLlama } = await import(new URL("examples/llama.ts", modUrl).href);
+  const { stepAdvance } = await import(new URL("src/ops/sample.ts", modUrl).href);
+  const model = createLlama(device, {
+    layers: 4,
+    hidden: 256,
+    heads: 4,
+    kvHeads: 2,
+    ffn: 704,
+    vocab: 1024,
+    ctx: 64,
+    quant: "q4_0",
+    seed: 1234,
+  });
+  const state = model.act.state!, position = state.slice(0, 4);
+  state.write(Uint32Array.from([0, 1, 0, 0]));
+  let pos = 0;
+  const next = () => (pos = (pos + 1) % 32);
+  return {
+    "demo direct/hand": () =>
+      timed(() => {
+        const s = exec.begin({ autoBarriers: false });
+        model.step(s, next(), () => s.barrier());
+        return s.commit();
+      }),
+    "demo direct/auto": () =>
+      timed(() => {
+        const s = exec.begin({ autoBarriers: true });
+        model.step(s, next(), () => {});
+        return s.commit();
+      }),
+    "demo recorded/opt (hit)": () => {
+      state.write(Uint32Array.from([next(), 1, 0, 0]));
+      return timed(() => {
+        const s = exec.beginRecorded();
+        model.step(s, pos, () => s.barrier(), undefined, position);
+        s.barrier();
+        stepAdvance(s, exec.registry, state);
+        return s.commit({ fuse: true, reorder: true, dualBuffer: true });
+      });
+    },
+  };
+}
+
+const cases = suite === "demo" ? await demoCases() : passCases;
 const times: Record<string, number[]> = {};
 const warm = Math.min(30, rounds >> 2);
 for (let r = 0; r < rounds; r++) {
