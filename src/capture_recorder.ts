@@ -93,9 +93,8 @@ interface Tables {
   readonly pipelines: Pipeline[];
   /** The view of each buffer record (SET_BUFFER, SET_BUFFER64, SET_BUFFER_WHOLE), in order. */
   readonly buffers: MlxBuffer[];
-  /** `writer.words` and `store` as doubles (two words each), for the key comparison. */
-  writerPairs: Float64Array;
-  storePairs: Float64Array | null;
+  /** `store` as bytes (the writer has its own view), for the key comparison. */
+  storeBytes: Uint8Array | null;
 }
 
 const spareTables: Tables[] = [];
@@ -112,8 +111,7 @@ function takeTables(): Tables {
     store: new Uint32Array(4096),
     pipelines: [],
     buffers: [],
-    writerPairs: new Float64Array(writer.words.buffer, 0, writer.words.length >>> 1),
-    storePairs: null,
+    storeBytes: null,
   };
 }
 
@@ -136,8 +134,8 @@ function returnTables(t: Tables, pipelines: number, buffers: number): void {
 export class Capture {
   /** Stream words of the nodes, in order (valid up to `length`). */
   readonly words: Uint32Array;
-  /** `words` as doubles, two words each (valid up to `length >> 1`). */
-  readonly pairs: Float64Array;
+  /** The memory of `words`, as bytes (valid up to `4 * length`). */
+  readonly bytes: Uint8Array;
   /** Words used. */
   readonly length: number;
   /** Nodes recorded (dispatches and barriers). */
@@ -180,15 +178,13 @@ export class Capture {
     this.autoBarriers = autoBarriers;
     if (spilled) {
       const s = tables.store;
-      let pairs = tables.storePairs;
-      if (pairs === null || pairs.buffer !== s.buffer) {
-        pairs = tables.storePairs = new Float64Array(s.buffer, 0, s.length >>> 1);
-      }
+      let bytes = tables.storeBytes;
+      if (bytes === null || bytes.buffer !== s.buffer) bytes = tables.storeBytes = new Uint8Array(s.buffer);
       this.words = s;
-      this.pairs = pairs;
+      this.bytes = bytes;
     } else {
       this.words = tables.writer.words;
-      this.pairs = tables.writerPairs;
+      this.bytes = tables.writer.bytes;
     }
     this.length = length;
     this.nodeCount = nodeCount;

@@ -24,6 +24,7 @@ import { writeDispatch } from "./dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
+import { Buffer } from "node:buffer";
 import { Op } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
 import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
@@ -172,52 +173,34 @@ export class Fingerprint {
 
   /**
    * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
-   * to the new capture's except at inline-constant values. Sound without parsing the new words: equal
-   * headers from the first word on make every record the same length, so the constant values lie at
-   * the same places in both. Both sides are compared two words at a time through their Float64Array
-   * views, with no allocation. A constant that differs from the key's is written, on the way, into
-   * the plan's records where the key's map says it goes (and into the key, which therefore always
-   * holds the records' constants): on a hit the records carry this pass's constants with no
-   * separate patch pass; on a miss they stay a consistent pair with the key.
+   * to the new capture's except at inline-constant values. First the new capture's words at the
+   * key's constant positions are copied into the key (and, where the key's map says so, into the
+   * plan's records: the key always holds the records' constants); then all words are compared as
+   * bytes, in native code. Sound without parsing the new words: equal headers from the first word on
+   * make every record the same length, so the constant values lie at the same places in both. On a
+   * hit the records carry this pass's constants with no separate patch pass; on a miss the key and
+   * its records stay a consistent pair. Allocates nothing.
    */
   equals(key: Sighting, records: readonly PlanRecords[] | null | undefined): boolean {
     const n = this.#len, extra = key.extra;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!, stored = key.words, targets = key.targets, length = stored.length;
+    const c = this.#capture!, stored = key.words, length = stored.length;
     if (c.length !== length) return false;
+    const w = c.words, at = key.constants, to = key.targets;
     const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
-    // A pair that differs, is NaN or is ±0 is checked word by word.
-    const w = c.words, pairs = length >>> 1, a = c.pairs, b = key.pairs;
-    for (let i = 0; i < pairs; i++) {
-      const v = a[i];
-      if (v === b[i] && v !== 0) continue;
-      for (let k = 2 * i; k < 2 * i + 2; k++) {
-        const word = w[k]!;
-        if (word === stored[k]) continue;
-        const to = targets[k]!;
-        if (to === MUST_EQUAL) return false;
-        if (to >= 0) {
-          if (to < split) r0[to] = word;
-          else r1[to - split] = word;
-          stored[k] = word;
-        }
+    for (let i = 0; i < at.length; i++) {
+      const k = at[i]!, word = w[k]!;
+      if (word === stored[k]) continue;
+      stored[k] = word;
+      const t = to[i]!;
+      if (t >= 0) {
+        if (t < split) r0[t] = word;
+        else r1[t - split] = word;
       }
     }
-    if (length & 1) {
-      const k = length - 1, word = w[k]!;
-      if (word !== stored[k]) {
-        const to = targets[k]!;
-        if (to === MUST_EQUAL) return false;
-        if (to >= 0) {
-          if (to < split) r0[to] = word;
-          else r1[to - split] = word;
-          stored[k] = word;
-        }
-      }
-    }
-    return true;
+    return compareBytes.call(c.bytes, key.bytes, 0, 4 * length, 0, 4 * length) === 0;
   }
 
   #ranges(list: readonly MemRange[]): void {
@@ -250,27 +233,36 @@ export class Fingerprint {
 }
 
 /**
- * A topology key: the capture's words, where each word's value goes on a hit, and the extra
- * numbers. The words are mutable: a hit leaves the new pass's constants in them.
+ * A topology key: the capture's words, its inline-constant positions and where each one's value
+ * goes on a hit, and the extra numbers. The words are mutable: a lookup leaves the last compared
+ * pass's constants in them.
  */
 export interface Sighting {
   /** The capture's words (their inline constants: those last written into the records). */
   readonly words: Uint32Array;
-  /** The same, two words per double. */
-  readonly pairs: Float64Array;
+  /** The same memory as bytes. */
+  readonly bytes: Uint8Array;
+  /** The words that hold inline-constant values, ascending. */
+  readonly constants: Int32Array;
   /**
-   * Per word: MUST_EQUAL (-1) outside inline-constant values; for a constant value, its word in
-   * the plan's records (the second command buffer's words counted after the first's), or
-   * UNUSED_CONSTANT (-2) where the records take no constant from it.
+   * Per entry of `constants`: its word in the plan's records (the second command buffer's words
+   * counted after the first's), or -1 where the records take no constant from it.
    */
   readonly targets: Int32Array;
   /** The key's extra numbers. */
   readonly extra: Float64Array;
 }
 
-const MUST_EQUAL = -1;
-const UNUSED_CONSTANT = -2;
 const NO_WORDS = new Uint32Array(0);
+// Node's Buffer#compare with ranges: memcmp over two views, no allocation.
+const compareBytes = Buffer.prototype.compare as (
+  this: Uint8Array,
+  target: Uint8Array,
+  targetStart: number,
+  targetEnd: number,
+  sourceStart: number,
+  sourceEnd: number,
+) => number;
 
 /**
  * The key of the last fingerprinted capture, copied, with its constants mapped into `records`
@@ -279,25 +271,36 @@ const NO_WORDS = new Uint32Array(0);
  */
 function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefined): Sighting | null {
   const c = fp.capture, words = c.words.slice(0, c.length);
-  const targets = new Int32Array(words.length).fill(MUST_EQUAL);
-  for (let at = 0; at < words.length;) {
-    const h = words[at]!, len = h >>> LEN_SHIFT;
-    if ((h & OP_MASK) === Op.SET_BYTES) targets.fill(UNUSED_CONSTANT, at + 2, at + len);
-    at += len;
+  const index = new Int32Array(words.length).fill(-1); // word -> its entry in `constants`
+  const at: number[] = [];
+  for (let i = 0; i < words.length;) {
+    const h = words[i]!, len = h >>> LEN_SHIFT;
+    if ((h & OP_MASK) === Op.SET_BYTES) {
+      for (let k = i + 2; k < i + len; k++) index[k] = at.push(k) - 1;
+    }
+    i += len;
   }
+  const targets = new Int32Array(at.length).fill(-1);
   let base = 0;
   for (const r of records ?? []) {
     const p = r.patches;
     for (let i = 0; i < p.length; i += 3) {
       const to = p[i]!, from = p[i + 1]!, n = p[i + 2]!;
       for (let k = 0; k < n; k++) {
-        if (targets[from + k] !== UNUSED_CONSTANT) return null;
-        targets[from + k] = base + to + k;
+        const e = index[from + k]!;
+        if (e < 0 || targets[e] !== -1) return null;
+        targets[e] = base + to + k;
       }
     }
     base += r.words.length;
   }
-  return { words, pairs: new Float64Array(words.buffer, 0, words.length >>> 1), targets, extra: fp.view().slice() };
+  return {
+    words,
+    bytes: new Uint8Array(words.buffer, words.byteOffset, words.byteLength),
+    constants: Int32Array.from(at),
+    targets,
+    extra: fp.view().slice(),
+  };
 }
 
 interface Entry extends Sighting {
