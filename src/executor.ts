@@ -595,7 +595,6 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
    * all or nothing.
    */
   #replayRecords(enc: CommandEncoder, capture: Capture, plan: CachedPlan, label: string): RecordedCommit {
-    assertBuffersLive(capture.buffers, "");
     const encoders = [enc];
     try {
       for (let c = 1; c < plan.records!.length; c++) {
@@ -604,6 +603,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       commitPlan(plan, encoders, () => capture.nodes(), this.#validate, label);
     } catch (e) {
       for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();
+      assertBuffersLive(capture.buffers, ""); // the likely cause, said plainly
       throw e;
     }
     return {
@@ -632,7 +632,11 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
   }
 }
 
-/** Throws Disposed when one of `buffers` was disposed (`fix` is appended to the message). */
+/**
+ * Throws Disposed when one of `buffers` was disposed (`fix` is appended to the message). Run after
+ * a replay failed, not before every replay: the native library refuses a freed (stale) handle in a
+ * stream before anything of the pass commits, and this names the cause.
+ */
 function assertBuffersLive(buffers: readonly MlxBuffer[], fix: string): void {
   for (let i = 0; i < buffers.length; i++) {
     if (buffers[i]!.rawHandle === 0) {
@@ -761,7 +765,6 @@ export class FrozenPass {
     }
     const { validate, buffers, nodes, plan } = this.#frozen;
     const label = options.label ?? this.#frozen.label;
-    assertBuffersLive(buffers, "; freeze a new pass");
     const encoders: CommandEncoder[] = [];
     try {
       for (let c = 0; c < plan.barriers.length; c++) {
@@ -770,6 +773,7 @@ export class FrozenPass {
       commitPlan(plan, encoders, () => nodes, validate, label);
     } catch (e) {
       for (const enc of encoders) enc.dispose();
+      assertBuffersLive(buffers, "; freeze a new pass"); // the likely cause, said plainly
       throw e;
     }
     return pendingPass(encoders, {
