@@ -327,12 +327,11 @@ export class CaptureRecorder {
   #pipeline = 0; // handle set by the last SET_PIPELINE record
   #pipelines = 0; // SET_PIPELINE records
   #buffers = 0; // buffer records
-  #barrierAt = -1; // first word of the last node when it is a barrier
-  #lastDispatch = -1;
-  #lastStart = 0; // first word of the last dispatch
-  #lastBuffer = 0; // its first buffer record
+  #lastStart = -1; // first word of the last dispatch (its index and buffers are derived from it)
+  #barrierEnd = -1; // the word after the last barrier
   #opKinds: Map<number, CapturedOpKind> | null = null;
   #annotated: Map<number, MarkedNode> | null = null;
+  #pending = false; // an op kind or ranges wait for the next dispatch
   #pendingOpKind: CapturedOpKind | undefined;
   #pendingRanges: Accesses | undefined;
 
@@ -361,8 +360,8 @@ export class CaptureRecorder {
       t.pipelines[this.#pipelines++] = p;
     }
     // The views in record order: writeDispatch wrote one buffer record per bound buffer slot.
-    const plan = p.slotPlan, bindings = d.bindings, buffers = t.buffers, first = this.#buffers;
-    let k = first;
+    const plan = p.slotPlan, bindings = d.bindings, buffers = t.buffers;
+    let k = this.#buffers;
     for (let s = 0; s < bindings.length; s++) {
       if (plan[s]! < 0) {
         const b = bindings[s];
@@ -371,18 +370,21 @@ export class CaptureRecorder {
     }
     this.#buffers = k;
     this.#count = i + 1;
-    this.#barrierAt = -1;
-    this.#lastDispatch = i;
     this.#lastStart = at;
-    this.#lastBuffer = first;
+    if (this.#pending || d.opKind !== undefined) this.#annotate(d, i);
+    return true;
+  }
+
+  /** Gives dispatch `i` its op kind and the pending ranges. */
+  #annotate(d: DispatchDescriptor, i: number): void {
     const kind = this.#pendingOpKind ?? d.opKind;
-    if (kind !== undefined && kind !== p.contract.opKind) (this.#opKinds ??= new Map()).set(i, kind);
-    this.#pendingOpKind = undefined;
+    if (kind !== undefined && kind !== d.pipeline.contract.opKind) (this.#opKinds ??= new Map()).set(i, kind);
     if (this.#pendingRanges !== undefined) {
       (this.#annotated ??= new Map()).set(i, dispatchNode(d, undefined, this.#pendingRanges, kind));
-      this.#pendingRanges = undefined;
     }
-    return true;
+    this.#pendingOpKind = undefined;
+    this.#pendingRanges = undefined;
+    this.#pending = false;
   }
 
   /** Records a barrier (none before the first node). */
@@ -390,8 +392,8 @@ export class CaptureRecorder {
     if (this.#count === 0) return;
     const wr = this.#t.writer;
     wr.reserve(RecordWords.BARRIER);
-    this.#barrierAt = this.#stored + wr.pos;
     wr.barrier();
+    this.#barrierEnd = this.#stored + wr.pos;
     this.#count++;
   }
 
@@ -405,9 +407,9 @@ export class CaptureRecorder {
     const spilled = this.#stored > 0;
     if (spilled) wr.flush();
     let count = this.#count, length = spilled ? this.#stored : wr.pos;
-    if (this.#barrierAt >= 0) {
+    if (this.#barrierEnd === length) { // the last node is a barrier
       count--;
-      length = this.#barrierAt;
+      length--;
     }
     wr.attach(undefined);
     // Exactly the objects recorded (entries past them are left over from an earlier capture).
@@ -436,28 +438,29 @@ export class CaptureRecorder {
   /** Sets the op kind of the next dispatch. */
   setOpKind(kind: CapturedOpKind): void {
     this.#pendingOpKind = kind;
+    this.#pending = true;
   }
 
   /** Adds ranges to the next dispatch's accesses. */
   addPendingRanges(extra: Accesses): void {
+    this.#pending = true;
     const p = this.#pendingRanges;
     this.#pendingRanges = p ? mergeAccesses(p, extra) : { reads: [...extra.reads], writes: [...extra.writes] };
   }
 
   /** Merges ranges into the last recorded dispatch's accesses. */
   mergeIntoLastDispatch(extra: Accesses): void {
-    const i = this.#lastDispatch;
-    if (i < 0) return;
-    const n = this.#lastNode();
+    if (this.#lastStart < 0) return;
+    const [i, n] = this.#lastNode();
     (this.#annotated ??= new Map()).set(i, { ...n, ...mergeAccesses(n, extra), [USER_RANGES]: true } as MarkedNode);
   }
 
   /** Gives the last recorded dispatch these ranges if it has none. */
   annotateLastDispatchIfMissing(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    if (this.#lastDispatch < 0) return;
-    const n = this.#lastNode();
+    if (this.#lastStart < 0) return;
+    const [i, n] = this.#lastNode();
     if (n.reads.length === 0 && n.writes.length === 0) {
-      (this.#annotated ??= new Map()).set(this.#lastDispatch, {
+      (this.#annotated ??= new Map()).set(i, {
         ...n,
         reads: [...reads],
         writes: [...writes],
@@ -466,31 +469,40 @@ export class CaptureRecorder {
     }
   }
 
-  /** The last recorded dispatch's node as it stands (its words are spilled to the store first). */
-  #lastNode(): MarkedNode {
-    const i = this.#lastDispatch;
-    const a = this.#annotated?.get(i);
-    if (a !== undefined) return a;
+  /**
+   * The last recorded dispatch's node index and node as it stands (its words are spilled to the
+   * store first): parsed from its first word; the barriers after it are one word each.
+   */
+  #lastNode(): [number, MarkedNode] {
     const t = this.#t;
     t.writer.flush();
-    const w = t.store, pipeline = t.pipelines[this.#pipelines - 1]!;
+    const w = t.store, end = this.#stored, start = this.#lastStart;
+    let buffers = 0, at = start;
+    for (let op = 0; op !== Op.DISPATCH_THREADS && op !== Op.DISPATCH_GROUPS; at += w[at]! >>> LEN_SHIFT) {
+      op = w[at]! & OP_MASK;
+      if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) buffers++;
+    }
+    const i = this.#count - 1 - (end - at); // the words after it are its trailing barriers
+    const a = this.#annotated?.get(i);
+    if (a !== undefined) return [i, a];
+    const pipeline = t.pipelines[this.#pipelines - 1]!;
     const bindings: Binding[] = [];
-    let k = this.#lastBuffer, tgMemory: number | undefined = undefined;
+    let k = this.#buffers - buffers, tgMemory: number | undefined = undefined;
     let grid: number | number[] = 1, threadgroup: number | number[] = 1, threads = false;
-    for (let at = this.#lastStart, end = this.#stored; at < end;) {
-      const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
+    for (let q = start; q < at;) {
+      const h = w[q]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
       if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) bindings[slot] = t.buffers[k++];
-      else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, at);
-      else if (op === Op.SET_TG_MEMORY) tgMemory = w[at + 1];
+      else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, q);
+      else if (op === Op.SET_TG_MEMORY) tgMemory = w[q + 1];
       else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
         threads = op === Op.DISPATCH_THREADS;
-        grid = dims(w[at + 1]!, w[at + 2]!, w[at + 3]!);
-        threadgroup = dims(w[at + 4]!, w[at + 5]!, w[at + 6]!);
+        grid = dims(w[q + 1]!, w[q + 2]!, w[q + 3]!);
+        threadgroup = dims(w[q + 4]!, w[q + 5]!, w[q + 6]!);
       }
-      at += len;
+      q += len;
     }
     const acc = accessesOf(pipeline.contract, bindings);
-    return {
+    return [i, {
       kind: "dispatch",
       pipeline,
       bindings,
@@ -501,7 +513,7 @@ export class CaptureRecorder {
       opKind: this.#opKinds?.get(i) ?? pipeline.contract.opKind,
       reads: acc.reads,
       writes: acc.writes,
-    };
+    }];
   }
 
   /** Moves `n` words from the writer into the store. */

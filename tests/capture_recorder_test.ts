@@ -190,3 +190,30 @@ Deno.test("plan cache: keys of one shape compared in turn each keep their record
   }
   deepStrictEqual(outcomes, ["miss", "miss", "miss", "hit", "hit", "hit", "hit", "hit"]);
 });
+
+Deno.test("capture: trackDispatch after barriers annotates the last dispatch, found from its words", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(8).fill(1)), b = device.alloc(32, DType.F32);
+  using note = device.alloc(64, DType.F32);
+  using s = exec.beginRecorded({ autoBarriers: false });
+  s.elementwiseAdd(a, a, b);
+  s.elementwiseMul(a, b, b.slice(0, 16));
+  s.barrier();
+  s.barrier();
+  s.trackDispatch([note.slice(16, 16)], [note.slice(32, 16)]);
+  const c = s.encoder.takeCompactCapture()!;
+  try {
+    const nodes = c.nodes();
+    deepStrictEqual(nodes.map((n) => n.kind), ["dispatch", "dispatch", "barrier"]); // one trailing barrier dropped
+    const [first, second] = nodes as DispatchNode[];
+    deepStrictEqual(first!.reads, [a.range(), a.range()]);
+    equal(second!.pipeline.name, "elementwise_mul_f32");
+    ok(second!.bindings![2] instanceof Object && (second!.bindings![2] as MlxBuffer).byteLength === 16);
+    deepStrictEqual(second!.reads, [a.range(), b.range(), note.slice(16, 16).range()]);
+    deepStrictEqual(second!.writes, [b.slice(0, 16).range(), note.slice(32, 16).range()]);
+  } finally {
+    c.release();
+  }
+});
