@@ -63,6 +63,7 @@ const passCases: Record<string, () => number> = {
     return d;
   },
   "hit, one buffer": () => timed(() => rec(++step % 7).commit(OPT)),
+  "hit, one buffer, same constants every pass": () => timed(() => rec(1).commit(OPT)),
   "hit, dual buffer": () => timed(() => rec(++step % 7).commit(OPT_DUAL)),
   "hit, one buffer, auto barriers": () => timed(() => rec(++step % 7, true).commit(OPT)),
   "frozen commit": () => timed(() => frozen.commit()),

@@ -173,21 +173,24 @@ export class Fingerprint {
 
   /**
    * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
-   * to the new capture's except at inline-constant values. First the new capture's words at the
-   * key's constant positions are copied into the key (and, where the key's map says so, into the
-   * plan's records: the key always holds the records' constants); then all words are compared as
-   * bytes, in native code. Sound without parsing the new words: equal headers from the first word on
-   * make every record the same length, so the constant values lie at the same places in both. On a
-   * hit the records carry this pass's constants with no separate patch pass; on a miss the key and
-   * its records stay a consistent pair. Allocates nothing.
+   * to the new capture's except at inline-constant values. All words are compared as bytes, in
+   * native code: equal, the records already hold this pass's constants. Otherwise the new capture's
+   * words at the key's constant positions are copied into the key (and, where the key's map says
+   * so, into the plan's records: the key always holds the records' constants), and all words are
+   * compared again. Sound without parsing the new words: equal headers from the first word on make
+   * every record the same length, so the constant values lie at the same places in both. On a hit
+   * the records carry this pass's constants with no separate patch pass; on a miss the key and its
+   * records stay a consistent pair. Allocates nothing.
    */
   equals(key: Sighting, records: readonly PlanRecords[] | null | undefined): boolean {
     const n = this.#len, extra = key.extra;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!, stored = key.words, length = stored.length;
+    const c = this.#capture!, stored = key.words, length = stored.length, bytes = 4 * length;
     if (c.length !== length) return false;
+    // The same pass with the same constants (a state-driven step): the records hold them already.
+    if (compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0) return true;
     const w = c.words, at = key.constants, to = key.targets;
     const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
     for (let i = 0; i < at.length; i++) {
@@ -200,7 +203,7 @@ export class Fingerprint {
         else r1[t - split] = word;
       }
     }
-    return compareBytes.call(c.bytes, key.bytes, 0, 4 * length, 0, 4 * length) === 0;
+    return compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0;
   }
 
   #ranges(list: readonly MemRange[]): void {
