@@ -243,6 +243,8 @@ export class Capture {
     const out: CapturedNode[] = new Array(this.nodeCount);
     const starts = new Int32Array(this.nodeCount);
     const w = this.words, pipelines = this.pipelines, buffers = this.buffers;
+    const opKinds = this.opKinds.size > 0 ? this.opKinds : null;
+    const annotated = this.annotated.size > 0 ? this.annotated : null;
     let node = 0, at = 0, start = 0, p = -1, k = 0;
     let bindings: Binding[] = [];
     let tgMemory: number | undefined = undefined;
@@ -260,7 +262,7 @@ export class Capture {
       } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
         const pipeline = pipelines[p]!;
         const acc = accessesOf(pipeline.contract, bindings);
-        const user = this.annotated.get(node);
+        const user = annotated?.get(node);
         starts[node] = start;
         out[node] = user ?? {
           kind: "dispatch",
@@ -270,7 +272,7 @@ export class Capture {
           threadgroup: dims(w[at + 4]!, w[at + 5]!, w[at + 6]!),
           threadgroupMemory: tgMemory,
           dispatchKind: op === Op.DISPATCH_THREADS ? "threads" : "threadgroups",
-          opKind: this.opKinds.get(node) ?? pipeline.contract.opKind,
+          opKind: opKinds?.get(node) ?? pipeline.contract.opKind,
           reads: acc.reads,
           writes: acc.writes,
         };

@@ -174,9 +174,10 @@ export class Fingerprint {
   /**
    * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
    * to the new capture's except at inline-constant values. All words are compared as bytes, in
-   * native code: equal, the records already hold this pass's constants. Otherwise the new capture's
-   * words at the key's constant positions are copied into the key (and, where the key's map says
-   * so, into the plan's records: the key always holds the records' constants), and all words are
+   * native code: equal, the records already hold this pass's constants. Otherwise, unless the first
+   * word that differs is a constant's, the topology differs. If it is, the new capture's words at
+   * the key's constant positions from there on are copied into the key (and, where the key's map
+   * says so, into the plan's records: the key always holds the records' constants), and the rest is
    * compared again. Sound without parsing the new words: equal headers from the first word on make
    * every record the same length, so the constant values lie at the same places in both. On a hit
    * the records carry this pass's constants with no separate patch pass; on a miss the key and its
@@ -191,9 +192,19 @@ export class Fingerprint {
     if (c.length !== length) return false;
     // The same pass with the same constants (a state-driven step): the records hold them already.
     if (compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0) return true;
+    // The first word that differs: the key's topology differs unless it holds a constant's value.
     const w = c.words, at = key.constants, to = key.targets;
+    let first = 0;
+    while (w[first] === stored[first]) first++;
+    let lo = 0, hi = at.length; // the first constant at or after `first`
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (at[mid]! < first) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo === at.length || at[lo] !== first) return false;
     const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
-    for (let i = 0; i < at.length; i++) {
+    for (let i = lo; i < at.length; i++) {
       const k = at[i]!, word = w[k]!;
       if (word === stored[k]) continue;
       stored[k] = word;
@@ -203,7 +214,8 @@ export class Fingerprint {
         else r1[t - split] = word;
       }
     }
-    return compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0;
+    const from = 4 * first;
+    return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
   }
 
   #ranges(list: readonly MemRange[]): void {
