@@ -59,6 +59,13 @@ const timed = (body: () => { wait(): unknown } | null): number => {
 const passCases: Record<string, () => number> = {
   "direct session + commit": () => timed(() => emit(exec.begin({ autoBarriers: false }), 1).commit()),
   "direct session + commit, auto barriers": () => timed(() => emit(exec.begin({ autoBarriers: true }), 1).commit()),
+  "direct session, encode alone (then dispose)": () => {
+    const t = performance.now();
+    const s = emit(exec.begin({ autoBarriers: false }), 1);
+    const d = performance.now() - t;
+    s.dispose();
+    return d;
+  },
   "capture alone (then dispose)": () => {
     const t = performance.now();
     const s = rec(++step % 7);
