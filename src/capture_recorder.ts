@@ -1,15 +1,17 @@
 /**
  * The capture recorder of a command encoder: in capture mode, dispatches and barriers are recorded
- * in compact form — the very stream words the direct path would write (so the descriptor is checked
- * and its constants and geometry copied as it is recorded) plus a side table of pipelines and bound
- * buffers. Graph nodes are built from that only when asked for ({@link Capture.nodes}): a recorded
+ * as the very stream words the direct path writes, through the same writer (so the descriptor is
+ * checked and its constants and geometry copied as it is recorded; SET_PIPELINE only where the
+ * pipeline changes), plus the objects the words name: each SET_PIPELINE record's pipeline and each
+ * buffer record's view, in record order. Nothing is kept per node: node boundaries, bindings and
+ * accesses are derived from the words only when asked for ({@link Capture.nodes}), so a recorded
  * pass that hits the plan cache never builds any. A node's accesses are derived from its bindings
  * through the kernel contract, merged with any ranges the user added.
  *
  * @module
  */
 
-import { MlxBuffer } from "./buffer.ts";
+import type { MlxBuffer } from "./buffer.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import type { Binding } from "./graph/nodes.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
@@ -17,8 +19,9 @@ import { BARRIER, type CapturedNode, type DispatchNode } from "./graph/nodes.ts"
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
 import type { Pipeline } from "./kernels.ts";
-import { Op } from "./native/abi.ts";
+import { Op, RecordWords } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
+import { BarrierPolicy } from "./barrier_policy.ts";
 
 /**
  * Marks a captured node whose accesses include ranges the user gave (barrierBetween, trackDispatch,
@@ -80,121 +83,215 @@ const OP_MASK = 0xff;
 const LEN_SHIFT = 16;
 const SLOT_SHIFT = 8;
 
-/** The growable arrays of a capture, reused once it is released (captures are short-lived). */
+/** The writer and tables of a capture, reused once it is released (captures are short-lived). */
 interface Tables {
+  /** Records are written here; while nothing spilled, its words are the capture's. */
+  readonly writer: StreamWriter;
+  /** Words spilled from the writer when it filled up. */
   store: Uint32Array;
-  starts: Int32Array;
-  bufferStarts: Int32Array;
-  bindingCounts: Uint16Array;
-  readonly pipelines: (Pipeline | null)[];
+  /** The pipeline of each SET_PIPELINE record, in order. */
+  readonly pipelines: Pipeline[];
+  /** The view of each buffer record (SET_BUFFER, SET_BUFFER64, SET_BUFFER_WHOLE), in order. */
   readonly buffers: MlxBuffer[];
+  /** `store` as bytes (the writer has its own view), for the key comparison. */
+  storeBytes: Uint8Array | null;
 }
 
 const spareTables: Tables[] = [];
-const spareWriters: StreamWriter[] = [];
 const MAX_SPARE = 4;
+const NO_OP_KINDS: ReadonlyMap<number, CapturedOpKind> = new Map();
+const NO_ANNOTATIONS: ReadonlyMap<number, MarkedNode> = new Map();
 
 function takeTables(): Tables {
-  return spareTables.pop() ?? {
+  const spare = spareTables.pop();
+  if (spare !== undefined) return spare;
+  const writer = new StreamWriter();
+  return {
+    writer,
     store: new Uint32Array(4096),
-    starts: new Int32Array(256),
-    bufferStarts: new Int32Array(256),
-    bindingCounts: new Uint16Array(256),
     pipelines: [],
     buffers: [],
+    storeBytes: null,
   };
 }
 
-function returnTables(t: Tables): void {
-  t.pipelines.length = 0; // drop the references: a spare must not keep buffers alive
-  t.buffers.length = 0;
+function returnTables(t: Tables, pipelines: number, buffers: number): void {
+  t.writer.attach(undefined);
+  // Drop the references (a spare must not keep buffers alive), keeping the arrays' storage. A loop,
+  // not Array#fill: after a fill, V8 stores into the array several times slower.
+  const p = t.pipelines as unknown[], b = t.buffers as unknown[];
+  for (let i = 0; i < pipelines; i++) p[i] = undefined;
+  for (let i = 0; i < buffers; i++) b[i] = undefined;
   if (spareTables.length < MAX_SPARE) spareTables.push(t);
 }
 
 /**
- * A finished capture in compact form: the stream words of every node (dispatches written with no
- * pipeline assumed set, tagged with their dispatch index; a barrier is one BARRIER word), the
- * pipeline and the buffers of each dispatch, op kinds that differ from the contract's, and the nodes
- * the user annotated with ranges.
+ * A finished capture: the stream words of every node (a dispatch's records tagged with its node
+ * index, SET_PIPELINE only where the pipeline changes; a barrier is one BARRIER word), the objects
+ * the words name in record order, op kinds that differ from the contract's, and the nodes the user
+ * annotated with ranges.
  */
 export class Capture {
   /** Stream words of the nodes, in order (valid up to `length`). */
   readonly words: Uint32Array;
+  /** The memory of `words`, as bytes (valid up to `4 * length`). */
+  readonly bytes: Uint8Array;
   /** Words used. */
   readonly length: number;
   /** Nodes recorded (dispatches and barriers). */
   readonly nodeCount: number;
-  /** Per node: its first word. */
-  readonly starts: Int32Array;
-  /** Per node: index of its first buffer in `buffers`. */
-  readonly bufferStarts: Int32Array;
-  /** Per node: its binding count (0 for a barrier). */
-  readonly bindingCounts: Uint16Array;
-  /** Per node: its pipeline (null for a barrier). */
-  readonly pipelines: readonly (Pipeline | null)[];
-  /** Every bound buffer, in node and slot order. */
+  /** The pipeline of each SET_PIPELINE record, in order. */
+  readonly pipelines: readonly Pipeline[];
+  /** SET_PIPELINE records. */
+  readonly pipelineCount: number;
+  /** Every bound buffer, in record order. */
   readonly buffers: readonly MlxBuffer[];
+  /** Buffer records. */
+  readonly bufferCount: number;
   /** Op kinds that differ from the pipeline contract's, by node index. */
   readonly opKinds: ReadonlyMap<number, CapturedOpKind>;
   /** Nodes whose accesses include user ranges, by node index. */
   readonly annotated: ReadonlyMap<number, MarkedNode>;
+  /**
+   * Recorded with automatic barriers: {@link Capture.nodes} places a barrier before every dispatch
+   * whose accesses conflict with its concurrent group (none were recorded per dispatch).
+   */
+  readonly autoBarriers: boolean;
   #nodes: CapturedNode[] | null = null;
+  #starts: Int32Array | null = null; // per node, its first word (derived with the nodes)
   #released = false;
-
   readonly #tables: Tables;
 
   /** @internal Made by CaptureRecorder. */
   constructor(
     tables: Tables,
+    spilled: boolean,
     length: number,
     nodeCount: number,
-    opKinds: Map<number, CapturedOpKind>,
-    annotated: Map<number, MarkedNode>,
+    pipelineCount: number,
+    bufferCount: number,
+    opKinds: ReadonlyMap<number, CapturedOpKind>,
+    annotated: ReadonlyMap<number, MarkedNode>,
+    autoBarriers: boolean,
   ) {
     this.#tables = tables;
-    this.words = tables.store;
+    this.autoBarriers = autoBarriers;
+    if (spilled) {
+      const s = tables.store;
+      let bytes = tables.storeBytes;
+      if (bytes === null || bytes.buffer !== s.buffer) bytes = tables.storeBytes = new Uint8Array(s.buffer);
+      this.words = s;
+      this.bytes = bytes;
+    } else {
+      this.words = tables.writer.words;
+      this.bytes = tables.writer.bytes;
+    }
     this.length = length;
     this.nodeCount = nodeCount;
-    this.starts = tables.starts;
-    this.bufferStarts = tables.bufferStarts;
-    this.bindingCounts = tables.bindingCounts;
     this.pipelines = tables.pipelines;
+    this.pipelineCount = pipelineCount;
     this.buffers = tables.buffers;
+    this.bufferCount = bufferCount;
     this.opKinds = opKinds;
     this.annotated = annotated;
   }
 
-  /** The end word of node `i`. */
-  end(i: number): number {
-    return i + 1 < this.nodeCount ? this.starts[i + 1]! : this.length;
-  }
-
-  /** The graph nodes (built once, on first call). */
+  /**
+   * The graph nodes (built once, on first call): the recorded ones, with, under automatic barriers,
+   * a barrier before each dispatch whose accesses conflict with its group.
+   */
   nodes(): CapturedNode[] {
     if (this.#nodes !== null) return this.#nodes;
-    const out: CapturedNode[] = new Array(this.nodeCount);
-    for (let i = 0; i < this.nodeCount; i++) out[i] = this.node(i);
+    const [nodes, starts] = this.#recordedNodes();
+    if (!this.autoBarriers) {
+      this.#starts = starts;
+      return this.#nodes = nodes;
+    }
+    const out: CapturedNode[] = [], outStarts: number[] = [];
+    const policy = new BarrierPolicy(true);
+    try {
+      for (let i = 0; i < nodes.length; i++) {
+        const n = nodes[i]!;
+        if (n.kind !== "dispatch") policy.forget();
+        else {
+          // Exactly the encoder's rule: derived accesses staged from the bindings, merged with
+          // any user ranges (checked and tracked as ranges).
+          const user = this.annotated.has(i);
+          const conflict = user
+            ? policy.conflicts(n.reads, n.writes)
+            : policy.stageDispatch((n.pipeline as Pipeline).contract, n.bindings!);
+          if (conflict && out.length > 0) {
+            out.push(BARRIER);
+            outStarts.push(starts[i]!);
+            policy.forget();
+          }
+          if (user) policy.track(n.reads, n.writes);
+          else policy.trackStaged();
+        }
+        out.push(n);
+        outStarts.push(starts[i]!);
+      }
+    } finally {
+      policy.release();
+    }
+    this.#starts = Int32Array.from(outStarts);
     return this.#nodes = out;
   }
 
-  /** Node `i`, built from its words. */
-  node(i: number): CapturedNode {
-    const user = this.annotated.get(i);
-    if (user !== undefined) return user;
-    return this.#plainNode(i);
-  }
-
-  /** Node `i` from its words alone (no user ranges). */
-  plainNode(i: number): MarkedNode {
-    const n = this.#plainNode(i);
-    if (n.kind !== "dispatch") throw new Error("not a dispatch node");
-    return n;
+  /** The nodes as recorded, and the first word of each. */
+  #recordedNodes(): [CapturedNode[], Int32Array] {
+    const out: CapturedNode[] = new Array(this.nodeCount);
+    const starts = new Int32Array(this.nodeCount);
+    const w = this.words, pipelines = this.pipelines, buffers = this.buffers;
+    const opKinds = this.opKinds.size > 0 ? this.opKinds : null;
+    const annotated = this.annotated.size > 0 ? this.annotated : null;
+    let node = 0, at = 0, start = 0, p = -1, k = 0;
+    let bindings: Binding[] = [];
+    let tgMemory: number | undefined = undefined;
+    while (at < this.length) {
+      const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
+      if (op === Op.SET_PIPELINE) p++;
+      else if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) {
+        bindings[slot] = buffers[k++];
+      } else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, at);
+      else if (op === Op.SET_TG_MEMORY) tgMemory = w[at + 1];
+      else if (op === Op.BARRIER) {
+        starts[node] = at;
+        out[node++] = BARRIER;
+        start = at + len;
+      } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
+        const pipeline = pipelines[p]!;
+        const acc = accessesOf(pipeline.contract, bindings);
+        const user = annotated?.get(node);
+        starts[node] = start;
+        out[node] = user ?? {
+          kind: "dispatch",
+          pipeline,
+          bindings,
+          grid: dims(w[at + 1]!, w[at + 2]!, w[at + 3]!),
+          threadgroup: dims(w[at + 4]!, w[at + 5]!, w[at + 6]!),
+          threadgroupMemory: tgMemory,
+          dispatchKind: op === Op.DISPATCH_THREADS ? "threads" : "threadgroups",
+          opKind: opKinds?.get(node) ?? pipeline.contract.opKind,
+          reads: acc.reads,
+          writes: acc.writes,
+        };
+        node++;
+        start = at + len;
+        bindings = [];
+        tgMemory = undefined;
+      }
+      at += len;
+    }
+    return [out, starts];
   }
 
   /** Word offset of the inline constants bound at `slot` of node `i` (-1 if none). */
   constantOffset(i: number, slot: number): number {
-    const w = this.words;
-    for (let at = this.starts[i]!, end = this.end(i); at < end;) {
+    if (this.#starts === null) this.nodes();
+    const w = this.words, starts = this.#starts!;
+    const end = i + 1 < starts.length ? starts[i + 1]! : this.length;
+    for (let at = starts[i]!; at < end;) {
       const h = w[at]!;
       if ((h & OP_MASK) === Op.SET_BYTES && ((h >>> SLOT_SHIFT) & OP_MASK) === slot) return at;
       at += h >>> LEN_SHIFT;
@@ -202,55 +299,21 @@ export class Capture {
     return -1;
   }
 
-  /** Hands the word buffer back for reuse (the capture must not be read afterwards). */
+  /** Hands the words and tables back for reuse (the capture must not be read afterwards). */
   release(): void {
     if (this.#released) return;
     this.#released = true;
-    returnTables(this.#tables);
+    returnTables(this.#tables, this.pipelineCount, this.bufferCount);
   }
+}
 
-  #plainNode(i: number): CapturedNode {
-    const pipeline = this.pipelines[i] ?? null;
-    if (pipeline === null) return BARRIER;
-    const w = this.words;
-    const bindings: Binding[] = new Array(this.bindingCounts[i]);
-    let k = this.bufferStarts[i]!;
-    let grid: number | number[] = 1, threadgroup: number | number[] = 1;
-    let tgMemory: number | undefined = undefined, threads = false;
-    for (let at = this.starts[i]!, end = this.end(i); at < end;) {
-      const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
-      if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) {
-        bindings[slot] = this.buffers[k++];
-      } else if (op === Op.SET_BYTES) {
-        const n = w[at + 1]!;
-        if (n % 4 === 0) { // copied word by word: a subarray view costs more than the copy
-          const words: number[] = [];
-          for (let q = at + 2, end = at + 2 + n / 4; q < end; q++) words.push(w[q]!);
-          bindings[slot] = words;
-        } else bindings[slot] = new Uint8Array(w.buffer, w.byteOffset + (at + 2) * 4, n).slice();
-      } else if (op === Op.SET_TG_MEMORY) {
-        tgMemory = w[at + 1];
-      } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
-        threads = op === Op.DISPATCH_THREADS;
-        grid = dims(w[at + 1]!, w[at + 2]!, w[at + 3]!);
-        threadgroup = dims(w[at + 4]!, w[at + 5]!, w[at + 6]!);
-      }
-      at += len;
-    }
-    const acc = accessesOf(pipeline.contract, bindings);
-    return {
-      kind: "dispatch",
-      pipeline,
-      bindings,
-      grid,
-      threadgroup,
-      threadgroupMemory: tgMemory,
-      dispatchKind: threads ? "threads" : "threadgroups",
-      opKind: this.opKinds.get(i) ?? pipeline.contract.opKind,
-      reads: acc.reads,
-      writes: acc.writes,
-    };
-  }
+/** The inline constants of the SET_BYTES record at `at`, copied. */
+function inlineBinding(w: Uint32Array, at: number): Binding {
+  const n = w[at + 1]!;
+  if (n % 4 !== 0) return new Uint8Array(w.buffer, w.byteOffset + (at + 2) * 4, n).slice();
+  const words: number[] = []; // word by word: a subarray view costs more than the copy
+  for (let q = at + 2, end = at + 2 + n / 4; q < end; q++) words.push(w[q]!);
+  return words;
 }
 
 function dims(a: number, b: number, c: number): number | number[] {
@@ -259,20 +322,24 @@ function dims(a: number, b: number, c: number): number | number[] {
 
 /** Records dispatches and barriers in compact form, with annotations for the next dispatch. */
 export class CaptureRecorder {
-  #writer: StreamWriter | null;
   readonly #t: Tables = takeTables();
+  #open = true;
   #stored = 0; // words moved from the writer into the store
-  #count = 0;
-  #opKinds = new Map<number, CapturedOpKind>();
-  #annotated = new Map<number, MarkedNode>();
-  #lastDispatch = -1;
+  #count = 0; // nodes
+  #pipeline = 0; // handle set by the last SET_PIPELINE record
+  #pipelines = 0; // SET_PIPELINE records
+  #buffers = 0; // buffer records
+  #lastStart = -1; // first word of the last dispatch (its index and buffers are derived from it)
+  #barrierEnd = -1; // the word after the last barrier
+  #opKinds: Map<number, CapturedOpKind> | null = null;
+  #annotated: Map<number, MarkedNode> | null = null;
+  #pending = false; // an op kind or ranges wait for the next dispatch
   #pendingOpKind: CapturedOpKind | undefined;
   #pendingRanges: Accesses | undefined;
 
   /** An empty recorder. */
   constructor() {
-    this.#writer = spareWriters.pop() ?? new StreamWriter();
-    this.#writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
+    this.#t.writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
   }
 
   /** Nodes recorded so far. */
@@ -281,132 +348,174 @@ export class CaptureRecorder {
   }
 
   /**
-   * Records a dispatch (a barrier first, with `barrierFirst`), consuming the annotations. Returns
-   * false with nothing recorded when the descriptor is not valid (the encoder then says why).
+   * Records a dispatch, consuming the annotations. Returns false with nothing recorded when the
+   * descriptor is not valid (the encoder then says why).
    */
-  dispatch(d: DispatchDescriptor, barrierFirst = false): boolean {
-    const wr = this.#writer!;
-    wr.reserve(d.pipeline.maxDispatchWords + 1);
-    let start = this.#stored + wr.pos;
-    if (!writeDispatch(wr, d, 0, this.#dispatchIndex(), barrierFirst)) return false;
-    if (barrierFirst) {
-      this.#node(start, null, 0, 0);
-      start++;
+  dispatch(d: DispatchDescriptor): boolean {
+    const t = this.#t, wr = t.writer, p = d.pipeline;
+    // Room first, so that the write below cannot spill and the dispatch's position is known.
+    if (wr.pos + p.maxDispatchWords + RecordWords.BARRIER > wr.words.length) wr.flush();
+    const at = this.#stored + wr.pos, i = this.#count;
+    if (!writeDispatch(wr, d, this.#pipeline, i)) return false;
+    if (p.handle !== this.#pipeline) {
+      this.#pipeline = p.handle;
+      t.pipelines[this.#pipelines++] = p;
     }
-    const i = this.#count;
-    const bindings = d.bindings;
-    const buffers = this.#t.buffers;
-    this.#node(start, d.pipeline, bindings.length, buffers.length);
+    // The views in record order: writeDispatch wrote one buffer record per bound buffer slot.
+    const plan = p.slotPlan, bindings = d.bindings, buffers = t.buffers;
+    let k = this.#buffers;
     for (let s = 0; s < bindings.length; s++) {
-      const b = bindings[s];
-      if (b instanceof MlxBuffer) buffers.push(b);
+      if (plan[s]! < 0) {
+        const b = bindings[s];
+        if (b !== undefined) buffers[k++] = b as MlxBuffer;
+      }
     }
+    this.#buffers = k;
+    this.#count = i + 1;
+    this.#lastStart = at;
+    if (this.#pending || d.opKind !== undefined) this.#annotate(d, i);
+    return true;
+  }
+
+  /** Gives dispatch `i` its op kind and the pending ranges. */
+  #annotate(d: DispatchDescriptor, i: number): void {
     const kind = this.#pendingOpKind ?? d.opKind;
-    if (kind !== undefined && kind !== d.pipeline.contract.opKind) this.#opKinds.set(i, kind);
-    this.#lastDispatch = i;
+    if (kind !== undefined && kind !== d.pipeline.contract.opKind) (this.#opKinds ??= new Map()).set(i, kind);
     if (this.#pendingRanges !== undefined) {
-      const plain = dispatchNode(d, undefined, this.#pendingRanges, kind);
-      this.#annotated.set(i, plain);
+      (this.#annotated ??= new Map()).set(i, dispatchNode(d, undefined, this.#pendingRanges, kind));
     }
     this.#pendingOpKind = undefined;
     this.#pendingRanges = undefined;
-    return true;
+    this.#pending = false;
   }
 
   /** Records a barrier (none before the first node). */
   barrier(): void {
     if (this.#count === 0) return;
-    const wr = this.#writer!;
-    wr.reserve(1);
-    this.#node(this.#stored + wr.pos, null, 0, 0);
+    const wr = this.#t.writer;
+    wr.reserve(RecordWords.BARRIER);
     wr.barrier();
+    this.#barrierEnd = this.#stored + wr.pos;
+    this.#count++;
   }
 
-  /** The recorded pass, without a trailing barrier; the recorder is empty afterwards. */
-  take(): Capture {
-    const wr = this.#writer!;
-    wr.flush();
-    wr.attach(undefined);
-    if (spareWriters.length < MAX_SPARE) spareWriters.push(wr);
-    let count = this.#count, length = this.#stored;
-    if (count > 0 && this.#t.pipelines[count - 1] === null) {
+  /**
+   * The recorded pass, without a trailing barrier; the recorder is done afterwards. With
+   * `autoBarriers`, the capture's nodes get their barriers where accesses conflict.
+   */
+  take(autoBarriers = false): Capture {
+    const t = this.#t, wr = t.writer;
+    this.#open = false;
+    const spilled = this.#stored > 0;
+    if (spilled) wr.flush();
+    let count = this.#count, length = spilled ? this.#stored : wr.pos;
+    if (this.#barrierEnd === length) { // the last node is a barrier
       count--;
-      length = this.#t.starts[count]!;
+      length--;
     }
-    const c = new Capture(this.#t, length, count, this.#opKinds, this.#annotated);
-    this.#writer = null;
-    return c;
+    wr.attach(undefined);
+    // Exactly the objects recorded (entries past them are left over from an earlier capture).
+    if (t.buffers.length !== this.#buffers) t.buffers.length = this.#buffers;
+    if (t.pipelines.length !== this.#pipelines) t.pipelines.length = this.#pipelines;
+    return new Capture(
+      t,
+      spilled,
+      length,
+      count,
+      this.#pipelines,
+      this.#buffers,
+      this.#opKinds ?? NO_OP_KINDS,
+      this.#annotated ?? NO_ANNOTATIONS,
+      autoBarriers,
+    );
   }
 
-  /** Drops what was recorded and hands the buffers back for reuse (the recorder is done). */
+  /** Drops what was recorded and hands the tables back for reuse (the recorder is done). */
   discard(): void {
-    const wr = this.#writer;
-    if (wr === null) return;
-    this.#writer = null;
-    wr.attach(undefined);
-    if (spareWriters.length < MAX_SPARE) spareWriters.push(wr);
-    returnTables(this.#t);
+    if (!this.#open) return;
+    this.#open = false;
+    returnTables(this.#t, this.#pipelines, this.#buffers);
   }
 
   /** Sets the op kind of the next dispatch. */
   setOpKind(kind: CapturedOpKind): void {
     this.#pendingOpKind = kind;
+    this.#pending = true;
   }
 
   /** Adds ranges to the next dispatch's accesses. */
   addPendingRanges(extra: Accesses): void {
+    this.#pending = true;
     const p = this.#pendingRanges;
     this.#pendingRanges = p ? mergeAccesses(p, extra) : { reads: [...extra.reads], writes: [...extra.writes] };
   }
 
   /** Merges ranges into the last recorded dispatch's accesses. */
   mergeIntoLastDispatch(extra: Accesses): void {
-    const i = this.#lastDispatch;
-    if (i < 0) return;
-    const n = this.#currentNode(i);
-    this.#annotated.set(i, { ...n, ...mergeAccesses(n, extra), [USER_RANGES]: true } as MarkedNode);
+    if (this.#lastStart < 0) return;
+    const [i, n] = this.#lastNode();
+    (this.#annotated ??= new Map()).set(i, { ...n, ...mergeAccesses(n, extra), [USER_RANGES]: true } as MarkedNode);
   }
 
   /** Gives the last recorded dispatch these ranges if it has none. */
   annotateLastDispatchIfMissing(reads: readonly MemRange[], writes: readonly MemRange[]): void {
-    const i = this.#lastDispatch;
-    if (i < 0) return;
-    const n = this.#currentNode(i);
+    if (this.#lastStart < 0) return;
+    const [i, n] = this.#lastNode();
     if (n.reads.length === 0 && n.writes.length === 0) {
-      this.#annotated.set(i, { ...n, reads: [...reads], writes: [...writes], [USER_RANGES]: true } as MarkedNode);
+      (this.#annotated ??= new Map()).set(i, {
+        ...n,
+        reads: [...reads],
+        writes: [...writes],
+        [USER_RANGES]: true,
+      } as MarkedNode);
     }
   }
 
-  /** Node `i` as recorded so far (words still in the writer are spilled first). */
-  #currentNode(i: number): MarkedNode {
-    const a = this.#annotated.get(i);
-    if (a !== undefined) return a;
-    this.#writer!.flush();
-    return this.#view().plainNode(i);
-  }
-
-  #view(): Capture {
-    return new Capture(this.#t, this.#stored, this.#count, this.#opKinds, this.#annotated);
-  }
-
-  #dispatchIndex(): number {
-    return this.#count; // a tag only: dispatches are re-tagged when the plan is encoded
-  }
-
-  #node(start: number, pipeline: Pipeline | null, bindings: number, bufferStart: number): void {
-    const i = this.#count, t = this.#t;
-    if (i === t.starts.length) {
-      t.starts = grow32(t.starts);
-      t.bufferStarts = grow32(t.bufferStarts);
-      const c = new Uint16Array(i * 2);
-      c.set(t.bindingCounts);
-      t.bindingCounts = c;
+  /**
+   * The last recorded dispatch's node index and node as it stands (its words are spilled to the
+   * store first): parsed from its first word; the barriers after it are one word each.
+   */
+  #lastNode(): [number, MarkedNode] {
+    const t = this.#t;
+    t.writer.flush();
+    const w = t.store, end = this.#stored, start = this.#lastStart;
+    let buffers = 0, at = start;
+    for (let op = 0; op !== Op.DISPATCH_THREADS && op !== Op.DISPATCH_GROUPS; at += w[at]! >>> LEN_SHIFT) {
+      op = w[at]! & OP_MASK;
+      if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) buffers++;
     }
-    t.starts[i] = start;
-    t.bufferStarts[i] = bufferStart;
-    t.bindingCounts[i] = bindings;
-    t.pipelines.push(pipeline);
-    this.#count = i + 1;
+    const i = this.#count - 1 - (end - at); // the words after it are its trailing barriers
+    const a = this.#annotated?.get(i);
+    if (a !== undefined) return [i, a];
+    const pipeline = t.pipelines[this.#pipelines - 1]!;
+    const bindings: Binding[] = [];
+    let k = this.#buffers - buffers, tgMemory: number | undefined = undefined;
+    let grid: number | number[] = 1, threadgroup: number | number[] = 1, threads = false;
+    for (let q = start; q < at;) {
+      const h = w[q]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
+      if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) bindings[slot] = t.buffers[k++];
+      else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, q);
+      else if (op === Op.SET_TG_MEMORY) tgMemory = w[q + 1];
+      else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
+        threads = op === Op.DISPATCH_THREADS;
+        grid = dims(w[q + 1]!, w[q + 2]!, w[q + 3]!);
+        threadgroup = dims(w[q + 4]!, w[q + 5]!, w[q + 6]!);
+      }
+      q += len;
+    }
+    const acc = accessesOf(pipeline.contract, bindings);
+    return [i, {
+      kind: "dispatch",
+      pipeline,
+      bindings,
+      grid,
+      threadgroup,
+      threadgroupMemory: tgMemory,
+      dispatchKind: threads ? "threads" : "threadgroups",
+      opKind: this.#opKinds?.get(i) ?? pipeline.contract.opKind,
+      reads: acc.reads,
+      writes: acc.writes,
+    }];
   }
 
   /** Moves `n` words from the writer into the store. */
@@ -418,13 +527,7 @@ export class CaptureRecorder {
       g.set(s.subarray(0, this.#stored));
       t.store = s = g;
     }
-    s.set(this.#writer!.words.subarray(0, n), this.#stored);
+    s.set(t.writer.words.subarray(0, n), this.#stored);
     this.#stored += n;
   }
-}
-
-function grow32(a: Int32Array): Int32Array<ArrayBuffer> {
-  const g = new Int32Array(a.length * 2);
-  g.set(a);
-  return g;
 }

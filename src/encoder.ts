@@ -153,6 +153,12 @@ export class CommandBufferSlot {
     if (this.state === "encoding") this.writer!.flush();
   }
 
+  /** Hands every record written so far, then `stream` (whole records), to the native library now. */
+  encodeNow(stream: Uint8Array): void {
+    this.writer!.flush();
+    if (stream.byteLength > 0) this.#encodeChunk(stream, stream.byteLength);
+  }
+
   /**
    * Reads the native decoder's barrier statistics (`cap` words of them: Stat.COUNT for the counts,
    * more for the group sizes) into the module's scratch array, adds what changed to the global
@@ -375,17 +381,12 @@ export class CommandEncoder {
     }
     const capture = this.#capture;
     if (capture !== null) {
-      // Recorded as stream words, checked as they are written: a bad descriptor records nothing
-      // (and, with auto barriers, leaves no barrier node behind).
-      // The accesses are staged straight from the bindings (no range lists), as on the direct path.
-      const barrier = policy.auto && policy.stageDispatch(d.pipeline.contract, d.bindings) && capture.length > 0;
-      if (!capture.dispatch(d, barrier)) {
+      // Recorded as stream words, checked as they are written: a bad descriptor records nothing.
+      // Automatic barriers are not placed here: the capture places them when its nodes are built
+      // (on a plan-cache miss), so a pass that hits the cache never tracks an access.
+      if (!capture.dispatch(d)) {
         this.#check(d); // says what is wrong
         throw new MlxError("InvalidArgument", `${d.pipeline.name}: the dispatch could not be recorded`);
-      }
-      if (policy.auto) {
-        if (barrier) policy.forget();
-        policy.trackStaged();
       }
       return;
     }
@@ -717,44 +718,26 @@ export class CommandEncoder {
     if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") {
       this.#writeAutoBarriers(this.#policy.auto);
     }
-    return capture ? capture.take() : null;
+    return capture ? capture.take(this.#policy.auto) : null;
   }
 
   /**
-   * @ignore Internal: Appends the finished records of a cached plan to a fresh encoder (no dispatch yet):
-   * `words`, cut only at `cuts` (step boundaries, ascending, the last one the end; no step is larger
-   * than a writer),
-   * holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier between each two),
-   * the last one on pipeline `lastPipeline`. Returns false, with nothing written, where the encoder
-   * needs per-dispatch bookkeeping (validation, profiling) or already holds work.
+   * @ignore Internal: Appends the finished records of a cached plan to a fresh encoder (no dispatch
+   * yet): `stream` (whole records) goes to the native library as one chunk, straight from the plan's
+   * memory (no copy), holding `dispatches` dispatches in concurrent groups of `groupSizes` (a barrier
+   * between each two), the last one on pipeline `lastPipeline`. Returns false, with nothing written,
+   * where the encoder needs per-dispatch bookkeeping (validation, profiling) or already holds work;
+   * throws (the command buffer then failed) when the native library refuses the stream.
    */
-  appendPlanRecords(
-    words: Uint32Array,
-    cuts: Int32Array,
-    dispatches: number,
-    groupSizes: Int32Array,
-    lastPipeline: number,
-  ): boolean {
+  appendPlanRecords(stream: Uint8Array, dispatches: number, groupSizes: Int32Array, lastPipeline: number): boolean {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("appendPlanRecords");
     if (
       this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null || this.#capture !== null ||
       this.#dispatches !== 0 || this.#pipeline !== 0
     ) return false;
-    const w = this.#cb.writer!;
     const tracking = this.#nativeAuto; // the plan carries its barriers: the decoder must not add any
     if (tracking) this.#writeAutoBarriers(false);
-    const cap = w.words.length;
-    let from = 0;
-    for (let c = 0; c < cuts.length;) {
-      // the longest run of whole steps that fits the writer (one step always does)
-      let to = from;
-      while (c < cuts.length && cuts[c]! - from <= cap) to = cuts[c++]!;
-      if (to === from) continue;
-      w.reserve(to - from);
-      w.words.set(words.subarray(from, to), w.pos);
-      w.pos += to - from;
-      from = to;
-    }
+    this.#cb.encodeNow(stream); // flushes the writer (with the record above) before the plan's records
     if (tracking) this.#writeAutoBarriers(true);
     const policy = this.#policy;
     for (let g = 0; g < groupSizes.length; g++) {

@@ -18,7 +18,6 @@ import type { CapturedNode } from "./graph/nodes.ts";
 import {
   type CachedPlan,
   Fingerprint,
-  patchConstants,
   PlanCache,
   planDescriptor,
   PlanRecorder,
@@ -127,7 +126,7 @@ const nowNs = () => performance.now() * 1e6;
 
 /** Appends plan records to an empty encoder; false when it cannot take them (it then holds nothing new). */
 function appendRecords(enc: CommandEncoder, r: PlanRecords): boolean {
-  return enc.appendPlanRecords(r.words, r.cuts, r.dispatches, r.groupSizes, r.lastPipeline);
+  return enc.appendPlanRecords(r.bytes, r.dispatches, r.groupSizes, r.lastPipeline);
 }
 
 const DEFAULT_PLAN_CACHE_SIZE = 16;
@@ -596,15 +595,15 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
    * all or nothing.
    */
   #replayRecords(enc: CommandEncoder, capture: Capture, plan: CachedPlan, label: string): RecordedCommit {
-    assertBuffersLive(capture.buffers, "");
     const encoders = [enc];
     try {
       for (let c = 1; c < plan.records!.length; c++) {
         encoders.push(this.#exec.device.commandEncoder({ validate: this.#validate }));
       }
-      commitPlan(plan, encoders, () => capture.nodes(), capture, this.#validate, label);
+      commitPlan(plan, encoders, () => capture.nodes(), this.#validate, label);
     } catch (e) {
       for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();
+      assertBuffersLive(capture.buffers, ""); // the likely cause, said plainly
       throw e;
     }
     return {
@@ -633,7 +632,11 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
   }
 }
 
-/** Throws Disposed when one of `buffers` was disposed (`fix` is appended to the message). */
+/**
+ * Throws Disposed when one of `buffers` was disposed (`fix` is appended to the message). Run after
+ * a replay failed, not before every replay: the native library refuses a freed (stale) handle in a
+ * stream before anything of the pass commits, and this names the cause.
+ */
 function assertBuffersLive(buffers: readonly MlxBuffer[], fix: string): void {
   for (let i = 0; i < buffers.length; i++) {
     if (buffers[i]!.rawHandle === 0) {
@@ -643,22 +646,20 @@ function assertBuffersLive(buffers: readonly MlxBuffer[], fix: string): void {
 }
 
 /**
- * Encodes command buffer c of `plan` into `encoders[c]`: its records copied (their constants
- * patched from `capture` when given), or, where an encoder cannot take records (validation on), its
- * steps replayed with the bindings of `nodes()`. Then checks (validation on) and commits them all:
- * nothing is committed unless every one encoded.
+ * Encodes command buffer c of `plan` into `encoders[c]`: its records copied (a plan-cache hit
+ * wrote the pass's constants into them while comparing its key), or, where an encoder cannot take
+ * records (validation on), its steps replayed with the bindings of `nodes()`. Then checks
+ * (validation on) and commits them all: nothing is committed unless every one encoded.
  */
 function commitPlan(
   plan: CachedPlan,
   encoders: readonly CommandEncoder[],
   nodes: () => readonly CapturedNode[],
-  capture: Capture | null,
   validate: boolean,
   label: string,
 ): void {
   for (let c = 0; c < encoders.length; c++) {
     const enc = encoders[c]!, r = plan.records?.[c];
-    if (r !== undefined && capture !== null) patchConstants(r, capture);
     if (r === undefined || !appendRecords(enc, r)) {
       const last = c === encoders.length - 1;
       replaySteps(plan, nodes(), enc, c === 0 ? 0 : plan.firstSteps, last ? plan.steps.length : plan.firstSteps);
@@ -764,15 +765,15 @@ export class FrozenPass {
     }
     const { validate, buffers, nodes, plan } = this.#frozen;
     const label = options.label ?? this.#frozen.label;
-    assertBuffersLive(buffers, "; freeze a new pass");
     const encoders: CommandEncoder[] = [];
     try {
       for (let c = 0; c < plan.barriers.length; c++) {
         encoders.push(this.#device.commandEncoder({ autoBarriers: false, validate }));
       }
-      commitPlan(plan, encoders, () => nodes, null, validate, label);
+      commitPlan(plan, encoders, () => nodes, validate, label);
     } catch (e) {
       for (const enc of encoders) enc.dispose();
+      assertBuffersLive(buffers, "; freeze a new pass"); // the likely cause, said plainly
       throw e;
     }
     return pendingPass(encoders, {

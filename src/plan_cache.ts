@@ -8,8 +8,10 @@
  * native handle, which names one live allocation) and byte range (or the inline constants' byte
  * length, or nothing), its op kind where it differs from the contract's, and its read and write
  * ranges when the user added any (otherwise they follow from the pipeline's contract and the
- * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer). The
- * first part is exactly the capture's stream words with the constants' values masked out. Every
+ * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer) and
+ * whether the session places barriers automatically (those barriers are not recorded: they follow
+ * from the rest of the key). The first part is exactly the capture's stream words (SET_PIPELINE
+ * only where the pipeline changes) with the constants' values masked out. Every
  * decision of the passes depends only on these, never on constant values, so a replay with new
  * constants is what a fresh optimisation would produce. What may differ between hits: the values of
  * inline constants, and which buffer object views a given allocation range.
@@ -22,6 +24,7 @@ import { writeDispatch } from "./dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
+import { Buffer } from "node:buffer";
 import { Op } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
 import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
@@ -78,8 +81,8 @@ export interface CachedPlan {
 export interface PlanRecords {
   /** The stream words. */
   readonly words: Uint32Array;
-  /** Where each step (dispatch or barrier) ends, in words. */
-  readonly cuts: Int32Array;
+  /** The same memory as bytes, as the native library takes a stream. */
+  readonly bytes: Uint8Array;
   /** Triples (word in `words`, word in the capture, count): where each constant's value comes from. */
   readonly patches: Int32Array;
   /** Dispatches per concurrent group (a barrier between each two). */
@@ -143,17 +146,22 @@ export class Fingerprint {
     this.#capture = capture;
     this.#len = 0;
     this.#push(flags);
+    this.#push(capture.autoBarriers ? 1 : 0); // its barriers follow from the rest of the key
     this.#push(capture.nodeCount);
-    for (const [i, kind] of capture.opKinds) {
-      this.#push(i);
-      this.#push(this.#intern(kind));
+    if (capture.opKinds.size > 0) {
+      for (const [i, kind] of capture.opKinds) {
+        this.#push(i);
+        this.#push(this.#intern(kind));
+      }
     }
     this.#push(-1);
-    for (const [i, n] of capture.annotated) {
-      this.#push(i);
-      this.#push(this.#intern(n.opKind));
-      this.#ranges(n.reads);
-      this.#ranges(n.writes);
+    if (capture.annotated.size > 0) {
+      for (const [i, n] of capture.annotated) {
+        this.#push(i);
+        this.#push(this.#intern(n.opKind));
+        this.#ranges(n.reads);
+        this.#ranges(n.writes);
+      }
     }
     // The hash covers the shape only (sizes and extra numbers): equal keys are then told apart by
     // one exact comparison, which needs no walk over the records.
@@ -164,36 +172,50 @@ export class Fingerprint {
   }
 
   /**
-   * Whether the stored key is the last computation's: its extra numbers, and its capture words
-   * `stored` equal to the new capture's wherever `constants` (1 per inline-constant value word of
-   * `stored`) is 0. Sound without parsing the new words: equal headers from the first word on make
-   * every record the same length, so the constant values lie at the same places in both.
+   * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
+   * to the new capture's except at inline-constant values. All words are compared as bytes, in
+   * native code: equal, the records already hold this pass's constants. Otherwise, unless the first
+   * word that differs is a constant's, the topology differs. If it is, the new capture's words at
+   * the key's constant positions from there on are copied into the key (and, where the key's map
+   * says so, into the plan's records: the key always holds the records' constants), and the rest is
+   * compared again. Sound without parsing the new words: equal headers from the first word on make
+   * every record the same length, so the constant values lie at the same places in both. On a hit
+   * the records carry this pass's constants with no separate patch pass; on a miss the key and its
+   * records stay a consistent pair. Allocates nothing.
    */
-  equals(stored: Uint32Array, constants: Uint8Array, extra: Float64Array): boolean {
-    const n = this.#len;
+  equals(key: Sighting, records: readonly PlanRecords[] | null | undefined): boolean {
+    const n = this.#len, extra = key.extra;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!, length = stored.length;
+    const c = this.#capture!, stored = key.words, length = stored.length, bytes = 4 * length;
     if (c.length !== length) return false;
-    // Two words at a time as doubles; a pair that differs, is NaN or is ±0 is checked word by word.
-    const w = c.words, pairs = length >>> 1;
-    const a = new Float64Array(w.buffer, w.byteOffset, pairs);
-    const b = new Float64Array(stored.buffer, stored.byteOffset, pairs);
-    for (let i = 0; i < pairs; i++) {
-      const x = a[i];
-      if (x !== b[i] || x === 0) {
-        const k = 2 * i;
-        if ((w[k] !== stored[k] && constants[k] === 0) || (w[k + 1] !== stored[k + 1] && constants[k + 1] === 0)) {
-          return false;
-        }
+    // The same pass with the same constants (a state-driven step): the records hold them already.
+    if (compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0) return true;
+    // The first word that differs: the key's topology differs unless it holds a constant's value.
+    const w = c.words, at = key.constants, to = key.targets;
+    let first = 0;
+    while (w[first] === stored[first]) first++;
+    let lo = 0, hi = at.length; // the first constant at or after `first`
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (at[mid]! < first) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo === at.length || at[lo] !== first) return false;
+    const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
+    for (let i = lo; i < at.length; i++) {
+      const k = at[i]!, word = w[k]!;
+      if (word === stored[k]) continue;
+      stored[k] = word;
+      const t = to[i]!;
+      if (t >= 0) {
+        if (t < split) r0[t] = word;
+        else r1[t - split] = word;
       }
     }
-    if (length & 1) {
-      const k = length - 1;
-      if (w[k] !== stored[k] && constants[k] === 0) return false;
-    }
-    return true;
+    const from = 4 * first;
+    return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
   }
 
   #ranges(list: readonly MemRange[]): void {
@@ -225,26 +247,79 @@ export class Fingerprint {
   }
 }
 
-/** A topology key: capture words, which of them are constant values, and the extra numbers. */
-interface Sighting {
+/**
+ * A topology key: the capture's words, its inline-constant positions and where each one's value
+ * goes on a hit, and the extra numbers. The words are mutable: a lookup leaves the last compared
+ * pass's constants in them.
+ */
+export interface Sighting {
+  /** The capture's words (their inline constants: those last written into the records). */
   readonly words: Uint32Array;
-  readonly constants: Uint8Array;
+  /** The same memory as bytes. */
+  readonly bytes: Uint8Array;
+  /** The words that hold inline-constant values, ascending. */
+  readonly constants: Int32Array;
+  /**
+   * Per entry of `constants`: its word in the plan's records (the second command buffer's words
+   * counted after the first's), or -1 where the records take no constant from it.
+   */
+  readonly targets: Int32Array;
+  /** The key's extra numbers. */
   readonly extra: Float64Array;
+}
+
+const NO_WORDS = new Uint32Array(0);
+// Node's Buffer#compare with ranges: memcmp over two views, no allocation.
+const compareBytes = Buffer.prototype.compare as (
+  this: Uint8Array,
+  target: Uint8Array,
+  targetStart: number,
+  targetEnd: number,
+  sourceStart: number,
+  sourceEnd: number,
+) => number;
+
+/**
+ * The key of the last fingerprinted capture, copied, with its constants mapped into `records`
+ * (from their patch lists); null when a capture word would feed two record words (the records
+ * then cannot be patched while comparing).
+ */
+function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefined): Sighting | null {
+  const c = fp.capture, words = c.words.slice(0, c.length);
+  const index = new Int32Array(words.length).fill(-1); // word -> its entry in `constants`
+  const at: number[] = [];
+  for (let i = 0; i < words.length;) {
+    const h = words[i]!, len = h >>> LEN_SHIFT;
+    if ((h & OP_MASK) === Op.SET_BYTES) {
+      for (let k = i + 2; k < i + len; k++) index[k] = at.push(k) - 1;
+    }
+    i += len;
+  }
+  const targets = new Int32Array(at.length).fill(-1);
+  let base = 0;
+  for (const r of records ?? []) {
+    const p = r.patches;
+    for (let i = 0; i < p.length; i += 3) {
+      const to = p[i]!, from = p[i + 1]!, n = p[i + 2]!;
+      for (let k = 0; k < n; k++) {
+        const e = index[from + k]!;
+        if (e < 0 || targets[e] !== -1) return null;
+        targets[e] = base + to + k;
+      }
+    }
+    base += r.words.length;
+  }
+  return {
+    words,
+    bytes: new Uint8Array(words.buffer, words.byteOffset, words.byteLength),
+    constants: Int32Array.from(at),
+    targets,
+    extra: fp.view().slice(),
+  };
 }
 
 interface Entry extends Sighting {
   readonly plan: CachedPlan;
-}
-
-/** 1 for each word of `words` (whole records) that holds an inline constant's value. */
-function constantWords(words: Uint32Array): Uint8Array {
-  const mask = new Uint8Array(words.length);
-  for (let at = 0; at < words.length;) {
-    const h = words[at]!, len = h >>> LEN_SHIFT;
-    if ((h & OP_MASK) === Op.SET_BYTES) mask.fill(1, at + 2, at + len);
-    at += len;
-  }
-  return mask;
 }
 
 /** Hit and miss counts of a cache. */
@@ -296,7 +371,7 @@ export class PlanCache {
     const list = this.#byHash.get(fp.hash);
     if (list !== undefined) {
       for (const e of list) {
-        if (!fp.equals(e.words, e.constants, e.extra)) continue;
+        if (!fp.equals(e, e.plan.records)) continue;
         this.#lru.delete(e);
         this.#lru.set(e, fp.hash);
         this.#hits++;
@@ -307,12 +382,18 @@ export class PlanCache {
     return undefined;
   }
 
-  /** @ignore Stores a plan for the fingerprinted topology, evicting the least recently used beyond capacity. */
+  /**
+   * @ignore Stores a plan for the fingerprinted topology, evicting the least recently used beyond
+   * capacity. Its records (if any) take the constants of later hits while their keys are compared.
+   */
   store(fp: Fingerprint, plan: CachedPlan): void {
     if (this.capacity === 0) return;
-    const c = fp.capture;
-    const words = c.words.slice(0, c.length);
-    const e: Entry = { words, constants: constantWords(words), extra: fp.view().slice(), plan };
+    let key = keyOf(fp, plan.records);
+    if (key === null) { // cannot happen with the passes as they are; replayed through the steps then
+      plan = { ...plan, records: null };
+      key = keyOf(fp, null)!;
+    }
+    const e: Entry = { ...key, plan };
     const list = this.#byHash.get(fp.hash);
     if (list) list.push(e);
     else this.#byHash.set(fp.hash, [e]);
@@ -339,13 +420,12 @@ export class PlanCache {
     if (seen === undefined && !this.#byHash.has(hash)) return true;
     if (seen !== undefined) {
       for (const e of seen) {
-        if (!fp.equals(e.words, e.constants, e.extra)) continue;
+        if (!fp.equals(e, null)) continue;
         this.#forgetSeen(e, hash);
         return true;
       }
     }
-    const c = fp.capture, words = c.words.slice(0, c.length);
-    const e: Sighting = { words, constants: constantWords(words), extra: fp.view().slice() };
+    const e = keyOf(fp, null)!;
     if (seen) {
       // A few per shape bound the comparisons a miss costs.
       if (seen.length === SIGHTINGS_PER_SHAPE) this.#forgetSeen(seen[0]!, hash);
@@ -610,7 +690,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
     }
     return {
       words,
-      cuts,
+      bytes: new Uint8Array(words.buffer, words.byteOffset, words.byteLength),
       patches: Int32Array.from(patches),
       groupSizes: Int32Array.from([...this.#groups, this.#groupSize]),
       dispatches: this.#dispatches,
@@ -627,14 +707,5 @@ export class RecordsBuilder implements GraphEncodeTarget {
     }
     s.set(this.#writer.words.subarray(0, n), this.#stored);
     this.#stored += n;
-  }
-}
-
-/** Writes the values of the capture's inline constants into a plan's records. */
-export function patchConstants(records: PlanRecords, capture: Capture): void {
-  const t = records.words, src = capture.words, p = records.patches;
-  for (let i = 0; i < p.length; i += 3) {
-    const d = p[i]!, s = p[i + 1]!, n = p[i + 2]!;
-    for (let k = 0; k < n; k++) t[d + k] = src[s + k]!;
   }
 }
