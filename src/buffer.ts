@@ -118,6 +118,17 @@ export function checkShape(op: string, shape: readonly number[], dtype: DType, b
   }
 }
 
+let disposals = 0;
+
+/**
+ * @ignore Internal: how many allocations were disposed so far in this process. Whoever keeps
+ * native handles across calls (a frozen pass) checks its buffers again only when this moved: a
+ * handle's generation tag alone can wrap after thousands of reuses of one table slot.
+ */
+export function disposalCount(): number {
+  return disposals;
+}
+
 /**
  * A zero-filled device allocation, or a slice view `[byteOffset, byteOffset + byteLength)` of one.
  * Slices share their parent's allocation; binding a slice binds exactly its bytes.
@@ -338,6 +349,7 @@ export class MlxBuffer {
     const h = this.#state.handle;
     if (h === 0) return;
     this.#state.handle = 0;
+    disposals++;
     liveAllocations.delete(this.#state.allocId);
     finalizer.unregister(this.#root ?? this);
     this.#host.releaseBuffer(h);

@@ -13,7 +13,7 @@ import type { CommandEncoder, DispatchDescriptor, RangeLike } from "./encoder.ts
 import { MlxError } from "./errors.ts";
 import { checkChunk, ComputeGraph, encodeChunk } from "./graph/compute_graph.ts";
 import type { Capture } from "./capture_recorder.ts";
-import type { MlxBuffer } from "./buffer.ts";
+import { disposalCount, type MlxBuffer } from "./buffer.ts";
 import type { CapturedNode } from "./graph/nodes.ts";
 import {
   type CachedPlan,
@@ -745,6 +745,7 @@ export class FrozenPass {
   readonly #device: MlxDevice;
   #frozen: FrozenPlan | null;
   #commits = 0;
+  #checkedAt = -1; // disposalCount() when its buffers were last found live
 
   /** @ignore Internal: made by GraphSession.freeze. */
   constructor(device: MlxDevice, frozen: FrozenPlan) {
@@ -765,6 +766,13 @@ export class FrozenPass {
     }
     const { validate, buffers, nodes, plan } = this.#frozen;
     const label = options.label ?? this.#frozen.label;
+    // The stream names its buffers by native handle: after any disposal, check that none of them
+    // went (a freed handle's slot may be reused, and its generation tag can wrap).
+    const disposals = disposalCount();
+    if (disposals !== this.#checkedAt) {
+      assertBuffersLive(buffers, "; freeze a new pass");
+      this.#checkedAt = disposals;
+    }
     const encoders: CommandEncoder[] = [];
     try {
       for (let c = 0; c < plan.barriers.length; c++) {
