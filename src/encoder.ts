@@ -552,6 +552,7 @@ export class CommandEncoder {
   set autoBarriers(on: boolean) {
     this.#policy.auto = on;
     this.#policy.forget();
+    this.#capture?.setAutoBarriers(on); // the captured nodes take their barriers by this setting
     // Turning tracking on is written lazily, before the next dispatch or range; a reset now.
     if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") this.#writeAutoBarriers(on);
   }
@@ -690,7 +691,7 @@ export class CommandEncoder {
   /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
   startCapture(): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("startCapture");
-    this.#capture ??= new CaptureRecorder();
+    this.#capture ??= new CaptureRecorder(this.#policy.auto);
     this.#direct = false;
   }
 
@@ -718,7 +719,7 @@ export class CommandEncoder {
     if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") {
       this.#writeAutoBarriers(this.#policy.auto);
     }
-    return capture ? capture.take(this.#policy.auto) : null;
+    return capture ? capture.take() : null;
   }
 
   /**
