@@ -4,6 +4,7 @@
  * session placing its barriers per dispatch gives.
  */
 import { deepStrictEqual, equal } from "node:assert/strict";
+import fc from "fast-check";
 import { DType, GraphExecutor } from "../mod.ts";
 import { openDevice } from "./helpers.ts";
 
@@ -39,5 +40,78 @@ Deno.test("recorded session: automatic barriers follow the setting each dispatch
       s.elementwiseAdd(b, y, d); // RAW on b: a barrier
       deepStrictEqual(s.finish().barriers, [1], `cache ${planCache}, recorded ${recorded}: the auto part's barrier`);
     }
+  }
+});
+
+type Step =
+  | { k: "add"; a: number; b: number; out: number }
+  | { k: "axpby"; a: number; b: number; out: number; alpha: number }
+  | { k: "barrier" }
+  | { k: "auto"; on: boolean };
+
+const SLICES = 6, SLICE = 16; // views: slice i of allocation i % 2 (16 floats each, some overlapping)
+
+Deno.test("property: a recorded pass (miss, then hits with new constants) places the direct session's barriers", () => {
+  using device = openDevice({ backend: "cpu" });
+  const allocs = [device.alloc(4 * SLICE * 4, DType.F32), device.alloc(4 * SLICE * 4, DType.F32)];
+  // Offsets in floats: overlapping views (8 apart) and disjoint ones.
+  const offsets = [0, 8, 16, 32, 40, 48];
+  const views = offsets.map((o, i) => allocs[i % 2]!.slice(o * 4, SLICE * 4));
+  const overlaps = (p: number, q: number) =>
+    p % 2 === q % 2 && offsets[p]! < offsets[q]! + SLICE && offsets[q]! < offsets[p]! + SLICE;
+  const v = fc.nat(SLICES - 1);
+  const step: fc.Arbitrary<Step> = fc.oneof(
+    { weight: 6, arbitrary: fc.record({ k: fc.constant("add" as const), a: v, b: v, out: v }) },
+    {
+      weight: 3,
+      arbitrary: fc.record({
+        k: fc.constant("axpby" as const),
+        a: v,
+        b: v,
+        out: v,
+        alpha: fc.integer({ min: -3, max: 3 }),
+      }),
+    },
+    { weight: 1, arbitrary: fc.constant({ k: "barrier" as const }) },
+    { weight: 1, arbitrary: fc.record({ k: fc.constant("auto" as const), on: fc.boolean() }) },
+  );
+  const valid = (s: Step) =>
+    s.k === "barrier" || s.k === "auto" || [s.a, s.b].every((i) => i === s.out || !overlaps(i, s.out));
+  const exec = new GraphExecutor(device, { planCacheSize: 4 });
+  try {
+    fc.assert(
+      fc.property(fc.array(step, { minLength: 1, maxLength: 40 }), fc.boolean(), (raw, auto0) => {
+        const prog = raw.filter(valid);
+        exec.planCache!.clear();
+        const run = (recorded: boolean, shift: number) => {
+          allocs.forEach((a, i) => a.write(new Float32Array(4 * SLICE).map((_, k) => (k % 7) + i)));
+          using s = recorded ? exec.beginRecorded({ autoBarriers: auto0 }) : exec.begin({ autoBarriers: auto0 });
+          for (const st of prog) {
+            if (st.k === "add") s.elementwiseAdd(views[st.a]!, views[st.b]!, views[st.out]!);
+            else if (st.k === "axpby") {
+              s.axpby(views[st.a]!, views[st.b]!, views[st.out]!, { alpha: st.alpha + shift, beta: 1 });
+            } else if (st.k === "barrier") s.barrier();
+            else s.encoder.autoBarriers = st.on;
+          }
+          const r = s.finish();
+          return {
+            barriers: r.barriers,
+            groups: r.groups,
+            planCache: r.planCache,
+            bytes: allocs.map((a) => a.readBytes()),
+          };
+        };
+        for (let pass = 0; pass < 3; pass++) {
+          const direct = run(false, pass), recorded = run(true, pass);
+          equal(recorded.planCache, pass === 0 ? "miss" : "hit", `pass ${pass}`);
+          // (Barriers are compared through the groups: a direct encoder counts back-to-back barriers.)
+          equal(recorded.groups, direct.groups, `pass ${pass}: groups`);
+          deepStrictEqual(recorded.bytes, direct.bytes, `pass ${pass}: outputs`);
+        }
+      }),
+      { numRuns: 150, seed: 3016 },
+    );
+  } finally {
+    allocs.forEach((a) => a.dispose());
   }
 });
