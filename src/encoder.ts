@@ -713,12 +713,9 @@ export class CommandEncoder {
   takeCompactCapture(): Capture | null {
     const capture = this.#capture;
     this.#capture = null;
-    this.#policy.forget();
+    // The group of what was encoded before the capture stays (JS policy or native tracker): the
+    // captured nodes were not encoded, and a direct dispatch after them may still conflict with it.
     this.#direct = this.#native;
-    // The native tracker forgets too (the record also brings its setting in line with the policy's).
-    if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") {
-      this.#writeAutoBarriers(this.#policy.auto);
-    }
     return capture ? capture.take() : null;
   }
 
