@@ -80,7 +80,7 @@ Deno.test("property: a recorded pass (miss, then hits with new constants) places
   const exec = new GraphExecutor(device, { planCacheSize: 4 });
   try {
     fc.assert(
-      fc.property(fc.array(step, { minLength: 1, maxLength: 40 }), fc.boolean(), (raw, auto0) => {
+      fc.property(fc.array(step, { minLength: 1, maxLength: 40, size: "max" }), fc.boolean(), (raw, auto0) => {
         const prog = raw.filter(valid);
         exec.planCache!.clear();
         const run = (recorded: boolean, shift: number) => {
