@@ -548,8 +548,12 @@ export class CommandEncoder {
     return this.#policy.auto;
   }
 
-  /** Turns automatic barriers on or off (the tracker is reset). */
+  /**
+   * Turns automatic barriers on or off (a change resets the tracker; setting the value it already
+   * has changes nothing, so the group's accesses stay checked).
+   */
   set autoBarriers(on: boolean) {
+    if (on === this.#policy.auto) return;
     this.#policy.auto = on;
     this.#policy.forget();
     this.#capture?.setAutoBarriers(on); // the captured nodes take their barriers by this setting

@@ -5,7 +5,7 @@
  */
 import { deepStrictEqual, equal } from "node:assert/strict";
 import fc from "fast-check";
-import { DType } from "../mod.ts";
+import { DType, GraphExecutor } from "../mod.ts";
 import { openDevice } from "./helpers.ts";
 
 Deno.test("a capture in the middle of a direct pass does not make the direct encoder forget its group", () => {
@@ -76,5 +76,29 @@ Deno.test("property: the native tracker's interval sets against a brute-force sc
     );
   } finally {
     allocs.forEach((a) => a.dispose());
+  }
+});
+
+Deno.test("setting autoBarriers to the value it already has keeps the group (no silent race)", () => {
+  using device = openDevice({ backend: "cpu" });
+  const add = { pipeline: device.kernels.get("elementwise_add_f32"), grid: 16, threadgroup: 16 } as const;
+  using x = device.upload(new Float32Array(16).fill(1)), a = device.alloc(64, DType.F32);
+  using b = device.alloc(64, DType.F32);
+  for (const validate of [false, true]) {
+    using enc = device.commandEncoder({ autoBarriers: true, validate });
+    enc.dispatch({ ...add, bindings: [x, x, a, [16]], dispatchKind: "threads" }); // writes a
+    enc.autoBarriers = true; // already on
+    enc.dispatch({ ...add, bindings: [a, x, b, [16]], dispatchKind: "threads" }); // reads a: RAW
+    equal(enc.barrierCount, 1, `validate ${validate}`);
+    enc.commit({ wait: true });
+    deepStrictEqual([...b.read() as Float32Array], new Array(16).fill(3));
+  }
+  const exec = new GraphExecutor(device);
+  for (const recorded of [false, true]) {
+    using s = recorded ? exec.beginRecorded() : exec.begin();
+    s.elementwiseAdd(x, x, a);
+    s.encoder.autoBarriers = true;
+    s.elementwiseAdd(a, x, b);
+    deepStrictEqual(s.finish().barriers, [1], `recorded ${recorded}`);
   }
 });
