@@ -161,7 +161,7 @@ export class Capture {
   readonly autoBarriers: boolean;
   /**
    * Where the setting was changed while recording, as pairs (the index of the next node, 1 = on /
-   * 0 = off): each change also forgets the concurrent group, as it does on a direct encoder.
+   * 0 = off). A change keeps the concurrent group's tracked accesses, as on a direct encoder.
    */
   readonly autoChanges: readonly number[];
   #nodes: CapturedNode[] | null = null;
@@ -223,10 +223,8 @@ export class Capture {
     try {
       for (let i = 0; i < nodes.length; i++) {
         const n = nodes[i]!;
-        for (; next < changes.length && changes[next] === i; next += 2) {
-          auto = changes[next + 1] === 1;
-          policy.forget();
-        }
+        // A switch keeps the group (as on a direct encoder): only barriers forget it.
+        for (; next < changes.length && changes[next] === i; next += 2) auto = changes[next + 1] === 1;
         if (n.kind !== "dispatch") policy.forget();
         else if (auto) {
           // Exactly the encoder's rule: derived accesses staged from the bindings, merged with
@@ -360,7 +358,7 @@ export class CaptureRecorder {
     this.#t.writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
   }
 
-  /** Automatic barriers on or off for the dispatches recorded from now on (the group is forgotten). */
+  /** Automatic barriers on or off for the dispatches recorded from now on. */
   setAutoBarriers(on: boolean): void {
     (this.#autoChanges ??= []).push(this.#count, on ? 1 : 0);
   }

@@ -549,16 +549,15 @@ export class CommandEncoder {
   }
 
   /**
-   * Turns automatic barriers on or off (a change resets the tracker; setting the value it already
-   * has changes nothing, so the group's accesses stay checked).
+   * Turns automatic barriers on or off. The group's tracked accesses stay (only a barrier forgets
+   * them): a dispatch after switching back on is checked against those from before the switch.
+   * Dispatches encoded while off are not tracked: their barriers are the caller's.
    */
   set autoBarriers(on: boolean) {
     if (on === this.#policy.auto) return;
     this.#policy.auto = on;
-    this.#policy.forget();
     this.#capture?.setAutoBarriers(on); // the captured nodes take their barriers by this setting
-    // Turning tracking on is written lazily, before the next dispatch or range; a reset now.
-    if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") this.#writeAutoBarriers(on);
+    // The native setting is written lazily, before the next dispatch or range.
   }
 
   /** Writes an AUTO_BARRIERS record (which also resets the native tracker). */

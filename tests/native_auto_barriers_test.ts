@@ -92,9 +92,7 @@ class Reference {
   }
 
   setAuto(on: boolean): void {
-    if (on === this.auto) return; // the value it already has: nothing changes
-    this.auto = on;
-    this.group = [];
+    this.auto = on; // the group stays: only barriers forget it
   }
 
   histogram(): number[] {

@@ -102,3 +102,31 @@ Deno.test("setting autoBarriers to the value it already has keeps the group (no 
     deepStrictEqual(s.finish().barriers, [1], `recorded ${recorded}`);
   }
 });
+
+Deno.test("switching autoBarriers off and on again keeps the group: a dispatch after it conflicts with one before", () => {
+  using device = openDevice({ backend: "cpu" });
+  const add = { pipeline: device.kernels.get("elementwise_add_f32"), grid: 16, threadgroup: 16 } as const;
+  using x = device.upload(new Float32Array(16).fill(1)), a = device.alloc(64, DType.F32);
+  using b = device.alloc(64, DType.F32), c = device.alloc(64, DType.F32);
+  for (const validate of [false, true]) {
+    using enc = device.commandEncoder({ autoBarriers: true, validate });
+    enc.dispatch({ ...add, bindings: [x, x, a, [16]], dispatchKind: "threads" }); // writes a (tracked)
+    enc.autoBarriers = false;
+    enc.dispatch({ ...add, bindings: [x, x, c, [16]], dispatchKind: "threads" }); // by hand: independent
+    enc.autoBarriers = true;
+    enc.dispatch({ ...add, bindings: [a, x, b, [16]], dispatchKind: "threads" }); // reads a: RAW
+    equal(enc.barrierCount, 1, `validate ${validate}`);
+    enc.commit({ wait: true });
+    deepStrictEqual([...b.read() as Float32Array], new Array(16).fill(3));
+  }
+  const exec = new GraphExecutor(device);
+  for (const recorded of [false, true]) {
+    using s = recorded ? exec.beginRecorded() : exec.begin();
+    s.elementwiseAdd(x, x, a);
+    s.encoder.autoBarriers = false;
+    s.elementwiseAdd(x, x, c);
+    s.encoder.autoBarriers = true;
+    s.elementwiseAdd(a, x, b);
+    deepStrictEqual(s.finish().barriers, [1], `recorded ${recorded}`);
+  }
+});
