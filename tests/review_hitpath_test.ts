@@ -5,7 +5,8 @@
  */
 import { deepStrictEqual, equal } from "node:assert/strict";
 import fc from "fast-check";
-import { DType, GraphExecutor } from "../mod.ts";
+import { DecodeLoop, type DecodeLoopOptions, DType, GraphExecutor } from "../mod.ts";
+import { createLlama } from "../examples/llama.ts";
 import { openDevice } from "./helpers.ts";
 
 Deno.test("recorded session: automatic barriers follow the setting each dispatch was recorded under", () => {
@@ -117,5 +118,64 @@ Deno.test("property: a recorded pass (miss, then hits with new constants) places
     );
   } finally {
     allocs.forEach((a) => a.dispose());
+  }
+});
+
+Deno.test("DecodeLoop with automatic barriers only (none by hand): every mode gives the hand-placed loop's tokens and logits", () => {
+  using device = openDevice({ backend: "cpu" });
+  const exec = new GraphExecutor(device);
+  const model = createLlama(device, {
+    layers: 2,
+    hidden: 128,
+    heads: 2,
+    kvHeads: 1,
+    ffn: 256,
+    vocab: 300,
+    ctx: 24,
+    seed: 7,
+    quant: "q4_0",
+  });
+  const select = { temperature: 0.9, topK: 40, topP: 0.95, seed: 11 };
+  const steps = 10, logits = model.act.logits!;
+  const run = (hand: boolean, options: Partial<DecodeLoopOptions>) => {
+    model.resetCache();
+    using loop = new DecodeLoop(exec, {
+      readBatch: 4,
+      session: { autoBarriers: !hand },
+      ...options,
+      encodeStep: (s, t) => model.tokenStep(s, t, hand ? () => s.barrier() : () => {}, select),
+    });
+    const r = loop.run({ first: 3, steps });
+    return { tokens: [...r.tokens], logits: logits.read() as Float32Array, reports: r.reports };
+  };
+  const want = run(true, { depth: 1 });
+  const modes: [string, Partial<DecodeLoopOptions>][] = [
+    ["direct", { depth: 2 }],
+    ["direct, step state", { depth: 2, stepState: true }],
+    ["recorded", { depth: 2, recorded: true, finish: { fuse: true, reorder: true } }],
+    ["recorded, step state", {
+      depth: 3,
+      recorded: true,
+      stepState: true,
+      finish: { fuse: true, reorder: true, dualBuffer: true },
+    }],
+    ["frozen, step state", {
+      depth: 2,
+      recorded: true,
+      stepState: true,
+      frozen: true,
+      finish: { fuse: true, reorder: true },
+    }],
+  ];
+  for (let round = 0; round < 2; round++) {
+    for (const [name, options] of modes) {
+      const got = run(false, options);
+      deepStrictEqual(got.tokens, want.tokens, `${name}: tokens`);
+      deepStrictEqual(got.logits, want.logits, `${name}: last logits`);
+      if (options.stepState && options.recorded && !options.frozen) {
+        // (A new loop's buffers are a new topology of a known shape: recorded on its second sighting.)
+        deepStrictEqual(got.reports.slice(2).map((r) => r.planCache), new Array(steps - 2).fill("hit"), name);
+      }
+    }
   }
 });
