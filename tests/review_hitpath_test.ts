@@ -179,3 +179,51 @@ Deno.test("DecodeLoop with automatic barriers only (none by hand): every mode gi
     }
   }
 });
+
+Deno.test("plan cache: passes that differ only in a hand barrier, threadgroup memory, a binding's offset or length, or the dispatch kind miss; repeats hit with fresh outputs", () => {
+  using device = openDevice({ backend: "cpu" });
+  const add = device.kernels.get("elementwise_add_f32");
+  using x = device.upload(new Float32Array(64).map((_, i) => i)), y = device.upload(new Float32Array(64).fill(0.5));
+  using out = device.alloc(64 * 4, DType.F32);
+  type V = { barrier: boolean; tgMem: number; off: number; len: number; kind: "threads" | "threadgroups" };
+  const base: V = { barrier: false, tgMem: 0, off: 0, len: 16, kind: "threads" };
+  const variants: V[] = [
+    base,
+    { ...base, barrier: true },
+    { ...base, tgMem: 64 },
+    { ...base, off: 16 },
+    { ...base, len: 8 },
+    { ...base, kind: "threadgroups" },
+  ];
+  const pass = (exec: GraphExecutor, v: V, alpha: number) => {
+    out.write(new Float32Array(64));
+    using s = exec.beginRecorded({ autoBarriers: false });
+    const n = v.len, g = v.kind === "threads" ? n : 1;
+    s.dispatch({
+      pipeline: add,
+      bindings: [x.slice(v.off * 4, n * 4), y.slice(0, n * 4), out.slice(v.off * 4, n * 4), [n]],
+      grid: g,
+      threadgroup: n,
+      threadgroupMemory: v.tgMem || undefined,
+      dispatchKind: v.kind,
+    });
+    if (v.barrier) s.barrier();
+    s.axpby(out.slice(32 * 4, 16 * 4), y.slice(0, 16 * 4), out.slice(48 * 4, 16 * 4), { alpha, beta: 1 });
+    const r = s.finish({ fuse: true, reorder: true });
+    return { planCache: r.planCache, groups: r.groups, bytes: out.readBytes() };
+  };
+  const cached = new GraphExecutor(device, { planCacheSize: 16 });
+  const fresh = new GraphExecutor(device, { planCache: false });
+  // A new topology of a known shape is recorded on its second sighting: two rounds before hits.
+  for (let round = 0; round < 2; round++) {
+    for (const [i, v] of variants.entries()) {
+      const r = pass(cached, v, 1 + round);
+      if (round === 0) equal(r.planCache, "miss", `variant ${i}: a new topology`);
+    }
+  }
+  for (const [i, v] of variants.entries()) {
+    const again = pass(cached, v, 2 + i), ref = pass(fresh, v, 2 + i);
+    equal(again.planCache, "hit", `variant ${i}`);
+    deepStrictEqual({ ...again, planCache: "" }, { ...ref, planCache: "" }, `variant ${i}`);
+  }
+});
