@@ -52,8 +52,9 @@
  *                      read and/or written as the kernel's contract declares (zero-length ranges
  *                      touch nothing). Conflict: a read of a byte the group wrote (RAW), a write of a
  *                      byte the group read or wrote (WAR, WAW); read–read and different buffers never.
- *                      No barrier goes before a command buffer's first dispatch. Either setting, and
- *                      every BARRIER record (also one before the first dispatch), forgets the group.
+ *                      No barrier goes before a command buffer's first dispatch. Every BARRIER record
+ *                      (also one before the first dispatch) forgets the group; switching AUTO_BARRIERS
+ *                      does not (dispatches encoded while it is off are not added to the group).
  *    TRACK             [hdr, n × {buffer, flags, offset_lo, offset_hi, length_lo, length_hi}]
  *                      1 + 6n words, 1 <= n <= MLXN_MAX_TRACK_ENTRIES, slot field 0. Ranges given by
  *                      the host (barrier_between / track_dispatch), tracked whether AUTO_BARRIERS is

@@ -101,6 +101,7 @@ const spareTables: Tables[] = [];
 const MAX_SPARE = 4;
 const NO_OP_KINDS: ReadonlyMap<number, CapturedOpKind> = new Map();
 const NO_ANNOTATIONS: ReadonlyMap<number, MarkedNode> = new Map();
+const NO_CHANGES: readonly number[] = [];
 
 function takeTables(): Tables {
   const spare = spareTables.pop();
@@ -153,10 +154,16 @@ export class Capture {
   /** Nodes whose accesses include user ranges, by node index. */
   readonly annotated: ReadonlyMap<number, MarkedNode>;
   /**
-   * Recorded with automatic barriers: {@link Capture.nodes} places a barrier before every dispatch
-   * whose accesses conflict with its concurrent group (none were recorded per dispatch).
+   * Recording started with automatic barriers: {@link Capture.nodes} places a barrier before every
+   * dispatch recorded under them whose accesses conflict with its concurrent group (none were
+   * recorded per dispatch).
    */
   readonly autoBarriers: boolean;
+  /**
+   * Where the setting was changed while recording, as pairs (the index of the next node, 1 = on /
+   * 0 = off). A change keeps the concurrent group's tracked accesses, as on a direct encoder.
+   */
+  readonly autoChanges: readonly number[];
   #nodes: CapturedNode[] | null = null;
   #starts: Int32Array | null = null; // per node, its first word (derived with the nodes)
   #released = false;
@@ -173,9 +180,11 @@ export class Capture {
     opKinds: ReadonlyMap<number, CapturedOpKind>,
     annotated: ReadonlyMap<number, MarkedNode>,
     autoBarriers: boolean,
+    autoChanges: readonly number[],
   ) {
     this.#tables = tables;
     this.autoBarriers = autoBarriers;
+    this.autoChanges = autoChanges;
     if (spilled) {
       const s = tables.store;
       let bytes = tables.storeBytes;
@@ -203,17 +212,21 @@ export class Capture {
   nodes(): CapturedNode[] {
     if (this.#nodes !== null) return this.#nodes;
     const [nodes, starts] = this.#recordedNodes();
-    if (!this.autoBarriers) {
+    const changes = this.autoChanges;
+    if (!this.autoBarriers && changes.length === 0) {
       this.#starts = starts;
       return this.#nodes = nodes;
     }
     const out: CapturedNode[] = [], outStarts: number[] = [];
     const policy = new BarrierPolicy(true);
+    let auto = this.autoBarriers, next = 0;
     try {
       for (let i = 0; i < nodes.length; i++) {
         const n = nodes[i]!;
+        // A switch keeps the group (as on a direct encoder): only barriers forget it.
+        for (; next < changes.length && changes[next] === i; next += 2) auto = changes[next + 1] === 1;
         if (n.kind !== "dispatch") policy.forget();
-        else {
+        else if (auto) {
           // Exactly the encoder's rule: derived accesses staged from the bindings, merged with
           // any user ranges (checked and tracked as ranges).
           const user = this.annotated.has(i);
@@ -336,10 +349,18 @@ export class CaptureRecorder {
   #pending = false; // an op kind or ranges wait for the next dispatch
   #pendingOpKind: CapturedOpKind | undefined;
   #pendingRanges: Accesses | undefined;
+  readonly #autoBarriers: boolean;
+  #autoChanges: number[] | null = null;
 
-  /** An empty recorder. */
-  constructor() {
+  /** An empty recorder; `autoBarriers`: whether the dispatches recorded first get automatic barriers. */
+  constructor(autoBarriers = false) {
+    this.#autoBarriers = autoBarriers;
     this.#t.writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
+  }
+
+  /** Automatic barriers on or off for the dispatches recorded from now on. */
+  setAutoBarriers(on: boolean): void {
+    (this.#autoChanges ??= []).push(this.#count, on ? 1 : 0);
   }
 
   /** Nodes recorded so far. */
@@ -400,10 +421,10 @@ export class CaptureRecorder {
   }
 
   /**
-   * The recorded pass, without a trailing barrier; the recorder is done afterwards. With
-   * `autoBarriers`, the capture's nodes get their barriers where accesses conflict.
+   * The recorded pass, without a trailing barrier; the recorder is done afterwards. The nodes
+   * recorded under automatic barriers get their barriers where accesses conflict.
    */
-  take(autoBarriers = false): Capture {
+  take(): Capture {
     const t = this.#t, wr = t.writer;
     this.#open = false;
     const spilled = this.#stored > 0;
@@ -426,7 +447,8 @@ export class CaptureRecorder {
       this.#buffers,
       this.#opKinds ?? NO_OP_KINDS,
       this.#annotated ?? NO_ANNOTATIONS,
-      autoBarriers,
+      this.#autoBarriers,
+      this.#autoChanges ?? NO_CHANGES,
     );
   }
 

@@ -548,12 +548,16 @@ export class CommandEncoder {
     return this.#policy.auto;
   }
 
-  /** Turns automatic barriers on or off (the tracker is reset). */
+  /**
+   * Turns automatic barriers on or off. The group's tracked accesses stay (only a barrier forgets
+   * them): a dispatch after switching back on is checked against those from before the switch.
+   * Dispatches encoded while off are not tracked: their barriers are the caller's.
+   */
   set autoBarriers(on: boolean) {
+    if (on === this.#policy.auto) return;
     this.#policy.auto = on;
-    this.#policy.forget();
-    // Turning tracking on is written lazily, before the next dispatch or range; a reset now.
-    if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") this.#writeAutoBarriers(on);
+    this.#capture?.setAutoBarriers(on); // the captured nodes take their barriers by this setting
+    // The native setting is written lazily, before the next dispatch or range.
   }
 
   /** Writes an AUTO_BARRIERS record (which also resets the native tracker). */
@@ -690,7 +694,7 @@ export class CommandEncoder {
   /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
   startCapture(): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("startCapture");
-    this.#capture ??= new CaptureRecorder();
+    this.#capture ??= new CaptureRecorder(this.#policy.auto);
     this.#direct = false;
   }
 
@@ -712,13 +716,10 @@ export class CommandEncoder {
   takeCompactCapture(): Capture | null {
     const capture = this.#capture;
     this.#capture = null;
-    this.#policy.forget();
+    // The group of what was encoded before the capture stays (JS policy or native tracker): the
+    // captured nodes were not encoded, and a direct dispatch after them may still conflict with it.
     this.#direct = this.#native;
-    // The native tracker forgets too (the record also brings its setting in line with the policy's).
-    if (this.#direct && this.#nativeTracked && this.#cb.state === "encoding") {
-      this.#writeAutoBarriers(this.#policy.auto);
-    }
-    return capture ? capture.take(this.#policy.auto) : null;
+    return capture ? capture.take() : null;
   }
 
   /**

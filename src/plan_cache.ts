@@ -9,8 +9,8 @@
  * length, or nothing), its op kind where it differs from the contract's, and its read and write
  * ranges when the user added any (otherwise they follow from the pipeline's contract and the
  * bindings); plus the finish options that shape the optimisation (fuse, reorder, dual buffer) and
- * whether the session places barriers automatically (those barriers are not recorded: they follow
- * from the rest of the key). The first part is exactly the capture's stream words (SET_PIPELINE
+ * where the session placed barriers automatically (its setting, and where it changed; those barriers
+ * are not recorded: they follow from the rest of the key). The first part is exactly the capture's stream words (SET_PIPELINE
  * only where the pipeline changes) with the constants' values masked out. Every
  * decision of the passes depends only on these, never on constant values, so a replay with new
  * constants is what a fresh optimisation would produce. What may differ between hits: the values of
@@ -147,6 +147,9 @@ export class Fingerprint {
     this.#len = 0;
     this.#push(flags);
     this.#push(capture.autoBarriers ? 1 : 0); // its barriers follow from the rest of the key
+    const changes = capture.autoChanges; // and where the setting changed
+    this.#push(changes.length);
+    for (let i = 0; i < changes.length; i++) this.#push(changes[i]!);
     this.#push(capture.nodeCount);
     if (capture.opKinds.size > 0) {
       for (const [i, kind] of capture.opKinds) {

@@ -92,8 +92,7 @@ class Reference {
   }
 
   setAuto(on: boolean): void {
-    this.auto = on;
-    this.group = [];
+    this.auto = on; // the group stays: only barriers forget it
   }
 
   histogram(): number[] {

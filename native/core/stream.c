@@ -493,8 +493,8 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       case MLXN_OP_AUTO_BARRIERS:
         NEED_WORDS(op, MLXN_REC_AUTO_BARRIERS_WORDS);
         if (slot > 1) FAIL(MLXN_E_STREAM, "AUTO_BARRIERS takes 0 (off) or 1 (on) in the slot field, got %u", slot);
+        /* The group stays: what was tracked before the switch still shares the group with what follows. */
         cb->auto_barriers = (uint8_t)slot;
-        trk_reset(&cb->tracker);
         break;
       case MLXN_OP_TRACK: {
         NO_SLOT(op);
