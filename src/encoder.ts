@@ -647,8 +647,10 @@ export class CommandEncoder {
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("barrierBetween");
     if (this.#direct) return this.#trackNative(reads, writes, true);
-    const r = toRanges(reads), w = toRanges(writes);
-    this.#capture?.addPendingRanges({ reads: r, writes: w });
+    const capture = this.#capture;
+    const r = capture ? toRanges(reads) : this.#deviceRanges(reads),
+      w = capture ? toRanges(writes) : this.#deviceRanges(writes);
+    capture?.addPendingRanges({ reads: r, writes: w });
     this.#track(r, w, true);
   }
 
@@ -659,9 +661,29 @@ export class CommandEncoder {
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("trackDispatch");
     if (this.#direct) return this.#trackNative(reads, writes, false);
-    const r = toRanges(reads), w = toRanges(writes);
-    this.#capture?.mergeIntoLastDispatch({ reads: r, writes: w });
+    const capture = this.#capture;
+    const r = capture ? toRanges(reads) : this.#deviceRanges(reads),
+      w = capture ? toRanges(writes) : this.#deviceRanges(writes);
+    capture?.mergeIntoLastDispatch({ reads: r, writes: w });
     this.#track(r, w, false);
+  }
+
+  /**
+   * User ranges as the native tracker takes them, for an encoder that tracks in JS (validating or
+   * profiling): ranges of allocations that are not live on this device are left out (no dispatch
+   * can bind them) and the rest are cut at their allocation's end, so both trackers place the same
+   * barriers. Malformed ranges are kept for the tracker's own check to refuse.
+   */
+  #deviceRanges(list: readonly RangeLike[]): MemRange[] {
+    const out: MemRange[] = [];
+    for (const x of list) {
+      const range = x instanceof MlxBuffer ? x.range() : x;
+      const live = Array.isArray(range) && Number.isInteger(range[0]) ? liveAllocation(range[0], this.#host) : null;
+      if (live === undefined) continue; // a well-formed id of no live allocation here
+      if (live === null || !(range[2] > live.byteLength) || range[1] > range[2]) out.push(range);
+      else out.push([range[0], Math.min(range[1], live.byteLength), live.byteLength]);
+    }
+    return out;
   }
 
   #track(reads: readonly MemRange[], writes: readonly MemRange[], check: boolean): void {

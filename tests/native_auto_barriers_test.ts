@@ -166,7 +166,7 @@ function program(): fc.Arbitrary<{ sizes: number[]; views: ViewSpec[]; cmds: Cmd
         sizes: fc.constant(sizes),
         views: fc.constant(views.map((x) => ({ ...x, off: Math.min(x.off, sizes[x.alloc]! - x.len) }))),
         auto: fc.constant(auto),
-        cmds: fc.array(cmd, { minLength: 1, maxLength: 80 }),
+        cmds: fc.array(cmd, { minLength: 1, maxLength: 80, size: "max" }), // whole programs, not the default ~10 commands
       });
     })
   );

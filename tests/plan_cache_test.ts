@@ -60,7 +60,7 @@ const opArb: fc.Arbitrary<Op | null> = fc.oneof(
         : null
     ),
 );
-const programArb = fc.array(opArb, { minLength: 1, maxLength: 80 })
+const programArb = fc.array(opArb, { minLength: 1, maxLength: 80, size: "max" })
   .map((ops) => ops.filter((o): o is Op => o !== null))
   .filter((ops) => ops.length > 0);
 
