@@ -299,6 +299,9 @@ export class CommandEncoder {
   readonly #native: boolean;
   #direct: boolean; // #native and not capturing
   #nativeAuto = false; // the AUTO_BARRIERS state written to the stream
+  // A cached plan's records were appended untracked: tracking starts behind a barrier (its accesses
+  // are not in the decoder's group).
+  #planTail = false;
   #nativeTracked = false; // the stream turned tracking on or held a TRACK: a reset must be written where the policy forgets
   // validation: what was encoded, to check at commit
   #log: CapturedNode[] | null;
@@ -514,6 +517,7 @@ export class CommandEncoder {
   memoryBarrier(): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("memoryBarrier");
     this.#policy.forget(); // every earlier write is now visible
+    this.#planTail = false;
     if (this.#capture !== null) {
       this.#capture.barrier(); // in capture mode a barrier is a node; nothing is issued or counted
       return;
@@ -562,6 +566,7 @@ export class CommandEncoder {
 
   /** Writes an AUTO_BARRIERS record (which also resets the native tracker). */
   #writeAutoBarriers(on: boolean): void {
+    if (on && this.#planTail) this.memoryBarrier();
     const cb = this.#cb, w = cb.writer!;
     w.reserve(RecordWords.AUTO_BARRIERS);
     w.words[w.pos++] = on ? H_AUTO_BARRIERS_ON : H_AUTO_BARRIERS_OFF;
@@ -761,7 +766,9 @@ export class CommandEncoder {
     const tracking = this.#nativeAuto; // the plan carries its barriers: the decoder must not add any
     if (tracking) this.#writeAutoBarriers(false);
     this.#cb.encodeNow(stream); // flushes the writer (with the record above) before the plan's records
-    if (tracking) this.#writeAutoBarriers(true);
+    // Tracking resumes with the next dispatch (if any), behind a barrier: the plan's accesses are
+    // not in the decoder's group.
+    this.#planTail = this.#direct && this.#policy.auto;
     const policy = this.#policy;
     for (let g = 0; g < groupSizes.length; g++) {
       if (g > 0) {

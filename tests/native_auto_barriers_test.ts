@@ -452,3 +452,45 @@ Deno.test("the barrier count of a stream the decoder rejects does not throw; the
   }
   match(String(thrown), /stream was rejected .*partly overlaps/);
 });
+
+Deno.test("a direct dispatch after a cached plan's appended records gets a barrier first (the plan is not tracked)", async () => {
+  const { CommandEncoder: Encoder } = await import("../src/encoder.ts");
+  using device = openDevice({ backend: "cpu" });
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(64).fill(1)), b = device.upload(new Float32Array(64).fill(2));
+  using out = device.alloc(256, DType.F32), out2 = device.alloc(256, DType.F32);
+  const pass = () => {
+    const s = exec.beginRecorded();
+    s.elementwiseAdd(a, b, out);
+    return s.finish({ fuse: true, reorder: true });
+  };
+  pass(); // a miss records the plan; the next identical pass replays its records
+  const append = Encoder.prototype.appendPlanRecords;
+  let records: Parameters<typeof append> | undefined;
+  Encoder.prototype.appendPlanRecords = function (...args) {
+    records = args;
+    return append.apply(this, args);
+  };
+  try {
+    equal(pass().planCache, "hit");
+  } finally {
+    Encoder.prototype.appendPlanRecords = append;
+  }
+  ok(records !== undefined, "the hit appended its records");
+  const enc = device.commandEncoder({ autoBarriers: true });
+  ok(enc.appendPlanRecords(...records!), "a fresh direct encoder takes the records");
+  // Reads what the plan's dispatch writes: without a barrier the two would run as one group.
+  const reg = device.kernels;
+  enc.dispatch({
+    pipeline: reg.get("elementwise_add_f32"),
+    bindings: [out, b, out2, [64]],
+    grid: 64,
+    threadgroup: 64,
+    dispatchKind: "threads",
+  });
+  equal(enc.barrierCount, 1, "one barrier between the plan and the dispatch that reads its output");
+  equal(enc.groupStats().groups, 2);
+  enc.commitAndWait();
+  deepStrictEqual(Array.from(out2.read() as Float32Array).slice(0, 64), new Array(64).fill(5));
+  enc.dispose();
+});
