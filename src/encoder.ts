@@ -564,7 +564,10 @@ export class CommandEncoder {
     // The native setting is written lazily, before the next dispatch or range.
   }
 
-  /** Writes an AUTO_BARRIERS record (which also resets the native tracker). */
+  /**
+   * Writes an AUTO_BARRIERS record (the native group stays). Turning tracking on after a cached
+   * plan's untracked records puts a barrier first.
+   */
   #writeAutoBarriers(on: boolean): void {
     if (on && this.#planTail) this.memoryBarrier();
     const cb = this.#cb, w = cb.writer!;
@@ -652,10 +655,8 @@ export class CommandEncoder {
   barrierBetween(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("barrierBetween");
     if (this.#direct) return this.#trackNative(reads, writes, true);
-    const capture = this.#capture;
-    const r = capture ? toRanges(reads) : this.#deviceRanges(reads),
-      w = capture ? toRanges(writes) : this.#deviceRanges(writes);
-    capture?.addPendingRanges({ reads: r, writes: w });
+    const r = this.#userRanges(reads), w = this.#userRanges(writes);
+    this.#capture?.addPendingRanges({ reads: r, writes: w });
     this.#track(r, w, true);
   }
 
@@ -666,20 +667,20 @@ export class CommandEncoder {
   trackDispatch(reads: readonly RangeLike[], writes: readonly RangeLike[]): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("trackDispatch");
     if (this.#direct) return this.#trackNative(reads, writes, false);
-    const capture = this.#capture;
-    const r = capture ? toRanges(reads) : this.#deviceRanges(reads),
-      w = capture ? toRanges(writes) : this.#deviceRanges(writes);
-    capture?.mergeIntoLastDispatch({ reads: r, writes: w });
+    const r = this.#userRanges(reads), w = this.#userRanges(writes);
+    this.#capture?.mergeIntoLastDispatch({ reads: r, writes: w });
     this.#track(r, w, false);
   }
 
   /**
-   * User ranges as the native tracker takes them, for an encoder that tracks in JS (validating or
-   * profiling): ranges of allocations that are not live on this device are left out (no dispatch
-   * can bind them) and the rest are cut at their allocation's end, so both trackers place the same
-   * barriers. Malformed ranges are kept for the tracker's own check to refuse.
+   * User ranges for the JS policy. Captured as given (a graph's ranges need no device). An encoder
+   * that tracks in JS (validating or profiling) takes them as the native tracker does: ranges of
+   * allocations that are not live on this device are left out (no dispatch can bind them) and the
+   * rest are cut at their allocation's end, so both trackers place the same barriers. Malformed
+   * ranges are kept for the tracker's own check to refuse.
    */
-  #deviceRanges(list: readonly RangeLike[]): MemRange[] {
+  #userRanges(list: readonly RangeLike[]): MemRange[] {
+    if (this.#capture !== null) return toRanges(list);
     const out: MemRange[] = [];
     for (const x of list) {
       const range = x instanceof MlxBuffer ? x.range() : x;
