@@ -10,8 +10,8 @@
  * FIXED_POS=1 encodes position 5 every token; NO_RUN=1 flushes and drops each pass (nothing runs);
  * OVERLAP=1 keeps two passes in flight (each token waits for the one before it), as a pipelined loop
  * does (the model's state is then raced on: only the timings mean anything); SETTLE_MS=n busy-waits
- * n ms after each pass; LOOP=1 also times a pipelined DecodeLoop (encode per step against its
- * encodeStep callback).
+ * n ms after each pass; LOOP=1 also times a pipelined DecodeLoop (encode per step, split into the
+ * session's creation, the model's ops, their native decode and the rest: advance, commit, bookkeeping).
  */
 import { parseArgs } from "node:util";
 import { type BackendName, DecodeLoop, GraphExecutor, MlxDevice, type PendingPass } from "../mod.ts";
@@ -91,11 +91,21 @@ for (
 }
 
 // The pipelined DecodeLoop (depth 2, step state, ids read every 16 steps): its encode per step
-// against the model's part of it (the encodeStep callback), so the difference is the loop's own.
+// split into the session's creation (begin), the model's ops (the encodeStep callback, JS), their
+// native decode (a flush at the end of the callback) and the rest (the step state's advance, the
+// commit with its flush of that advance, the loop's own bookkeeping).
 if (Deno.env.get("LOOP") !== undefined) {
   for (const auto of [false, true]) {
-    const modelNs: number[] = [];
-    const loop = new DecodeLoop(exec, {
+    const beginNs: number[] = [], modelNs: number[] = [], flushNs: number[] = [];
+    // The loop's executor with begin() timed (the loop calls nothing else on it per step).
+    const timed = Object.create(exec) as GraphExecutor;
+    timed.begin = (o) => {
+      const t0 = now();
+      const s = exec.begin(o);
+      beginNs.push(now() - t0);
+      return s;
+    };
+    const loop = new DecodeLoop(timed, {
       depth: 2,
       readBatch: 16,
       stepState: true,
@@ -103,19 +113,26 @@ if (Deno.env.get("LOOP") !== undefined) {
       encodeStep: (s, t) => {
         const t0 = now();
         model.tokenStep(s, t, auto ? () => {} : () => s.barrier());
-        modelNs.push(now() - t0);
+        const t1 = now();
+        s.encoder.flush();
+        modelNs.push(t1 - t0);
+        flushNs.push(now() - t1);
       },
     });
     model.resetCache();
     loop.run({ first: 1, steps: 20 });
-    modelNs.length = 0;
+    for (const xs of [beginNs, modelNs, flushNs]) xs.length = 0;
     const steps = Math.min(tokens, cfg.ctx - 21);
     const rep = loop.run({ first: 1, steps, startPosition: 20 });
-    const perStep = rep.encodeNs / steps / 1e3;
+    const encode = rep.timings.map((t) => t.committedNs - t.encodeStartNs);
+    const rest = encode.map((e, i) => e - beginNs[i]! - modelNs[i]! - flushNs[i]!);
     console.log(
-      `DecodeLoop ${auto ? "direct/auto" : "direct/hand"}: encode ${perStep.toFixed(1)} µs/step (mean); ` +
-        `the model's encodeStep min / median ${stats(modelNs)} µs; wall ${(rep.wallNs / steps / 1e3).toFixed(0)} µs, ` +
-        `device ${(rep.deviceNs / steps / 1e3).toFixed(0)} µs per step`,
+      `DecodeLoop ${auto ? "direct/auto" : "direct/hand"}: encode µs min / median ${stats(encode)} (mean ${
+        (rep.encodeNs / steps / 1e3).toFixed(1)
+      }) = begin ${stats(beginNs)} | js ${stats(modelNs)} | flush ${stats(flushNs)} | rest ${stats(rest)}; ` +
+        `wall ${(rep.wallNs / steps / 1e3).toFixed(0)} µs, device ${
+          (rep.deviceNs / steps / 1e3).toFixed(0)
+        } µs per step`,
     );
     loop.dispose();
   }

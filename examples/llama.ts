@@ -192,16 +192,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   /** A cache's rows of position `pos` in every KV head, [kvHeads, ctx, headDim] laid out: rope writes K there. */
   const rowView = (cache: MlxBuffer, pos: number) =>
     cache.slice(pos * headDim * 4, ((kvHeads - 1) * ctx + 1) * headDim * 4);
-  /**
-   * A cache with its rows of every position as views, made with the model so that a step slices
-   * nothing (a slice costs about what a dispatch's host encode does); past 65,536 views per model
-   * (2 · layers · ctx) a step slices its rows instead.
-   */
-  const eagerRows = 2 * cfg.layers * ctx <= 1 << 16;
-  const kvCache = () => {
-    const cache = f32(kvHeads * ctx * headDim);
-    return { cache, rows: eagerRows ? Array.from({ length: ctx }, (_, pos) => rowView(cache, pos)) : [] };
-  };
+  const kvCache = () => f32(kvHeads * ctx * headDim);
   const layers = Array.from({ length: cfg.layers }, () => ({
     attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
     ffnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
@@ -212,6 +203,16 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     k: kvCache(),
     v: kvCache(),
   }));
+  /**
+   * The caches' rows of every position as views, made with the model so that a step slices nothing
+   * (a slice costs about what a dispatch's host encode does): `rowsAt[pos]` holds layer i's K rows
+   * at 2i and V rows at 2i + 1. Position-major, so that one step's views sit together in memory
+   * (cache-major, each step touched views far apart, and read them from memory). Past 65,536 views
+   * per model (2 · layers · ctx) a step slices its rows instead.
+   */
+  const rowsAt: MlxBuffer[][] = 2 * cfg.layers * ctx <= 1 << 16
+    ? Array.from({ length: ctx }, (_, pos) => layers.flatMap((L) => [rowView(L.k, pos), rowView(L.v, pos)]))
+    : [];
   const embedding = rand(vocab * hidden, 1);
   const outNorm = device.upload(rand(hidden, 0.2).map((v) => 1 + v));
   const lmHead = device.upload(randomBf16(vocab * hidden, hidden), DType.BF16);
@@ -278,11 +279,12 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     if (!state) o.attn.kvSeqLen = pos + 1;
     const ropePositions = state ? undefined : positions;
     const { x, t, h, q, k, v, qr, tmp, attn } = act;
+    const rows = state ? undefined : rowsAt[pos];
     for (let i = 0; i < layers.length; i++) {
       const L = layers[i]!;
       // No view (a large model, or a position outside the cache): slicing makes one or says what is wrong.
-      const kRows = state ? L.k.cache : L.k.rows[pos] ?? rowView(L.k.cache, pos);
-      const vRows = state ? L.v.cache : L.v.rows[pos] ?? rowView(L.v.cache, pos);
+      const kRows = state ? L.k : rows?.[2 * i] ?? rowView(L.k, pos);
+      const vRows = state ? L.v : rows?.[2 * i + 1] ?? rowView(L.v, pos);
       barrier();
       s.rmsNorm(x, ones, t, norm); // RMS_NORM …
       barrier();
@@ -294,7 +296,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       s.ropeNeox(k, kRows, ropePositions, o.ropeK);
       s.stridedCopy(v, vRows, o.copyV);
       barrier();
-      s.flashAttnVec(qr, L.k.cache, L.v.cache, tmp, attn, o.attn);
+      s.flashAttnVec(qr, L.k, L.v, tmp, attn, o.attn);
       barrier();
       L.wo.addInto(s, attn, x, act.o, barrier); // x += attn · Woᵀ
       barrier();
@@ -375,8 +377,8 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     tokenStep,
     resetCache() {
       for (const L of layers) {
-        L.k.cache.write(new Float32Array(kvHeads * ctx * headDim));
-        L.v.cache.write(new Float32Array(kvHeads * ctx * headDim));
+        L.k.write(new Float32Array(kvHeads * ctx * headDim));
+        L.v.write(new Float32Array(kvHeads * ctx * headDim));
       }
     },
   };

@@ -376,6 +376,10 @@ export class DecodeLoop {
     let waited = 0, read = 0, deviceNs = 0, encodeNs = 0;
     let waiting: InFlight | undefined; // the pass whose wait is under way
     let frozen: FrozenPass | undefined; // this run's first pass, with `frozen`
+    // Every pass's commit options: one object per run (commit reads them and keeps nothing), the
+    // label set per step.
+    const commitOptions: FinishOptions = { ...this.#finish };
+    const fixedLabel = this.#finish.label;
     const t0 = nowNs();
 
     const readBack = () => {
@@ -411,7 +415,7 @@ export class DecodeLoop {
       for (let k = 0; k <= steps; k++) {
         if (k < steps) {
           const encodeStartNs = nowNs();
-          const label = this.#finish.label ?? `token ${start + k}`;
+          const label = commitOptions.label = fixedLabel ?? `token ${start + k}`;
           let pass: PendingPass;
           if (frozen !== undefined) pass = frozen.commit({ label });
           else {
@@ -430,7 +434,7 @@ export class DecodeLoop {
                   );
                 }
                 pass = frozen.commit({ label });
-              } else pass = s.commit({ ...this.#finish, label });
+              } else pass = s.commit(commitOptions);
             } finally {
               s.dispose(); // no-op once committed or frozen
             }
