@@ -15,6 +15,7 @@
 import {
   type ArgmaxOptions,
   type DecodeStep,
+  type DenseMatmulOptions,
   DType,
   type EmbedGatherOptions,
   type FlashAttnVecOptions,
@@ -84,6 +85,48 @@ export interface Llama {
   resetCache(): void;
 }
 
+/** A projection y = x · Wᵀ, W [n, k], in the chosen quantized format. */
+interface Linear {
+  n: number;
+  k: number;
+  run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
+  /**
+   * The residual connection y += x · Wᵀ: one kernel for dense weights (the product's residual
+   * epilogue), else the product into `scratch`, a barrier and an add.
+   */
+  addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
+  /**
+   * SwiGLU of a stacked gate/up projection (n = 2 · ffn rows): y = silu(x · Wgᵀ) ⊙ (x · Wuᵀ). One
+   * kernel for dense weights (the product's SwiGLU epilogue), else the product into `scratch`
+   * (2 · ffn), a barrier and silu_mul of its halves.
+   */
+  gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
+}
+
+/** The shape options of dense products, one set per (n, k): every layer's projection of a shape shares them. */
+interface DenseShapes {
+  plain: DenseMatmulOptions;
+  glu: DenseMatmulOptions;
+  /** Its `residual` is set before each use (the ops read options and keep nothing). */
+  residual: DenseMatmulOptions;
+}
+
+/** A projection with dense bf16 weights: one kernel per call (fused residual and SwiGLU epilogues). */
+class DenseLinear implements Linear {
+  constructor(readonly n: number, readonly k: number, readonly w: MlxBuffer, readonly shapes: DenseShapes) {}
+  run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void {
+    s.matmul(x, this.w, y, this.shapes.plain);
+  }
+  addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void {
+    const o = this.shapes.residual;
+    o.residual = y; // the model's own activation: holding it keeps nothing extra alive
+    s.matmul(x, this.w, y, o);
+  }
+  gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void {
+    s.matmul(x, this.w, y, this.shapes.glu);
+  }
+}
+
 /** The options of a step's rope, cache copy and attention calls. */
 interface StepOptions {
   ropeQ: RopeNeoxOptions;
@@ -103,23 +146,6 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32 * 2 - 1) * scale,
     );
 
-  /** A projection y = x · Wᵀ, W [n, k], in the chosen quantized format. */
-  interface Linear {
-    n: number;
-    k: number;
-    run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
-    /**
-     * The residual connection y += x · Wᵀ: one kernel for dense weights (the product's residual
-     * epilogue), else the product into `scratch`, a barrier and an add.
-     */
-    addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
-    /**
-     * SwiGLU of a stacked gate/up projection (n = 2 · ffn rows): y = silu(x · Wgᵀ) ⊙ (x · Wuᵀ). One
-     * kernel for dense weights (the product's SwiGLU epilogue), else the product into `scratch`
-     * (2 · ffn), a barrier and silu_mul of its halves.
-     */
-    gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
-  }
   /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
   const unfused = (n: number, k: number, run: Linear["run"]): Linear => {
     // The halves of the SwiGLU scratch, sliced once per scratch buffer rather than per step.
@@ -155,22 +181,22 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   }
 
   // Each projection's options are built once: the ops read them and keep nothing.
+  const denseShapes = new Map<string, DenseShapes>();
   function linear(n: number, k: number): Linear {
     if (quant === "bf16") {
       const buf = device.upload(randomBf16(n * k, k), DType.BF16);
-      const plain = { m: 1, n, k, constantWeights: true };
-      const glu = { m: 1, n: n / 2, k, swiglu: true, constantWeights: true };
-      const residual = { m: 1, n, k, residual: undefined as MlxBuffer | undefined, constantWeights: true };
-      return {
-        n,
-        k,
-        run: (s, x, y) => s.matmul(x, buf, y, plain),
-        addInto: (s, x, y) => {
-          residual.residual = y; // the model's own activation: holding it keeps nothing extra alive
-          s.matmul(x, buf, y, residual);
-        },
-        gluInto: (s, x, y) => s.matmul(x, buf, y, glu),
-      };
+      let shapes = denseShapes.get(`${n}x${k}`);
+      if (shapes === undefined) {
+        denseShapes.set(
+          `${n}x${k}`,
+          shapes = {
+            plain: { m: 1, n, k, constantWeights: true },
+            glu: { m: 1, n: n / 2, k, swiglu: true, constantWeights: true },
+            residual: { m: 1, n, k, residual: undefined, constantWeights: true },
+          },
+        );
+      }
+      return new DenseLinear(n, k, buf, shapes);
     }
     const w = rand(n * k, 1 / Math.sqrt(k));
     if (quant === "q4_0") {
