@@ -4,16 +4,7 @@
  * the sampler's definition), on whatever backend MLXN_BACKEND selects.
  */
 import { deepStrictEqual, equal, match, ok, rejects, throws } from "node:assert/strict";
-import {
-  type CommandEncoder,
-  DecodeLoop,
-  type DecodeLoopOptions,
-  DType,
-  GraphExecutor,
-  MlxDevice,
-  MlxError,
-  ops,
-} from "../mod.ts";
+import { DecodeLoop, type DecodeLoopOptions, DType, GraphExecutor, MlxDevice, MlxError, ops } from "../mod.ts";
 import { createLlama, type Llama, type TokenSelection } from "../examples/llama.ts";
 import { calibrateDeviceClock, pipelineTraceEvents, stepOverlaps } from "../examples/pipeline_trace.ts";
 import { randomValues, runDeno, testContext } from "./helpers.ts";
@@ -195,31 +186,6 @@ Deno.test("DecodeLoop: depth 2 encodes and commits step k+1 before waiting for s
         ok(ahead.committedNs <= t[k]!.waitStartNs, `depth ${depth}, step ${k}`);
       }
       ok(t[k]!.deviceSpans.length === 1 && t[k]!.deviceSpans[0]![1] >= t[k]!.deviceSpans[0]![0]);
-    }
-  }
-});
-
-Deno.test("DecodeLoop: each pass is labelled token <position>, or finish.label on every pass (one options object per run)", () => {
-  using ctx = testContext();
-  const exec = new GraphExecutor(ctx.device, { autoBarriers: false });
-  using logits = ctx.device.upload(new Float32Array([0, 3, 1]));
-  for (const finish of [undefined, { label: "fixed" }, { label: "x", fuse: true }]) {
-    for (const recorded of [false, true]) {
-      const encoders: CommandEncoder[] = [];
-      using loop = new DecodeLoop(exec, {
-        recorded,
-        finish,
-        encodeStep(s, t) {
-          encoders.push(s.encoder);
-          ops.argmax(s, exec.registry, logits, t.output, { vocab: 3 });
-        },
-      });
-      const r = loop.run({ first: 0, steps: 3, startPosition: 5 });
-      deepStrictEqual([...r.tokens], [1, 1, 1]);
-      const labels = encoders.map((e) => e.label);
-      deepStrictEqual(labels, finish ? Array(3).fill(finish.label) : ["token 5", "token 6", "token 7"]);
-      // The caller's options object is left as given.
-      if (finish) deepStrictEqual(Object.keys(finish).sort(), finish.fuse ? ["fuse", "label"] : ["label"]);
     }
   }
 });
