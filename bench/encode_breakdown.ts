@@ -7,6 +7,7 @@
  *   deno run --allow-ffi --allow-read --allow-env bench/encode_breakdown.ts [--backend cuda] [--small]
  *
  * Prints, per mode, min and median µs per token of each part and the dispatch count. Environment:
+ * ROOT=<tree> measures that checkout's mod.ts and examples/llama.ts (default this one);
  * FIXED_POS=1 encodes position 5 every token; NO_RUN=1 flushes and drops each pass (nothing runs);
  * OVERLAP=1 keeps two passes in flight (each token waits for the one before it), as a pipelined loop
  * does (the model's state is then raced on: only the timings mean anything); SETTLE_MS=n busy-waits
@@ -14,8 +15,13 @@
  * session's creation, the model's ops, their native decode and the rest: advance, commit, bookkeeping).
  */
 import { parseArgs } from "node:util";
-import { type BackendName, DecodeLoop, GraphExecutor, MlxDevice, type PendingPass } from "../mod.ts";
-import { createLlama } from "../examples/llama.ts";
+import type { BackendName, GraphExecutor as Executor, PendingPass } from "../mod.ts";
+
+// ROOT=<tree> measures that checkout's library and example model (default this one): run it
+// alternately with ROOT at two trees to compare them.
+const root = (Deno.env.get("ROOT") ?? new URL("..", import.meta.url).pathname).replace(/\/$/, "");
+const { DecodeLoop, GraphExecutor, MlxDevice }: typeof import("../mod.ts") = await import(`file://${root}/mod.ts`);
+const { createLlama }: typeof import("../examples/llama.ts") = await import(`file://${root}/examples/llama.ts`);
 
 const { values: a } = parseArgs({
   options: {
@@ -98,7 +104,7 @@ if (Deno.env.get("LOOP") !== undefined) {
   for (const auto of [false, true]) {
     const beginNs: number[] = [], modelNs: number[] = [], flushNs: number[] = [];
     // The loop's executor with begin() timed (the loop calls nothing else on it per step).
-    const timed = Object.create(exec) as GraphExecutor;
+    const timed = Object.create(exec) as Executor;
     timed.begin = (o) => {
       const t0 = now();
       const s = exec.begin(o);
