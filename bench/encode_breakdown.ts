@@ -8,11 +8,12 @@
  *
  * Prints, per mode, min and median µs per token of each part and the dispatch count. Environment:
  * ROOT=<tree> measures that checkout's mod.ts and examples/llama.ts (default this one);
- * FIXED_POS=1 encodes position 5 every token; NO_RUN=1 flushes and drops each pass (nothing runs);
+ * FIXED_POS=1 encodes position 5 every token, POS_STRIDE=n position n·t (default t); NO_RUN=1 flushes and drops each pass (nothing runs);
  * OVERLAP=1 keeps two passes in flight (each token waits for the one before it), as a pipelined loop
  * does (the model's state is then raced on: only the timings mean anything); SETTLE_MS=n busy-waits
  * n ms after each pass; LOOP=1 also times a pipelined DecodeLoop (encode per step, split into the
- * session's creation, the model's ops, their native decode and the rest: advance, commit, bookkeeping).
+ * session's creation, the model's ops, their native decode and the rest: advance, commit, bookkeeping);
+ * AB=<tree> [AB_ORDER=ba] alternates this tree's step with <tree>'s in one process (JS part only).
  */
 import { parseArgs } from "node:util";
 import type { BackendName, GraphExecutor as Executor, PendingPass } from "../mod.ts";
@@ -30,22 +31,61 @@ const { values: a } = parseArgs({
     tokens: { type: "string", default: "200" },
   },
 });
-const device = MlxDevice.open({ backend: a.backend as BackendName | undefined });
-const exec = new GraphExecutor(device);
+const backend = a.backend as BackendName | undefined;
 const cfg = a.small
   ? { layers: 32, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 512, ctx: 512 }
   : { layers: 32, hidden: 2048, heads: 16, kvHeads: 4, ffn: 5632, vocab: 32000, ctx: 512 };
-const model = createLlama(device, { ...cfg, quant: "bf16", seed: 1 });
 const tokens = Number(a.tokens);
 const overlap = Deno.env.get("OVERLAP") !== undefined;
 const noRun = Deno.env.get("NO_RUN") !== undefined;
 const settle = Number(Deno.env.get("SETTLE_MS") ?? 0);
+const stride = Number(Deno.env.get("POS_STRIDE") ?? 1);
+/** Token t's position: 5 with FIXED_POS, else t · POS_STRIDE (default 1) wrapped inside the cache. */
+const positionOf = (t: number) => Deno.env.get("FIXED_POS") ? 5 : (t * stride) % (cfg.ctx - 1);
 
 const stats = (xs: number[]) => {
   const s = xs.slice(20).sort((x, y) => x - y);
   return `${(s[0]! / 1e3).toFixed(1).padStart(7)} ${(s[s.length >> 1]! / 1e3).toFixed(1).padStart(7)}`;
 };
 const now = () => performance.now() * 1e6;
+
+// AB=<tree>: this tree's direct/hand step and <tree>'s (each its own library, device and model),
+// alternated token by token in one process; only the JS part (nothing runs). The model built
+// first is measured a few µs faster (where its objects lie), so AB_ORDER=ba builds <tree>'s
+// first: run both orders.
+const abTree = Deno.env.get("AB");
+if (abTree !== undefined) {
+  const trees = [root, abTree.replace(/\/$/, "")];
+  if (Deno.env.get("AB_ORDER") === "ba") trees.reverse();
+  const sides = [];
+  for (const tree of trees) {
+    const lib: typeof import("../mod.ts") = await import(`file://${tree}/mod.ts`);
+    const llama: typeof import("../examples/llama.ts") = await import(`file://${tree}/examples/llama.ts`);
+    const exec = new lib.GraphExecutor(lib.MlxDevice.open({ backend }));
+    sides.push({
+      tree,
+      exec,
+      model: llama.createLlama(exec.device, { ...cfg, quant: "bf16", seed: 1 }),
+      js: [] as number[],
+    });
+  }
+  for (let t = 0; t < tokens; t++) {
+    for (const side of t % 2 === 0 ? sides : [...sides].reverse()) {
+      const t0 = now();
+      const s = side.exec.begin({ autoBarriers: false });
+      side.model.step(s, positionOf(t), () => s.barrier());
+      side.js.push(now() - t0);
+      s.encoder.flush();
+      s.dispose();
+    }
+  }
+  for (const side of sides) console.log(`${side.tree}: direct/hand js µs min / median ${stats(side.js)}`);
+  Deno.exit(0);
+}
+
+const device = MlxDevice.open({ backend });
+const exec = new GraphExecutor(device);
+const model = createLlama(device, { ...cfg, quant: "bf16", seed: 1 });
 
 for (
   const auto of Deno.env.get("MODES") === "hand"
@@ -60,7 +100,7 @@ for (
   let dispatches = 0;
   let previous: PendingPass | null = null;
   for (let t = 0; t < tokens; t++) {
-    const pos = Deno.env.get("FIXED_POS") ? 5 : t % (cfg.ctx - 1);
+    const pos = positionOf(t);
     const t0 = now();
     const s = exec.begin({ autoBarriers: auto });
     model.step(s, pos, auto ? () => {} : () => s.barrier());
