@@ -15,7 +15,6 @@
 import {
   type ArgmaxOptions,
   type DecodeStep,
-  type DenseMatmulOptions,
   DType,
   type EmbedGatherOptions,
   type FlashAttnVecOptions,
@@ -85,46 +84,38 @@ export interface Llama {
   resetCache(): void;
 }
 
-/** A projection y = x · Wᵀ, W [n, k], in the chosen quantized format. */
+/** One layer's weights of a projection: one buffer (dense bf16, ggml blocks) or MLX affine's three. */
+type Weights = MlxBuffer | AffineWeights;
+
+/** MLX affine-quantized weights: packed values, scales and biases. */
+interface AffineWeights {
+  readonly qw: MlxBuffer;
+  readonly sc: MlxBuffer;
+  readonly bi: MlxBuffer;
+}
+
+/**
+ * The projections y = x · Wᵀ of one shape (W [n, k]) in the model's weight format, shared by every
+ * layer: each call takes the layer's weights, so a layer holds nothing but buffers and a step walks
+ * no per-layer projection objects.
+ */
 interface Linear {
-  n: number;
-  k: number;
-  run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void;
+  readonly n: number;
+  readonly k: number;
+  /** Uploads one layer's random weights of this shape. */
+  weights(): Weights;
+  run(s: GraphSession, x: MlxBuffer, w: Weights, y: MlxBuffer): void;
   /**
    * The residual connection y += x · Wᵀ: one kernel for dense weights (the product's residual
    * epilogue), else the product into `scratch`, a barrier and an add.
    */
-  addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
+  addInto(s: GraphSession, x: MlxBuffer, w: Weights, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
   /**
    * SwiGLU of a stacked gate/up projection (n = 2 · ffn rows): y = silu(x · Wgᵀ) ⊙ (x · Wuᵀ). One
    * kernel for dense weights (the product's SwiGLU epilogue), else the product into `scratch`
    * (2 · ffn), a barrier and silu_mul of its halves.
    */
-  gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
-}
-
-/** The shape options of dense products, one set per (n, k): every layer's projection of a shape shares them. */
-interface DenseShapes {
-  plain: DenseMatmulOptions;
-  glu: DenseMatmulOptions;
-  /** Its `residual` is set before each use (the ops read options and keep nothing). */
-  residual: DenseMatmulOptions;
-}
-
-/** A projection with dense bf16 weights: one kernel per call (fused residual and SwiGLU epilogues). */
-class DenseLinear implements Linear {
-  constructor(readonly n: number, readonly k: number, readonly w: MlxBuffer, readonly shapes: DenseShapes) {}
-  run(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void {
-    s.matmul(x, this.w, y, this.shapes.plain);
-  }
-  addInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void {
-    const o = this.shapes.residual;
-    o.residual = y; // the model's own activation: holding it keeps nothing extra alive
-    s.matmul(x, this.w, y, o);
-  }
-  gluInto(s: GraphSession, x: MlxBuffer, y: MlxBuffer): void {
-    s.matmul(x, this.w, y, this.shapes.glu);
-  }
+  gluInto(s: GraphSession, x: MlxBuffer, w: Weights, y: MlxBuffer, scratch: MlxBuffer, barrier: () => void): void;
 }
 
 /** The options of a step's rope, cache copy and attention calls. */
@@ -146,21 +137,22 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32 * 2 - 1) * scale,
     );
 
-  /** A projection without fused epilogues: product, barrier, then add or silu_mul. */
-  const unfused = (n: number, k: number, run: Linear["run"]): Linear => {
+  /** Projections without fused epilogues: product, barrier, then add or silu_mul. */
+  const unfused = (n: number, k: number, weights: () => Weights, run: Linear["run"]): Linear => {
     // The halves of the SwiGLU scratch, sliced once per scratch buffer rather than per step.
     let halvesOf: MlxBuffer | undefined, gate: MlxBuffer | undefined, up: MlxBuffer | undefined;
     return {
       n,
       k,
+      weights,
       run,
-      addInto(s, x, y, scratch, barrier) {
-        run(s, x, scratch);
+      addInto(s, x, w, y, scratch, barrier) {
+        run(s, x, w, scratch);
         barrier();
         s.elementwiseAdd(y, scratch, y);
       },
-      gluInto(s, x, y, scratch, barrier) {
-        run(s, x, scratch);
+      gluInto(s, x, w, y, scratch, barrier) {
+        run(s, x, w, scratch);
         barrier();
         if (halvesOf !== scratch) {
           const half = (n / 2) * 4;
@@ -180,39 +172,51 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
     return out;
   }
 
-  // Each projection's options are built once: the ops read them and keep nothing.
-  const denseShapes = new Map<string, DenseShapes>();
+  // Each shape's options are built once: the ops read them and keep nothing.
   function linear(n: number, k: number): Linear {
     if (quant === "bf16") {
-      const buf = device.upload(randomBf16(n * k, k), DType.BF16);
-      let shapes = denseShapes.get(`${n}x${k}`);
-      if (shapes === undefined) {
-        denseShapes.set(
-          `${n}x${k}`,
-          shapes = {
-            plain: { m: 1, n, k, constantWeights: true },
-            glu: { m: 1, n: n / 2, k, swiglu: true, constantWeights: true },
-            residual: { m: 1, n, k, residual: undefined, constantWeights: true },
-          },
-        );
-      }
-      return new DenseLinear(n, k, buf, shapes);
+      const plain = { m: 1, n, k, constantWeights: true };
+      const glu = { m: 1, n: n / 2, k, swiglu: true, constantWeights: true };
+      const residual = { m: 1, n, k, residual: undefined as MlxBuffer | undefined, constantWeights: true };
+      return {
+        n,
+        k,
+        weights: () => device.upload(randomBf16(n * k, k), DType.BF16),
+        run: (s, x, w, y) => s.matmul(x, w as MlxBuffer, y, plain),
+        addInto: (s, x, w, y) => {
+          residual.residual = y; // the model's own activation: holding it keeps nothing extra alive
+          s.matmul(x, w as MlxBuffer, y, residual);
+        },
+        gluInto: (s, x, w, y) => s.matmul(x, w as MlxBuffer, y, glu),
+      };
     }
-    const w = rand(n * k, 1 / Math.sqrt(k));
+    const random = () => rand(n * k, 1 / Math.sqrt(k));
     if (quant === "q4_0") {
-      const buf = device.upload(quantizeGgml(w, n, k, "q4_0"));
       const shape = { m: 1, n, k, format: "q4_0" } as const;
-      return unfused(n, k, (s, x, y) => s.quantizedMatmulGgml(x, buf, y, shape));
+      return unfused(
+        n,
+        k,
+        () => device.upload(quantizeGgml(random(), n, k, "q4_0")),
+        (s, x, w, y) => s.quantizedMatmulGgml(x, w as MlxBuffer, y, shape),
+      );
     }
-    const q = quantizeAffine(w, n, k, 4, 64);
-    const [qw, sc, bi] = [
-      device.upload(q.weights),
-      device.upload(q.scales, DType.BF16),
-      device.upload(q.biases, DType.BF16),
-    ];
     const shape = { m: 1, n, k, bits: 4, groupSize: 64 } as const;
-    return unfused(n, k, (s, x, y) => s.quantizedMatmul(x, qw, sc, bi, y, shape));
+    return unfused(n, k, () => {
+      const q = quantizeAffine(random(), n, k, 4, 64);
+      return {
+        qw: device.upload(q.weights),
+        sc: device.upload(q.scales, DType.BF16),
+        bi: device.upload(q.biases, DType.BF16),
+      };
+    }, (s, x, w, y) => {
+      const a = w as AffineWeights;
+      s.quantizedMatmul(x, a.qw, a.sc, a.bi, y, shape);
+    });
   }
+  const qkvProj = linear((heads + 2 * kvHeads) * headDim, hidden); // rows: Q, then K, then V
+  const oProj = linear(hidden, heads * headDim);
+  const guProj = linear(2 * ffn, hidden); // rows: gate, then up
+  const downProj = linear(hidden, ffn);
 
   const f32 = (n: number) => device.alloc(n * 4, DType.F32);
   /** A cache's rows of position `pos` in every KV head, [kvHeads, ctx, headDim] laid out: rope writes K there. */
@@ -222,10 +226,10 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
   const layers = Array.from({ length: cfg.layers }, () => ({
     attnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
     ffnNorm: device.upload(rand(hidden, 0.2).map((v) => 1 + v)),
-    wqkv: linear((heads + 2 * kvHeads) * headDim, hidden), // rows: Q, then K, then V
-    wo: linear(hidden, heads * headDim),
-    wgu: linear(2 * ffn, hidden), // rows: gate, then up
-    wd: linear(hidden, ffn),
+    wqkv: qkvProj.weights(),
+    wo: oProj.weights(),
+    wgu: guProj.weights(),
+    wd: downProj.weights(),
     k: kvCache(),
     v: kvCache(),
   }));
@@ -316,7 +320,7 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.elementwiseMul(t, L.attnNorm, h); // … then MUL(weight): the fusion pattern
       barrier();
-      L.wqkv.run(s, h, act.qkv);
+      qkvProj.run(s, h, L.wqkv, act.qkv);
       barrier();
       s.ropeNeox(q, qr, ropePositions, o.ropeQ);
       s.ropeNeox(k, kRows, ropePositions, o.ropeK);
@@ -324,15 +328,15 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       barrier();
       s.flashAttnVec(qr, L.k, L.v, tmp, attn, o.attn);
       barrier();
-      L.wo.addInto(s, attn, x, act.o, barrier); // x += attn · Woᵀ
+      oProj.addInto(s, attn, L.wo, x, act.o, barrier); // x += attn · Woᵀ
       barrier();
       s.rmsNorm(x, ones, t, norm);
       barrier();
       s.elementwiseMul(t, L.ffnNorm, h);
       barrier();
-      L.wgu.gluInto(s, h, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
+      guProj.gluInto(s, h, L.wgu, act.ff, act.gu, barrier); // ff = silu(h · Wgᵀ) ⊙ (h · Wuᵀ)
       barrier();
-      L.wd.addInto(s, act.ff, x, act.d, barrier); // x += ff · Wdᵀ
+      downProj.addInto(s, act.ff, L.wd, x, act.d, barrier); // x += ff · Wdᵀ
     }
     barrier();
     s.rmsNorm(x, ones, t, norm);
