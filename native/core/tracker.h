@@ -123,20 +123,20 @@ static inline int trk_set_add(trk_set *set, uint64_t s, uint64_t e) {
 }
 
 /* Whether reading bytes [s, e) (non-empty) — or, with write, writing them — conflicts with entry x,
- * which is in the group (x->epoch == t->epoch). */
+ * which is in the group (x->epoch == t->epoch). Branches, not selects: a load whose address waits
+ * for a conditional move made this several times slower. */
 static inline __attribute__((always_inline)) int trk_entry_conflicts(const mlxn_tracker *t, const trk_entry *x,
                                                                       uint64_t s, uint64_t e, int write) {
   uint32_t spill = x->spill;
-  if (!(spill & (TRK_TOUCHED_SPILLED | TRK_WRITTEN_SPILLED))) { /* inline; [ws, we) kept equal to [ts, te) */
-    uint64_t lo = write ? x->ts : x->ws, hi = write ? x->te : x->we; /* while every access was a write */
-    return s < hi && lo < e;
-  }
-  if (write || (spill & TRK_WRITTEN_IS_TOUCHED)) {
+  if (write) { /* any touched byte */
     if (!(spill & TRK_TOUCHED_SPILLED)) return s < x->te && x->ts < e;
     return trk_set_intersects(&t->sets[2 * (x->sets - 1)], s, e);
   }
-  if (!(spill & TRK_WRITTEN_SPILLED)) return s < x->we && x->ws < e;
-  return trk_set_intersects(&t->sets[2 * (x->sets - 1) + 1], s, e);
+  /* A written byte. Inline, [ws, we) is exact (kept equal to [ts, te) while only writes). */
+  if (!(spill & (TRK_TOUCHED_SPILLED | TRK_WRITTEN_SPILLED))) return s < x->we && x->ws < e;
+  if (spill & TRK_WRITTEN_IS_TOUCHED) return trk_set_intersects(&t->sets[2 * (x->sets - 1)], s, e);
+  if (spill & TRK_WRITTEN_SPILLED) return trk_set_intersects(&t->sets[2 * (x->sets - 1) + 1], s, e);
+  return s < x->we && x->ws < e;
 }
 
 /* Whether reading bytes [s, e) of the buffer at table index idx — or, with write, writing them —
@@ -271,12 +271,14 @@ static inline __attribute__((always_inline)) int trk_entry_add(mlxn_tracker *t, 
   /* One interval that [s, e) overlaps or touches: only writes so far and a write, or a read and no
    * spilled set (the written bytes stay as they are). */
   if (s <= x->te && x->ts <= e && x->spill == (write ? TRK_WRITTEN_IS_TOUCHED : 0u)) {
-    uint64_t lo = s < x->ts ? s : x->ts, hi = e > x->te ? e : x->te;
-    x->ts = lo;
-    x->te = hi;
-    if (write) {
-      x->ws = lo;
-      x->we = hi;
+    /* Stores only where the interval grows: a range read again and again changes nothing. */
+    if (s < x->ts) {
+      x->ts = s;
+      if (write) x->ws = s;
+    }
+    if (e > x->te) {
+      x->te = e;
+      if (write) x->we = e;
     }
     return 0;
   }
