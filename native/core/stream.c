@@ -1,6 +1,7 @@
 /* Native core: the command-stream decoder. Validates every record (format, handles, ranges, the
  * kernel contract's signature and argument checks) and turns dispatches into the mlxn_dispatch
  * entries a backend runs, numbered into concurrent groups by barriers. Runs with dev->mu held. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,13 +128,19 @@ void mlxn_command_prepare(mlxn_cmdbuf *cb) {
   cmd->backend_slot = -1;
 }
 
-#define FAIL(code, ...)                                                                            \
-  do {                                                                                             \
-    cb->error_offset = off;                                                                        \
-    char msg_[640];                                                                                \
-    snprintf(msg_, sizeof msg_, __VA_ARGS__);                                                      \
-    return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg_);              \
-  } while (0)
+/* Records the failing record's offset and sets the error. Out of line and cold: the decoder has
+ * dozens of these, and formatting them in place crowded its registers and its code. */
+static __attribute__((cold, noinline, format(printf, 4, 5))) int32_t fail_at(mlxn_cmdbuf *cb, uint32_t off,
+                                                                            int32_t code, const char *fmt, ...) {
+  cb->error_offset = off;
+  char msg[640];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg);
+}
+#define FAIL(code, ...) return fail_at(cb, off, code, __VA_ARGS__)
 
 static uint32_t word(const uint8_t *p) {
   uint32_t v;
