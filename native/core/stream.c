@@ -47,7 +47,11 @@ static inline __attribute__((always_inline)) uint8_t *arena_copy(mlxn_cmdbuf *cb
   uint32_t padded = (n + 3u) & ~3u;
   if (padded <= 64) {
     uint32_t i = 0;
-    for (; i + 8 <= padded; i += 8) memcpy(dst + i, src + i, 8);
+    for (; i + 16 <= padded; i += 16) memcpy(dst + i, src + i, 16);
+    if (i + 8 <= padded) {
+      memcpy(dst + i, src + i, 8);
+      i += 8;
+    }
     if (i < padded) memcpy(dst + i, src + i, 4);
   } else {
     memcpy(dst, src, n);
