@@ -195,34 +195,27 @@ static inline __attribute__((always_inline)) int room_for_pending(mlxn_cmdbuf *c
   return cb->n_dispatches < cb->cap_dispatches || grow_dispatches(cb);
 }
 
-/* One access of a dispatch, as the tracker takes it. */
-typedef struct trk_access {
-  trk_entry *x;
-  uint64_t s, e;
-  uint32_t write;
-} trk_access;
-
-/* The automatic barrier before dispatch d (bindings in d->args, masks m): checks every access
- * against the group before adding any (a dispatch never conflicts with itself), starts a new group
- * on conflict, then adds them. Returns 1 when a new group starts, 0 when not, -1 when out of memory. */
+/* The automatic barrier before dispatch d (bindings in d->args, masks m): checks the accesses against
+ * the group before adding any (a dispatch never conflicts with itself), starts a new group on
+ * conflict, then adds them. Each pass reads the slot's binding again: cheaper than keeping the
+ * accesses in a local array between the passes. Returns 1 when a new group starts, 0 when not, -1
+ * when out of memory. */
 static inline __attribute__((always_inline)) int track_dispatch(mlxn_cmdbuf *cb, const mlxn_dispatch *d,
                                                                  const mlxn_slot_masks *m, uint32_t bound) {
   uint32_t writes = bound & m->writes, touched = bound & (m->reads | m->writes); /* buffer slots only */
   mlxn_tracker *t = &cb->tracker;
   trk_entry *base = t->e; /* t->cap covers the buffer table (mlxn_cmdbuf_decode) */
-  trk_access acc[MLXN_KERNEL_SLOTS];
-  uint32_t n = 0, epoch = t->epoch;
+  uint32_t epoch = t->epoch;
   int conflict = 0;
   for (uint32_t left = touched; left; left &= left - 1) {
     uint32_t s = (uint32_t)__builtin_ctz(left);
-    uint64_t len = d->args.len[s];
-    if (!len) continue; /* an empty range touches nothing */
-    trk_access *a = &acc[n++];
-    a->x = &base[cb->slot_index[s]];
-    a->s = cb->slot_off[s];
-    a->e = a->s + len;
-    a->write = (writes >> s) & 1u;
-    conflict |= a->x->epoch == epoch && trk_entry_conflicts(t, a->x, a->s, a->e, a->write);
+    uint64_t len = d->args.len[s]; /* an empty range touches nothing */
+    const trk_entry *x = &base[cb->slot_index[s]];
+    if (len && x->epoch == epoch &&
+        trk_entry_conflicts(t, x, cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u)) {
+      conflict = 1;
+      break;
+    }
   }
   int new_group = 0;
   if (conflict && cb->n_dispatches > 0) {
@@ -233,8 +226,12 @@ static inline __attribute__((always_inline)) int track_dispatch(mlxn_cmdbuf *cb,
   } else {
     sat_inc(&cb->st_auto_concurrent);
   }
-  for (uint32_t i = 0; i < n; i++)
-    if (trk_entry_add(t, acc[i].x, acc[i].s, acc[i].e, acc[i].write)) return -1;
+  for (uint32_t left = touched; left; left &= left - 1) {
+    uint32_t s = (uint32_t)__builtin_ctz(left);
+    uint64_t len = d->args.len[s];
+    if (len && trk_entry_add(t, &base[cb->slot_index[s]], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u))
+      return -1;
+  }
   return new_group;
 }
 
