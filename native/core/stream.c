@@ -43,7 +43,7 @@ static inline __attribute__((always_inline)) uint8_t *arena_copy(mlxn_cmdbuf *cb
   }
   uint8_t *dst = b->data + b->used;
   /* SET_BYTES data is padded to whole words in the record, so whole words can be copied (never past
-   * the record). Typical inline constants are a few words: copied 8 bytes at a time, without a call. */
+   * the record). Typical inline constants are a few words: copied 16 bytes at a time, without a call. */
   uint32_t padded = (n + 3u) & ~3u;
   if (padded <= 64) {
     uint32_t i = 0;
