@@ -1,16 +1,41 @@
 /**
- * The native decoder's cost per dispatch, with and without automatic barriers: a prebuilt stream of
- * 800 elementwise_add_f32 dispatches (two whole-buffer inputs; the output a slice in order ("slices"),
- * in shuffled order ("shuffled"), or one whole buffer ("hazard")) handed to `mlxn_cmdbuf_encode` of a
- * fresh command buffer, best of 3,000. Nothing runs.
+ * The native decoder's cost per dispatch, with and without automatic barriers. Nothing runs.
  *
- *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,shuffled]   (AUTO=0: tracking off only)
+ * - `slices`, `hazard`, `shuffled`: a prebuilt stream of 800 elementwise_add_f32 dispatches (two
+ *   whole-buffer inputs; the output a slice in order ("slices"), in shuffled order ("shuffled"), or
+ *   one whole buffer ("hazard")) handed to `mlxn_cmdbuf_encode` of a fresh command buffer.
+ * - `step`: the stream of one decode step of examples/llama.ts (32 layers, small dims, bf16; 419
+ *   dispatches of matmuls, norms, rope, attention, elementwise), captured from the encoder once with
+ *   hand barriers ("off") and once with automatic barriers ("auto"), replayed the same way.
+ *
+ * Best of 3,000 per case (REPS=n to change), cases interleaved round by round. DUMP=<dir> also writes
+ * each case's stream with the buffers and pipelines it names (<dir>/<mode>-<off|auto>.bin), for
+ * bench/decode_replay.c to replay without Deno (under perf or valgrind, or against another build).
+ *
+ *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,shuffled,step]   (AUTO=0: tracking off only)
  */
 const root = (Deno.env.get("ROOT") ?? new URL("..", import.meta.url).pathname).replace(/\/$/, "");
-const { DType, MlxDevice } = await import(`file://${root}/mod.ts`);
+const { DType, GraphExecutor, MlxDevice } = await import(`file://${root}/mod.ts`);
 const { recordHeader, Op } = await import(`file://${root}/src/native/abi.ts`);
 const device = MlxDevice.open({ backend: "cpu" });
 const sym = device.sym;
+// Every allocation's size and every pipeline's name, by handle, for DUMP.
+const allocs = new Map<number, bigint>(), pipelines = new Map<number, string>();
+{
+  const alloc = sym.mlxn_buffer_alloc, get = sym.mlxn_pipeline_get;
+  // deno-lint-ignore no-explicit-any
+  const s = sym as any;
+  s.mlxn_buffer_alloc = (d: unknown, n: bigint) => {
+    const h = alloc(d, n);
+    allocs.set(h, BigInt(n));
+    return h;
+  };
+  s.mlxn_pipeline_get = (d: unknown, name: Uint8Array) => {
+    const h = get(d, name);
+    pipelines.set(h, new TextDecoder().decode(name.subarray(0, name.indexOf(0))));
+    return h;
+  };
+}
 const N = 800, E = 64;
 const x = device.upload(new Float32Array(E)), y = device.upload(new Float32Array(E));
 const wide = device.alloc(N * E * 4, DType.F32);
@@ -20,7 +45,7 @@ let seed = 7;
 const perm = Array.from({ length: N }, (_, i) => i).sort(() =>
   (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648 - 0.5
 );
-function stream(auto: boolean, mode: string): Uint8Array {
+function stream(auto: boolean, mode: string): Uint8Array[] {
   const w: number[] = [];
   if (auto) w.push(recordHeader(Op.AUTO_BARRIERS, 1, 1));
   w.push(recordHeader(Op.SET_PIPELINE, 2), add);
@@ -31,25 +56,92 @@ function stream(auto: boolean, mode: string): Uint8Array {
     w.push(recordHeader(Op.SET_BYTES, 3, 3), 4, E);
     w.push(recordHeader(Op.DISPATCH_THREADS, 8), E, 1, 1, E, 1, 1, i);
   }
-  return new Uint8Array(Uint32Array.from(w).buffer);
+  return [new Uint8Array(Uint32Array.from(w).buffer)];
+}
+
+/** The chunks one decode step hands to mlxn_cmdbuf_encode, copied, and its dispatch count. */
+async function stepChunks(auto: boolean): Promise<{ chunks: Uint8Array[]; dispatches: number }> {
+  const { createLlama } = await import(`file://${root}/examples/llama.ts`);
+  const cfg = { layers: 32, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 512, ctx: 512 };
+  const model = stepModel ??= createLlama(device, { ...cfg, quant: "bf16", seed: 1 });
+  const exec = stepExec ??= new GraphExecutor(device);
+  const chunks: Uint8Array[] = [];
+  const encode = sym.mlxn_cmdbuf_encode;
+  // deno-lint-ignore no-explicit-any
+  (sym as any).mlxn_cmdbuf_encode = (cb: unknown, bytes: Uint8Array, n: number) => {
+    chunks.push(bytes.slice(0, n));
+    return encode(cb, bytes, n);
+  };
+  try {
+    const s = exec.begin({ autoBarriers: auto });
+    model.step(s, 5, auto ? () => {} : () => s.barrier());
+    s.encoder.flush();
+    s.dispose();
+  } finally {
+    // deno-lint-ignore no-explicit-any
+    (sym as any).mlxn_cmdbuf_encode = encode;
+  }
+  let dispatches = 0;
+  for (const c of chunks) {
+    const w = new Uint32Array(c.buffer, c.byteOffset, c.byteLength / 4);
+    for (let i = 0; i < w.length; i += w[i]! >>> 16) {
+      const op = w[i]! & 0xff;
+      if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) dispatches++;
+    }
+  }
+  return { chunks, dispatches };
 }
 // deno-lint-ignore no-explicit-any
+let stepModel: any, stepExec: any;
+
+// deno-lint-ignore no-explicit-any
 const dev = (device as any).devicePtr();
-for (const mode of (Deno.args[0] ?? "slices,hazard,shuffled").split(",")) {
+const reps = Number(Deno.env.get("REPS") ?? 3000);
+const cases: { name: string; chunks: Uint8Array[]; n: number; best: number }[] = [];
+for (const mode of (Deno.args[0] ?? "slices,hazard,shuffled,step").split(",")) {
   for (const auto of (Deno.env.get("AUTO") === "0" ? [false] : [false, true])) {
-    const s = stream(auto, mode);
-    let best = Infinity;
-    for (let r = 0; r < 3000; r++) {
-      const cb = sym.mlxn_cmdbuf_new(dev);
-      const t0 = performance.now();
-      const rc = sym.mlxn_cmdbuf_encode(cb, s, s.byteLength);
-      const t = performance.now() - t0;
-      if (rc !== 0) {
-        throw new Error("rc " + rc);
-      }
-      sym.mlxn_cmdbuf_free(cb);
-      if (t < best) best = t;
-    }
-    console.log(mode, auto ? "auto" : "off ", (best * 1e6 / N).toFixed(1), "ns/dispatch decode");
+    const name = `${mode} ${auto ? "auto" : "off "}`;
+    if (mode === "step") {
+      const { chunks, dispatches } = await stepChunks(auto);
+      cases.push({ name, chunks, n: dispatches, best: Infinity });
+    } else cases.push({ name, chunks: stream(auto, mode), n: N, best: Infinity });
   }
+}
+const dump = Deno.env.get("DUMP");
+if (dump !== undefined) {
+  for (const c of cases) {
+    // u32 words: magic, version, dispatches; n allocs × {handle, size lo, size hi}; n pipelines ×
+    // {handle, name bytes, name padded to words}; n chunks × {bytes, words}
+    const w: number[] = [0x44584c4d, 1, c.n, allocs.size];
+    for (const [h, n] of allocs) w.push(h, Number(n & 0xffffffffn), Number(n >> 32n));
+    w.push(pipelines.size);
+    for (const [h, name] of pipelines) {
+      const b = new TextEncoder().encode(name), padded = new Uint8Array((b.length + 4) & ~3);
+      padded.set(b);
+      w.push(h, padded.length, ...new Uint32Array(padded.buffer));
+    }
+    w.push(c.chunks.length);
+    for (const chunk of c.chunks) w.push(chunk.byteLength, ...new Uint32Array(chunk.slice().buffer));
+    Deno.writeFileSync(`${dump}/${c.name.trim().replace(" ", "-")}.bin`, new Uint8Array(Uint32Array.from(w).buffer));
+  }
+}
+for (let r = 0; r < reps; r++) {
+  for (const c of cases) {
+    const cb = sym.mlxn_cmdbuf_new(dev);
+    const t0 = performance.now();
+    let rc = 0;
+    for (const chunk of c.chunks) rc |= sym.mlxn_cmdbuf_encode(cb, chunk, chunk.byteLength);
+    const t = performance.now() - t0;
+    sym.mlxn_cmdbuf_free(cb);
+    if (rc !== 0) throw new Error(`${c.name}: rc ${rc}`);
+    if (t < c.best) c.best = t;
+  }
+}
+for (const c of cases) {
+  console.log(
+    c.name,
+    (c.best * 1e6 / c.n).toFixed(1),
+    "ns/dispatch decode",
+    c.name.startsWith("step") ? `(${c.n} dispatches, ${c.chunks.length} chunks, ${(c.best * 1e3).toFixed(1)} µs)` : "",
+  );
 }

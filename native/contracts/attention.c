@@ -16,7 +16,7 @@ typedef mlxn_params_sdpa sdpa_params; /* generated layout (kernels/spec/kernels.
 
 static sdpa_params read_sdpa(const mlxn_kargs *a) { return mlxn_params_sdpa_of(a, MLXN_SLOT_SDPA_F32_SDPA); }
 
-static int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
+static inline __attribute__((always_inline)) int sdpa_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_SDPA_F32_SDPA, MLXN_PARAMS_SDPA_BYTES, err, cap);
   sdpa_params p = read_sdpa(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)
@@ -51,7 +51,7 @@ typedef mlxn_params_flash fav_params; /* generated layout (kernels/spec/kernels.
 
 static fav_params read_fav(const mlxn_kargs *a) { return mlxn_params_flash_of(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH); }
 
-static int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
+static inline __attribute__((always_inline)) int fav_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_FLASH_ATTN_VEC_F32_FLASH, MLXN_PARAMS_FLASH_BYTES, err, cap);
   fav_params p = read_fav(a);
   if (!p.heads || !p.kv_heads || p.heads % p.kv_heads)

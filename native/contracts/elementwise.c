@@ -17,7 +17,7 @@ MLXN_STATIC_ASSERT(MLXN_SLOT_SILU_MUL_F32_N == BINARY_PARAMS && MLXN_SLOT_SILU_M
                        MLXN_SLOT_SILU_MUL_BF16_N == BINARY_PARAMS,
                    "one slot layout");
 
-static int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
+static inline __attribute__((always_inline)) int binary_validate(const mlxn_kargs *a, mlxn_ftype t, char *err, size_t cap) {
   MLXN_NEED_BYTES(a, BINARY_PARAMS, MLXN_PARAMS_N_BYTES, err, cap);
   uint32_t n = mlxn_params_n_of(a, BINARY_PARAMS).n;
   if (mlxn_need_dims(a, 1, err, cap) || mlxn_need_grid(a, 0, n, "element (n)", err, cap)) return 1;

@@ -12,6 +12,37 @@ int mlxn_kfail(char *err, size_t cap, const char *fmt, ...) {
   return 1;
 }
 
+int mlxn_need_tg_fail(const mlxn_kargs *a, uint32_t x, const char *why, char *err, size_t cap) {
+  return mlxn_kfail(err, cap, "threadgroup must be (%u, 1, 1): %s; got (%u, %u, %u)", x, why, a->tg[0], a->tg[1],
+                    a->tg[2]);
+}
+
+int mlxn_need_dims_fail(const mlxn_kargs *a, int dims, char *err, size_t cap) {
+  return mlxn_kfail(err, cap,
+                    "the kernel's work runs along %s only: the grid and the threadgroup must be 1 along %s; "
+                    "got grid (%u, %u, %u) threads, threadgroup (%u, %u, %u)",
+                    dims == 1 ? "x" : "x and y", dims == 1 ? "y and z" : "z", a->grid[0], a->grid[1], a->grid[2],
+                    a->tg[0], a->tg[1], a->tg[2]);
+}
+
+int mlxn_need_row_tg_fail(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
+  uint32_t x = a->tg[0];
+  if ((x & (x - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
+    return mlxn_kfail(err, cap,
+                      "threadgroup must be (2^k, 1, 1), a power of two wide: one row per threadgroup, "
+                      "reduced by a tree over its threads; got (%u, %u, %u); use %s",
+                      a->tg[0], a->tg[1], a->tg[2], op);
+  return mlxn_kfail(err, cap,
+                    "threadgroup memory must hold one f32 per thread: at least %llu bytes for a "
+                    "threadgroup of %u, got %u; use %s",
+                    (unsigned long long)x * 4, x, a->tg_memory, op);
+}
+
+int mlxn_need_grid_fail(const mlxn_kargs *a, int dim, uint64_t need, const char *what, char *err, size_t cap) {
+  return mlxn_kfail(err, cap, "grid dimension %d has %u threads but needs %llu, one per %s", dim, a->grid[dim],
+                    (unsigned long long)need, what);
+}
+
 int mlxn_need_buf_fail(const mlxn_kargs *a, int slot, uint64_t need, char *err, size_t cap) {
   if (need == MLXN_SIZE_OVERFLOW)
     return mlxn_kfail(err, cap,

@@ -108,12 +108,18 @@ static inline int mlxn_misaligned(const mlxn_kargs *a, uint32_t mask, uint32_t a
  * a shape breaks that mapping they compute a partial result, even though the CPU kernel (which
  * loops over the work itself) would be right, so the validators enforce the shape on every backend. */
 
+/* The refusals of the checks below, formatted out of line (kernel_args.c) so that the checks stay
+ * a few instructions inlined into every validator. Each returns 1. */
+int mlxn_need_tg_fail(const mlxn_kargs *a, uint32_t x, const char *why, char *err, size_t cap);
+int mlxn_need_dims_fail(const mlxn_kargs *a, int dims, char *err, size_t cap);
+int mlxn_need_row_tg_fail(const mlxn_kargs *a, const char *op, char *err, size_t cap);
+int mlxn_need_grid_fail(const mlxn_kargs *a, int dim, uint64_t need, const char *what, char *err, size_t cap);
+
 /* Fails unless the threadgroup is exactly (x, 1, 1); `why` says how the kernel uses it and which
  * op dispatches it. */
 static inline int mlxn_need_tg(const mlxn_kargs *a, uint32_t x, const char *why, char *err, size_t cap) {
   if (a->tg[0] == x && a->tg[1] == 1 && a->tg[2] == 1) return 0;
-  return mlxn_kfail(err, cap, "threadgroup must be (%u, 1, 1): %s; got (%u, %u, %u)", x, why, a->tg[0], a->tg[1],
-                    a->tg[2]);
+  return mlxn_need_tg_fail(a, x, why, err, cap);
 }
 
 /* Fails unless the grid and the threadgroup are 1 along every dimension past the first `dims`: the
@@ -123,27 +129,15 @@ static inline int mlxn_need_dims(const mlxn_kargs *a, int dims, char *err, size_
   int ok = 1;
   for (int d = dims; d < 3; d++) ok &= a->grid[d] == 1 && a->tg[d] == 1;
   if (ok) return 0;
-  return mlxn_kfail(err, cap,
-                    "the kernel's work runs along %s only: the grid and the threadgroup must be 1 along %s; "
-                    "got grid (%u, %u, %u) threads, threadgroup (%u, %u, %u)",
-                    dims == 1 ? "x" : "x and y", dims == 1 ? "y and z" : "z", a->grid[0], a->grid[1], a->grid[2],
-                    a->tg[0], a->tg[1], a->tg[2]);
+  return mlxn_need_dims_fail(a, dims, err, cap);
 }
 
 /* Row kernels reduce one row per threadgroup by a tree over its threads through one f32 of
  * threadgroup memory per thread: the threadgroup must be (2^k, 1, 1) with 4·2^k bytes. */
 static inline int mlxn_need_row_tg(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
   uint32_t x = a->tg[0];
-  if ((x & (x - 1)) || a->tg[1] != 1 || a->tg[2] != 1)
-    return mlxn_kfail(err, cap,
-                      "threadgroup must be (2^k, 1, 1), a power of two wide: one row per threadgroup, "
-                      "reduced by a tree over its threads; got (%u, %u, %u); use %s",
-                      a->tg[0], a->tg[1], a->tg[2], op);
-  if ((uint64_t)a->tg_memory < (uint64_t)x * 4)
-    return mlxn_kfail(err, cap,
-                      "threadgroup memory must hold one f32 per thread: at least %llu bytes for a "
-                      "threadgroup of %u, got %u; use %s",
-                      (unsigned long long)x * 4, x, a->tg_memory, op);
+  if ((x & (x - 1)) || a->tg[1] != 1 || a->tg[2] != 1 || (uint64_t)a->tg_memory < (uint64_t)x * 4)
+    return mlxn_need_row_tg_fail(a, op, err, cap);
   return 0;
 }
 
@@ -152,8 +146,7 @@ static inline int mlxn_need_row_tg(const mlxn_kargs *a, const char *op, char *er
 static inline int mlxn_need_grid(const mlxn_kargs *a, int dim, uint64_t need, const char *what, char *err,
                                  size_t cap) {
   if (a->grid[dim] >= need) return 0;
-  return mlxn_kfail(err, cap, "grid dimension %d has %u threads but needs %llu, one per %s", dim, a->grid[dim],
-                    (unsigned long long)need, what);
+  return mlxn_need_grid_fail(a, dim, need, what, err, cap);
 }
 
 /* Whether the byte ranges [p, p + n) and [q, q + m) share a byte. */

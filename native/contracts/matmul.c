@@ -9,14 +9,21 @@
 
 /* The GPU kernels give each output one 32-lane simdgroup (lanes split K, then a simd_sum): a
  * threadgroup of `threads` holds threads/32 of them, the outputs of one group. `op` dispatches it. */
-static int need_mm_tg(const mlxn_kargs *a, uint32_t threads, const char *op, char *err, size_t cap) {
-  if (a->tg[0] == threads && a->tg[1] == 1 && a->tg[2] == 1) return 0;
+static __attribute__((cold, noinline)) int mm_tg_fail(const mlxn_kargs *a, uint32_t threads, const char *op, char *err,
+                                                      size_t cap) {
   char why[160]; /* formatted only for the refusal */
   snprintf(why, sizeof why, "one 32-lane simdgroup per output, %u outputs per threadgroup; use %s", threads / 32, op);
   return mlxn_need_tg(a, threads, why, err, cap);
 }
 
-static int check_mm(const mlxn_kargs *a, uint32_t m, uint32_t n, uint32_t k, uint32_t outs, char *err, size_t cap) {
+static inline int need_mm_tg(const mlxn_kargs *a, uint32_t threads, const char *op, char *err, size_t cap) {
+  if (a->tg[0] == threads && a->tg[1] == 1 && a->tg[2] == 1) return 0;
+  return mm_tg_fail(a, threads, op, err, cap);
+}
+
+/* Inlined into each product's validator (a call per check was a tenth of its cost). */
+static inline __attribute__((always_inline)) int check_mm(const mlxn_kargs *a, uint32_t m, uint32_t n, uint32_t k,
+                                                           uint32_t outs, char *err, size_t cap) {
   if (m == 0 || n == 0 || k == 0) return mlxn_kfail(err, cap, "M, N and K must be > 0");
   if (mlxn_need_dims(a, 2, err, cap)) return 1;
   if ((uint64_t)a->groups[0] * outs < n || a->groups[1] < m)
@@ -27,7 +34,8 @@ static int check_mm(const mlxn_kargs *a, uint32_t m, uint32_t n, uint32_t k, uin
 
 /* ---- dense: mode = epilogue | constant weights (native/contracts/matmul.h; semantics with the bodies) */
 
-static int check_epilogue(const mlxn_kargs *a, mlxn_params_dense p, char *err, size_t cap) {
+static inline __attribute__((always_inline)) int check_epilogue(const mlxn_kargs *a, mlxn_params_dense p, char *err,
+                                                                 size_t cap) {
   uint32_t mode = p.mode, epi = mode & MM_EPILOGUE_MASK;
   if (mode & ~(MM_EPILOGUE_MASK | MM_MODE_CONSTANT_WEIGHTS))
     return mlxn_kfail(err, cap, "mode 0x%x has unknown bits (epilogue in bits 0-7, constant weights bit 8)", mode);

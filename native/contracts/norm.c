@@ -14,9 +14,11 @@ MLXN_STATIC_ASSERT(MLXN_SLOT_RMS_NORM_F16_NORM == MLXN_SLOT_RMS_NORM_F32_NORM &&
                        MLXN_SLOT_RMS_NORM_MUL_ADD_BF16_NORM == MLXN_SLOT_RMS_NORM_MUL_ADD_F32_NORM,
                    "one slot layout");
 
-/* Checks eps/dim in inline slot `pslot` and that each listed buffer slot holds rows × dim. */
-static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, int nrow,
-                         int weight_slot, mlxn_ftype t, char *err, size_t cap) {
+/* Checks eps/dim in inline slot `pslot` and that each listed buffer slot holds rows × dim. Inlined
+ * into each kernel's validator, where the slot lists are constants. */
+static inline __attribute__((always_inline)) int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots,
+                                                                int nrow, int weight_slot, mlxn_ftype t, char *err,
+                                                                size_t cap) {
   MLXN_NEED_BYTES(a, pslot, MLXN_PARAMS_NORM_BYTES, err, cap);
   mlxn_params_norm p = mlxn_params_norm_of(a, pslot);
   float eps = p.eps;
@@ -25,7 +27,8 @@ static int norm_validate(const mlxn_kargs *a, int pslot, const int *row_slots, i
   if (!(eps >= 0.0f) || isinf(eps)) return mlxn_kfail(err, cap, "rms_norm: eps must be finite and >= 0");
   uint64_t rows = MLXN_SIZE(a->groups[0], a->groups[1], a->groups[2]);
   uint64_t es = mlxn_ftype_size(t);
-  for (int i = 0; i < nrow; i++) MLXN_NEED_BUF(a, row_slots[i], MLXN_SIZE(rows, dim, es), err, cap);
+  uint64_t row_bytes = MLXN_SIZE(rows, dim, es);
+  for (int i = 0; i < nrow; i++) MLXN_NEED_BUF(a, row_slots[i], row_bytes, err, cap);
   if (weight_slot >= 0) MLXN_NEED_BUF(a, weight_slot, MLXN_SIZE(dim, es), err, cap);
   uint32_t mask = weight_slot >= 0 ? 1u << weight_slot : 0;
   for (int i = 0; i < nrow; i++) mask |= 1u << row_slots[i];

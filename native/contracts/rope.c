@@ -47,7 +47,8 @@ MLXN_STATIC_ASSERT(MLXN_SLOT_ROPE_NORM_F32_ROPE_HEADS == MLXN_SLOT_ROPE_NEOX_F32
 
 /* Shared by rope_neox_f32 and rope_norm_f32 (same bindings and geometry); `op` names the kernel in
  * refusals. */
-static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, size_t cap) {
+static inline __attribute__((always_inline)) int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err,
+                                                                      size_t cap) {
   MLXN_NEED_BYTES(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS, MLXN_PARAMS_ROPE_HEADS_BYTES, err, cap);
   MLXN_NEED_BYTES(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_LAYOUT, MLXN_PARAMS_ROPE_LAYOUT_BYTES, err, cap);
   mlxn_params_rope_heads p = mlxn_params_rope_heads_of(a, MLXN_SLOT_ROPE_NEOX_F32_ROPE_HEADS);
@@ -67,13 +68,14 @@ static int rope_heads_validate(const mlxn_kargs *a, const char *op, char *err, s
   /* Each pair thread also copies every (rope_dim/2)-th pass-through dimension: all must run. */
   if (mlxn_need_dims(a, 2, err, cap) || mlxn_need_grid(a, 0, rd / 2, "rotated pair (rope_dim / 2)", err, cap))
     return 1;
-  uint64_t rows = a->grid[1];
-  uint64_t tokens = (rows + heads - 1) / heads;
+  uint64_t rows = a->grid[1]; /* >= 1: the decoder refuses an empty grid */
+  /* The last row's token and head, in 32 bits (rows fits: it is a grid dimension): one division. */
+  uint64_t t_last = (uint32_t)(rows - 1) / heads, h_last = (uint32_t)(rows - 1) % heads;
+  uint64_t tokens = t_last + 1;
   MLXN_NEED_BUF(a, 0, MLXN_SIZE(rows, hd, 4), err, cap);
   /* The furthest output row: the last token's last head, or (when the rows end inside a token) the
    * token before's last head. */
   uint64_t hs = l.out_head_stride, ts = l.out_token_stride;
-  uint64_t t_last = (rows - 1) / heads, h_last = (rows - 1) % heads;
   uint64_t end = mlxn_size_add(MLXN_SIZE(t_last, ts), MLXN_SIZE(h_last, hs));
   if (t_last > 0) {
     uint64_t prev = mlxn_size_add(MLXN_SIZE(t_last - 1, ts), MLXN_SIZE(heads - 1, hs));

@@ -140,7 +140,7 @@ mlxn_device *mlxn_device_open(uint32_t flags, uint32_t threads) {
                                                              : NULL;
   if (problem) {
     backend_close(dev);
-    free(dev->kernels);
+    free(dev->pipes);
     pthread_mutex_destroy(&dev->mu);
     pthread_cond_destroy(&dev->queue_cv);
     free(dev);
@@ -198,7 +198,7 @@ void mlxn_device_close(mlxn_device *dev) {
     mlxn_storage_free(&tmp);
   }
   backend_close(dev);
-  free(dev->kernels);
+  free(dev->pipes);
   pthread_mutex_destroy(&dev->mu);
   pthread_cond_destroy(&dev->queue_cv);
   free(dev);
@@ -321,7 +321,7 @@ static void recycle_locked(mlxn_device *dev, uint32_t index) {
 /* Drops one command-buffer reference; frees memory whose handle was already released. */
 void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index) {
   buffer_entry *e = &dev->buffers[index];
-  if (--e->refs == 0 && !e->alive) recycle_locked(dev, index);
+  if (--e->refs == 0 && !e->live) recycle_locked(dev, index);
 }
 
 uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
@@ -360,9 +360,8 @@ uint32_t mlxn_buffer_alloc(mlxn_device *dev, uint64_t nbytes) {
   e->data = data;
   e->handle = handle;
   e->size = nbytes;
-  e->gen = gen;
-  e->alive = 1;
   uint32_t h = (gen << HANDLE_INDEX_BITS) | (index + 1u);
+  e->live = h;
   pthread_mutex_unlock(&dev->mu);
   mlxn_live_add(MLXN_LIVE_BUFFERS, 1);
   mlxn_live_add(MLXN_LIVE_BUFFER_BYTES, (int64_t)nbytes);
@@ -379,7 +378,7 @@ int32_t mlxn_buffer_free(mlxn_device *dev, uint32_t handle) {
     return mlxn_set_error(MLXN_E_BAD_HANDLE, "buffer handle 0x%x is not a live buffer: it %s", handle,
                           mlxn_handle_problem(dev, handle));
   }
-  e->alive = 0;
+  e->live = 0;
   if (e->refs == 0) recycle_locked(dev, index); /* else: the last command buffer frees it */
   pthread_mutex_unlock(&dev->mu);
   return MLXN_OK;
@@ -469,33 +468,33 @@ static void build_kernel_table(void) {
   for (uint32_t id = 0; (c = mlxn_contract_at(id)) != NULL; id++) add_contract(c);
 }
 
-const mlxn_contract *mlxn_pipeline_contract(uint32_t handle, const mlxn_slot_masks **masks) {
-  pthread_once(&kernel_once, build_kernel_table);
-  if (handle == 0 || handle > kernel_count) return NULL;
-  if (masks) *masks = &kernel_masks[handle];
-  return kernel_table[handle];
-}
-
-/* Asks the backend, once per device, for its object of every kernel (NULL: it has none). */
+/* Builds the device's pipeline table: each handle's contract, validator and slot masks with the
+ * backend's object for the kernel (NULL: it has none), asked once per device. */
 static int resolve_kernels(mlxn_device *dev) {
   pthread_once(&kernel_once, build_kernel_table);
-  dev->kernels = calloc(kernel_count + 1, sizeof *dev->kernels);
-  if (!dev->kernels) return -1;
-  for (uint32_t i = 1; i <= kernel_count; i++)
-    dev->kernels[i] = dev->ops->kernel(dev->backend, kernel_table[i]);
+  dev->pipes = calloc(kernel_count + 1, sizeof *dev->pipes);
+  if (!dev->pipes) return -1;
+  dev->n_pipes = kernel_count;
+  for (uint32_t i = 1; i <= kernel_count; i++) {
+    mlxn_pipe *p = &dev->pipes[i];
+    p->contract = kernel_table[i];
+    p->validate = kernel_table[i]->validate;
+    p->masks = kernel_masks[i];
+    p->kernel = dev->ops->kernel(dev->backend, kernel_table[i]);
+  }
   return 0;
 }
 
 uint32_t mlxn_pipeline_get(mlxn_device *dev, const uint8_t *name) {
   if (!dev || !name) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null device or name"), 0;
-  for (uint32_t i = 1; i <= kernel_count; i++)
-    if (dev->kernels[i] && strcmp(kernel_table[i]->name, (const char *)name) == 0) return i;
+  for (uint32_t i = 1; i <= dev->n_pipes; i++)
+    if (dev->pipes[i].kernel && strcmp(dev->pipes[i].contract->name, (const char *)name) == 0) return i;
   return mlxn_set_error(MLXN_E_BAD_HANDLE, "no kernel named '%.200s' in this backend", (const char *)name), 0;
 }
 
 uint32_t mlxn_pipeline_signature(mlxn_device *dev, uint32_t pipeline, uint8_t *buf, uint32_t cap) {
-  const mlxn_contract *k = dev ? mlxn_pipeline_contract(pipeline, NULL) : NULL;
-  return k ? copy_text(k->signature, buf, cap) : 0;
+  if (!dev || pipeline == 0 || pipeline > dev->n_pipes) return 0;
+  return copy_text(dev->pipes[pipeline].contract->signature, buf, cap);
 }
 
 /* ---- command buffers -------------------------------------------------------------------------- */

@@ -27,10 +27,11 @@ typedef struct buffer_entry {
   uint8_t *data;     /* the backend's address of the memory (kernels get data + offset) */
   void *handle;      /* the backend's object for it, if any (Metal: the MTLBuffer) */
   uint64_t size;
-  uint32_t gen;      /* bumped when the slot is recycled; part of the handle */
-  uint32_t refs;     /* command buffers that bind it and have not completed or been freed */
-  uint8_t alive;     /* the handle is valid (not yet freed by the host) */
   uint64_t last_cb;  /* serial of the last command buffer that took a reference */
+  /* The handle (generation and slot) while the host holds it, 0 once freed: a lookup is one
+   * compare. Generations stay below 2^12, so the handle is exactly what alloc returned. */
+  uint32_t live;
+  uint32_t refs;     /* command buffers that bind it and have not completed or been freed */
 } buffer_entry;
 
 /* A kernel's signature as bit masks over its slots, for O(1) binding checks. */
@@ -42,6 +43,14 @@ typedef struct mlxn_slot_masks {
   uint32_t reads;    /* buffer slots the kernel reads (contract access read or readwrite) */
   uint32_t writes;   /* buffer slots the kernel writes (write or readwrite) */
 } mlxn_slot_masks;
+
+/* A pipeline handle's entry in its device's table: what SET_PIPELINE selects, in one place. */
+typedef struct mlxn_pipe {
+  const mlxn_contract *contract;
+  int (*validate)(const mlxn_kargs *a, char *err, size_t cap); /* contract->validate */
+  const void *kernel; /* the backend's object for it; NULL: the backend has no such kernel */
+  mlxn_slot_masks masks;
+} mlxn_pipe;
 
 /* ---- command buffers -------------------------------------------------------------------------- */
 
@@ -58,7 +67,8 @@ struct mlxn_cmdbuf {
   struct mlxn_cmdbuf *live_prev, *live_next; /* device's list of live command buffers */
   struct mlxn_cmdbuf *queue_next;            /* device's FIFO of committed ones */
 
-  /* decoded content */
+  /* decoded content; while decoding, dispatches[n_dispatches] (room for it is kept) is the pending
+   * dispatch: bindings are written into it as they arrive, and a valid dispatch record keeps it */
   mlxn_dispatch *dispatches;
   uint32_t n_dispatches, cap_dispatches;
   uint32_t n_groups; /* concurrent groups so far (each dispatch records its own) */
@@ -71,6 +81,7 @@ struct mlxn_cmdbuf {
    * reports. Groups here are the barrier-separated groups, whatever MLXN_FLAG_SERIAL does to n_groups. */
   mlxn_tracker tracker;
   uint8_t auto_barriers; /* dispatches are tracked and get a barrier on conflict */
+  uint8_t serial_groups; /* MLXN_FLAG_SERIAL: every dispatch gets a group of its own (the device's, copied) */
   uint32_t st_auto_barriers, st_auto_concurrent, st_barriers; /* saturating counters */
   uint32_t lg_groups; /* groups so far, the open one included */
   uint32_t lg_open;   /* dispatches in the open group */
@@ -78,18 +89,15 @@ struct mlxn_cmdbuf {
   uint32_t *lg_wide;  /* sizes of the closed groups of MLXN_STAT_SMALL_SIZES or more, in order */
   uint32_t n_wide, cap_wide;
 
-  /* decoder state carried across chunks */
-  const mlxn_contract *pipeline;
-  const mlxn_slot_masks *pipeline_masks;
-  const void *pipeline_kernel; /* the backend's object for it */
+  /* decoder state carried across chunks (the bindings themselves are in the pending dispatch) */
+  const mlxn_pipe *pipe; /* the current pipeline, NULL before the first SET_PIPELINE */
   uint32_t pipeline_handle;
-  uint32_t bound_mask; /* slots bound since the last dispatch */
+  uint32_t bound_mask; /* slots bound since the last dispatch (any of 0..MLXN_MAX_SLOTS-1) */
   uint32_t bytes_mask; /* of those, the ones bound to inline bytes */
-  uint8_t *slot_ptr[MLXN_MAX_SLOTS];
-  uint64_t slot_len[MLXN_MAX_SLOTS];
-  uint64_t slot_off[MLXN_MAX_SLOTS];   /* buffer slots: offset of the binding in its buffer */
-  uint32_t slot_index[MLXN_MAX_SLOTS]; /* buffer slots: the buffer's table index */
-  void *slot_object[MLXN_MAX_SLOTS];
+  /* buffer slots below MLXN_KERNEL_SLOTS (the others are refused at the dispatch): the binding's
+   * offset in its buffer and the buffer's table index, for the tracker */
+  uint64_t slot_off[MLXN_KERNEL_SLOTS];
+  uint32_t slot_index[MLXN_KERNEL_SLOTS];
   uint32_t tg_memory;
   uint32_t error_offset;
 
@@ -135,7 +143,8 @@ struct mlxn_device {
 
   const mlxn_backend_ops *ops;
   void *backend;          /* the backend's state (ops->open) */
-  const void **kernels;   /* per pipeline handle: the backend's object for the kernel, NULL if it has none */
+  mlxn_pipe *pipes;       /* indexed by pipeline handle, 1..n_pipes (entry 0 unused) */
+  uint32_t n_pipes;
   uint64_t wait_spin_ns, idle_spin_ns; /* see mlxn_backend_config */
   cb_storage spare[MLXN_SPARE_STORAGE];
   uint32_t n_spare;
@@ -160,12 +169,10 @@ struct mlxn_device {
 /* The live entry of `handle` in a buffer table of n entries, or NULL (bad index, freed, or a recycled
  * slot's stale generation). Inline: the decoder calls it for every buffer binding. */
 static inline buffer_entry *mlxn_buffer_in_table(buffer_entry *table, uint32_t n, uint32_t handle, uint32_t *index_out) {
-  uint32_t idx1 = handle & HANDLE_INDEX_MASK;
-  if (idx1 == 0 || idx1 > n) return NULL;
-  buffer_entry *e = &table[idx1 - 1];
-  if (!e->alive || (e->gen & 0xfffu) != handle >> HANDLE_INDEX_BITS) return NULL;
-  if (index_out) *index_out = idx1 - 1;
-  return e;
+  uint32_t index = (handle & HANDLE_INDEX_MASK) - 1u; /* slot 0 (never a handle) wraps past any n */
+  if (index >= n || table[index].live != handle) return NULL;
+  if (index_out) *index_out = index;
+  return &table[index];
 }
 /* The live entry of a handle in the device's table, or NULL. Caller holds dev->mu. */
 static inline buffer_entry *mlxn_buffer_lookup(mlxn_device *dev, uint32_t handle, uint32_t *index_out) {
@@ -179,7 +186,6 @@ void mlxn_buffer_release_locked(mlxn_device *dev, uint32_t index);
 const char *mlxn_handle_problem(const mlxn_device *dev, uint32_t handle);
 void mlxn_live_add(int what, int64_t delta);
 
-const mlxn_contract *mlxn_pipeline_contract(uint32_t handle, const mlxn_slot_masks **masks);
 
 /* stream.c */
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);

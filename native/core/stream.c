@@ -1,6 +1,7 @@
 /* Native core: the command-stream decoder. Validates every record (format, handles, ranges, the
  * kernel contract's signature and argument checks) and turns dispatches into the mlxn_dispatch
  * entries a backend runs, numbered into concurrent groups by barriers. Runs with dev->mu held. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,26 +22,37 @@ static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
   return 1;
 }
 
-static uint8_t *arena_copy(mlxn_cmdbuf *cb, const uint8_t *src, uint32_t n) {
+/* A new arena block with room for need bytes, in front of the others. NULL when out of memory. */
+static __attribute__((noinline)) arena_block *arena_grow(mlxn_cmdbuf *cb, uint32_t need) {
+  uint32_t cap = need > 65536 ? need : 65536;
+  arena_block *nb = malloc(sizeof *nb + cap);
+  if (!nb) return NULL;
+  nb->next = cb->arena;
+  nb->used = 0;
+  nb->cap = cap;
+  cb->arena = nb;
+  return nb;
+}
+
+static inline __attribute__((always_inline)) uint8_t *arena_copy(mlxn_cmdbuf *cb, const uint8_t *src, uint32_t n) {
   arena_block *b = cb->arena;
   uint32_t need = (n + 15u) & ~15u;
   if (!b || b->cap - b->used < need) {
-    uint32_t cap = need > 65536 ? need : 65536;
-    arena_block *nb = malloc(sizeof *nb + cap);
-    if (!nb) return NULL;
-    nb->next = b;
-    nb->used = 0;
-    nb->cap = cap;
-    cb->arena = nb;
-    b = nb;
+    b = arena_grow(cb, need);
+    if (!b) return NULL;
   }
   uint8_t *dst = b->data + b->used;
-  /* SET_BYTES data is padded to whole words in the record, so whole words can be copied. Typical
-   * inline constants are a few words: copied word by word, without a call (a byte loop cost ~4 ns
-   * per dispatch here). */
+  /* SET_BYTES data is padded to whole words in the record, so whole words can be copied (never past
+   * the record). Typical inline constants are a few words: copied 16 bytes at a time, without a call. */
   uint32_t padded = (n + 3u) & ~3u;
   if (padded <= 64) {
-    for (uint32_t i = 0; i < padded; i += 4) memcpy(dst + i, src + i, 4);
+    uint32_t i = 0;
+    for (; i + 16 <= padded; i += 16) memcpy(dst + i, src + i, 16);
+    if (i + 8 <= padded) {
+      memcpy(dst + i, src + i, 8);
+      i += 8;
+    }
+    if (i < padded) memcpy(dst + i, src + i, 4);
   } else {
     memcpy(dst, src, n);
   }
@@ -120,13 +132,19 @@ void mlxn_command_prepare(mlxn_cmdbuf *cb) {
   cmd->backend_slot = -1;
 }
 
-#define FAIL(code, ...)                                                                            \
-  do {                                                                                             \
-    cb->error_offset = off;                                                                        \
-    char msg_[640];                                                                                \
-    snprintf(msg_, sizeof msg_, __VA_ARGS__);                                                      \
-    return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg_);              \
-  } while (0)
+/* Records the failing record's offset and sets the error. Out of line and cold: the decoder has
+ * dozens of these, and formatting them in place crowded its registers and its code. */
+static __attribute__((cold, noinline, format(printf, 4, 5))) int32_t fail_at(mlxn_cmdbuf *cb, uint32_t off,
+                                                                            int32_t code, const char *fmt, ...) {
+  cb->error_offset = off;
+  char msg[640];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return mlxn_set_error(code, "command stream, record at byte %u: %s", off, msg);
+}
+#define FAIL(code, ...) return fail_at(cb, off, code, __VA_ARGS__)
 
 static uint32_t word(const uint8_t *p) {
   uint32_t v;
@@ -156,7 +174,7 @@ static inline void sat_inc(uint32_t *v) {
 }
 
 /* Counts the open group (cb->lg_open dispatches) as closed. Non-zero when out of memory. */
-static int close_group(mlxn_cmdbuf *cb) {
+static inline int close_group(mlxn_cmdbuf *cb) {
   uint32_t size = cb->lg_open;
   cb->lg_open = 0;
   if (size < MLXN_STAT_SMALL_SIZES) {
@@ -168,9 +186,64 @@ static int close_group(mlxn_cmdbuf *cb) {
   return 0;
 }
 
-static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, uint32_t off) {
-  const mlxn_contract *k = cb->pipeline;
-  if (!k) FAIL(MLXN_E_STREAM, "dispatch before any SET_PIPELINE");
+static __attribute__((noinline)) int grow_dispatches(mlxn_cmdbuf *cb) {
+  return grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(mlxn_dispatch));
+}
+
+/* Room for the pending dispatch after the last one (see mlxn_cmdbuf.dispatches). */
+static inline __attribute__((always_inline)) int room_for_pending(mlxn_cmdbuf *cb) {
+  return cb->n_dispatches < cb->cap_dispatches || grow_dispatches(cb);
+}
+
+/* The automatic barrier before dispatch d (bindings in d->args, masks m): checks the accesses against
+ * the group before adding any (a dispatch never conflicts with itself), starts a new group on
+ * conflict, then adds them. Each pass reads the slot's binding again: cheaper than keeping the
+ * accesses in a local array between the passes. Returns 1 when a new group starts, 0 when not, -1
+ * when out of memory. */
+static inline __attribute__((always_inline)) int track_dispatch(mlxn_cmdbuf *cb, const mlxn_dispatch *d,
+                                                                 const mlxn_slot_masks *m, uint32_t bound) {
+  uint32_t writes = bound & m->writes, touched = bound & (m->reads | m->writes); /* buffer slots only */
+  mlxn_tracker *t = &cb->tracker;
+  trk_entry *base = t->e; /* t->cap covers the buffer table (mlxn_cmdbuf_decode) */
+  uint32_t epoch = t->epoch;
+  int conflict = 0;
+  for (uint32_t left = touched; left; left &= left - 1) {
+    uint32_t s = (uint32_t)__builtin_ctz(left);
+    uint64_t len = d->args.len[s]; /* an empty range touches nothing */
+    const trk_entry *x = &base[cb->slot_index[s]];
+    if (len && x->epoch == epoch &&
+        trk_entry_conflicts(t, x, cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u)) {
+      conflict = 1;
+      break;
+    }
+  }
+  int new_group = 0;
+  if (conflict && cb->n_dispatches > 0) {
+    trk_reset(t);
+    new_group = 1;
+    sat_inc(&cb->st_auto_barriers);
+    sat_inc(&cb->st_barriers);
+  } else {
+    sat_inc(&cb->st_auto_concurrent);
+  }
+  for (uint32_t left = touched; left; left &= left - 1) {
+    uint32_t s = (uint32_t)__builtin_ctz(left);
+    uint64_t len = d->args.len[s];
+    if (len && trk_entry_add(t, &base[cb->slot_index[s]], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u))
+      return -1;
+  }
+  return new_group;
+}
+
+/* Validates the dispatch record r against the pipeline and the pending dispatch d's bindings (bound,
+ * bytes: the slot masks) and keeps it. */
+static inline __attribute__((always_inline)) int32_t decode_dispatch(mlxn_cmdbuf *cb, mlxn_dispatch *d,
+                                                                      const uint8_t *r, uint32_t op,
+                                                                      uint32_t bound, uint32_t bytes,
+                                                                      uint32_t off) {
+  const mlxn_pipe *p = cb->pipe;
+  if (!p) FAIL(MLXN_E_STREAM, "dispatch before any SET_PIPELINE");
+  const mlxn_contract *k = p->contract;
   uint32_t g[3], t[3];
   for (int i = 0; i < 3; i++) {
     g[i] = word(r + 4 + 4 * i);
@@ -183,9 +256,6 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
          t[1], t[2], MLXN_MAX_THREADS_PER_GROUP);
   if (g[0] == 0 || g[1] == 0 || g[2] == 0)
     FAIL(MLXN_E_STREAM, "kernel %s: grid %ux%ux%u has a zero dimension", k->name, g[0], g[1], g[2]);
-  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, cb->n_dispatches + 1, sizeof(mlxn_dispatch)))
-    FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-  mlxn_dispatch *d = &cb->dispatches[cb->n_dispatches]; /* filled in place, kept only if valid */
   mlxn_kernel_args *a = &d->args;
   for (int i = 0; i < 3; i++) {
     a->tg[i] = t[i];
@@ -204,11 +274,10 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     }
   }
   /* Bindings must match the kernel's signature exactly: no missing, mistyped or extra slot. */
-  const mlxn_slot_masks *m = cb->pipeline_masks;
-  uint32_t bound = cb->bound_mask;
+  const mlxn_slot_masks *m = &p->masks;
   uint32_t missing = m->required & ~bound;
   uint32_t extra = bound & ~m->all;
-  uint32_t mistyped = bound & (cb->bytes_mask ^ m->bytes);
+  uint32_t mistyped = bound & (bytes ^ m->bytes);
   if (missing | extra | mistyped) {
     if (missing) {
       uint32_t s = (uint32_t)__builtin_ctz(missing);
@@ -222,12 +291,13 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     FAIL(MLXN_E_STREAM, "kernel %s: slot %u expects %s but got %s", k->name, s,
          (m->bytes >> s) & 1u ? "inline bytes" : "a buffer", (m->bytes >> s) & 1u ? "a buffer" : "inline bytes");
   }
-  /* Unbound optional slots read as NULL/0; slots past the signature are never read by the kernel. */
-  for (uint32_t s = 0; s < m->nslots; s++) {
-    int is_bound = (bound >> s) & 1u;
-    a->ptr[s] = is_bound ? cb->slot_ptr[s] : NULL;
-    a->len[s] = is_bound ? cb->slot_len[s] : 0;
-    d->object[s] = is_bound && !((m->bytes >> s) & 1u) ? cb->slot_object[s] : NULL;
+  /* Unbound optional slots read as NULL/0 (the pending dispatch may hold an earlier one's); slots
+   * past the signature are never read by the kernel. */
+  for (uint32_t left = m->all & ~bound; left; left &= left - 1) {
+    uint32_t s = (uint32_t)__builtin_ctz(left);
+    a->ptr[s] = NULL;
+    a->len[s] = 0;
+    d->object[s] = NULL;
   }
   a->tg_memory = cb->tg_memory;
   uint64_t tg_total;
@@ -236,44 +306,21 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
          k->name, a->groups[0], a->groups[1], a->groups[2]);
   char why[512];
   why[0] = 0;
-  if (k->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
+  if (p->validate(a, why, sizeof why)) FAIL(MLXN_E_STREAM, "kernel %s: %s", k->name, why);
 
   int new_group = cb->n_dispatches == 0 || cb->barrier_pending;
   if (cb->auto_barriers) {
-    /* Check every access before adding any: a dispatch never conflicts with itself. */
-    uint32_t bufs = bound & ~m->bytes, reads = bufs & m->reads, writes = bufs & m->writes;
-    uint32_t touched = reads | writes;
-    mlxn_tracker *t = &cb->tracker;
-    int conflict = 0;
-    for (uint32_t left = touched; left && !conflict; left &= left - 1) {
-      uint32_t s = (uint32_t)__builtin_ctz(left);
-      uint64_t len = cb->slot_len[s];
-      if (len) conflict = trk_conflicts(t, cb->slot_index[s], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u);
-    }
-    if (conflict && cb->n_dispatches > 0) {
-      trk_reset(t);
-      cb->barrier_pending = 1;
-      new_group = 1;
-      sat_inc(&cb->st_auto_barriers);
-      sat_inc(&cb->st_barriers);
-    } else {
-      sat_inc(&cb->st_auto_concurrent);
-    }
-    for (uint32_t left = touched; left; left &= left - 1) {
-      uint32_t s = (uint32_t)__builtin_ctz(left);
-      uint64_t len = cb->slot_len[s];
-      if (len && trk_add(t, cb->slot_index[s], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u))
-        FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory tracking the accesses of kernel %s", k->name);
-    }
+    int placed = track_dispatch(cb, d, m, bound);
+    if (placed < 0) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory tracking the accesses of kernel %s", k->name);
+    new_group |= placed;
   }
   if (new_group) {
     if (cb->n_dispatches > 0 && close_group(cb)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
     cb->lg_groups++;
   }
   cb->lg_open++;
-  if (new_group || (cb->dev->flags & MLXN_FLAG_SERIAL)) cb->n_groups++;
-  cb->n_dispatches++;
-  d->kernel = cb->pipeline_kernel;
+  cb->n_groups += (uint32_t)(new_group | cb->serial_groups);
+  d->kernel = p->kernel;
   d->contract = k;
   d->tag = tag;
   d->group = cb->n_groups - 1;
@@ -281,7 +328,8 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
   d->t_start = UINT64_MAX;
   d->t_end = 0;
   cb->barrier_pending = 0;
-  cb->bound_mask = 0; /* every dispatch carries its complete binding set */
+  cb->n_dispatches++;
+  if (!room_for_pending(cb)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
   return MLXN_OK;
 }
 
@@ -295,24 +343,26 @@ static int32_t decode_dispatch(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t op, u
     if (slot != 0) FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot); \
   } while (0)
 
-/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot` (with `whole`: all of it), looked up
- * in the device's buffer table (passed in: the caller reads it once per run of records, since the
- * stores here could alias it for the compiler). Always inlined: it runs for nearly every record, and
- * the call's prologue and epilogue were a tenth of the decoder's time. */
-static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb, buffer_entry *buffers,
-                                                                  uint32_t n_buffers, uint32_t slot, uint32_t handle,
-                                                                  uint64_t boff, uint64_t blen, int whole,
-                                                                  uint32_t off) {
+/* Binds bytes [boff, boff + blen) of buffer `handle` at `slot` (with `whole`: all of it) into the
+ * pending dispatch d, looked up in the device's buffer table (passed in: the caller reads it once
+ * per chunk, since the stores here could alias it for the compiler). Always inlined: it runs for
+ * nearly every record. */
+static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb, mlxn_dispatch *d,
+                                                                  buffer_entry *buffers, uint32_t n_buffers,
+                                                                  uint32_t slot, uint32_t handle, uint64_t boff,
+                                                                  uint64_t blen, int whole, uint32_t off) {
   if (slot >= MLXN_MAX_SLOTS) FAIL(MLXN_E_STREAM, "buffer slot %u out of range 0..%d", slot, MLXN_MAX_SLOTS - 1);
   uint32_t index;
   buffer_entry *e = mlxn_buffer_in_table(buffers, n_buffers, handle, &index);
   if (!e)
     FAIL(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer: it %s", slot, handle,
          mlxn_handle_problem(cb->dev, handle));
-  if (whole) blen = e->size;
-  if (boff > e->size || blen > e->size - boff)
+  if (whole) {
+    blen = e->size;
+  } else if (boff > e->size || blen > e->size - boff) {
     FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
          (unsigned long long)boff, (unsigned long long)(boff + blen), (unsigned long long)e->size);
+  }
   if (e->last_cb != cb->serial) { /* first binding in this command buffer: keep it alive */
     if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
       FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
@@ -320,13 +370,13 @@ static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb
     e->refs++;
     e->last_cb = cb->serial;
   }
-  cb->slot_ptr[slot] = e->data + boff;
-  cb->slot_len[slot] = blen;
-  cb->slot_off[slot] = boff;
-  cb->slot_index[slot] = index;
-  cb->slot_object[slot] = e->handle;
-  cb->bytes_mask &= ~(1u << slot);
-  cb->bound_mask |= 1u << slot;
+  if (slot < MLXN_KERNEL_SLOTS) { /* a higher slot is only marked bound: the dispatch refuses it */
+    d->args.ptr[slot] = e->data + boff;
+    d->args.len[slot] = blen;
+    d->object[slot] = e->handle;
+    cb->slot_off[slot] = boff;
+    cb->slot_index[slot] = index;
+  }
   return MLXN_OK;
 }
 
@@ -400,31 +450,47 @@ static int32_t decode_track(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t words, u
   return MLXN_OK;
 }
 
+/* Tracker state for every buffer table index, so that a tracked dispatch indexes it unchecked (the
+ * table does not change while the decoder holds dev->mu). Non-zero when out of memory. */
+static inline int tracker_covers_table(mlxn_cmdbuf *cb, uint32_t n_table) {
+  return n_table > cb->tracker.cap && trk_fit(&cb->tracker, n_table - 1);
+}
+
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
   mlxn_device *dev = cb->dev;
+  buffer_entry *table = dev->buffers; /* the table does not change while the decoder holds dev->mu */
+  uint32_t n_table = dev->n_buffers;
   uint32_t off = 0;
+  /* Binding state in locals, stored back at the end (a failed chunk leaves the command buffer in its
+   * error state, so nothing reads it after a FAIL). */
+  uint32_t bound = cb->bound_mask, bytes = cb->bytes_mask;
+  cb->serial_groups = (dev->flags & MLXN_FLAG_SERIAL) != 0;
+  if (!room_for_pending(cb)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+  if (cb->auto_barriers && tracker_covers_table(cb, n_table)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
+  mlxn_dispatch *d = &cb->dispatches[cb->n_dispatches]; /* the pending dispatch */
   while (off < len) {
     const uint8_t *r = stream + off;
     uint32_t hdr = word(r);
     uint32_t op = hdr & 0xffu, slot = (hdr >> 8) & 0xffu, words = hdr >> 16;
-    if (words == 0) FAIL(MLXN_E_STREAM, "record length is zero");
-    if ((uint64_t)words * 4 > (uint64_t)(len - off))
-      FAIL(MLXN_E_STREAM, "truncated record: %s claims %u words, %u bytes remain", op_name(op), words,
-           len - off);
+    /* One compare for both: a zero length wraps past any number of remaining words. */
+    if (words - 1u >= (len - off) / 4) {
+      if (words == 0) FAIL(MLXN_E_STREAM, "record length is zero");
+      FAIL(MLXN_E_STREAM, "truncated record: %s claims %u words, %u bytes remain", op_name(op), words, len - off);
+    }
     /* Ordered by frequency: a dispatch is typically a few buffers, one SET_BYTES and the dispatch. */
     switch (op) {
       case MLXN_OP_SET_BUFFER_WHOLE:
       case MLXN_OP_SET_BUFFER: {
-        buffer_entry *table = dev->buffers; /* the table does not change while the decoder holds dev->mu */
-        uint32_t n_table = dev->n_buffers;
         /* A dispatch's buffers come in a run: bind them in this loop, without a trip through the
          * switch between them (the same checks, record by record). */
         for (;;) {
           int whole = op == MLXN_OP_SET_BUFFER_WHOLE;
           NEED_WORDS(op, whole ? MLXN_REC_SET_BUFFER_WHOLE_WORDS : MLXN_REC_SET_BUFFER_WORDS);
-          int32_t rc = bind_buffer(cb, table, n_table, slot, word(r + 4), whole ? 0 : word(r + 8),
+          int32_t rc = bind_buffer(cb, d, table, n_table, slot, word(r + 4), whole ? 0 : word(r + 8),
                                    whole ? 0 : word(r + 12), whole, off);
           if (rc != MLXN_OK) return rc;
+          bytes &= ~(1u << slot);
+          bound |= 1u << slot;
           uint32_t next = off + words * 4;
           if (len - next < MLXN_REC_SET_BUFFER_WHOLE_WORDS * 4) break;
           uint32_t h = word(stream + next), hop = h & 0xffu, hwords = h >> 16;
@@ -444,8 +510,10 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       case MLXN_OP_DISPATCH_GROUPS: {
         NEED_WORDS(op, MLXN_REC_DISPATCH_WORDS);
         NO_SLOT(op);
-        int32_t rc = decode_dispatch(cb, r, op, off);
+        int32_t rc = decode_dispatch(cb, d, r, op, bound, bytes, off);
         if (rc != MLXN_OK) return rc;
+        d = &cb->dispatches[cb->n_dispatches]; /* the next pending one (the array may have moved) */
+        bound = 0; /* every dispatch carries its complete binding set */
         cb->tg_memory = 0;
         break;
       }
@@ -461,23 +529,23 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
                MLXN_REC_SET_BYTES_HEADER_WORDS + (n + 3) / 4, words);
         uint8_t *copy = arena_copy(cb, r + 8, n);
         if (!copy) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-        cb->slot_ptr[slot] = copy;
-        cb->slot_len[slot] = n;
-        cb->bytes_mask |= 1u << slot;
-        cb->bound_mask |= 1u << slot;
+        if (slot < MLXN_KERNEL_SLOTS) { /* a higher slot is only marked bound: the dispatch refuses it */
+          d->args.ptr[slot] = copy;
+          d->args.len[slot] = n;
+          d->object[slot] = NULL;
+        }
+        bytes |= 1u << slot;
+        bound |= 1u << slot;
         break;
       }
       case MLXN_OP_SET_PIPELINE: {
         NEED_WORDS(op, MLXN_REC_SET_PIPELINE_WORDS);
         NO_SLOT(op);
         uint32_t handle = word(r + 4);
-        if (handle == cb->pipeline_handle && cb->pipeline) break;
-        const mlxn_slot_masks *masks = NULL;
-        const mlxn_contract *k = mlxn_pipeline_contract(handle, &masks);
-        if (!k || !dev->kernels[handle]) FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
-        cb->pipeline = k;
-        cb->pipeline_masks = masks;
-        cb->pipeline_kernel = dev->kernels[handle];
+        if (handle == cb->pipeline_handle && cb->pipe) break;
+        if (handle - 1u >= dev->n_pipes || !dev->pipes[handle].kernel)
+          FAIL(MLXN_E_BAD_HANDLE, "unknown pipeline handle %u", handle);
+        cb->pipe = &dev->pipes[handle];
         cb->pipeline_handle = handle;
         break;
       }
@@ -493,6 +561,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       case MLXN_OP_AUTO_BARRIERS:
         NEED_WORDS(op, MLXN_REC_AUTO_BARRIERS_WORDS);
         if (slot > 1) FAIL(MLXN_E_STREAM, "AUTO_BARRIERS takes 0 (off) or 1 (on) in the slot field, got %u", slot);
+        if (slot && tracker_covers_table(cb, n_table)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
         /* The group stays: what was tracked before the switch still shares the group with what follows. */
         cb->auto_barriers = (uint8_t)slot;
         break;
@@ -504,10 +573,12 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
       }
       case MLXN_OP_SET_BUFFER64: {
         NEED_WORDS(op, MLXN_REC_SET_BUFFER64_WORDS);
-        int32_t rc = bind_buffer(cb, dev->buffers, dev->n_buffers, slot, word(r + 4),
+        int32_t rc = bind_buffer(cb, d, table, n_table, slot, word(r + 4),
                                  word(r + 8) | ((uint64_t)word(r + 12) << 32),
                                  word(r + 16) | ((uint64_t)word(r + 20) << 32), 0, off);
         if (rc != MLXN_OK) return rc;
+        bytes &= ~(1u << slot);
+        bound |= 1u << slot;
         break;
       }
       case MLXN_OP_SET_TG_MEMORY: {
@@ -523,5 +594,7 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     }
     off += words * 4;
   }
+  cb->bound_mask = bound;
+  cb->bytes_mask = bytes;
   return MLXN_OK;
 }

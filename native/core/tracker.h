@@ -122,19 +122,29 @@ static inline int trk_set_add(trk_set *set, uint64_t s, uint64_t e) {
   return 0;
 }
 
-/* Whether reading bytes [s, e) of the buffer at table index idx — or, with write, writing them —
- * conflicts with the group. e > s. */
-static inline __attribute__((always_inline)) int trk_conflicts(const mlxn_tracker *t, uint32_t idx, uint64_t s,
-                                                                uint64_t e, int write) {
-  if (idx >= t->cap) return 0;
-  const trk_entry *x = &t->e[idx];
-  if (x->epoch != t->epoch) return 0;
-  if (write || (x->spill & TRK_WRITTEN_IS_TOUCHED)) {
-    if (!(x->spill & TRK_TOUCHED_SPILLED)) return s < x->te && x->ts < e;
+/* Whether reading bytes [s, e) (non-empty) — or, with write, writing them — conflicts with entry x,
+ * which is in the group (x->epoch == t->epoch). Branches, not selects: a load whose address waits
+ * for a conditional move made this several times slower. */
+static inline __attribute__((always_inline)) int trk_entry_conflicts(const mlxn_tracker *t, const trk_entry *x,
+                                                                      uint64_t s, uint64_t e, int write) {
+  uint32_t spill = x->spill;
+  if (write) { /* any touched byte */
+    if (!(spill & TRK_TOUCHED_SPILLED)) return s < x->te && x->ts < e;
     return trk_set_intersects(&t->sets[2 * (x->sets - 1)], s, e);
   }
-  if (!(x->spill & TRK_WRITTEN_SPILLED)) return s < x->we && x->ws < e;
-  return trk_set_intersects(&t->sets[2 * (x->sets - 1) + 1], s, e);
+  /* A written byte. Inline, [ws, we) is exact (kept equal to [ts, te) while only writes). */
+  if (!(spill & (TRK_TOUCHED_SPILLED | TRK_WRITTEN_SPILLED))) return s < x->we && x->ws < e;
+  if (spill & TRK_WRITTEN_IS_TOUCHED) return trk_set_intersects(&t->sets[2 * (x->sets - 1)], s, e);
+  if (spill & TRK_WRITTEN_SPILLED) return trk_set_intersects(&t->sets[2 * (x->sets - 1) + 1], s, e);
+  return s < x->we && x->ws < e;
+}
+
+/* Whether reading bytes [s, e) of the buffer at table index idx — or, with write, writing them —
+ * conflicts with the group. e > s. */
+static inline int trk_conflicts(const mlxn_tracker *t, uint32_t idx, uint64_t s, uint64_t e, int write) {
+  if (idx >= t->cap) return 0;
+  const trk_entry *x = &t->e[idx];
+  return x->epoch == t->epoch && trk_entry_conflicts(t, x, s, e, write);
 }
 
 /* Room for table index idx. Non-zero when out of memory. */
@@ -218,20 +228,8 @@ static inline int trk_split_written(mlxn_tracker *t, trk_entry *x) {
   return 0;
 }
 
-/* Adds bytes [s, e) (non-empty) of the buffer at table index idx to the group, as touched and, with
- * write, written. Non-zero when out of memory. */
-static inline __attribute__((always_inline)) int trk_add(mlxn_tracker *t, uint32_t idx, uint64_t s, uint64_t e,
-                                                          int write) {
-  if (idx >= t->cap && trk_fit(t, idx)) return 1;
-  trk_entry *x = &t->e[idx];
-  if (x->epoch != t->epoch) { /* first access of this allocation in the group */
-    x->epoch = t->epoch;
-    x->spill = write ? TRK_WRITTEN_IS_TOUCHED : 0;
-    x->ts = s;
-    x->te = e;
-    x->ws = x->we = 0;
-    return 0;
-  }
+/* trk_entry_add past its inline cases. */
+static int trk_entry_add_general(mlxn_tracker *t, trk_entry *x, uint64_t s, uint64_t e, int write) {
   if ((x->spill & TRK_WRITTEN_IS_TOUCHED) && !write && trk_split_written(t, x)) return 1;
   if (!(x->spill & TRK_TOUCHED_SPILLED) && s <= x->te && x->ts <= e) { /* the common case, inline */
     if (s < x->ts) x->ts = s;
@@ -239,13 +237,59 @@ static inline __attribute__((always_inline)) int trk_add(mlxn_tracker *t, uint32
   } else if (trk_add_to(t, x, 0, &x->ts, &x->te, s, e)) {
     return 1;
   }
-  if (!write || (x->spill & TRK_WRITTEN_IS_TOUCHED)) return 0;
+  if (x->spill & TRK_WRITTEN_IS_TOUCHED) { /* only writes (a read split them above) */
+    if (!(x->spill & TRK_TOUCHED_SPILLED)) {
+      x->ws = x->ts;
+      x->we = x->te;
+    }
+    return 0;
+  }
+  if (!write) return 0;
   if (!(x->spill & TRK_WRITTEN_SPILLED) && x->ws != x->we && s <= x->we && x->ws <= e) { /* inline too */
     if (s < x->ws) x->ws = s;
     if (e > x->we) x->we = e;
     return 0;
   }
   return trk_add_to(t, x, 1, &x->ws, &x->we, s, e);
+}
+
+/* Adds bytes [s, e) (non-empty) of entry x's allocation to the group, as touched and, with write,
+ * written. While every access of the allocation in the group was a write and its bytes are one
+ * interval, [ws, we) is kept equal to [ts, te) (trk_entry_conflicts reads it). Non-zero when out of
+ * memory. */
+static inline __attribute__((always_inline)) int trk_entry_add(mlxn_tracker *t, trk_entry *x, uint64_t s,
+                                                                uint64_t e, int write) {
+  if (x->epoch != t->epoch) { /* first access of this allocation in the group */
+    x->epoch = t->epoch;
+    x->spill = write ? TRK_WRITTEN_IS_TOUCHED : 0;
+    x->ts = s;
+    x->te = e;
+    x->ws = write ? s : 0;
+    x->we = write ? e : 0;
+    return 0;
+  }
+  /* One interval that [s, e) overlaps or touches: only writes so far and a write, or a read and no
+   * spilled set (the written bytes stay as they are). */
+  if (s <= x->te && x->ts <= e && x->spill == (write ? TRK_WRITTEN_IS_TOUCHED : 0u)) {
+    /* Stores only where the interval grows: a range read again and again changes nothing. */
+    if (s < x->ts) {
+      x->ts = s;
+      if (write) x->ws = s;
+    }
+    if (e > x->te) {
+      x->te = e;
+      if (write) x->we = e;
+    }
+    return 0;
+  }
+  return trk_entry_add_general(t, x, s, e, write);
+}
+
+/* Adds bytes [s, e) (non-empty) of the buffer at table index idx to the group, as touched and, with
+ * write, written. Non-zero when out of memory. */
+static inline int trk_add(mlxn_tracker *t, uint32_t idx, uint64_t s, uint64_t e, int write) {
+  if (idx >= t->cap && trk_fit(t, idx)) return 1;
+  return trk_entry_add(t, &t->e[idx], s, e, write);
 }
 
 #endif /* MLXN_TRACKER_H */
