@@ -181,8 +181,8 @@ export class Capture {
   readonly pipelines: readonly Pipeline[];
   /** SET_PIPELINE records. */
   readonly pipelineCount: number;
-  /** A buffer the pass binds (the device of all of them), or null when it binds none. */
-  readonly probe: MlxBuffer | null;
+  /** A buffer the pass binds (the device of all of them), or null when it binds none (or released). */
+  #probe: MlxBuffer | null;
   /** Op kinds that differ from the pipeline contract's, by node index. */
   readonly opKinds: ReadonlyMap<number, CapturedOpKind>;
   /** Nodes whose accesses include user ranges, by node index. */
@@ -233,7 +233,7 @@ export class Capture {
     this.nodeCount = nodeCount;
     this.pipelines = tables.pipelines;
     this.pipelineCount = pipelineCount;
-    this.probe = probe;
+    this.#probe = probe;
     this.opKinds = opKinds;
     this.annotated = annotated;
   }
@@ -291,7 +291,7 @@ export class Capture {
     const w = this.words, pipelines = this.pipelines;
     const opKinds = this.opKinds.size > 0 ? this.opKinds : null;
     const annotated = this.annotated.size > 0 ? this.annotated : null;
-    const views = this.probe === null ? null : new HandleViews(this.probe);
+    const views = this.#probe === null ? null : new HandleViews(this.#probe);
     // The view last made for each slot and the record it was made from: consecutive dispatches
     // often bind the same bytes there.
     const last: MlxBuffer[] = [], lastAt = new Int32Array(MAX_SLOTS).fill(-1);
@@ -359,7 +359,7 @@ export class Capture {
    * they keep alive); a Disposed error when one of those allocations was disposed.
    */
   boundBuffers(): MlxBuffer[] {
-    const out: MlxBuffer[] = [], w = this.words, views = this.probe === null ? null : new HandleViews(this.probe);
+    const out: MlxBuffer[] = [], w = this.words, views = this.#probe === null ? null : new HandleViews(this.#probe);
     for (let at = 0, p = -1; at < this.length; at += w[at]! >>> LEN_SHIFT) {
       const op = w[at]! & OP_MASK;
       if (op === Op.SET_PIPELINE) p++;
@@ -372,6 +372,10 @@ export class Capture {
   release(): void {
     if (this.#released) return;
     this.#released = true;
+    // Whoever still holds the capture (a fingerprint does) must not keep its buffers alive.
+    this.#nodes = null;
+    this.#starts = null;
+    this.#probe = null;
     returnTables(this.#tables, this.pipelineCount);
   }
 }
