@@ -87,22 +87,42 @@ function captureEnded(): void {
   for (const held of list) if (held.owner.deref() === undefined) freeCollected(held);
 }
 
-// A recording dropped without being ended (its session was never finished or disposed) ends when
-// it is collected.
-const captureCleanup = new FinalizationRegistry<undefined>(captureEnded);
-
-/**
- * @ignore Internal: a recording keyed by `token` begins: until {@link endCapture}(token) (or until
- * `token` is collected), no collected buffer's allocation is freed.
- */
-export function beginCapture(token: object): void {
-  openCaptures++;
-  captureCleanup.register(token, undefined, token);
+/** @ignore Internal: whether the recording that uses an object (see {@link watchCaptures}) is open. */
+export interface CaptureLife {
+  /** Between {@link beginCapture} and {@link endCapture}. */
+  open: boolean;
 }
 
-/** @ignore Internal: the recording keyed by `token` ended (call once per {@link beginCapture}). */
-export function endCapture(token: object): void {
-  captureCleanup.unregister(token);
+// A recording dropped without being ended (its session was never finished or disposed) ends when
+// the object it recorded into is collected.
+const captureCleanup = new FinalizationRegistry<CaptureLife>((life) => {
+  if (!life.open) return;
+  life.open = false;
+  captureEnded();
+});
+
+/**
+ * @ignore Internal: `life` tells whether a recording into `owner` is open; `owner` is reused by one
+ * recording after another and registered once, so that a recording costs no registration.
+ */
+export function watchCaptures(owner: object, life: CaptureLife): void {
+  captureCleanup.register(owner, life);
+}
+
+/**
+ * @ignore Internal: a recording begins: until {@link endCapture} (or until the object its `life`
+ * belongs to is collected), no collected buffer's allocation is freed.
+ */
+export function beginCapture(life: CaptureLife): void {
+  if (life.open) return;
+  life.open = true;
+  openCaptures++;
+}
+
+/** @ignore Internal: the recording ended. */
+export function endCapture(life: CaptureLife): void {
+  if (!life.open) return;
+  life.open = false;
   captureEnded();
 }
 

@@ -14,7 +14,7 @@
  * @module
  */
 
-import { beginCapture, endCapture, HandleViews, MlxBuffer } from "./buffer.ts";
+import { beginCapture, type CaptureLife, endCapture, HandleViews, MlxBuffer, watchCaptures } from "./buffer.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import type { Binding } from "./graph/nodes.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
@@ -98,6 +98,8 @@ interface Tables {
   readonly pipelines: Pipeline[];
   /** `store` as bytes (the writer has its own view), for the key comparison. */
   storeBytes: Uint8Array | null;
+  /** Whether the recording using these tables is open (they are reused by one after another). */
+  readonly life: CaptureLife;
 }
 
 const spareTables: Tables[] = [];
@@ -109,19 +111,21 @@ const NO_CHANGES: readonly number[] = [];
 function takeTables(): Tables {
   const spare = spareTables.pop();
   if (spare !== undefined) return spare;
-  const writer = new StreamWriter();
-  return {
-    writer,
+  const t: Tables = {
+    writer: new StreamWriter(),
     store: new Uint32Array(4096),
     pipelines: [],
     storeBytes: null,
+    life: { open: false },
   };
+  watchCaptures(t, t.life);
+  return t;
 }
 
 /** Ends the recording `t` belongs to and keeps `t` for the next one. */
 function returnTables(t: Tables, pipelines: number): void {
   t.writer.attach(undefined);
-  endCapture(t);
+  endCapture(t.life);
   // Drop the references, keeping the array's storage. A loop, not Array#fill: after a fill, V8
   // stores into the array several times slower.
   const p = t.pipelines as unknown[];
@@ -415,7 +419,7 @@ export class CaptureRecorder {
   /** An empty recorder; `autoBarriers`: whether the dispatches recorded first get automatic barriers. */
   constructor(autoBarriers = false) {
     this.#autoBarriers = autoBarriers;
-    beginCapture(this.#t);
+    beginCapture(this.#t.life);
     this.#t.writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
   }
 
@@ -435,8 +439,8 @@ export class CaptureRecorder {
    */
   dispatch(d: DispatchDescriptor): boolean {
     const t = this.#t, wr = t.writer, p = d.pipeline;
-    // Room first, so that the write below cannot spill and the dispatch's position is known.
-    if (wr.pos + p.maxDispatchWords + RecordWords.BARRIER > wr.words.length) wr.flush();
+    // The dispatch's first word, counted over the store and the writer: a spill the write makes
+    // first moves the writer's words to the store without changing that count.
     const at = this.#stored + wr.pos, i = this.#count;
     if (!writeDispatch(wr, d, this.#pipeline, i)) return false;
     if (p.handle !== this.#pipeline) {

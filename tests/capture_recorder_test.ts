@@ -313,3 +313,30 @@ Deno.test("capture: bindings are views of the bound bytes, the allocation's own 
   equal(c0, a0); // the same bytes: the same view
   equal(c1, b1);
 });
+
+Deno.test("capture: a pass larger than the writer spills to the store; every node and annotation keeps its place", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device, { planCache: false });
+  const count = 5000, n = 4; // about 100,000 stream words: several spills
+  using a = device.upload(new Float32Array(n).fill(1)), out = device.alloc(count * n * 4, DType.F32);
+  using note = device.alloc(count * 4, DType.F32);
+  using s = exec.beginRecorded({ autoBarriers: false });
+  for (let i = 0; i < count; i++) {
+    s.elementwiseAdd(a, a, out.slice(i * n * 4, n * 4));
+    if (i % 7 === 3) s.trackDispatch([note.slice(i * 4, 4)], []);
+  }
+  const c = s.encoder.takeCompactCapture()!;
+  try {
+    ok(c.length > 65536, `${c.length} words`);
+    const nodes = c.nodes() as DispatchNode[];
+    equal(nodes.length, count);
+    nodes.forEach((node, i) => {
+      deepStrictEqual(node.writes, [out.slice(i * n * 4, n * 4).range()], `node ${i}`);
+      const extra = i % 7 === 3 ? [note.slice(i * 4, 4).range()] : [];
+      deepStrictEqual(node.reads, [a.range(), a.range(), ...extra], `node ${i}`);
+    });
+  } finally {
+    c.release();
+  }
+});
