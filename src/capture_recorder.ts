@@ -296,9 +296,11 @@ export class Capture {
     const opKinds = this.opKinds.size > 0 ? this.opKinds : null;
     const annotated = this.annotated.size > 0 ? this.annotated : null;
     const views = this.#probe === null ? null : new HandleViews(this.#probe);
-    // The view last made for each slot and the record it was made from: consecutive dispatches
-    // often bind the same bytes there.
-    const last: MlxBuffer[] = [], lastAt = new Int32Array(MAX_SLOTS).fill(-1);
+    // The view last made for each slot, its range and the record it was made from: consecutive
+    // dispatches often bind the same bytes there.
+    const last: MlxBuffer[] = [], lastRange: MemRange[] = [], lastAt = new Int32Array(MAX_SLOTS).fill(-1);
+    const ranges: (MemRange | undefined)[] = []; // of the node's buffer slots
+
     let node = 0, at = 0, start = 0, p = -1;
     let bindings: Binding[] = [];
     let tgMemory: number | undefined = undefined;
@@ -307,11 +309,13 @@ export class Capture {
       if (op === Op.SET_PIPELINE) p++;
       else if (isBufferRecord(op)) {
         const prev = lastAt[slot]!;
-        if (prev >= 0 && sameRecord(w, prev, at, len)) bindings[slot] = last[slot];
-        else {
-          bindings[slot] = last[slot] = boundView(views!, w, at, op, pipelines[p]!);
+        if (prev < 0 || !sameRecord(w, prev, at, len)) {
+          const view = last[slot] = boundView(views!, w, at, op, pipelines[p]!);
+          lastRange[slot] = view.range();
           lastAt[slot] = at;
         }
+        bindings[slot] = last[slot];
+        ranges[slot] = lastRange[slot];
       } else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, at);
       else if (op === Op.SET_TG_MEMORY) tgMemory = w[at + 1];
       else if (op === Op.BARRIER) {
@@ -319,8 +323,18 @@ export class Capture {
         out[node++] = BARRIER;
         start = at + len;
       } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
-        const pipeline = pipelines[p]!;
-        const acc = accessesOf(pipeline.contract, bindings);
+        const pipeline = pipelines[p]!, slots = pipeline.contract.slots;
+        // accessesOf, with each view's range made once (nothing mutates a node's ranges).
+        const reads: MemRange[] = [], writes: MemRange[] = [];
+        for (let i = 0; i < slots.length; i++) {
+          const r = ranges[i];
+          if (r === undefined) continue;
+          ranges[i] = undefined;
+          if (r[2] === r[1]) continue; // zero bytes touch nothing
+          const access = slots[i]!.access ?? "readwrite";
+          if (access !== "write") reads.push(r);
+          if (access !== "read") writes.push(r);
+        }
         const user = annotated?.get(node);
         starts[node] = start;
         out[node] = user ?? {
@@ -332,8 +346,8 @@ export class Capture {
           threadgroupMemory: tgMemory,
           dispatchKind: op === Op.DISPATCH_THREADS ? "threads" : "threadgroups",
           opKind: opKinds?.get(node) ?? pipeline.contract.opKind,
-          reads: acc.reads,
-          writes: acc.writes,
+          reads,
+          writes,
         };
         node++;
         start = at + len;
