@@ -46,19 +46,136 @@ let nextAllocId = 1;
 interface HeldAllocation {
   readonly host: BufferHost;
   readonly state: AllocationState;
+  /** The allocation's dtype as allocated (the dtype of a whole view made from its handle). */
+  readonly dtype: DType;
+  /** The view whose collection frees the allocation (weak, so that it can be collected). */
+  owner: WeakRef<MlxBuffer>;
 }
 
 // Live allocations by id: a range given as [allocation id, start, end) names its buffer only by id,
 // and the native tracker needs the handle (barrierBetween / trackDispatch on a direct encoder).
 const liveAllocations = new Map<number, HeldAllocation>();
+// Live allocations by native handle, per device: a recorded pass names its buffers only by handle.
+const liveHandles = new WeakMap<object, Map<number, HeldAllocation>>();
 
-const finalizer = new FinalizationRegistry<HeldAllocation>(
-  ({ host, state }) => {
-    liveAllocations.delete(state.allocId);
-    if (state.handle !== 0) host.deferFree(state.handle);
-    state.handle = 0;
-  },
-);
+// Recorded passes not yet committed or dropped. Their stream words name buffers by handle only, and
+// the handles are not in any native command buffer yet: while one is open, the frees of collected
+// buffers wait (a command buffer keeps every buffer it binds alive, a recording one too).
+let openCaptures = 0;
+let heldBack: HeldAllocation[] = [];
+
+/** Frees a collected allocation (a no-op once disposed or freed). */
+function freeCollected(held: HeldAllocation): void {
+  const { host, state } = held;
+  if (state.handle === 0) return;
+  liveAllocations.delete(state.allocId);
+  liveHandles.get(host)?.delete(state.handle);
+  host.deferFree(state.handle);
+  state.handle = 0;
+}
+
+const finalizer = new FinalizationRegistry<HeldAllocation>((held) => {
+  if (held.owner.deref() !== undefined) return; // a view made from its handle took the allocation over
+  if (openCaptures > 0) heldBack.push(held);
+  else freeCollected(held);
+});
+
+function captureEnded(): void {
+  if (--openCaptures > 0 || heldBack.length === 0) return;
+  const list = heldBack;
+  heldBack = [];
+  for (const held of list) if (held.owner.deref() === undefined) freeCollected(held);
+}
+
+/** @ignore Internal: whether the recording that uses an object (see {@link watchCaptures}) is open. */
+export interface CaptureLife {
+  /** Between {@link beginCapture} and {@link endCapture}. */
+  open: boolean;
+}
+
+// A recording dropped without being ended (its session was never finished or disposed) ends when
+// the object it recorded into is collected.
+const captureCleanup = new FinalizationRegistry<CaptureLife>((life) => {
+  if (!life.open) return;
+  life.open = false;
+  captureEnded();
+});
+
+/**
+ * @ignore Internal: `life` tells whether a recording into `owner` is open; `owner` is reused by one
+ * recording after another and registered once, so that a recording costs no registration.
+ */
+export function watchCaptures(owner: object, life: CaptureLife): void {
+  captureCleanup.register(owner, life);
+}
+
+/**
+ * @ignore Internal: a recording begins: until {@link endCapture} (or until the object its `life`
+ * belongs to is collected), no collected buffer's allocation is freed.
+ */
+export function beginCapture(life: CaptureLife): void {
+  if (life.open) return;
+  life.open = true;
+  openCaptures++;
+}
+
+/** @ignore Internal: the recording ended. */
+export function endCapture(life: CaptureLife): void {
+  if (!life.open) return;
+  life.open = false;
+  captureEnded();
+}
+
+// The device of a buffer (set in MlxBuffer's static block: the field is private).
+let hostOf: (b: MlxBuffer) => BufferHost;
+
+/**
+ * @ignore Internal: views of the live allocations of one device by native handle (a recorded pass
+ * names its buffers only by handle).
+ */
+export class HandleViews {
+  readonly #host: BufferHost;
+  readonly #handles: Map<number, HeldAllocation> | undefined;
+  // The allocation last looked up: a pass binds many ranges of few allocations.
+  #lastHandle = 0;
+  #lastHeld: HeldAllocation | undefined;
+  #lastOwner: MlxBuffer | undefined;
+
+  /** The views of the device `probe` lives on. */
+  constructor(probe: MlxBuffer) {
+    this.#host = hostOf(probe);
+    this.#handles = liveHandles.get(this.#host);
+  }
+
+  /**
+   * A view of bytes `[byteOffset, byteOffset + byteLength)` of the live allocation with native
+   * handle `handle` (`byteLength` -1: the whole allocation), or undefined when no live allocation of
+   * the device has that handle. A whole allocation is its owning view itself; a slice is a view (the
+   * allocation's dtype where the range is aligned to it, else u8) that keeps the allocation alive as
+   * slices do, shared with earlier calls for the same range. An allocation whose last view was
+   * collected while a recording held its free back gets a new owning view.
+   */
+  view(handle: number, byteOffset: number, byteLength: number): MlxBuffer | undefined {
+    let held = this.#lastHeld, owner = this.#lastOwner;
+    if (handle !== this.#lastHandle || held === undefined || held.state.handle !== handle) {
+      held = handle === 0 ? undefined : this.#handles?.get(handle);
+      if (held === undefined || held.state.handle !== handle) return undefined;
+      owner = held.owner.deref();
+      if (owner === undefined) {
+        owner = new MlxBuffer(this.#host, held.state, 0, held.state.byteLength, held.dtype, undefined);
+        held.owner = new WeakRef(owner);
+        finalizer.register(owner, held, owner);
+      }
+      this.#lastHandle = handle;
+      this.#lastHeld = held;
+      this.#lastOwner = owner;
+    }
+    if (byteLength < 0 || (byteOffset === 0 && byteLength === held.state.byteLength)) return owner;
+    return owner!.ownedSlice(byteOffset, byteLength, held.dtype);
+  }
+}
+// Most slices an owning view keeps for reuse (then it starts over).
+const MAX_OWNED_SLICES = 1024;
 
 /**
  * @ignore Internal: the native handle and size of allocation `allocId` if it is live on `host`
@@ -160,6 +277,12 @@ export class MlxBuffer {
   readonly #root: MlxBuffer | undefined; // keeps the allocation alive while a slice lives
   readonly #whole: boolean;
 
+  #ownedSlices: Map<number, MlxBuffer> | undefined; // by offset, when this view owns its allocation
+
+  static {
+    hostOf = (b) => b.#host;
+  }
+
   /** @ignore Internal: Use MlxDevice.alloc / upload / MlxBuffer.slice. */
   constructor(
     host: BufferHost,
@@ -173,9 +296,12 @@ export class MlxBuffer {
     this.#host = host;
     if (typeof state === "number") {
       this.#state = { handle: state, allocId: nextAllocId++, byteLength };
-      const held = { host, state: this.#state };
+      const held: HeldAllocation = { host, state: this.#state, dtype, owner: new WeakRef(this) };
       finalizer.register(this, held, this);
       liveAllocations.set(this.#state.allocId, held);
+      let handles = liveHandles.get(host);
+      if (handles === undefined) liveHandles.set(host, handles = new Map());
+      handles.set(state, held);
     } else {
       this.#state = state;
     }
@@ -185,6 +311,23 @@ export class MlxBuffer {
     this.dtype = dtype;
     this.shape = shape ? frozenCopy(shape) : flatShape(Math.floor(byteLength / dtypeSize(dtype)));
     this.#root = root;
+  }
+
+  /**
+   * @ignore Internal: on the view that owns its allocation, a view of bytes `[byteOffset,
+   * byteOffset + byteLength)` of it (`allocDType` where aligned to it, else u8), shared with earlier
+   * calls for the same bytes (see HandleViews).
+   */
+  ownedSlice(byteOffset: number, byteLength: number, allocDType: DType): MlxBuffer {
+    const cache = this.#ownedSlices ??= new Map();
+    const hit = cache.get(byteOffset);
+    if (hit !== undefined && hit.byteLength === byteLength) return hit;
+    const es = dtypeSize(allocDType);
+    const dtype = byteOffset % es === 0 && byteLength % es === 0 ? allocDType : DType.U8;
+    const view = new MlxBuffer(this.#host, this.#state, byteOffset, byteLength, dtype, undefined, this);
+    if (cache.size >= MAX_OWNED_SLICES) cache.clear();
+    cache.set(byteOffset, view);
+    return view;
   }
 
   /** Native handle; throws Disposed when the allocation was freed. */
@@ -350,8 +493,10 @@ export class MlxBuffer {
     if (h === 0) return;
     this.#state.handle = 0;
     disposals++;
+    const held = liveAllocations.get(this.#state.allocId);
     liveAllocations.delete(this.#state.allocId);
-    finalizer.unregister(this.#root ?? this);
+    liveHandles.get(this.#host)?.delete(h);
+    finalizer.unregister(held?.owner.deref() ?? this.#root ?? this);
     this.#host.releaseBuffer(h);
   }
 

@@ -2,19 +2,23 @@
  * The capture recorder of a command encoder: in capture mode, dispatches and barriers are recorded
  * as the very stream words the direct path writes, through the same writer (so the descriptor is
  * checked and its constants and geometry copied as it is recorded; SET_PIPELINE only where the
- * pipeline changes), plus the objects the words name: each SET_PIPELINE record's pipeline and each
- * buffer record's view, in record order. Nothing is kept per node: node boundaries, bindings and
- * accesses are derived from the words only when asked for ({@link Capture.nodes}), so a recorded
- * pass that hits the plan cache never builds any. A node's accesses are derived from its bindings
- * through the kernel contract, merged with any ranges the user added.
+ * pipeline changes), plus each SET_PIPELINE record's pipeline. Nothing is kept per node or per
+ * binding: node boundaries, bindings and accesses are derived from the words only when asked for
+ * ({@link Capture.nodes}), so a recorded pass that hits the plan cache never builds any. A node's
+ * bindings are views of the live allocations the words name by handle ({@link HandleViews}): the
+ * same bytes as the views the pass bound, not the same objects. While a recording is open, buffers
+ * it binds stay allocated even if collected ({@link beginCapture}), as in a command buffer. A node's
+ * accesses are derived from its bindings through the kernel contract, merged with any ranges the
+ * user added.
  *
  * @module
  */
 
-import type { MlxBuffer } from "./buffer.ts";
+import { beginCapture, type CaptureLife, endCapture, HandleViews, MlxBuffer, watchCaptures } from "./buffer.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import type { Binding } from "./graph/nodes.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
+import { MlxError } from "./errors.ts";
 import { BARRIER, type CapturedNode, type DispatchNode } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
@@ -80,6 +84,7 @@ export function dispatchNode(
 }
 
 const OP_MASK = 0xff;
+const MAX_SLOTS = 256; // a record's slot is one byte
 const LEN_SHIFT = 16;
 const SLOT_SHIFT = 8;
 
@@ -91,10 +96,10 @@ interface Tables {
   store: Uint32Array;
   /** The pipeline of each SET_PIPELINE record, in order. */
   readonly pipelines: Pipeline[];
-  /** The view of each buffer record (SET_BUFFER, SET_BUFFER64, SET_BUFFER_WHOLE), in order. */
-  readonly buffers: MlxBuffer[];
   /** `store` as bytes (the writer has its own view), for the key comparison. */
   storeBytes: Uint8Array | null;
+  /** Whether the recording using these tables is open (they are reused by one after another). */
+  readonly life: CaptureLife;
 }
 
 const spareTables: Tables[] = [];
@@ -106,31 +111,66 @@ const NO_CHANGES: readonly number[] = [];
 function takeTables(): Tables {
   const spare = spareTables.pop();
   if (spare !== undefined) return spare;
-  const writer = new StreamWriter();
-  return {
-    writer,
+  const t: Tables = {
+    writer: new StreamWriter(),
     store: new Uint32Array(4096),
     pipelines: [],
-    buffers: [],
     storeBytes: null,
+    life: { open: false },
   };
+  watchCaptures(t, t.life);
+  return t;
 }
 
-function returnTables(t: Tables, pipelines: number, buffers: number): void {
+/** Ends the recording `t` belongs to and keeps `t` for the next one. */
+function returnTables(t: Tables, pipelines: number): void {
   t.writer.attach(undefined);
-  // Drop the references (a spare must not keep buffers alive), keeping the arrays' storage. A loop,
-  // not Array#fill: after a fill, V8 stores into the array several times slower.
-  const p = t.pipelines as unknown[], b = t.buffers as unknown[];
+  endCapture(t.life);
+  // Drop the references, keeping the array's storage. A loop, not Array#fill: after a fill, V8
+  // stores into the array several times slower.
+  const p = t.pipelines as unknown[];
   for (let i = 0; i < pipelines; i++) p[i] = undefined;
-  for (let i = 0; i < buffers; i++) b[i] = undefined;
   if (spareTables.length < MAX_SPARE) spareTables.push(t);
+}
+
+const isBufferRecord = (op: number) => op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64;
+
+/**
+ * The view bound by the buffer record at `at` (op `op`) of `pipeline`'s dispatch, from the live
+ * allocation its handle names; a Disposed error when that allocation was disposed since.
+ */
+function boundView(views: HandleViews, w: Uint32Array, at: number, op: number, pipeline: Pipeline): MlxBuffer {
+  const h = w[at]!, handle = w[at + 1]!;
+  let view: MlxBuffer | undefined;
+  if (op === Op.SET_BUFFER_WHOLE) view = views.view(handle, 0, -1);
+  else if (op === Op.SET_BUFFER) view = views.view(handle, w[at + 2]!, w[at + 3]!);
+  else view = views.view(handle, w[at + 2]! + w[at + 3]! * 2 ** 32, w[at + 4]! + w[at + 5]! * 2 ** 32);
+  if (view !== undefined) return view;
+  const slot = (h >>> SLOT_SHIFT) & OP_MASK;
+  throw new MlxError(
+    "Disposed",
+    `${pipeline.name}: slot ${slot} (${pipeline.contract.slots[slot]?.name}) binds a disposed buffer`,
+  );
+}
+
+/** Whether the `len` words at `a` and at `b` are equal (two records: the same binding). */
+function sameRecord(w: Uint32Array, a: number, b: number, len: number): boolean {
+  for (let k = 0; k < len; k++) if (w[a + k] !== w[b + k]) return false;
+  return true;
+}
+
+/** The first buffer among `bindings`, if any. */
+function firstBuffer(bindings: readonly unknown[]): MlxBuffer | null {
+  for (let i = 0; i < bindings.length; i++) if (bindings[i] instanceof MlxBuffer) return bindings[i] as MlxBuffer;
+  return null;
 }
 
 /**
  * A finished capture: the stream words of every node (a dispatch's records tagged with its node
- * index, SET_PIPELINE only where the pipeline changes; a barrier is one BARRIER word), the objects
- * the words name in record order, op kinds that differ from the contract's, and the nodes the user
- * annotated with ranges.
+ * index, SET_PIPELINE only where the pipeline changes; a barrier is one BARRIER word), the pipeline
+ * of each SET_PIPELINE record, op kinds that differ from the contract's, and the nodes the user
+ * annotated with ranges. Until {@link Capture.release}, the allocations the words name stay
+ * allocated even if their views are collected.
  */
 export class Capture {
   /** Stream words of the nodes, in order (valid up to `length`). */
@@ -145,10 +185,8 @@ export class Capture {
   readonly pipelines: readonly Pipeline[];
   /** SET_PIPELINE records. */
   readonly pipelineCount: number;
-  /** Every bound buffer, in record order. */
-  readonly buffers: readonly MlxBuffer[];
-  /** Buffer records. */
-  readonly bufferCount: number;
+  /** A buffer the pass binds (the device of all of them), or null when it binds none (or released). */
+  #probe: MlxBuffer | null;
   /** Op kinds that differ from the pipeline contract's, by node index. */
   readonly opKinds: ReadonlyMap<number, CapturedOpKind>;
   /** Nodes whose accesses include user ranges, by node index. */
@@ -176,7 +214,7 @@ export class Capture {
     length: number,
     nodeCount: number,
     pipelineCount: number,
-    bufferCount: number,
+    probe: MlxBuffer | null,
     opKinds: ReadonlyMap<number, CapturedOpKind>,
     annotated: ReadonlyMap<number, MarkedNode>,
     autoBarriers: boolean,
@@ -199,8 +237,7 @@ export class Capture {
     this.nodeCount = nodeCount;
     this.pipelines = tables.pipelines;
     this.pipelineCount = pipelineCount;
-    this.buffers = tables.buffers;
-    this.bufferCount = bufferCount;
+    this.#probe = probe;
     this.opKinds = opKinds;
     this.annotated = annotated;
   }
@@ -255,17 +292,30 @@ export class Capture {
   #recordedNodes(): [CapturedNode[], Int32Array] {
     const out: CapturedNode[] = new Array(this.nodeCount);
     const starts = new Int32Array(this.nodeCount);
-    const w = this.words, pipelines = this.pipelines, buffers = this.buffers;
+    const w = this.words, pipelines = this.pipelines;
     const opKinds = this.opKinds.size > 0 ? this.opKinds : null;
     const annotated = this.annotated.size > 0 ? this.annotated : null;
-    let node = 0, at = 0, start = 0, p = -1, k = 0;
+    const views = this.#probe === null ? null : new HandleViews(this.#probe);
+    // The view last made for each slot, its range and the record it was made from: consecutive
+    // dispatches often bind the same bytes there.
+    const last: MlxBuffer[] = [], lastRange: MemRange[] = [], lastAt = new Int32Array(MAX_SLOTS).fill(-1);
+    const ranges: (MemRange | undefined)[] = []; // of the node's buffer slots
+
+    let node = 0, at = 0, start = 0, p = -1;
     let bindings: Binding[] = [];
     let tgMemory: number | undefined = undefined;
     while (at < this.length) {
       const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
       if (op === Op.SET_PIPELINE) p++;
-      else if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) {
-        bindings[slot] = buffers[k++];
+      else if (isBufferRecord(op)) {
+        const prev = lastAt[slot]!;
+        if (prev < 0 || !sameRecord(w, prev, at, len)) {
+          const view = last[slot] = boundView(views!, w, at, op, pipelines[p]!);
+          lastRange[slot] = view.range();
+          lastAt[slot] = at;
+        }
+        bindings[slot] = last[slot];
+        ranges[slot] = lastRange[slot];
       } else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, at);
       else if (op === Op.SET_TG_MEMORY) tgMemory = w[at + 1];
       else if (op === Op.BARRIER) {
@@ -273,8 +323,18 @@ export class Capture {
         out[node++] = BARRIER;
         start = at + len;
       } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
-        const pipeline = pipelines[p]!;
-        const acc = accessesOf(pipeline.contract, bindings);
+        const pipeline = pipelines[p]!, slots = pipeline.contract.slots;
+        // accessesOf, with each view's range made once (nothing mutates a node's ranges).
+        const reads: MemRange[] = [], writes: MemRange[] = [];
+        for (let i = 0; i < slots.length; i++) {
+          const r = ranges[i];
+          if (r === undefined) continue;
+          ranges[i] = undefined;
+          if (r[2] === r[1]) continue; // zero bytes touch nothing
+          const access = slots[i]!.access ?? "readwrite";
+          if (access !== "write") reads.push(r);
+          if (access !== "read") writes.push(r);
+        }
         const user = annotated?.get(node);
         starts[node] = start;
         out[node] = user ?? {
@@ -286,8 +346,8 @@ export class Capture {
           threadgroupMemory: tgMemory,
           dispatchKind: op === Op.DISPATCH_THREADS ? "threads" : "threadgroups",
           opKind: opKinds?.get(node) ?? pipeline.contract.opKind,
-          reads: acc.reads,
-          writes: acc.writes,
+          reads,
+          writes,
         };
         node++;
         start = at + len;
@@ -312,11 +372,29 @@ export class Capture {
     return -1;
   }
 
+  /**
+   * Every view the pass binds, in record order (views of the allocations the words name, which
+   * they keep alive); a Disposed error when one of those allocations was disposed.
+   */
+  boundBuffers(): MlxBuffer[] {
+    const out: MlxBuffer[] = [], w = this.words, views = this.#probe === null ? null : new HandleViews(this.#probe);
+    for (let at = 0, p = -1; at < this.length; at += w[at]! >>> LEN_SHIFT) {
+      const op = w[at]! & OP_MASK;
+      if (op === Op.SET_PIPELINE) p++;
+      else if (isBufferRecord(op)) out.push(boundView(views!, w, at, op, this.pipelines[p]!));
+    }
+    return out;
+  }
+
   /** Hands the words and tables back for reuse (the capture must not be read afterwards). */
   release(): void {
     if (this.#released) return;
     this.#released = true;
-    returnTables(this.#tables, this.pipelineCount, this.bufferCount);
+    // Whoever still holds the capture (a fingerprint does) must not keep its buffers alive.
+    this.#nodes = null;
+    this.#starts = null;
+    this.#probe = null;
+    returnTables(this.#tables, this.pipelineCount);
   }
 }
 
@@ -341,7 +419,7 @@ export class CaptureRecorder {
   #count = 0; // nodes
   #pipeline = 0; // handle set by the last SET_PIPELINE record
   #pipelines = 0; // SET_PIPELINE records
-  #buffers = 0; // buffer records
+  #probe: MlxBuffer | null = null; // a buffer bound in the pass: the device of all of them
   #lastStart = -1; // first word of the last dispatch (its index and buffers are derived from it)
   #barrierEnd = -1; // the word after the last barrier
   #opKinds: Map<number, CapturedOpKind> | null = null;
@@ -355,6 +433,7 @@ export class CaptureRecorder {
   /** An empty recorder; `autoBarriers`: whether the dispatches recorded first get automatic barriers. */
   constructor(autoBarriers = false) {
     this.#autoBarriers = autoBarriers;
+    beginCapture(this.#t.life);
     this.#t.writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
   }
 
@@ -374,24 +453,16 @@ export class CaptureRecorder {
    */
   dispatch(d: DispatchDescriptor): boolean {
     const t = this.#t, wr = t.writer, p = d.pipeline;
-    // Room first, so that the write below cannot spill and the dispatch's position is known.
-    if (wr.pos + p.maxDispatchWords + RecordWords.BARRIER > wr.words.length) wr.flush();
+    // The dispatch's first word, counted over the store and the writer: a spill the write makes
+    // first moves the writer's words to the store without changing that count.
     const at = this.#stored + wr.pos, i = this.#count;
     if (!writeDispatch(wr, d, this.#pipeline, i)) return false;
     if (p.handle !== this.#pipeline) {
       this.#pipeline = p.handle;
       t.pipelines[this.#pipelines++] = p;
     }
-    // The views in record order: writeDispatch wrote one buffer record per bound buffer slot.
-    const plan = p.slotPlan, bindings = d.bindings, buffers = t.buffers;
-    let k = this.#buffers;
-    for (let s = 0; s < bindings.length; s++) {
-      if (plan[s]! < 0) {
-        const b = bindings[s];
-        if (b !== undefined) buffers[k++] = b as MlxBuffer;
-      }
-    }
-    this.#buffers = k;
+    // The words name buffers by handle; one view is kept to tell which device's handles they are.
+    if (this.#probe === null) this.#probe = firstBuffer(d.bindings);
     this.#count = i + 1;
     this.#lastStart = at;
     if (this.#pending || d.opKind !== undefined) this.#annotate(d, i);
@@ -435,8 +506,7 @@ export class CaptureRecorder {
       length--;
     }
     wr.attach(undefined);
-    // Exactly the objects recorded (entries past them are left over from an earlier capture).
-    if (t.buffers.length !== this.#buffers) t.buffers.length = this.#buffers;
+    // Exactly the pipelines recorded (entries past them are left over from an earlier capture).
     if (t.pipelines.length !== this.#pipelines) t.pipelines.length = this.#pipelines;
     return new Capture(
       t,
@@ -444,7 +514,7 @@ export class CaptureRecorder {
       length,
       count,
       this.#pipelines,
-      this.#buffers,
+      this.#probe,
       this.#opKinds ?? NO_OP_KINDS,
       this.#annotated ?? NO_ANNOTATIONS,
       this.#autoBarriers,
@@ -456,7 +526,7 @@ export class CaptureRecorder {
   discard(): void {
     if (!this.#open) return;
     this.#open = false;
-    returnTables(this.#t, this.#pipelines, this.#buffers);
+    returnTables(this.#t, this.#pipelines);
   }
 
   /** Sets the op kind of the next dispatch. */
@@ -501,21 +571,21 @@ export class CaptureRecorder {
     const t = this.#t;
     t.writer.flush();
     const w = t.store, end = this.#stored, start = this.#lastStart;
-    let buffers = 0, at = start;
+    let at = start;
     for (let op = 0; op !== Op.DISPATCH_THREADS && op !== Op.DISPATCH_GROUPS; at += w[at]! >>> LEN_SHIFT) {
       op = w[at]! & OP_MASK;
-      if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) buffers++;
     }
     const i = this.#count - 1 - (end - at); // the words after it are its trailing barriers
     const a = this.#annotated?.get(i);
     if (a !== undefined) return [i, a];
     const pipeline = t.pipelines[this.#pipelines - 1]!;
     const bindings: Binding[] = [];
-    let k = this.#buffers - buffers, tgMemory: number | undefined = undefined;
+    const views = this.#probe === null ? null : new HandleViews(this.#probe); // null: no buffer record
+    let tgMemory: number | undefined = undefined;
     let grid: number | number[] = 1, threadgroup: number | number[] = 1, threads = false;
     for (let q = start; q < at;) {
       const h = w[q]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
-      if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) bindings[slot] = t.buffers[k++];
+      if (isBufferRecord(op)) bindings[slot] = boundView(views!, w, q, op, pipeline);
       else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, q);
       else if (op === Op.SET_TG_MEMORY) tgMemory = w[q + 1];
       else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {

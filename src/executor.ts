@@ -440,7 +440,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     const frozen = new FrozenPass(exec.device, {
       validate: this.#validate,
       label: options.label ?? "",
-      buffers: [...capture.buffers],
+      buffers: capture.boundBuffers(),
       nodes,
       plan: {
         steps: recorder.steps,
@@ -603,7 +603,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       commitPlan(plan, encoders, () => capture.nodes(), this.#validate, label);
     } catch (e) {
       for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();
-      assertBuffersLive(capture.buffers, ""); // the likely cause, said plainly
+      capture.boundBuffers(); // throws Disposed if a buffer was disposed: the likely cause, said plainly
       throw e;
     }
     return {

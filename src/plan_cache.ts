@@ -289,12 +289,16 @@ const compareBytes = Buffer.prototype.compare as (
  */
 function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefined): Sighting | null {
   const c = fp.capture, words = c.words.slice(0, c.length);
-  const index = new Int32Array(words.length).fill(-1); // word -> its entry in `constants`
+  // Word -> its entry in `constants`, only where records take constants from them.
+  const index = records ? new Int32Array(words.length).fill(-1) : null;
   const at: number[] = [];
   for (let i = 0; i < words.length;) {
     const h = words[i]!, len = h >>> LEN_SHIFT;
     if ((h & OP_MASK) === Op.SET_BYTES) {
-      for (let k = i + 2; k < i + len; k++) index[k] = at.push(k) - 1;
+      for (let k = i + 2; k < i + len; k++) {
+        const e = at.push(k) - 1;
+        if (index !== null) index[k] = e;
+      }
     }
     i += len;
   }
@@ -305,7 +309,7 @@ function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefin
     for (let i = 0; i < p.length; i += 3) {
       const to = p[i]!, from = p[i + 1]!, n = p[i + 2]!;
       for (let k = 0; k < n; k++) {
-        const e = index[from + k]!;
+        const e = index![from + k]!;
         if (e < 0 || targets[e] !== -1) return null;
         targets[e] = base + to + k;
       }

@@ -1,13 +1,14 @@
 /**
- * The capture recorder: a recorded pass is kept as stream words plus the objects they name, and its
- * graph nodes (with automatic barriers, where on) are derived from that only when asked for.
+ * The capture recorder: a recorded pass is kept as stream words plus the pipelines they name, and
+ * its graph nodes (bindings, and automatic barriers where on) are derived from that only when asked
+ * for.
  */
-import { deepStrictEqual, equal, ok } from "node:assert/strict";
+import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
 import fc from "fast-check";
-import { CapturedOpKind, DType, GraphExecutor, type MlxBuffer } from "../mod.ts";
+import { CapturedOpKind, DType, GraphExecutor, type MlxBuffer, MlxError } from "../mod.ts";
 import type { DispatchNode } from "../src/graph/nodes.ts";
 import { Op } from "../src/native/abi.ts";
-import { rng, testContext } from "./helpers.ts";
+import { rng, runDeno, testContext } from "./helpers.ts";
 
 /** The opcodes of the records in `words[0, length)`. */
 function opcodes(words: Uint32Array, length: number): number[] {
@@ -121,7 +122,12 @@ Deno.test("capture property: every node rebuilt from the words is the dispatch a
             equal(n.pipeline.name, want.pipeline);
             equal(n.bindings!.length, want.bindings.length);
             for (let slot = 0; slot < 3; slot++) {
-              ok(n.bindings![slot] === want.bindings[slot], `node ${i} slot ${slot}`);
+              // A view of the same bytes; a view of a whole allocation is its owning view itself.
+              const got = n.bindings![slot] as MlxBuffer, bound = want.bindings[slot] as MlxBuffer;
+              deepStrictEqual(got.range(), bound.range(), `node ${i} slot ${slot}`);
+              equal(got.dtype, bound.dtype);
+              deepStrictEqual(got.shape, bound.shape);
+              if (bound.isWholeAllocation) equal(got, bound, `node ${i} slot ${slot}`);
             }
             deepStrictEqual(n.bindings![3], want.bindings[3]);
             equal(n.grid, (want.bindings[3] as number[])[0]);
@@ -213,6 +219,123 @@ Deno.test("capture: trackDispatch after barriers annotates the last dispatch, fo
     ok(second!.bindings![2] instanceof Object && (second!.bindings![2] as MlxBuffer).byteLength === 16);
     deepStrictEqual(second!.reads, [a.range(), b.range(), note.slice(16, 16).range()]);
     deepStrictEqual(second!.writes, [b.slice(0, 16).range(), note.slice(32, 16).range()]);
+  } finally {
+    c.release();
+  }
+});
+
+Deno.test("capture: a buffer collected while its pass records stays allocated until the pass no longer needs it", async () => {
+  const r = await runDeno([
+    "run",
+    "--allow-ffi",
+    "--allow-read",
+    "--allow-env",
+    "--v8-flags=--expose-gc",
+    new URL("./fixtures/capture_gc_probe.ts", import.meta.url).pathname,
+  ]);
+  ok(r.success, r.stderr);
+  const got = JSON.parse(r.stdout.trim().split("\n").pop()!);
+  deepStrictEqual(got, {
+    missHeld: 1, // allocated while only the recording names it
+    missReport: "miss",
+    missSum: 16, // 8 × (1 + 1)
+    missFreed: 0, // freed once the pass no longer needs it
+    droppedFreed: 0, // a dropped recording holds no free back
+    hitCollected: true, // the view itself was collected...
+    hitHeld: 1, // ...its allocation was not
+    hitReport: "hit",
+    hitSum: 64,
+    hitFreed: 0,
+    frozenSum: 80, // a frozen pass keeps its buffers for later commits
+    frozenHeld: 1,
+    frozenFreed: 0,
+    nodesSum: 96, // so do the nodes a caller took
+    nodesFreed: 0,
+  });
+});
+
+Deno.test("capture: a buffer disposed before a miss's finish is a Disposed error naming its slot; nothing runs", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using a = device.upload(new Float32Array(8).fill(1)), out = device.alloc(32, DType.F32);
+  const victim = device.upload(new Float32Array(8).fill(2));
+  const s = exec.beginRecorded();
+  s.elementwiseAdd(a, a, out);
+  s.elementwiseMul(a, victim.slice(0, 16), out.slice(0, 16));
+  victim.dispose();
+  throws(
+    () => s.finish({ fuse: true, reorder: true }),
+    (e) =>
+      e instanceof MlxError && e.code === "Disposed" &&
+      /elementwise_mul_f32: slot 1 \(b\) binds a disposed buffer/.test(e.message),
+  );
+  deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(0));
+  // The executor and its cache still work.
+  using s2 = exec.beginRecorded();
+  s2.elementwiseAdd(a, a, out);
+  equal(s2.finish().planCache, "miss");
+  deepStrictEqual(Array.from(out.read() as Float32Array), new Array(8).fill(2));
+});
+
+Deno.test("capture: bindings are views of the bound bytes, the allocation's own view where whole, shared between passes", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  using bytes = device.alloc(64, DType.U8), f = device.alloc(64, DType.F32);
+  const nodesOf = () => {
+    using s = exec.beginRecorded({ autoBarriers: false });
+    s.dispatch({
+      pipeline: device.kernels.get("elementwise_add_f32"),
+      bindings: [f.slice(0, 16, { dtype: DType.U8 }), f, f.slice(3 * 4, 4 * 4), [4]],
+      grid: 4,
+      threadgroup: 4,
+      dispatchKind: "threads",
+    });
+    s.dispatch({
+      pipeline: device.kernels.get("elementwise_add_f32"),
+      bindings: [f, bytes.slice(3, 16), f.slice(4, 16), [4]],
+      grid: 4,
+      threadgroup: 4,
+      dispatchKind: "threads",
+    });
+    const nodes = s.encoder.takeCapture()! as DispatchNode[];
+    return nodes.map((n) => n.bindings!.slice(0, 3) as MlxBuffer[]);
+  };
+  const [[a0, a1, a2], [b0, b1, b2]] = nodesOf() as [MlxBuffer[], MlxBuffer[]];
+  equal(a1, f); // whole: the allocation's own view
+  equal(b0, f);
+  deepStrictEqual([a0!.range(), a0!.dtype], [f.slice(0, 16).range(), DType.F32]); // the allocation's dtype where aligned
+  deepStrictEqual([a2!.range(), a2!.dtype, a2!.shape], [f.slice(12, 16).range(), DType.F32, [4]]);
+  deepStrictEqual([b1!.range(), b1!.dtype], [bytes.slice(3, 16).range(), DType.U8]);
+  deepStrictEqual([b2!.range(), b2!.dtype], [f.slice(4, 16).range(), DType.F32]);
+  const [[c0], [, c1]] = nodesOf() as [MlxBuffer[], MlxBuffer[]];
+  equal(c0, a0); // the same bytes: the same view
+  equal(c1, b1);
+});
+
+Deno.test("capture: a pass larger than the writer spills to the store; every node and annotation keeps its place", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device, { planCache: false });
+  const count = 5000, n = 4; // about 100,000 stream words: several spills
+  using a = device.upload(new Float32Array(n).fill(1)), out = device.alloc(count * n * 4, DType.F32);
+  using note = device.alloc(count * 4, DType.F32);
+  using s = exec.beginRecorded({ autoBarriers: false });
+  for (let i = 0; i < count; i++) {
+    s.elementwiseAdd(a, a, out.slice(i * n * 4, n * 4));
+    if (i % 7 === 3) s.trackDispatch([note.slice(i * 4, 4)], []);
+  }
+  const c = s.encoder.takeCompactCapture()!;
+  try {
+    ok(c.length > 65536, `${c.length} words`);
+    const nodes = c.nodes() as DispatchNode[];
+    equal(nodes.length, count);
+    nodes.forEach((node, i) => {
+      deepStrictEqual(node.writes, [out.slice(i * n * 4, n * 4).range()], `node ${i}`);
+      const extra = i % 7 === 3 ? [note.slice(i * 4, 4).range()] : [];
+      deepStrictEqual(node.reads, [a.range(), a.range(), ...extra], `node ${i}`);
+    });
   } finally {
     c.release();
   }

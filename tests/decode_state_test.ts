@@ -56,7 +56,7 @@ function capturedPass(exec: GraphExecutor, encode: (s: GraphSession) => void): {
     const c = s.encoder.takeCompactCapture()!;
     const out = {
       words: [...c.words.subarray(0, c.length)],
-      bufs: c.buffers.map((b) => `${b.allocId}:${b.byteOffset}:${b.byteLength}`),
+      bufs: c.boundBuffers().map((b) => `${b.allocId}:${b.byteOffset}:${b.byteLength}`),
     };
     c.release();
     return out;

@@ -113,7 +113,6 @@ export class ByteIntervals {
 }
 
 const EMPTY_F64 = new Float64Array(0);
-const EMPTY_U8 = new Uint8Array(0);
 
 // The hash table's slots: six numbers each. An allocation's written bytes and touched (read or
 // written) bytes are each one inline interval [S, E) — empty when S = E — until a second disjoint
@@ -333,11 +332,10 @@ export class GroupAccesses {
  */
 export class ConflictTracker {
   readonly #group = new GroupAccesses();
-  // Every recorded range in order, for conflictReason and size.
-  #alloc = EMPTY_F64;
-  #start = EMPTY_F64;
-  #end = EMPTY_F64;
-  #write = EMPTY_U8;
+  // Every recorded range in order, for conflictReason and size: allocation, start, end and 1 for a
+  // write / 0 for a read, four numbers each (a plain array: typed arrays grown from small cost a
+  // zero-filled native allocation at each doubling).
+  readonly #log: number[] = [];
   #n = 0;
   // The lists conflicts() last validated: add() of the same lists (the check-then-add of a
   // dispatch) does not validate them again.
@@ -389,9 +387,10 @@ export class ConflictTracker {
     if (k < 0) return null;
     // Diagnostics only: the recorded range is found by a scan of the group.
     const incomingWrites = (k & 1) === 1, hit = incomingWrites ? writes[k >> 1] : reads[k >> 1];
+    const log = this.#log;
     for (let j = 0; j < this.#n; j++) {
-      const existing: MemRange = [this.#alloc[j]!, this.#start[j]!, this.#end[j]!];
-      const kind = conflictKind(this.#write[j] === 1, incomingWrites);
+      const existing: MemRange = [log[4 * j]!, log[4 * j + 1]!, log[4 * j + 2]!];
+      const kind = conflictKind(log[4 * j + 3] === 1, incomingWrites);
       if (kind !== null && rangesOverlap(hit!, existing)) return { kind, incoming: hit!, existing };
     }
     return null; // unreachable: the interval sets hold exactly the recorded ranges
@@ -416,28 +415,15 @@ export class ConflictTracker {
   }
 
   #record(r: MemRange, isWrite: boolean): void {
-    if (this.#n === this.#alloc.length) this.#grow();
-    const k = this.#n++;
-    this.#alloc[k] = r[0];
-    this.#start[k] = r[1];
-    this.#end[k] = r[2];
-    this.#write[k] = isWrite ? 1 : 0;
+    const log = this.#log, k = 4 * this.#n++;
+    if (k === log.length) log.push(r[0], r[1], r[2], isWrite ? 1 : 0);
+    else {
+      log[k] = r[0];
+      log[k + 1] = r[1];
+      log[k + 2] = r[2];
+      log[k + 3] = isWrite ? 1 : 0;
+    }
     this.#group.add(r[0], r[1], r[2], !isWrite, isWrite);
-  }
-
-  #grow(): void {
-    const cap = Math.max(32, this.#alloc.length * 2);
-    const grow64 = (a: Float64Array) => {
-      const b = new Float64Array(cap);
-      b.set(a);
-      return b;
-    };
-    this.#alloc = grow64(this.#alloc);
-    this.#start = grow64(this.#start);
-    this.#end = grow64(this.#end);
-    const w = new Uint8Array(cap);
-    w.set(this.#write);
-    this.#write = w;
   }
 }
 
