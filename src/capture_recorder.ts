@@ -159,6 +159,16 @@ function sameRecord(w: Uint32Array, a: number, b: number, len: number): boolean 
   return true;
 }
 
+/** The views among `bindings`, by slot (a copy: the caller may reuse its array). */
+function viewsOf(bindings: readonly unknown[]): (MlxBuffer | undefined)[] {
+  const out: (MlxBuffer | undefined)[] = new Array(bindings.length);
+  for (let i = 0; i < bindings.length; i++) {
+    const b = bindings[i];
+    out[i] = b instanceof MlxBuffer ? b : undefined;
+  }
+  return out;
+}
+
 /** The first buffer among `bindings`, if any. */
 function firstBuffer(bindings: readonly unknown[]): MlxBuffer | null {
   for (let i = 0; i < bindings.length; i++) if (bindings[i] instanceof MlxBuffer) return bindings[i] as MlxBuffer;
@@ -204,6 +214,8 @@ export class Capture {
   readonly autoChanges: readonly number[];
   #nodes: CapturedNode[] | null = null;
   #starts: Int32Array | null = null; // per node, its first word (derived with the nodes)
+  /** Per dispatch node, the views its descriptor bound (public captures: nodes bind the caller's views). */
+  #callerViews: (readonly (MlxBuffer | undefined)[] | undefined)[] | null;
   #released = false;
   readonly #tables: Tables;
 
@@ -219,8 +231,10 @@ export class Capture {
     annotated: ReadonlyMap<number, MarkedNode>,
     autoBarriers: boolean,
     autoChanges: readonly number[],
+    callerViews: (readonly (MlxBuffer | undefined)[] | undefined)[] | null = null,
   ) {
     this.#tables = tables;
+    this.#callerViews = callerViews;
     this.autoBarriers = autoBarriers;
     this.autoChanges = autoChanges;
     if (spilled) {
@@ -296,6 +310,7 @@ export class Capture {
     const opKinds = this.opKinds.size > 0 ? this.opKinds : null;
     const annotated = this.annotated.size > 0 ? this.annotated : null;
     const views = this.#probe === null ? null : new HandleViews(this.#probe);
+    const callerViews = this.#callerViews;
     // The view last made for each slot, its range and the record it was made from: consecutive
     // dispatches often bind the same bytes there.
     const last: MlxBuffer[] = [], lastRange: MemRange[] = [], lastAt = new Int32Array(MAX_SLOTS).fill(-1);
@@ -308,8 +323,12 @@ export class Capture {
       const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
       if (op === Op.SET_PIPELINE) p++;
       else if (isBufferRecord(op)) {
-        const prev = lastAt[slot]!;
-        if (prev < 0 || !sameRecord(w, prev, at, len)) {
+        const prev = lastAt[slot]!, mine = callerViews?.[node]?.[slot];
+        if (mine !== undefined) { // the view the caller bound (same bytes as the record's)
+          last[slot] = mine;
+          lastRange[slot] = mine.range();
+          lastAt[slot] = -1;
+        } else if (prev < 0 || !sameRecord(w, prev, at, len)) {
           const view = last[slot] = boundView(views!, w, at, op, pipelines[p]!);
           lastRange[slot] = view.range();
           lastAt[slot] = at;
@@ -394,6 +413,7 @@ export class Capture {
     this.#nodes = null;
     this.#starts = null;
     this.#probe = null;
+    this.#callerViews = null;
     returnTables(this.#tables, this.pipelineCount);
   }
 }
@@ -429,10 +449,18 @@ export class CaptureRecorder {
   #pendingRanges: Accesses | undefined;
   readonly #autoBarriers: boolean;
   #autoChanges: number[] | null = null;
+  /** Per node, the views its descriptor bound; null: nodes bind views derived from the words. */
+  readonly #callerViews: (readonly (MlxBuffer | undefined)[] | undefined)[] | null;
 
-  /** An empty recorder; `autoBarriers`: whether the dispatches recorded first get automatic barriers. */
-  constructor(autoBarriers = false) {
+  /**
+   * An empty recorder; `autoBarriers`: whether the dispatches recorded first get automatic barriers;
+   * `keepCallerViews`: nodes bind the very views the descriptors bound (a capture the caller takes as
+   * nodes), at one small array per dispatch; otherwise views of the same bytes are derived from the
+   * words when nodes are needed (the plan cache's captures, which usually never need them).
+   */
+  constructor(autoBarriers = false, keepCallerViews = false) {
     this.#autoBarriers = autoBarriers;
+    this.#callerViews = keepCallerViews ? [] : null;
     beginCapture(this.#t.life);
     this.#t.writer.attach((_bytes, byteLength) => this.#spill(byteLength >>> 2));
   }
@@ -463,6 +491,7 @@ export class CaptureRecorder {
     }
     // The words name buffers by handle; one view is kept to tell which device's handles they are.
     if (this.#probe === null) this.#probe = firstBuffer(d.bindings);
+    if (this.#callerViews !== null) this.#callerViews[i] = viewsOf(d.bindings);
     this.#count = i + 1;
     this.#lastStart = at;
     if (this.#pending || d.opKind !== undefined) this.#annotate(d, i);
@@ -519,6 +548,7 @@ export class CaptureRecorder {
       this.#annotated ?? NO_ANNOTATIONS,
       this.#autoBarriers,
       this.#autoChanges ?? NO_CHANGES,
+      this.#callerViews,
     );
   }
 
@@ -585,7 +615,7 @@ export class CaptureRecorder {
     let grid: number | number[] = 1, threadgroup: number | number[] = 1, threads = false;
     for (let q = start; q < at;) {
       const h = w[q]!, op = h & OP_MASK, len = h >>> LEN_SHIFT, slot = (h >>> SLOT_SHIFT) & OP_MASK;
-      if (isBufferRecord(op)) bindings[slot] = boundView(views!, w, q, op, pipeline);
+      if (isBufferRecord(op)) bindings[slot] = this.#callerViews?.[i]?.[slot] ?? boundView(views!, w, q, op, pipeline);
       else if (op === Op.SET_BYTES) bindings[slot] = inlineBinding(w, q);
       else if (op === Op.SET_TG_MEMORY) tgMemory = w[q + 1];
       else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {

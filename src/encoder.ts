@@ -719,10 +719,25 @@ export class CommandEncoder {
 
   // ---- capture mode ---------------------------------------------------------------------------
 
-  /** Starts recording dispatches and barriers as graph nodes instead of encoding them. */
+  /**
+   * Starts recording dispatches and barriers as graph nodes instead of encoding them. The nodes
+   * {@link CommandEncoder.takeCapture} returns bind the very views the dispatches bound.
+   */
   startCapture(): void {
-    if (this.#cb.state !== "encoding") throw this.#notEncoding("startCapture");
-    this.#capture ??= new CaptureRecorder(this.#policy.auto);
+    this.#startCapture("startCapture", true);
+  }
+
+  /**
+   * @ignore Internal: starts a recording for the plan cache: its nodes, built only when needed, bind
+   * views of the same bytes as the dispatches bound (no view is kept per binding while recording).
+   */
+  startCompactCapture(): void {
+    this.#startCapture("beginRecorded", false);
+  }
+
+  #startCapture(what: string, keepCallerViews: boolean): void {
+    if (this.#cb.state !== "encoding") throw this.#notEncoding(what);
+    this.#capture ??= new CaptureRecorder(this.#policy.auto, keepCallerViews);
     this.#direct = false;
   }
 

@@ -252,7 +252,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       autoBarriers: options.autoBarriers ?? exec.options.autoBarriers,
       validate: this.#validate,
     });
-    if (recorded) this.#encoder.startCapture();
+    if (recorded) this.#encoder.startCompactCapture();
   }
 
   /** Whether this session records a graph. */
