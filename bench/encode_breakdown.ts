@@ -6,7 +6,7 @@
  *
  *   deno run --allow-ffi --allow-read --allow-env bench/encode_breakdown.ts [--backend cuda] [--small]
  *
- * Prints, per mode, min and median µs per token of each part and the dispatch count. Environment:
+ * Prints, per mode, min, median, p90 and p99 µs per token of each part and the dispatch count. Environment:
  * ROOT=<tree> measures that checkout's mod.ts and examples/llama.ts (default this one);
  * FIXED_POS=1 encodes position 5 every token, POS_STRIDE=n position n·t (default t); NO_RUN=1 flushes and drops each pass (nothing runs);
  * OVERLAP=1 keeps two passes in flight (each token waits for the one before it), as a pipelined loop
@@ -45,7 +45,8 @@ const positionOf = (t: number) => Deno.env.get("FIXED_POS") ? 5 : (t * stride) %
 
 const stats = (xs: number[]) => {
   const s = xs.slice(20).sort((x, y) => x - y);
-  return `${(s[0]! / 1e3).toFixed(1).padStart(7)} ${(s[s.length >> 1]! / 1e3).toFixed(1).padStart(7)}`;
+  const at = (q: number) => (s[Math.min(s.length - 1, Math.floor(q * s.length))]! / 1e3).toFixed(1).padStart(7);
+  return `${at(0)} ${at(0.5)} ${at(0.9)} ${at(0.99)}`;
 };
 const now = () => performance.now() * 1e6;
 
@@ -79,7 +80,7 @@ if (abTree !== undefined) {
       s.dispose();
     }
   }
-  for (const side of sides) console.log(`${side.tree}: direct/hand js µs min / median ${stats(side.js)}`);
+  for (const side of sides) console.log(`${side.tree}: direct/hand js µs min / median / p90 / p99 ${stats(side.js)}`);
   Deno.exit(0);
 }
 
@@ -130,9 +131,9 @@ for (
   }
   previous?.wait();
   console.log(
-    `${auto ? "direct/auto" : "direct/hand"} (${dispatches} dispatches): µs min / median — js ${stats(js)} | flush ${
-      stats(flush)
-    } | commit ${stats(commit)}`,
+    `${auto ? "direct/auto" : "direct/hand"} (${dispatches} dispatches): µs min / median / p90 / p99 — js ${
+      stats(js)
+    } | flush ${stats(flush)} | commit ${stats(commit)}`,
   );
 }
 
@@ -173,7 +174,7 @@ if (Deno.env.get("LOOP") !== undefined) {
     const encode = rep.timings.map((t) => t.committedNs - t.encodeStartNs);
     const rest = encode.map((e, i) => e - beginNs[i]! - modelNs[i]! - flushNs[i]!);
     console.log(
-      `DecodeLoop ${auto ? "direct/auto" : "direct/hand"}: encode µs min / median ${stats(encode)} (mean ${
+      `DecodeLoop ${auto ? "direct/auto" : "direct/hand"}: encode µs min / median / p90 / p99 ${stats(encode)} (mean ${
         (rep.encodeNs / steps / 1e3).toFixed(1)
       }) = begin ${stats(beginNs)} | js ${stats(modelNs)} | flush ${stats(flushNs)} | rest ${stats(rest)}; ` +
         `wall ${(rep.wallNs / steps / 1e3).toFixed(0)} µs, device ${
