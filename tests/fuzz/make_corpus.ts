@@ -304,6 +304,85 @@ seeds.auto_barriers = [
   ...addInto([512, 256], [256, 256], [2048, 256], 5),
 ];
 
+// The decoder's carried state and the host acting between chunks (the target's lead bits, see
+// tests/fuzz/fuzz_stream.c): each seed names the record its second chunk starts at and its mode.
+const REPLACE = 0x4000, EXTRA = 0x8000; // buffer 4 replaced / buffer 5 allocated between the chunks
+const STALE = 6, NEW = 5; // the freed buffer 4 and the new 256 B buffer, as the second chunk names them
+const leads: Record<string, { at: number; mode: number }> = {};
+const copyInto = (src: number[], dst: number[], state?: number[]): Words => [
+  ...rec(Op.SET_PIPELINE, 0, reg.get("strided_copy_f32").handle),
+  ...rec(Op.SET_BUFFER, 0, ...src),
+  ...rec(Op.SET_BUFFER, 1, ...dst),
+  ...rec(Op.SET_BYTES, 2, 28, 1, 4, 4, 4, state ? 1 : 0, 4, 4),
+  ...(state ? rec(Op.SET_BUFFER, 3, ...state) : []),
+];
+const copyRun = (tag: number) => rec(Op.DISPATCH_THREADS, 0, 4, 1, 1, 4, 1, 1, tag);
+/** The index of the n-th record (from 0) whose opcode is op. */
+const recordAt = (words: Words, op: number, n = 0): number => {
+  for (let i = 0; i < words.length; i += words[i]! >>> 16) if ((words[i]! & 0xff) === op && n-- === 0) return i;
+  throw new Error(`no record ${op}`);
+};
+// Bindings end the first chunk, their dispatch starts the second; then an optional slot bound by
+// one dispatch and left unbound by the next, in the same pending record's place.
+seeds.pending_across_chunks = [
+  ...copyInto([BIG, 0, 16], [BIG, 256, 64], [BIG, 1024, 4]),
+  ...copyRun(0),
+  ...copyInto([BIG, 0, 16], [BIG, 512, 16]),
+  ...copyRun(1),
+];
+leads.pending_across_chunks = { at: recordAt(seeds.pending_across_chunks, Op.DISPATCH_THREADS), mode: 0 };
+// Buffer 4 bound in the first chunk, freed and replaced between the chunks: the dispatch reads the
+// freed memory its command buffer keeps alive, and the next one binds the replacement.
+seeds.replace_between_chunks = [
+  ...rec(Op.AUTO_BARRIERS, 1),
+  ...copyInto([BIG, 0, 16], [SMALL, 0, 16]),
+  ...copyRun(0),
+  ...copyInto([SMALL, 0, 16], [BIG, 64, 16]),
+  ...copyRun(1),
+];
+leads.replace_between_chunks = {
+  at: recordAt(seeds.replace_between_chunks, Op.DISPATCH_THREADS),
+  mode: REPLACE,
+};
+// The freed buffer's handle in the second chunk: refused as stale, in a binding and in a TRACK.
+seeds.replace_stale_handle = [
+  ...copyInto([BIG, 0, 16], [SMALL, 0, 16]),
+  ...copyRun(0),
+  ...track(Track.READ, [STALE, 0, 16]),
+  ...copyInto([STALE, 0, 16], [SMALL, 64, 16]),
+  ...copyRun(1),
+];
+leads.replace_stale_handle = { at: recordAt(seeds.replace_stale_handle, Op.TRACK), mode: REPLACE };
+// A buffer allocated between the chunks (the table grows while tracking), tracked and bound with
+// automatic barriers, freed before the commit.
+seeds.extra_between_chunks = [
+  ...rec(Op.AUTO_BARRIERS, 1),
+  ...copyInto([BIG, 0, 16], [SMALL, 0, 16]),
+  ...copyRun(0),
+  ...track(Track.WRITE | Track.CHECK, [NEW, 0, 16], [SMALL, 32, 16]),
+  ...copyInto([SMALL, 0, 16], [NEW, 16, 16]),
+  ...copyRun(1),
+  ...copyInto([NEW, 16, 16], [NEW, 64, 16]),
+  ...copyRun(2),
+];
+leads.extra_between_chunks = { at: recordAt(seeds.extra_between_chunks, Op.TRACK), mode: EXTRA };
+// Inline constants of every tail length (1 to 3 bytes past a whole word; 16-byte copies up to 64
+// bytes, one copy past that), left pending at the stream's end after a dispatch that runs.
+seeds.set_bytes_tails = [
+  ...copyInto([BIG, 0, 16], [BIG, 256, 16]),
+  ...copyRun(0),
+  ...[1, 2, 3, 5, 13, 15, 17, 29, 45, 61, 63, 64, 65, 127, 4095].flatMap((n) =>
+    rec(Op.SET_BYTES, n % 31, n, ...Array.from({ length: Math.ceil(n / 4) }, (_, i) => 0x01010101 * (i + 1)))
+  ),
+];
+// Slots a dispatch carries but the kernel does not take, past MLXN_KERNEL_SLOTS and within it.
+seeds.slots_past_signature = [
+  ...copyInto([BIG, 0, 16], [BIG, 256, 16]),
+  ...rec(Op.SET_BUFFER_WHOLE, 12, 1),
+  ...rec(Op.SET_BYTES, 30, 4, 7),
+  ...copyRun(0),
+];
+
 const missing = allContracts().map((c) => c.name).filter((name) => {
   try {
     reg.get(name);
@@ -330,12 +409,15 @@ for (const entry of Deno.readDirSync(dir)) {
 for (const [name, words] of Object.entries(seeds)) {
   const body = new Uint8Array(Uint32Array.from(words).buffer);
   const file = new Uint8Array(2 + body.length);
-  // Split at the record boundary nearest the middle: a record never spans two chunks.
+  // Split at the record boundary nearest the middle (a record never spans two chunks), or where
+  // the seed says, with its mode bits above the split's 14 bits.
   let split = 0;
   for (let i = 0; i < words.length; i += words[i]! >>> 16) {
     if (Math.abs(i * 4 - body.length / 2) < Math.abs(split - body.length / 2)) split = i * 4;
   }
-  file.set([split & 0xff, split >> 8], 0);
+  const lead = leads[name] ? leads[name].at * 4 | leads[name].mode : split;
+  if ((lead & 0x3fff) !== (leads[name] ? leads[name].at * 4 : split)) throw new Error(`${name}: split too far`);
+  file.set([lead & 0xff, lead >> 8], 0);
   file.set(body, 2);
   Deno.writeFileSync(new URL(`${name}.bin`, dir), file);
 }
