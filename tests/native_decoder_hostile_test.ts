@@ -9,55 +9,13 @@
  */
 import { deepStrictEqual, equal, match, notEqual } from "node:assert/strict";
 import type { MlxDevice } from "../mod.ts";
-import { Op, recordHeader, Stat, Status, Track } from "../src/native/abi.ts";
+import { Op, Stat, Status, Track } from "../src/native/abi.ts";
 import { lastErrorText } from "../src/native/status.ts";
 import { allContracts } from "../src/kernels.ts";
 import { testContext } from "./helpers.ts";
+import { rawCommandBuffer, RawWords as Words } from "./raw_stream.ts";
 
 const INDEX_BITS = 20, INDEX_MASK = (1 << INDEX_BITS) - 1;
-
-/** Stream words, record by record; `at` is the byte offset the next record starts at. */
-class Words {
-  readonly w: number[] = [];
-  get at(): number {
-    return this.w.length * 4;
-  }
-  rec(op: number, slot: number, ...p: number[]): this {
-    this.w.push(recordHeader(op, 1 + p.length, slot), ...p);
-    return this;
-  }
-  take(): Uint8Array {
-    const out = new Uint8Array(Uint32Array.from(this.w.map((x) => x >>> 0)).buffer);
-    this.w.length = 0;
-    return out;
-  }
-}
-
-/** A raw command buffer on device: encode chunks, then run or free it. */
-function rawCommandBuffer(device: MlxDevice) {
-  const sym = device.sym;
-  const cb = sym.mlxn_cmdbuf_new(device.devicePtr())!;
-  return {
-    encode(chunk: Uint8Array): { rc: number; offset: number; message: string } {
-      const rc = sym.mlxn_cmdbuf_encode(cb, chunk, chunk.byteLength);
-      const message = rc === Status.OK ? "" : lastErrorText(sym);
-      return { rc, offset: rc === Status.OK ? -1 : sym.mlxn_cmdbuf_error_offset(cb), message };
-    },
-    stats(): Uint32Array {
-      const out = new Uint32Array(Stat.COUNT);
-      sym.mlxn_cmdbuf_barrier_stats(cb, out, out.length);
-      return out;
-    },
-    run(): void {
-      equal(sym.mlxn_cmdbuf_commit(cb), Status.OK, lastErrorText(sym));
-      equal(sym.mlxn_cmdbuf_wait(cb), Status.OK, lastErrorText(sym));
-      sym.mlxn_cmdbuf_free(cb);
-    },
-    free(): void {
-      sym.mlxn_cmdbuf_free(cb);
-    },
-  };
-}
 
 /** Raw buffers of one device (alloc, write, read, free by handle), freed at the end of the test. */
 function rawBuffers(device: MlxDevice) {

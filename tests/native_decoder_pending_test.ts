@@ -8,61 +8,10 @@
  * tracking started.
  */
 import { deepStrictEqual, equal, match } from "node:assert/strict";
-import { DType, type MlxBuffer, type MlxDevice } from "../mod.ts";
-import { Op, recordHeader, Stat, Status } from "../src/native/abi.ts";
-import { lastErrorText } from "../src/native/status.ts";
+import { DType, type MlxBuffer } from "../mod.ts";
+import { Op, Stat, Status } from "../src/native/abi.ts";
 import { testContext } from "./helpers.ts";
-
-/** Stream words, written record by record. */
-class Words {
-  readonly w: number[] = [];
-  rec(op: number, slot: number, ...p: number[]): this {
-    this.w.push(recordHeader(op, 1 + p.length, slot), ...p);
-    return this;
-  }
-  pipeline(device: MlxDevice, kernel: string): this {
-    return this.rec(Op.SET_PIPELINE, 0, device.kernels.get(kernel).handle);
-  }
-  buffer(slot: number, b: MlxBuffer, byteOffset: number, byteLength: number): this {
-    return this.rec(Op.SET_BUFFER, slot, b.handle, byteOffset, byteLength);
-  }
-  bytes(slot: number, ...v: number[]): this {
-    return this.rec(Op.SET_BYTES, slot, v.length * 4, ...v);
-  }
-  threads(grid: [number, number, number], tg: [number, number, number]): this {
-    return this.rec(Op.DISPATCH_THREADS, 0, ...grid, ...tg, 0);
-  }
-  take(): Uint8Array {
-    const out = new Uint8Array(Uint32Array.from(this.w.map((x) => x >>> 0)).buffer);
-    this.w.length = 0;
-    return out;
-  }
-}
-
-/** A raw command buffer: encode chunks, then commit and wait (or free it unrun). */
-function rawCommandBuffer(device: MlxDevice) {
-  const sym = device.sym;
-  const cb = sym.mlxn_cmdbuf_new(device.devicePtr())!;
-  return {
-    encode(chunk: Uint8Array): { rc: number; message: string } {
-      const rc = sym.mlxn_cmdbuf_encode(cb, chunk, chunk.byteLength);
-      return { rc, message: rc === Status.OK ? "" : lastErrorText(sym) };
-    },
-    stats(): Uint32Array {
-      const out = new Uint32Array(Stat.COUNT);
-      sym.mlxn_cmdbuf_barrier_stats(cb, out, out.length);
-      return out;
-    },
-    run(): void {
-      equal(sym.mlxn_cmdbuf_commit(cb), Status.OK);
-      equal(sym.mlxn_cmdbuf_wait(cb), Status.OK, lastErrorText(sym));
-      sym.mlxn_cmdbuf_free(cb);
-    },
-    free(): void {
-      sym.mlxn_cmdbuf_free(cb);
-    },
-  };
-}
+import { rawCommandBuffer, RawWords as Words } from "./raw_stream.ts";
 
 /** strided_copy_f32 params: rows, cols, src_stride, dst_stride, has_state, dst_pos_stride, max_pos. */
 const copyParams = (cols: number, hasState: number) => [1, cols, cols, cols, hasState, cols, 4];
@@ -79,12 +28,12 @@ Deno.test("an optional slot left unbound reads as unbound after recycled storage
     const first = rawCommandBuffer(device);
     const w = new Words().pipeline(device, "strided_copy_f32");
     w.buffer(0, src, 0, 16).buffer(1, dst, 0, 64).bytes(2, ...copyParams(4, 1)).buffer(3, state, 0, 4);
-    deepStrictEqual(first.encode(w.threads([4, 1, 1], [4, 1, 1]).take()), { rc: Status.OK, message: "" });
+    deepStrictEqual(first.encode(w.threads([4, 1, 1], [4, 1, 1]).take()), { rc: Status.OK, offset: -1, message: "" });
     first.free();
     // The next one leaves slot 3 unbound, as has_state = 0 requires: the kernel must see it unbound.
     const second = rawCommandBuffer(device);
     w.pipeline(device, "strided_copy_f32").buffer(0, src, 0, 16).buffer(1, dst, 0, 64).bytes(2, ...copyParams(4, 0));
-    deepStrictEqual(second.encode(w.threads([4, 1, 1], [4, 1, 1]).take()), { rc: Status.OK, message: "" });
+    deepStrictEqual(second.encode(w.threads([4, 1, 1], [4, 1, 1]).take()), { rc: Status.OK, offset: -1, message: "" });
     second.run();
     deepStrictEqual(Array.from(dst.read() as Float32Array).slice(0, 4), [1, 2, 3, 4]);
     dst.write(new Float32Array(16));
@@ -106,11 +55,11 @@ Deno.test("bindings in one chunk and their dispatch in the next survive the disp
   // dispatch's bindings follow it in that chunk: they land after the array grew for them.
   bind(0);
   for (let i = 1; i <= n; i++) {
-    deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, message: "" });
+    deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, offset: -1, message: "" });
     w.threads([cols, 1, 1], [cols, 1, 1]);
     if (i < n) bind(i);
   }
-  deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, message: "" });
+  deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, offset: -1, message: "" });
   cb.run();
   deepStrictEqual(dst.read(), data);
 });
@@ -143,7 +92,7 @@ Deno.test("automatic barriers stay exact for buffers allocated after tracking st
   const copy = (from: MlxBuffer, to: MlxBuffer) =>
     w.buffer(0, from, 0, 16).buffer(1, to, 0, 16).bytes(2, ...copyParams(4, 0)).threads([4, 1, 1], [4, 1, 1]);
   copy(a, b);
-  deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, message: "" });
+  deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, offset: -1, message: "" });
   // Enough new buffers that their table indices lie past the tracker's room when tracking started.
   const later = Array.from({ length: 300 }, () => device.alloc(16, DType.F32));
   try {
@@ -151,7 +100,7 @@ Deno.test("automatic barriers stay exact for buffers allocated after tracking st
     copy(b, c); // reads what the first wrote: a barrier
     copy(c, d); // reads what the second wrote: a barrier
     copy(a, later[0]!); // reads a (only read so far) into a buffer nothing touched: none
-    deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, message: "" });
+    deepStrictEqual(cb.encode(w.take()), { rc: Status.OK, offset: -1, message: "" });
     const s = cb.stats();
     deepStrictEqual([s[Stat.DISPATCHES], s[Stat.AUTO_BARRIERS], s[Stat.AUTO_CONCURRENT]], [4, 2, 2]);
     cb.run();
