@@ -254,6 +254,13 @@ const columns: Column[] = loops.flatMap((loop) =>
   })
 );
 
+/** The median of `xs` (NaN when empty). */
+function median(xs: readonly number[]): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b), m = s.length >> 1;
+  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
 interface Result {
   /** Recorded passes that replayed a cached plan. */
   planHits: number;
@@ -262,6 +269,8 @@ interface Result {
   logits: Float32Array[];
   wallMs: number;
   encodeNs: number;
+  /** Each measured token's host encode time, ns. */
+  encodeSamples: number[];
   gpuNs: number;
   dispatches: number;
   barriers: number;
@@ -327,6 +336,7 @@ function runPipelined(c: Column): Result {
     logits: [act.logits!.read() as Float32Array],
     wallMs: rep.wallNs / 1e6,
     encodeNs: rep.encodeNs,
+    encodeSamples: rep.timings.map((t) => t.committedNs - t.encodeStartNs),
     gpuNs: rep.deviceNs,
     dispatches: sum((r) => r.dispatches),
     barriers: sum((r) => r.barriers.reduce((x, y) => x + y, 0)),
@@ -351,6 +361,7 @@ function run(c: Column): Result {
     logits: [],
     wallMs: 0,
     encodeNs: 0,
+    encodeSamples: [],
     gpuNs: 0,
     dispatches: 0,
     barriers: 0,
@@ -375,6 +386,7 @@ function run(c: Column): Result {
         tokens: [],
         logits: [],
         encodeNs: 0,
+        encodeSamples: [],
         gpuNs: 0,
         dispatches: 0,
         barriers: 0,
@@ -404,6 +416,7 @@ function run(c: Column): Result {
     r.tokens.push(token);
     r.logits.push(logits);
     r.encodeNs += rep.encodingNs;
+    r.encodeSamples.push(rep.encodingNs);
     r.gpuNs += rep.gpuNs;
     r.dispatches += rep.dispatches;
     r.barriers += rep.barriers.reduce((x, y) => x + y, 0);
@@ -493,6 +506,11 @@ const rows: Row[] = [
     value: (_, r) => (r.wallMs * 1e6 / r.gpuNs).toFixed(3),
   },
   { label: "encode µs", help: "host time spent encoding the step", value: (_, r) => (r.encodeNs / n / 1e3).toFixed(0) },
+  {
+    label: "encode p50 µs",
+    help: "the median step's encode (the mean above includes the slow tail)",
+    value: (_, r) => (median(r.encodeSamples) / 1e3).toFixed(0),
+  },
   { label: "dispatches", help: "kernel dispatches", value: (_, r) => r.dispatches / n },
   { label: "barriers", help: "memory barriers between concurrent groups", value: (_, r) => r.barriers / n },
   {
