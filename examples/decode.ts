@@ -508,7 +508,7 @@ const rows: Row[] = [
   { label: "encode µs", help: "host time spent encoding the step", value: (_, r) => (r.encodeNs / n / 1e3).toFixed(0) },
   {
     label: "encode p50 µs",
-    help: "the median step's encode (the mean above includes the slow tail)",
+    help: "the median step's encode (the mean includes the slow tail)",
     value: (_, r) => (median(r.encodeSamples) / 1e3).toFixed(0),
   },
   { label: "dispatches", help: "kernel dispatches", value: (_, r) => r.dispatches / n },
