@@ -343,6 +343,18 @@ static inline __attribute__((always_inline)) int32_t decode_dispatch(mlxn_cmdbuf
     if (slot != 0) FAIL(MLXN_E_STREAM, "%s has no slot, but the header's slot field is %u", op_name(op), slot); \
   } while (0)
 
+/* Keeps buffer e (table index `index`) alive, and its index from being recycled, until the command
+ * buffer completes: referenced once, at its first binding or tracked range in this command buffer.
+ * Zero when out of memory. */
+static inline __attribute__((always_inline)) int keep_buffer(mlxn_cmdbuf *cb, buffer_entry *e, uint32_t index) {
+  if (e->last_cb == cb->serial) return 1;
+  if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t))) return 0;
+  cb->refs[cb->n_refs++] = index;
+  e->refs++;
+  e->last_cb = cb->serial;
+  return 1;
+}
+
 /* Binds bytes [boff, boff + blen) of buffer `handle` at `slot` (with `whole`: all of it) into the
  * pending dispatch d, looked up in the device's buffer table (passed in: the caller reads it once
  * per chunk, since the stores here could alias it for the compiler). Always inlined: it runs for
@@ -363,13 +375,7 @@ static inline __attribute__((always_inline)) int32_t bind_buffer(mlxn_cmdbuf *cb
     FAIL(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer", slot,
          (unsigned long long)boff, (unsigned long long)(boff + blen), (unsigned long long)e->size);
   }
-  if (e->last_cb != cb->serial) { /* first binding in this command buffer: keep it alive */
-    if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
-      FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-    cb->refs[cb->n_refs++] = index;
-    e->refs++;
-    e->last_cb = cb->serial;
-  }
+  if (!keep_buffer(cb, e, index)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
   if (slot < MLXN_KERNEL_SLOTS) { /* a higher slot is only marked bound: the dispatch refuses it */
     d->args.ptr[slot] = e->data + boff;
     d->args.len[slot] = blen;
@@ -412,13 +418,7 @@ static int32_t decode_track(mlxn_cmdbuf *cb, const uint8_t *r, uint32_t words, u
     if (boff > e->size || blen > e->size - boff)
       FAIL(MLXN_E_STREAM, "TRACK range %u: [%llu, +%llu) is past the end of a %llu-byte buffer", i,
            (unsigned long long)boff, (unsigned long long)blen, (unsigned long long)e->size);
-    if (e->last_cb != cb->serial) { /* keep its table index from being recycled while tracked */
-      if (!grow((void **)&cb->refs, &cb->cap_refs, cb->n_refs + 1, sizeof(uint32_t)))
-        FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
-      cb->refs[cb->n_refs++] = index;
-      e->refs++;
-      e->last_cb = cb->serial;
-    }
+    if (!keep_buffer(cb, e, index)) FAIL(MLXN_E_OUT_OF_MEMORY, "out of memory");
   }
   mlxn_tracker *t = &cb->tracker;
   if (check) {
