@@ -64,12 +64,17 @@ const liveHandles = new WeakMap<object, Map<number, HeldAllocation>>();
 let openCaptures = 0;
 let heldBack: HeldAllocation[] = [];
 
+/** Takes a live allocation out of the by-id and by-handle maps (before its handle is freed). */
+function forgetLive(host: BufferHost, state: AllocationState): void {
+  liveAllocations.delete(state.allocId);
+  liveHandles.get(host)?.delete(state.handle);
+}
+
 /** Frees a collected allocation (a no-op once disposed or freed). */
 function freeCollected(held: HeldAllocation): void {
   const { host, state } = held;
   if (state.handle === 0) return;
-  liveAllocations.delete(state.allocId);
-  liveHandles.get(host)?.delete(state.handle);
+  forgetLive(host, state);
   host.deferFree(state.handle);
   state.handle = 0;
 }
@@ -491,11 +496,10 @@ export class MlxBuffer {
   dispose(): void {
     const h = this.#state.handle;
     if (h === 0) return;
-    this.#state.handle = 0;
     disposals++;
     const held = liveAllocations.get(this.#state.allocId);
-    liveAllocations.delete(this.#state.allocId);
-    liveHandles.get(this.#host)?.delete(h);
+    forgetLive(this.#host, this.#state);
+    this.#state.handle = 0;
     finalizer.unregister(held?.owner.deref() ?? this.#root ?? this);
     this.#host.releaseBuffer(h);
   }

@@ -6,7 +6,8 @@
  * binding: node boundaries, bindings and accesses are derived from the words only when asked for
  * ({@link Capture.nodes}), so a recorded pass that hits the plan cache never builds any. A node's
  * bindings are views of the live allocations the words name by handle ({@link HandleViews}): the
- * same bytes as the views the pass bound, not the same objects. While a recording is open, buffers
+ * same bytes as the views the pass bound, not the same objects — except in a capture the caller
+ * takes as nodes (`startCapture`), which keeps the views each dispatch bound. While a recording is open, buffers
  * it binds stay allocated even if collected ({@link beginCapture}), as in a command buffer. A node's
  * accesses are derived from its bindings through the kernel contract, merged with any ranges the
  * user added.
@@ -82,6 +83,9 @@ export function dispatchNode(
   };
   return extra ? { ...node, [USER_RANGES]: true } as MarkedNode : node;
 }
+
+/** Per node index, the views its dispatch's descriptor bound, by slot (public captures only). */
+type CallerViews = (readonly (MlxBuffer | undefined)[] | undefined)[];
 
 const OP_MASK = 0xff;
 const MAX_SLOTS = 256; // a record's slot is one byte
@@ -215,7 +219,7 @@ export class Capture {
   #nodes: CapturedNode[] | null = null;
   #starts: Int32Array | null = null; // per node, its first word (derived with the nodes)
   /** Per dispatch node, the views its descriptor bound (public captures: nodes bind the caller's views). */
-  #callerViews: (readonly (MlxBuffer | undefined)[] | undefined)[] | null;
+  #callerViews: CallerViews | null;
   #released = false;
   readonly #tables: Tables;
 
@@ -231,7 +235,7 @@ export class Capture {
     annotated: ReadonlyMap<number, MarkedNode>,
     autoBarriers: boolean,
     autoChanges: readonly number[],
-    callerViews: (readonly (MlxBuffer | undefined)[] | undefined)[] | null = null,
+    callerViews: CallerViews | null = null,
   ) {
     this.#tables = tables;
     this.#callerViews = callerViews;
@@ -450,7 +454,7 @@ export class CaptureRecorder {
   readonly #autoBarriers: boolean;
   #autoChanges: number[] | null = null;
   /** Per node, the views its descriptor bound; null: nodes bind views derived from the words. */
-  readonly #callerViews: (readonly (MlxBuffer | undefined)[] | undefined)[] | null;
+  readonly #callerViews: CallerViews | null;
 
   /**
    * An empty recorder; `autoBarriers`: whether the dispatches recorded first get automatic barriers;

@@ -98,6 +98,14 @@ function toRanges(list: readonly RangeLike[]): MemRange[] {
   return list.map((x) => x instanceof MlxBuffer ? x.range() : x);
 }
 
+/**
+ * A well-formed range cut at its allocation's end (`byteLength`), as the native tracker takes user
+ * ranges: `range` itself when it fits.
+ */
+function cutAtAllocationEnd(range: MemRange, byteLength: number): MemRange {
+  return range[2] > byteLength ? [range[0], Math.min(range[1], byteLength), byteLength] : range;
+}
+
 // mlxn_cmdbuf_barrier_stats' answer: counts, small group sizes, room for some wide groups (grows).
 let statsScratch = new Uint32Array(Stat.COUNT + Stat.SMALL_SIZES + 64);
 
@@ -602,7 +610,7 @@ export class CommandEncoder {
       const isWrite = i >= r.length, range = isWrite ? wr[i - r.length]! : r[i]!;
       const live = liveAllocation(range[0], host);
       if (live === undefined) continue;
-      const end = Math.min(range[2], live.byteLength), start = Math.min(range[1], end);
+      const [, start, end] = cutAtAllocationEnd(range, live.byteLength);
       if (header < 0 || k === Limits.MAX_TRACK_ENTRIES) { // a new record (only without check: n fits one)
         if (header >= 0) w.words[header] = trackHeader(k);
         w.reserve(RecordWords.TRACK_HEADER + RecordWords.TRACK_ENTRY * Math.min(n - i, Limits.MAX_TRACK_ENTRIES));
@@ -686,8 +694,7 @@ export class CommandEncoder {
       const range = x instanceof MlxBuffer ? x.range() : x;
       const live = Array.isArray(range) && Number.isInteger(range[0]) ? liveAllocation(range[0], this.#host) : null;
       if (live === undefined) continue; // a well-formed id of no live allocation here
-      if (live === null || !(range[2] > live.byteLength) || range[1] > range[2]) out.push(range);
-      else out.push([range[0], Math.min(range[1], live.byteLength), live.byteLength]);
+      out.push(live === null || range[1] > range[2] ? range : cutAtAllocationEnd(range, live.byteLength));
     }
     return out;
   }
