@@ -83,7 +83,7 @@
 extern "C" {
 #endif
 
-#define MLXN_ABI_VERSION 3
+#define MLXN_ABI_VERSION 4
 
 /* ---- status codes ------------------------------------------------------------------------- */
 #define MLXN_OK 0
@@ -222,6 +222,15 @@ MLXN_API mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev);
 
 /* Decodes and validates one chunk of the command stream (len bytes, a multiple of 4). */
 MLXN_API int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+
+/* Copies what `from` decoded into cb, as if from's stream had been encoded into cb, without
+ * decoding or validating it again: encode a pass once into a command buffer that is never committed
+ * (a template) and replay it into a new command buffer per run. `from` must be a command buffer of
+ * the same device, encoding, ended after a dispatch record, with automatic barriers off; cb must
+ * have nothing encoded yet. Every buffer `from` binds must still be live (a template references
+ * them, like any uncommitted command buffer: freeing one defers its memory until the template is
+ * freed). A dispatch encoded into cb after the replay starts a new concurrent group. */
+MLXN_API int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from);
 
 /* Byte offset, within the chunk, of the record that made the last mlxn_cmdbuf_encode fail. */
 MLXN_API uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb);

@@ -464,6 +464,7 @@ export class DecodeLoop {
       }
       throw e;
     } finally {
+      frozen?.dispose(); // its decoded records reference the pass's buffers; the passes it committed stay
       this.#running = false;
     }
     return { tokens, wallNs: nowNs() - t0, deviceNs, encodeNs, readbacks, timings, reports };

@@ -6,6 +6,7 @@
  */
 
 import { checkShape, type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts";
+import { dropAllTemplates, dropTemplatesBinding } from "./command_template.ts";
 import { type BackendName, envConfig } from "./config.ts";
 import { DType, dtypeSize, isDType } from "./dtype.ts";
 import { type CommandBufferSlot, CommandEncoder, type EncoderOptions } from "./encoder.ts";
@@ -73,7 +74,11 @@ export interface LiveObjects {
   buffers: number;
   /** Bytes held by those buffers. */
   bufferBytes: number;
-  /** Command buffers not yet freed. */
+  /**
+   * Command buffers not yet freed, including the decoded records that frozen passes keep (one per
+   * command buffer they commit) and that a plan cache keeps for plans it replays unchanged (at most
+   * two per plan); those go with the frozen pass, the cached plan, or any buffer they bind.
+   */
   commandBuffers: number;
 }
 
@@ -353,6 +358,7 @@ export class MlxDevice {
     const ptr = this.#ptr;
     if (ptr === null) return;
     this.#open.abandonAll();
+    dropAllTemplates(this);
     this.#ptr = null;
     deviceCleanup.unregister(this);
     this.sym.mlxn_device_close(ptr);
@@ -370,6 +376,7 @@ export class MlxDevice {
     // side holds its reference and defers the free until the command buffer completes.
     this.#open.flushAll(); // never throws: a rejected stream keeps its error for its own encoder
     check(this.sym, this.sym.mlxn_buffer_free(this.#ptr, handle), "buffer free");
+    dropTemplatesBinding(this, handle); // their references would keep its memory
   }
 
   /** @ignore Internal. */
@@ -382,7 +389,10 @@ export class MlxDevice {
     const list = this.#deferred;
     this.#deferred = [];
     this.#open.flushAll();
-    for (const h of list) this.sym.mlxn_buffer_free(this.#ptr, h);
+    for (const h of list) {
+      this.sym.mlxn_buffer_free(this.#ptr, h);
+      dropTemplatesBinding(this, h);
+    }
   }
 
   /** @ignore Internal. */

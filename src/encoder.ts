@@ -11,6 +11,7 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
 import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
+import type { CommandTemplate } from "./command_template.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import { BARRIER, type CapturedNode, type Dims, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
@@ -231,8 +232,21 @@ export class CommandBufferSlot {
     this.#sym.mlxn_cmdbuf_free(ptr); // a committed one is waited for first (native)
   }
 
+  /**
+   * Hands every record written so far to the native library, then copies the template's decoded
+   * records after them (`mlxn_cmdbuf_replay`: the command buffer must hold nothing decoded yet).
+   */
+  replayNow(template: Deno.PointerObject): void {
+    this.writer!.flush();
+    this.#settle(this.#sym.mlxn_cmdbuf_replay(this.ptr!, template));
+  }
+
   #encodeChunk(bytes: Uint8Array, byteLength: number): void {
-    const rc = this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength);
+    this.#settle(this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength));
+  }
+
+  /** After the native library took (or refused) more of the stream. */
+  #settle(rc: number): void {
     if (rc === Status.OK) {
       if (this.nativeStats) this.readStats(Stat.COUNT); // one call per chunk: the counters stay current
     } else {
@@ -789,6 +803,29 @@ export class CommandEncoder {
     const tracking = this.#nativeAuto; // the plan carries its barriers: the decoder must not add any
     if (tracking) this.#writeAutoBarriers(false);
     this.#cb.encodeNow(stream); // flushes the writer (with the record above) before the plan's records
+    this.#tookPlan(dispatches, groupSizes, lastPipeline);
+    return true;
+  }
+
+  /**
+   * @ignore Internal: {@link CommandEncoder.appendPlanRecords} from a template that decoded the
+   * records already: they are copied natively, not decoded again. Returns false, with nothing
+   * written, where appendPlanRecords would, and when the template was dropped.
+   */
+  appendTemplate(template: CommandTemplate): boolean {
+    if (this.#cb.state !== "encoding") throw this.#notEncoding("appendTemplate");
+    const ptr = template.ptr;
+    if (
+      ptr === null || this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null ||
+      this.#capture !== null || this.#dispatches !== 0 || this.#pipeline !== 0 || this.#nativeTracked
+    ) return false; // (a replay needs a command buffer with nothing decoded, tracking off)
+    this.#cb.replayNow(ptr);
+    this.#tookPlan(template.dispatches, template.groupSizes, template.lastPipeline);
+    return true;
+  }
+
+  /** The bookkeeping of a plan's records taken whole. */
+  #tookPlan(dispatches: number, groupSizes: Int32Array, lastPipeline: number): void {
     // Tracking resumes with the next dispatch (if any), behind a barrier: the plan's accesses are
     // not in the decoder's group.
     this.#planTail = this.#direct && this.#policy.auto;
@@ -804,7 +841,6 @@ export class CommandEncoder {
     this.#pipeline = lastPipeline;
     counterState.dispatches += dispatches;
     counterState.barriers += groupSizes.length > 0 ? groupSizes.length - 1 : 0;
-    return true;
   }
 
   /** Sets the op kind of the next captured dispatch. */

@@ -6,6 +6,7 @@
  * @module
  */
 
+import { CommandTemplate } from "./command_template.ts";
 import { envConfig } from "./config.ts";
 import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
@@ -18,6 +19,7 @@ import type { CapturedNode } from "./graph/nodes.ts";
 import {
   type CachedPlan,
   Fingerprint,
+  hitTemplate,
   PlanCache,
   planDescriptor,
   PlanRecorder,
@@ -437,7 +439,10 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     const fp = new Fingerprint();
     fp.compute(capture, 0);
     const key = { words: capture.words.slice(0, capture.length), extra: fp.view().slice() };
+    // Without validation, the records are decoded once here and copied at each commit.
+    const templates = records.length > 0 && !this.#validate ? templatesOf(exec.device, records) : null;
     const frozen = new FrozenPass(exec.device, {
+      templates,
       validate: this.#validate,
       label: options.label ?? "",
       buffers: capture.boundBuffers(),
@@ -600,7 +605,8 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       for (let c = 1; c < plan.records!.length; c++) {
         encoders.push(this.#exec.device.commandEncoder({ validate: this.#validate }));
       }
-      commitPlan(plan, encoders, () => capture.nodes(), this.#validate, label);
+      const templates = this.#validate ? null : plan.records!.map((r) => hitTemplate(this.#exec.device, r));
+      commitPlan(plan, encoders, () => capture.nodes(), this.#validate, label, templates);
     } catch (e) {
       for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();
       capture.boundBuffers(); // throws Disposed if a buffer was disposed: the likely cause, said plainly
@@ -657,9 +663,11 @@ function commitPlan(
   nodes: () => readonly CapturedNode[],
   validate: boolean,
   label: string,
+  templates: readonly (CommandTemplate | null)[] | null = null,
 ): void {
   for (let c = 0; c < encoders.length; c++) {
-    const enc = encoders[c]!, r = plan.records?.[c];
+    const enc = encoders[c]!, r = plan.records?.[c], t = templates?.[c];
+    if (t && enc.appendTemplate(t)) continue;
     if (r === undefined || !appendRecords(enc, r)) {
       const last = c === encoders.length - 1;
       replaySteps(plan, nodes(), enc, c === 0 ? 0 : plan.firstSteps, last ? plan.steps.length : plan.firstSteps);
@@ -720,6 +728,18 @@ function pendingPass(encoders: CommandEncoder[], summary: PassSummary): PendingP
   };
 }
 
+/** A template per command buffer's records; all or none (an MlxError when one is refused). */
+function templatesOf(device: MlxDevice, records: readonly PlanRecords[]): CommandTemplate[] {
+  const out: CommandTemplate[] = [];
+  try {
+    for (const r of records) out.push(new CommandTemplate(device, r));
+  } catch (e) {
+    for (const t of out) t.dispose();
+    throw e;
+  }
+  return out;
+}
+
 /** What each frozen pass was frozen from: its capture's words (constants included) and key numbers. */
 const frozenKeys = new WeakMap<FrozenPass, { readonly words: Uint32Array; readonly extra: Float64Array }>();
 
@@ -732,6 +752,8 @@ interface FrozenPlan {
   /** The captured nodes: the bindings of the plan's steps when its records cannot be used. */
   readonly nodes: readonly CapturedNode[];
   readonly plan: CachedPlan;
+  /** The plan's records decoded once, per command buffer (null: they are encoded at each commit). */
+  readonly templates: readonly CommandTemplate[] | null;
 }
 
 /**
@@ -778,7 +800,7 @@ export class FrozenPass {
       for (let c = 0; c < plan.barriers.length; c++) {
         encoders.push(this.#device.commandEncoder({ autoBarriers: false, validate }));
       }
-      commitPlan(plan, encoders, () => nodes, validate, label);
+      commitPlan(plan, encoders, () => nodes, validate, label, this.#frozen.templates);
     } catch (e) {
       for (const enc of encoders) enc.dispose();
       assertBuffersLive(buffers, "; freeze a new pass"); // the likely cause, said plainly
@@ -799,6 +821,7 @@ export class FrozenPass {
    * unaffected); later commits are refused.
    */
   dispose(): void {
+    for (const t of this.#frozen?.templates ?? []) t.dispose();
     this.#frozen = null;
   }
 

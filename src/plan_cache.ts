@@ -20,6 +20,7 @@
  */
 
 import type { Capture } from "./capture_recorder.ts";
+import { CommandTemplate, type TemplateHost } from "./command_template.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
@@ -91,6 +92,35 @@ export interface PlanRecords {
   readonly dispatches: number;
   /** Pipeline handle of the last dispatch. */
   readonly lastPipeline: number;
+  /**
+   * The records decoded once, replayed by copying while they stay the same (a state-driven pass
+   * hits with the same constants every time); dropped when a hit patches a constant.
+   */
+  template: CommandTemplate | null;
+  /** Hits in a row that found the records unchanged (see {@link hitTemplate}). */
+  unchangedHits: number;
+}
+
+/**
+ * The template to replay `r` through on a hit, or null (the records are then encoded): made on the
+ * second hit in a row with unchanged records, so a pass whose constants change every time never
+ * pays for one.
+ */
+export function hitTemplate(host: TemplateHost, r: PlanRecords): CommandTemplate | null {
+  if (r.template?.ptr) return r.template;
+  if (r.unchangedHits++ < 1) return null;
+  r.template = new CommandTemplate(host, r);
+  return r.template;
+}
+
+/** Drops the templates of a plan's records (their constants changed, or the plan left the cache). */
+function forgetTemplates(records: readonly PlanRecords[] | null | undefined): void {
+  if (!records) return;
+  for (const r of records) {
+    r.template?.dispose();
+    r.template = null;
+    r.unchangedHits = 0;
+  }
 }
 
 /** Where a plan's dispatches and barriers go: a CommandEncoder. */
@@ -207,16 +237,19 @@ export class Fingerprint {
     }
     if (lo === at.length || at[lo] !== first) return false;
     const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
+    let patched = false;
     for (let i = lo; i < at.length; i++) {
       const k = at[i]!, word = w[k]!;
       if (word === stored[k]) continue;
       stored[k] = word;
       const t = to[i]!;
       if (t >= 0) {
+        patched = true;
         if (t < split) r0[t] = word;
         else r1[t - split] = word;
       }
     }
+    if (patched) forgetTemplates(records);
     const from = 4 * first;
     return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
   }
@@ -408,6 +441,7 @@ export class PlanCache {
     while (this.#lru.size > this.capacity) {
       const [old, hash] = this.#lru.entries().next().value!;
       this.#lru.delete(old);
+      forgetTemplates(old.plan.records);
       const l = this.#byHash.get(hash)!;
       l.splice(l.indexOf(old), 1);
       if (l.length === 0) this.#byHash.delete(hash);
@@ -455,6 +489,7 @@ export class PlanCache {
 
   /** Forgets every plan and every topology seen (the counts stay). */
   clear(): void {
+    for (const e of this.#lru.keys()) forgetTemplates(e.plan.records);
     this.#byHash.clear();
     this.#lru.clear();
     this.#seenByHash.clear();
@@ -702,6 +737,8 @@ export class RecordsBuilder implements GraphEncodeTarget {
       groupSizes: Int32Array.from([...this.#groups, this.#groupSize]),
       dispatches: this.#dispatches,
       lastPipeline: this.#pipeline,
+      template: null,
+      unchangedHits: 0,
     };
   }
 

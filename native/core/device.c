@@ -522,7 +522,8 @@ mlxn_cmdbuf *mlxn_cmdbuf_new(mlxn_device *dev) {
   return cb;
 }
 
-int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
+/* MLXN_OK when cb can take more of its stream; else the error that says why not. */
+static int32_t check_encoding(mlxn_cmdbuf *cb) {
   if (!cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null command buffer");
   if (!cb->dev) return mlxn_set_error(MLXN_E_STATE, "%s", cb->cmd.error[0] ? cb->cmd.error : DEVICE_CLOSED);
   if (cb->status != MLXN_CB_ENCODING)
@@ -531,7 +532,22 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
                               ? "command buffer already failed: %s"
                               : "command buffer was already committed; encode into a new one%s",
                           cb->status == MLXN_CB_ERROR ? cb->cmd.error : "");
-  int32_t rc;
+  return MLXN_OK;
+}
+
+/* A half-decoded (or dropped) chunk means the command buffer must never run: sticky error. */
+static int32_t fail_encoding(mlxn_cmdbuf *cb, int32_t rc) {
+  if (rc != MLXN_OK) {
+    cb->status = MLXN_CB_ERROR;
+    cb->cmd.error_code = rc;
+    copy_text(last_error, (uint8_t *)cb->cmd.error, sizeof cb->cmd.error);
+  }
+  return rc;
+}
+
+int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
+  int32_t rc = check_encoding(cb);
+  if (rc != MLXN_OK) return rc;
   if (len % 4 != 0 || (len > 0 && !stream)) {
     cb->error_offset = 0;
     rc = mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "stream length %u is not a whole number of words", len);
@@ -540,13 +556,38 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
     rc = mlxn_cmdbuf_decode(cb, stream, len);
     pthread_mutex_unlock(&cb->dev->mu);
   }
-  if (rc != MLXN_OK) {
-    /* A half-decoded (or dropped) chunk means the command buffer must never run: sticky error. */
-    cb->status = MLXN_CB_ERROR;
-    cb->cmd.error_code = rc;
-    copy_text(last_error, (uint8_t *)cb->cmd.error, sizeof cb->cmd.error);
-  }
-  return rc;
+  return fail_encoding(cb, rc);
+}
+
+int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
+  int32_t rc = check_encoding(cb);
+  if (rc != MLXN_OK) return rc;
+  if (!from) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null template command buffer");
+  if (from == cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a command buffer cannot replay itself");
+  if (from->dev != cb->dev)
+    return mlxn_set_error(from->dev ? MLXN_E_INVALID_ARGUMENT : MLXN_E_STATE,
+                          from->dev ? "the template belongs to another device; encode it on this one"
+                                    : "the template's device was closed; encode it again on an open device");
+  /* `from` only when it is stable: encoding (never committed, so no backend writes its records),
+   * at a record boundary, with no tracker state that cb would have to inherit. */
+  if (from->status != MLXN_CB_ENCODING)
+    return mlxn_set_error(MLXN_E_STATE, "%s%s",
+                          from->status == MLXN_CB_ERROR ? "the template failed to encode: "
+                                                        : "the template was committed; a template is never committed",
+                          from->status == MLXN_CB_ERROR ? from->cmd.error : "");
+  if (from->bound_mask != 0 || from->tg_memory != 0)
+    return mlxn_set_error(MLXN_E_STATE, "the template ends inside a dispatch (bindings with no dispatch record); "
+                                        "end its stream after a dispatch");
+  if (from->auto_barriers)
+    return mlxn_set_error(MLXN_E_STATE, "the template has automatic barriers on at its end; end its stream with "
+                                        "AUTO_BARRIERS off (its barriers are part of it)");
+  if (cb->n_dispatches != 0 || cb->n_refs != 0 || cb->bound_mask != 0 || cb->tg_memory != 0 || cb->auto_barriers)
+    return mlxn_set_error(MLXN_E_STATE, "replay needs an empty command buffer: replay into a new one, before "
+                                        "encoding anything else");
+  pthread_mutex_lock(&cb->dev->mu);
+  rc = mlxn_cmdbuf_copy_decoded(cb, from);
+  pthread_mutex_unlock(&cb->dev->mu);
+  return fail_encoding(cb, rc);
 }
 
 uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) { return cb ? cb->error_offset : 0; }

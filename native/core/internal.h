@@ -189,6 +189,10 @@ void mlxn_live_add(int what, int64_t delta);
 
 /* stream.c */
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+/* mlxn_cmdbuf_replay's copy, with dev->mu held and both command buffers' states checked (cb empty,
+ * `from` decoded whole records with automatic barriers off). On failure nothing in cb is referenced
+ * or counted (the caller marks it failed). */
+int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from);
 /* Drops buffer references and empties the content (keeping capacity). */
 void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb);
 /* Sets up cb->cmd for the backend (dispatch times unknown, no error) before it runs. */

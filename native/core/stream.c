@@ -598,3 +598,83 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
   cb->bytes_mask = bytes;
   return MLXN_OK;
 }
+
+/* ---- replay of a decoded command buffer (mlxn_cmdbuf_replay) ---------------------------------- */
+
+int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
+  mlxn_device *dev = cb->dev;
+  /* Every buffer first, so that a refusal leaves cb as it was. `from` holds a reference on each, so
+   * no slot was recycled: the entry is live unless the host freed the buffer since. */
+  for (uint32_t i = 0; i < from->n_refs; i++) {
+    uint32_t index = from->refs[i];
+    if (index >= dev->n_buffers || !dev->buffers[index].live)
+      return mlxn_set_error(MLXN_E_BAD_HANDLE,
+                            "the template binds a buffer that was freed after the template was encoded; encode "
+                            "the pass again (or keep its buffers while the template is in use)");
+  }
+  uint32_t n = from->n_dispatches;
+  if (!grow((void **)&cb->dispatches, &cb->cap_dispatches, n + 1, sizeof(mlxn_dispatch)) ||
+      !grow((void **)&cb->refs, &cb->cap_refs, from->n_refs, sizeof(uint32_t)) ||
+      !grow((void **)&cb->lg_wide, &cb->cap_wide, from->n_wide, sizeof(uint32_t)))
+    return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory replaying a command buffer");
+  /* The records were validated when `from` decoded them. Only their inline constants live in
+   * `from`'s memory (its arena): each arena block is copied whole into one block of cb's, and each
+   * constant's pointer moved by its block's displacement. */
+  uint32_t arena_bytes = 0;
+  for (const arena_block *b = from->arena; b; b = b->next)
+    if (__builtin_add_overflow(arena_bytes, b->used, &arena_bytes))
+      return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "a template's inline constants exceed 4 GiB");
+  uint8_t *dst = NULL;
+  if (arena_bytes > 0) {
+    arena_block *b = cb->arena;
+    if (!b || b->cap - b->used < arena_bytes) b = arena_grow(cb, arena_bytes);
+    if (!b) return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory replaying a command buffer");
+    dst = b->data + b->used;
+    b->used += arena_bytes;
+    uint32_t at = 0;
+    for (const arena_block *f = from->arena; f; f = f->next) {
+      memcpy(dst + at, f->data, f->used);
+      at += f->used;
+    }
+  }
+  memcpy(cb->dispatches, from->dispatches, (size_t)n * sizeof(mlxn_dispatch));
+  for (uint32_t k = 0; k < n; k++) {
+    mlxn_dispatch *d = &cb->dispatches[k];
+    const char *sig = d->contract->signature;
+    for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && sig[s]; s++) {
+      if (sig[s] != 'c') continue;
+      uintptr_t p = (uintptr_t)d->args.ptr[s], at = 0;
+      for (const arena_block *b = from->arena; b; at += b->used, b = b->next) {
+        uintptr_t lo = (uintptr_t)b->data;
+        if (p - lo < b->used) { /* unsigned: an address below lo wraps past any size */
+          d->args.ptr[s] = dst + at + (p - lo);
+          break;
+        }
+      }
+    }
+  }
+  for (uint32_t i = 0; i < from->n_refs; i++) {
+    uint32_t index = from->refs[i];
+    buffer_entry *e = &dev->buffers[index];
+    cb->refs[i] = index; /* cb held none (it is empty): each is new to it */
+    e->refs++;
+    e->last_cb = cb->serial;
+  }
+  cb->n_refs = from->n_refs;
+  cb->n_dispatches = n;
+  cb->n_groups = from->n_groups;
+  cb->st_auto_barriers = from->st_auto_barriers;
+  cb->st_auto_concurrent = from->st_auto_concurrent;
+  cb->st_barriers = from->st_barriers;
+  cb->lg_groups = from->lg_groups;
+  cb->lg_open = from->lg_open;
+  memcpy(cb->lg_small, from->lg_small, sizeof cb->lg_small);
+  if (from->n_wide) memcpy(cb->lg_wide, from->lg_wide, (size_t)from->n_wide * sizeof(uint32_t));
+  cb->n_wide = from->n_wide;
+  cb->pipe = from->pipe;
+  cb->pipeline_handle = from->pipeline_handle;
+  /* What `from`'s tracker held is not copied: a dispatch after the replay starts a new group. */
+  cb->barrier_pending = n > 0;
+  trk_reset(&cb->tracker);
+  return MLXN_OK;
+}

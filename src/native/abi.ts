@@ -6,7 +6,7 @@
  */
 
 /** ABI version this module speaks; a library reporting another version is refused. */
-export const ABI_VERSION = 3;
+export const ABI_VERSION = 4;
 
 /** Native status codes (MLXN_OK, MLXN_E_*). */
 export const Status = {

@@ -36,6 +36,8 @@ export const symbols = {
   mlxn_cmdbuf_new: { parameters: ["pointer"], result: "pointer" },
   /** int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) */
   mlxn_cmdbuf_encode: { parameters: ["pointer", "buffer", "u32"], result: "i32" },
+  /** int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) */
+  mlxn_cmdbuf_replay: { parameters: ["pointer", "pointer"], result: "i32" },
   /** uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) */
   mlxn_cmdbuf_error_offset: { parameters: ["pointer"], result: "u32" },
   /** int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) */
