@@ -97,14 +97,14 @@ export interface PlanRecords {
    * hits with the same constants every time); dropped when a hit patches a constant.
    */
   template: CommandTemplate | null;
-  /** Hits in a row that found the records unchanged (see {@link hitTemplate}). */
+  /** Hits since the records last changed (see {@link hitTemplate}). */
   unchangedHits: number;
 }
 
 /**
- * The template to replay `r` through on a hit, or null (the records are then encoded): made on the
- * second hit in a row with unchanged records, so a pass whose constants change every time never
- * pays for one.
+ * The template to replay `r` through on a hit, or null (the records are then encoded): made when a
+ * hit finds the records as the hit before it left them (the same constants twice in a row), so a
+ * pass whose constants change every time never pays for one.
  */
 export function hitTemplate(host: TemplateHost, r: PlanRecords): CommandTemplate | null {
   if (r.template?.ptr) return r.template;

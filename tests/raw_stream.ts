@@ -49,6 +49,13 @@ export function rawCommandBuffer(device: MlxDevice) {
   const sym = device.sym;
   const cb = sym.mlxn_cmdbuf_new(device.devicePtr())!;
   return {
+    /** The native command buffer. */
+    ptr: cb,
+    /** Replays `from`'s decoded records into this one: the status and the error's message. */
+    replay(from: Deno.PointerObject | null): { rc: number; message: string } {
+      const rc = sym.mlxn_cmdbuf_replay(cb, from);
+      return { rc, message: rc === Status.OK ? "" : lastErrorText(sym) };
+    },
     /** Encodes one chunk: the status, the error's byte offset (-1 on success) and its message. */
     encode(chunk: Uint8Array): { rc: number; offset: number; message: string } {
       const rc = sym.mlxn_cmdbuf_encode(cb, chunk, chunk.byteLength);
