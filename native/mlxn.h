@@ -232,6 +232,17 @@ MLXN_API int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint
  * freed). A dispatch encoded into cb after the replay starts a new concurrent group. */
 MLXN_API int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from);
 
+/* Words per entry of a patch list: {dispatch index, slot, byte offset, value}. */
+#define MLXN_PATCH_WORDS 4
+
+/* mlxn_cmdbuf_replay, then the inline constants changed by a patch list of n_words words: each entry
+ * writes one 32-bit value at a 4-aligned byte offset into the inline bytes bound at `slot` of
+ * dispatch `dispatch` (an index into the replayed dispatches), and every patched dispatch is
+ * validated again against its kernel's contract. A bad entry or a dispatch the new constants make
+ * invalid fails the command buffer, as a bad stream would. */
+MLXN_API int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch,
+                                            uint32_t n_words);
+
 /* Byte offset, within the chunk, of the record that made the last mlxn_cmdbuf_encode fail. */
 MLXN_API uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb);
 

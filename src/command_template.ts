@@ -11,7 +11,7 @@
  * @module
  */
 import { MlxError } from "./errors.ts";
-import { Op, Status } from "./native/abi.ts";
+import { Op, PATCH_WORDS, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText } from "./native/status.ts";
 
@@ -93,10 +93,37 @@ function boundHandles(w: Uint32Array): Set<number> {
   return out;
 }
 
+/** The most constant words a template patches at a replay before it is better made again. */
+const MAX_PATCHED_WORDS = 1024;
+
+/**
+ * Where each inline-constant word of the stream goes once decoded: per stream word, the index of
+ * the dispatch it belongs to (-1: not a whole constant word) and `slot << 16 | byte offset`.
+ */
+function constantSites(w: Uint32Array): { dispatch: Int32Array; slotOffset: Int32Array } {
+  const dispatch = new Int32Array(w.length).fill(-1), slotOffset = new Int32Array(w.length);
+  let k = 0;
+  for (let at = 0; at < w.length;) {
+    const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
+    if (len === 0) break;
+    if (op === Op.SET_BYTES) {
+      const slot = (h >>> 8) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
+      for (let q = 0; q < whole; q++) {
+        dispatch[at + 2 + q] = k;
+        slotOffset[at + 2 + q] = slot << 16 | 4 * q;
+      }
+    } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) k++;
+    at += len;
+  }
+  return { dispatch, slotOffset };
+}
+
 /**
  * @ignore Internal: one command buffer's records, decoded and validated once by the native library
- * and replayed by copying ({@link CommandEncoder.appendTemplate}). Dropped (`live` false) when a
- * buffer it binds is freed or the device closes; dispose it when its plan goes.
+ * and replayed by copying ({@link CommandEncoder.appendTemplate}). Its records' inline constants
+ * may change afterwards ({@link CommandTemplate.wordChanged}): a replay then patches them and the
+ * native library validates the patched dispatches again. Dropped (`ptr` null) when a buffer it
+ * binds is freed or the device closes; dispose it when its plan goes.
  */
 export class CommandTemplate {
   /** Dispatches per concurrent group. */
@@ -107,6 +134,11 @@ export class CommandTemplate {
   readonly lastPipeline: number;
   readonly #host: object;
   readonly #cell: TemplateCell;
+  readonly #words: Uint32Array; // the records' words, with their current constants
+  #sites: { dispatch: Int32Array; slotOffset: Int32Array } | null = null; // made at the first change
+  #changed: number[] = []; // words whose value may differ from the decoded one
+  #marked: Uint8Array | null = null;
+  #patch = new Uint32Array(0);
 
   /** Decodes `records` into a new template on `host`; an MlxError when the native library refuses them. */
   constructor(host: TemplateHost, records: TemplateRecords) {
@@ -123,6 +155,7 @@ export class CommandTemplate {
     this.dispatches = records.dispatches;
     this.lastPipeline = records.lastPipeline;
     this.#host = host;
+    this.#words = records.words;
     this.#cell = { sym, ptr, handles: boundHandles(records.words) };
     let set = templatesOf.get(host);
     if (set === undefined) templatesOf.set(host, set = new Set());
@@ -133,6 +166,42 @@ export class CommandTemplate {
   /** The native command buffer to replay; null once dropped or disposed. */
   get ptr(): Deno.PointerObject | null {
     return this.#cell.ptr;
+  }
+
+  /**
+   * Word `index` of the records (an inline-constant value) now differs from what was decoded: later
+   * replays patch it. False when it cannot be patched (not a whole constant word, or too many
+   * changed already): drop the template then.
+   */
+  wordChanged(index: number): boolean {
+    const sites = this.#sites ??= constantSites(this.#words);
+    if (sites.dispatch[index]! < 0) return false;
+    const marked = this.#marked ??= new Uint8Array(this.#words.length);
+    if (marked[index] === 0) {
+      if (this.#changed.length === MAX_PATCHED_WORDS) return false;
+      marked[index] = 1;
+      this.#changed.push(index);
+    }
+    return true;
+  }
+
+  /**
+   * The patch list of the constants changed since decoding, with their current values, and its
+   * length in words (0: replay as decoded). The array is reused by the next call.
+   */
+  patchList(): [Uint32Array, number] {
+    const changed = this.#changed, n = changed.length;
+    if (n === 0) return [this.#patch, 0];
+    if (this.#patch.length < n * PATCH_WORDS) this.#patch = new Uint32Array(n * PATCH_WORDS * 2);
+    const out = this.#patch, { dispatch, slotOffset } = this.#sites!, w = this.#words;
+    for (let i = 0, o = 0; i < n; i++, o += PATCH_WORDS) {
+      const at = changed[i]!, so = slotOffset[at]!;
+      out[o] = dispatch[at]!;
+      out[o + 1] = so >>> 16;
+      out[o + 2] = so & 0xffff;
+      out[o + 3] = w[at]!;
+    }
+    return [out, n * PATCH_WORDS];
   }
 
   /** Frees the native command buffer and its buffer references. Disposing twice is harmless. */

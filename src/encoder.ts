@@ -234,11 +234,17 @@ export class CommandBufferSlot {
 
   /**
    * Hands every record written so far to the native library, then copies the template's decoded
-   * records after them (`mlxn_cmdbuf_replay`: the command buffer must hold nothing decoded yet).
+   * records after them (`mlxn_cmdbuf_replay`: the command buffer must hold nothing decoded yet),
+   * with the inline constants of a patch list of `patchWords` words changed.
    */
-  replayNow(template: Deno.PointerObject): void {
+  replayNow(template: Deno.PointerObject, patch: Uint32Array, patchWords: number): void {
     this.writer!.flush();
-    this.#settle(this.#sym.mlxn_cmdbuf_replay(this.ptr!, template));
+    const sym = this.#sym;
+    this.#settle(
+      patchWords === 0
+        ? sym.mlxn_cmdbuf_replay(this.ptr!, template)
+        : sym.mlxn_cmdbuf_replay_patched(this.ptr!, template, patch, patchWords),
+    );
   }
 
   #encodeChunk(bytes: Uint8Array, byteLength: number): void {
@@ -819,7 +825,8 @@ export class CommandEncoder {
       ptr === null || this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null ||
       this.#capture !== null || this.#dispatches !== 0 || this.#pipeline !== 0 || this.#nativeTracked
     ) return false; // (a replay needs a command buffer with nothing decoded, tracking off)
-    this.#cb.replayNow(ptr);
+    const [patch, words] = template.patchList();
+    this.#cb.replayNow(ptr, patch, words);
     this.#tookPlan(template.dispatches, template.groupSizes, template.lastPipeline);
     return true;
   }

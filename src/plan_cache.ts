@@ -104,7 +104,8 @@ export interface PlanRecords {
 /**
  * The template to replay `r` through on a hit, or null (the records are then encoded): made when a
  * hit finds the records as the hit before it left them (the same constants twice in a row), so a
- * pass whose constants change every time never pays for one.
+ * pass whose constants change every time never pays for one. Once made, constants that change are
+ * patched at the replay (up to a bound; past it the template goes and is made again).
  */
 export function hitTemplate(host: TemplateHost, r: PlanRecords): CommandTemplate | null {
   if (r.template?.ptr) return r.template;
@@ -113,14 +114,22 @@ export function hitTemplate(host: TemplateHost, r: PlanRecords): CommandTemplate
   return r.template;
 }
 
-/** Drops the templates of a plan's records (their constants changed, or the plan left the cache). */
+/** Drops a records' template: made again once its records repeat. */
+function forgetTemplate(r: PlanRecords): void {
+  r.template?.dispose();
+  r.template = null;
+  r.unchangedHits = 0;
+}
+
+/** Drops the templates of a plan that left the cache. */
 function forgetTemplates(records: readonly PlanRecords[] | null | undefined): void {
-  if (!records) return;
-  for (const r of records) {
-    r.template?.dispose();
-    r.template = null;
-    r.unchangedHits = 0;
-  }
+  if (records) { for (const r of records) forgetTemplate(r); }
+}
+
+/** Word `at` of `r` (a constant) took a new value: its template patches it, or goes. */
+function constantChanged(r: PlanRecords, at: number): void {
+  if (r.template?.ptr && r.template.wordChanged(at)) return;
+  forgetTemplate(r);
 }
 
 /** Where a plan's dispatches and barriers go: a CommandEncoder. */
@@ -236,20 +245,23 @@ export class Fingerprint {
       else hi = mid;
     }
     if (lo === at.length || at[lo] !== first) return false;
-    const r0 = records?.[0]?.words ?? NO_WORDS, r1 = records?.[1]?.words ?? NO_WORDS, split = r0.length;
-    let patched = false;
+    const p0 = records?.[0], p1 = records?.[1];
+    const r0 = p0?.words ?? NO_WORDS, r1 = p1?.words ?? NO_WORDS, split = r0.length;
     for (let i = lo; i < at.length; i++) {
       const k = at[i]!, word = w[k]!;
       if (word === stored[k]) continue;
       stored[k] = word;
       const t = to[i]!;
       if (t >= 0) {
-        patched = true;
-        if (t < split) r0[t] = word;
-        else r1[t - split] = word;
+        if (t < split) {
+          r0[t] = word;
+          constantChanged(p0!, t);
+        } else {
+          r1[t - split] = word;
+          constantChanged(p1!, t - split);
+        }
       }
     }
-    if (patched) forgetTemplates(records);
     const from = 4 * first;
     return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
   }

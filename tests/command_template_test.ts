@@ -7,8 +7,9 @@
  */
 import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
 import { CommandEncoder, DType, GraphExecutor, MlxDevice } from "../mod.ts";
-import { Op, Stat, Status } from "../src/native/abi.ts";
+import { Op, PATCH_WORDS, Stat, Status } from "../src/native/abi.ts";
 import { testContext } from "./helpers.ts";
+import { lastErrorText } from "../src/native/status.ts";
 import { rawCommandBuffer, RawWords as Words } from "./raw_stream.ts";
 
 const E = 32;
@@ -144,7 +145,7 @@ function countTakes(body: () => void): { replayed: number; decoded: number } {
   return n;
 }
 
-Deno.test("plan-cache hits replay a template once their records come back unchanged, and decode while constants change", () => {
+Deno.test("plan-cache hits replay a template once their records repeat, then patch the constants that change", () => {
   using ctx = testContext();
   const { device } = ctx;
   const N = 6;
@@ -168,10 +169,11 @@ Deno.test("plan-cache hits replay a template once their records come back unchan
     takes.push(countTakes(() => pass(exec, alpha)));
     deepStrictEqual(wide.read(), want, `alpha ${alpha}`);
   }
-  // Miss and hits with changed constants: records decoded. A hit that finds the records as the hit
-  // before left them replays templates; a change drops them until the next such hit.
-  deepStrictEqual(takes.map((t) => t.replayed), [0, 0, 0, 2, 2, 2, 0, 2, 2]);
-  deepStrictEqual(takes.map((t) => t.decoded), [2, 2, 2, 0, 0, 0, 2, 0, 0]);
+  // The miss and hits with changed constants decode the records, until a hit finds them as the hit
+  // before left them: from then on the templates replay, constants that change patched natively.
+  // One of the two command buffers takes no alpha: its records repeat from the first hit on.
+  deepStrictEqual(takes.map((t) => t.replayed), [0, 0, 1, 2, 2, 2, 2, 2, 2]);
+  deepStrictEqual(takes.map((t) => t.decoded), [2, 2, 1, 0, 0, 0, 0, 0, 0]);
 });
 
 Deno.test("disposing a buffer a frozen pass binds frees its memory at once; the next commit is refused", () => {
@@ -197,4 +199,45 @@ Deno.test("disposing a buffer a frozen pass binds frees its memory at once; the 
     equal((e as { code?: string }).code, "Disposed");
   }
   frozen.dispose();
+});
+
+Deno.test("a patched replay changes the constants it names and validates the patched dispatches again", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const sym = device.sym;
+  using x = device.upload(new Float32Array(E).map((_, j) => j + 1)), y = device.upload(new Float32Array(E).fill(1));
+  using out = device.alloc(3 * E * 4, DType.F32);
+  const template = rawCommandBuffer(device);
+  template.encode(axpbyStream(device, x, y, out, 3)); // dispatch i: alpha i + 0.5, beta -i
+  const replay = (...entries: number[][]) => {
+    const cb = rawCommandBuffer(device), patch = new Uint32Array(entries.flat());
+    const rc = sym.mlxn_cmdbuf_replay_patched(cb.ptr, template.ptr, patch, patch.length);
+    return { cb, rc, message: rc === Status.OK ? "" : lastErrorText(sym) };
+  };
+  // Dispatch 1's alpha (word 0) becomes 4 and dispatch 2's beta (byte 4) becomes 10.
+  const good = replay([1, 3, 0, f32(4)], [2, 3, 4, f32(10)]);
+  equal(good.rc, Status.OK, good.message);
+  good.cb.run();
+  const got = out.read() as Float32Array;
+  deepStrictEqual([got[0], got[E + 1], got[2 * E + 1]], [0.5 * 1 - 0, 4 * 2 - 1, 2.5 * 2 + 10]);
+  // Each bad entry fails the command buffer with what is wrong; nothing runs.
+  const bad: [number[], RegExp][] = [
+    [[3, 3, 0, 0], /dispatch 3, but the command buffer has 3/],
+    [[0, 2, 0, 0], /slot 2 of kernel axpby_f32 \(dispatch 0\) holds no inline constants/],
+    [[0, 3, 2, 0], /byte offset 2 of slot 3/],
+    [[0, 3, 256, 0], /byte offset 256 of slot 3 \(dispatch 0\) is not a whole word inside its 256/],
+    [[0, 3, 8, E + 1], /patched dispatch 0: kernel axpby_f32/], // n past the bound slices
+  ];
+  for (const [entry, why] of bad) {
+    const r = replay(entry);
+    equal(r.rc, Status.E_STREAM, `${entry}`);
+    match(r.message, why);
+    equal(r.cb.encode(new Uint8Array(0)).rc, Status.E_STREAM, "failed for good");
+    r.cb.free();
+  }
+  const cb = rawCommandBuffer(device);
+  equal(sym.mlxn_cmdbuf_replay_patched(cb.ptr, template.ptr, new Uint32Array(3), 3), Status.E_INVALID_ARGUMENT);
+  match(lastErrorText(sym), new RegExp(`${PATCH_WORDS} words per entry`));
+  cb.free();
+  template.free();
 });

@@ -559,9 +559,14 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
   return fail_encoding(cb, rc);
 }
 
-int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
+int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) { return mlxn_cmdbuf_replay_patched(cb, from, NULL, 0); }
+
+int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch, uint32_t n_words) {
   int32_t rc = check_encoding(cb);
   if (rc != MLXN_OK) return rc;
+  if (n_words % MLXN_PATCH_WORDS != 0 || (n_words > 0 && !patch))
+    return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a patch list is %d words per entry, got %u words%s",
+                          MLXN_PATCH_WORDS, n_words, n_words > 0 && !patch ? " at a null pointer" : "");
   if (!from) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null template command buffer");
   if (from == cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a command buffer cannot replay itself");
   if (from->dev != cb->dev)
@@ -586,6 +591,7 @@ int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
                                         "encoding anything else");
   pthread_mutex_lock(&cb->dev->mu);
   rc = mlxn_cmdbuf_copy_decoded(cb, from);
+  if (rc == MLXN_OK && n_words > 0) rc = mlxn_cmdbuf_patch_constants(cb, patch, n_words / MLXN_PATCH_WORDS);
   pthread_mutex_unlock(&cb->dev->mu);
   return fail_encoding(cb, rc);
 }

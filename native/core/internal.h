@@ -193,6 +193,9 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
  * `from` decoded whole records with automatic barriers off). On failure nothing in cb is referenced
  * or counted (the caller marks it failed). */
 int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from);
+/* Applies n entries of a patch list (mlxn_cmdbuf_replay_patched) to cb's inline constants and
+ * validates each patched dispatch again. dev->mu held. */
+int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint32_t n);
 /* Drops buffer references and empties the content (keeping capacity). */
 void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb);
 /* Sets up cb->cmd for the backend (dispatch times unknown, no error) before it runs. */

@@ -678,3 +678,42 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
   trk_reset(&cb->tracker);
   return MLXN_OK;
 }
+
+/* Validates dispatch k again (its constants were patched). */
+static int32_t revalidate(mlxn_cmdbuf *cb, uint32_t k) {
+  mlxn_dispatch *d = &cb->dispatches[k];
+  char why[512];
+  why[0] = 0;
+  if (d->contract->validate(&d->args, why, sizeof why))
+    return mlxn_set_error(MLXN_E_STREAM, "patched dispatch %u: kernel %s: %s", k, d->contract->name, why);
+  return MLXN_OK;
+}
+
+int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint32_t n) {
+  uint32_t pending = UINT32_MAX; /* the patched dispatch not validated yet */
+  for (uint32_t i = 0; i < n; i++) {
+    const uint32_t *e = patch + (size_t)i * MLXN_PATCH_WORDS;
+    uint32_t k = e[0], slot = e[1], off = e[2];
+    if (k >= cb->n_dispatches)
+      return mlxn_set_error(MLXN_E_STREAM, "patch %u: dispatch %u, but the command buffer has %u", i, k,
+                            cb->n_dispatches);
+    mlxn_dispatch *d = &cb->dispatches[k];
+    const char *sig = d->contract->signature;
+    uint32_t slots = 0;
+    while (slots < MLXN_KERNEL_SLOTS && sig[slots]) slots++;
+    if (slot >= slots || sig[slot] != 'c')
+      return mlxn_set_error(MLXN_E_STREAM, "patch %u: slot %u of kernel %s (dispatch %u) holds no inline constants", i,
+                            slot, d->contract->name, k);
+    if (off % 4 != 0 || (uint64_t)off + 4 > d->args.len[slot])
+      return mlxn_set_error(MLXN_E_STREAM,
+                            "patch %u: byte offset %u of slot %u (dispatch %u) is not a whole word inside its %llu "
+                            "inline bytes", i, off, slot, k, (unsigned long long)d->args.len[slot]);
+    if (k != pending && pending != UINT32_MAX) {
+      int32_t rc = revalidate(cb, pending);
+      if (rc != MLXN_OK) return rc;
+    }
+    pending = k;
+    memcpy(d->args.ptr[slot] + off, &e[3], 4); /* cb's own copy of the constants (copy_decoded) */
+  }
+  return pending == UINT32_MAX ? MLXN_OK : revalidate(cb, pending);
+}

@@ -61,6 +61,9 @@ export const Limits = {
   MAX_TRACK_ENTRIES: 1024,
 } as const;
 
+/** Words per entry of a replay's patch list (MLXN_PATCH_WORDS): dispatch, slot, byte offset, value. */
+export const PATCH_WORDS = 4;
+
 /** Flags of a TRACK record's range (MLXN_TRACK_*). */
 export const Track = { READ: 1, WRITE: 2, CHECK: 4 } as const;
 

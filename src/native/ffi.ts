@@ -38,6 +38,8 @@ export const symbols = {
   mlxn_cmdbuf_encode: { parameters: ["pointer", "buffer", "u32"], result: "i32" },
   /** int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) */
   mlxn_cmdbuf_replay: { parameters: ["pointer", "pointer"], result: "i32" },
+  /** int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch, uint32_t n_words) */
+  mlxn_cmdbuf_replay_patched: { parameters: ["pointer", "pointer", "buffer", "u32"], result: "i32" },
   /** uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) */
   mlxn_cmdbuf_error_offset: { parameters: ["pointer"], result: "u32" },
   /** int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) */
