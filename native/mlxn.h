@@ -226,10 +226,11 @@ MLXN_API int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint
 /* Copies what `from` decoded into cb, as if from's stream had been encoded into cb, without
  * decoding or validating it again: encode a pass once into a command buffer that is never committed
  * (a template) and replay it into a new command buffer per run. `from` must be a command buffer of
- * the same device, encoding, ended after a dispatch record, with automatic barriers off; cb must
- * have nothing encoded yet. Every buffer `from` binds must still be live (a template references
- * them, like any uncommitted command buffer: freeing one defers its memory until the template is
- * freed). A dispatch encoded into cb after the replay starts a new concurrent group. */
+ * the same device, encoding and ended after a dispatch record; cb must have nothing encoded yet.
+ * Every buffer `from` binds must still be live (a template references them, like any uncommitted
+ * command buffer: freeing one defers its memory until the template is freed). A dispatch encoded
+ * into cb after the replay starts a new concurrent group; automatic barriers are on for it if they
+ * were on at the end of `from`. */
 MLXN_API int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from);
 
 /* Words per entry of a patch list: {dispatch index, slot, byte offset, value}. */

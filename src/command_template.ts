@@ -14,6 +14,7 @@ import { MlxError } from "./errors.ts";
 import { Op, PATCH_WORDS, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText } from "./native/status.ts";
+import { Buffer } from "node:buffer";
 
 const OP_MASK = 0xff;
 const LEN_SHIFT = 16;
@@ -28,7 +29,7 @@ export interface TemplateHost {
 
 /** Finished records of one command buffer, as a plan holds them. */
 export interface TemplateRecords {
-  /** The stream: whole records, automatic barriers off throughout. */
+  /** The stream: whole records. */
   readonly bytes: Uint8Array;
   /** Its words (the same memory). */
   readonly words: Uint32Array;
@@ -210,3 +211,110 @@ export class CommandTemplate {
     freeCell(this.#host, this.#cell);
   }
 }
+
+// Node's Buffer#compare with ranges: memcmp over two views, no allocation.
+const compareBytes = Buffer.prototype.compare as (
+  this: Uint8Array,
+  target: Uint8Array,
+  targetStart: number,
+  targetEnd: number,
+  sourceStart: number,
+  sourceEnd: number,
+) => number;
+
+/** Stream lengths a device remembers (a decode loop alternates few distinct passes). */
+const REPEAT_ENTRIES = 4;
+/** Differing passes of one length in a row before that length is not copied for a while. */
+const REPEAT_MISSES = 8;
+/** Passes of that length then skipped. */
+const REPEAT_BACKOFF = 64;
+
+/** What a device remembers of a stream length. */
+interface RepeatEntry {
+  readonly byteLength: number;
+  bytes: Uint8Array | null; // the last stream of this length, copied
+  template: CommandTemplate | null;
+  misses: number;
+  skip: number;
+}
+
+const NO_GROUPS = new Int32Array(0);
+
+/**
+ * @ignore Internal: the streams a run of direct passes committed (a DecodeLoop's run). A pass whose
+ * stream repeats the previous one of its length byte for byte (a decode step driven by the step
+ * state) replays a template of it instead of being decoded: the same bytes decode to the same
+ * dispatches while the buffers they name live, which the replay checks. The first repeat makes the
+ * template; passes that never repeat cost a comparison and, until they back off, a copy.
+ */
+export class StreamRepeats {
+  readonly #host: TemplateHost;
+  readonly #entries: RepeatEntry[] = []; // most recent first
+
+  /** Remembers the streams of direct passes on `host`. */
+  constructor(host: TemplateHost) {
+    this.#host = host;
+  }
+
+  /**
+   * The template to replay for the stream at the start of `bytes` (`byteLength` bytes, a whole
+   * pass), or null: decode it. Remembers the stream either way.
+   */
+  templateFor(bytes: Uint8Array, byteLength: number): CommandTemplate | null {
+    const entries = this.#entries;
+    let i = 0;
+    while (i < entries.length && entries[i]!.byteLength !== byteLength) i++;
+    if (i === entries.length) {
+      if (entries.length === REPEAT_ENTRIES) entries.pop()!.template?.dispose();
+      entries.unshift({ byteLength, bytes: null, template: null, misses: 0, skip: 0 });
+      return null; // a length seen once: copied when it comes again
+    }
+    const e = entries[i]!;
+    if (i > 0) {
+      entries.splice(i, 1);
+      entries.unshift(e);
+    }
+    if (e.bytes !== null && compareBytes.call(bytes, e.bytes, 0, byteLength, 0, byteLength) === 0) {
+      e.misses = 0;
+      if (e.template?.ptr) return e.template;
+      try {
+        e.template = new CommandTemplate(this.#host, {
+          bytes: e.bytes,
+          words: new Uint32Array(e.bytes.buffer, e.bytes.byteOffset, byteLength >>> 2),
+          groupSizes: NO_GROUPS,
+          dispatches: 0,
+          lastPipeline: 0,
+        });
+      } catch {
+        return null; // decoding the stream itself reports what is wrong with it, at its offset
+      }
+      return e.template;
+    }
+    e.template?.dispose();
+    e.template = null;
+    if (e.skip > 0) {
+      e.skip--;
+      return null;
+    }
+    if (e.bytes !== null && ++e.misses >= REPEAT_MISSES) {
+      e.misses = 0;
+      e.skip = REPEAT_BACKOFF;
+      e.bytes = null;
+      return null;
+    }
+    e.bytes = bytes.slice(0, byteLength);
+    return null;
+  }
+
+  /** Drops every remembered stream and template. */
+  clear(): void {
+    for (const e of this.#entries) e.template?.dispose();
+    this.#entries.length = 0;
+  }
+}
+
+/**
+ * @ignore Internal: session options (an object made for one DecodeLoop run) whose sessions' direct
+ * encoders use these stream repeats.
+ */
+export const sessionRepeats: WeakMap<object, StreamRepeats> = new WeakMap();

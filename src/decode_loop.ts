@@ -20,6 +20,8 @@
  */
 
 import type { MlxBuffer } from "./buffer.ts";
+import { sessionRepeats, StreamRepeats } from "./command_template.ts";
+import { envConfig } from "./config.ts";
 import { DType } from "./dtype.ts";
 import { MlxError } from "./errors.ts";
 import { STEP_STATE_WORDS, stepAdvance } from "./ops/sample.ts";
@@ -379,6 +381,11 @@ export class DecodeLoop {
     // Every pass's commit options: one object per run (commit reads them and keeps nothing), the
     // label set per step.
     const commitOptions: FinishOptions = { ...this.#finish };
+    // Direct passes of a state-driven loop repeat byte for byte: from the second on they replay a
+    // template of the first instead of being decoded (kept for this run only).
+    const direct = { ...this.#session };
+    const repeats = this.#recorded || !envConfig().planCache ? null : new StreamRepeats(this.executor.device);
+    if (repeats !== null) sessionRepeats.set(direct, repeats);
     const fixedLabel = this.#finish.label;
     const t0 = nowNs();
 
@@ -419,7 +426,7 @@ export class DecodeLoop {
           let pass: PendingPass;
           if (frozen !== undefined) pass = frozen.commit({ label });
           else {
-            const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(this.#session);
+            const s = this.#recorded ? this.executor.beginRecorded(this.#session) : this.executor.begin(direct);
             try {
               this.#encodePass(s, k, start, base);
               if (this.#frozen) {
@@ -465,6 +472,7 @@ export class DecodeLoop {
       throw e;
     } finally {
       frozen?.dispose(); // its decoded records reference the pass's buffers; the passes it committed stay
+      repeats?.clear();
       this.#running = false;
     }
     return { tokens, wallNs: nowNs() - t0, deviceNs, encodeNs, readbacks, timings, reports };

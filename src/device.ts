@@ -75,9 +75,11 @@ export interface LiveObjects {
   /** Bytes held by those buffers. */
   bufferBytes: number;
   /**
-   * Command buffers not yet freed, including the decoded records that frozen passes keep (one per
-   * command buffer they commit) and that a plan cache keeps for plans it replays unchanged (at most
-   * two per plan); those go with the frozen pass, the cached plan, or any buffer they bind.
+   * Command buffers not yet freed, including the decoded records (templates) that frozen passes
+   * keep (one per command buffer they commit), that a plan cache keeps for plans it replays (at most
+   * two per plan) and that a running DecodeLoop keeps of direct passes that repeat byte for byte (at
+   * most four); those go with the frozen pass, the cached plan, the loop's run, or any buffer they
+   * bind.
    */
   commandBuffers: number;
 }

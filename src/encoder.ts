@@ -11,7 +11,7 @@ import { counterState } from "./counters.ts";
 import { MlxError } from "./errors.ts";
 import { BarrierPolicy, type GroupStats } from "./barrier_policy.ts";
 import { type Capture, CaptureRecorder, dispatchNode } from "./capture_recorder.ts";
-import type { CommandTemplate } from "./command_template.ts";
+import type { CommandTemplate, StreamRepeats } from "./command_template.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import { BARRIER, type CapturedNode, type Dims, type PipelineRef } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
@@ -142,6 +142,12 @@ export class CommandBufferSlot {
   nativeStats = false;
   /** Barriers of the command buffer, as the native decoder last counted them (with `nativeStats`). */
   barriers = 0;
+  /**
+   * Set by the encoder's commit just before its final flush: when that flush hands over the whole
+   * stream at once, it may replay a template of the same bytes instead of decoding them.
+   */
+  repeatsAtCommit: StreamRepeats | null = null;
+  #handedOver = 0; // chunks and replays the native library took
   #autoBarriers = 0; // the native counts last added to the global counters
   #autoConcurrent = 0;
   readonly #host: EncoderHost;
@@ -239,6 +245,7 @@ export class CommandBufferSlot {
    */
   replayNow(template: Deno.PointerObject, patch: Uint32Array, patchWords: number): void {
     this.writer!.flush();
+    this.#handedOver++;
     const sym = this.#sym;
     this.#settle(
       patchWords === 0
@@ -248,6 +255,14 @@ export class CommandBufferSlot {
   }
 
   #encodeChunk(bytes: Uint8Array, byteLength: number): void {
+    const repeats = this.repeatsAtCommit;
+    this.repeatsAtCommit = null;
+    if (repeats !== null && this.#handedOver++ === 0) {
+      // The whole pass in one chunk, at commit: a stream the device saw before replays its template.
+      const template = repeats.templateFor(bytes, byteLength)?.ptr;
+      if (template) return this.#settle(this.#sym.mlxn_cmdbuf_replay(this.ptr!, template));
+    }
+    this.#handedOver++;
     this.#settle(this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength));
   }
 
@@ -334,6 +349,7 @@ export class CommandEncoder {
   // validation: what was encoded, to check at commit
   #log: CapturedNode[] | null;
   #hazards: readonly Hazard[] = NO_HAZARDS;
+  #repeats: StreamRepeats | null = null; // see useStreamRepeats
 
   /**
    * @ignore Internal: Use `device.commandEncoder()`. Validation defaults to the host's setting
@@ -850,6 +866,14 @@ export class CommandEncoder {
     counterState.barriers += groupSizes.length > 0 ? groupSizes.length - 1 : 0;
   }
 
+  /**
+   * @ignore Internal: at commit, a whole stream that repeats one `repeats` remembers replays its
+   * template instead of being decoded (direct encoders without profiling; others ignore it).
+   */
+  useStreamRepeats(repeats: StreamRepeats | null): void {
+    this.#repeats = repeats;
+  }
+
   /** Sets the op kind of the next captured dispatch. */
   setOpKind(kind: CapturedOpKind): void {
     this.#capture?.setOpKind(kind);
@@ -910,7 +934,9 @@ export class CommandEncoder {
     this.#policy.release(); // nothing more is tracked: the tracker goes to the next encoder
     this.#label = label;
     const cb = this.#cb;
+    if (this.#direct && this.#kernels === null) cb.repeatsAtCommit = this.#repeats;
     cb.writer!.flush();
+    cb.repeatsAtCommit = null;
     if (cb.nativeStats) this.#loadNativeGroups(); // the final counts, before the command buffer runs
     cb.closeStream();
     const rc = this.#sym.mlxn_cmdbuf_commit(cb.ptr!);

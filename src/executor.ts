@@ -6,7 +6,7 @@
  * @module
  */
 
-import { CommandTemplate } from "./command_template.ts";
+import { CommandTemplate, sessionRepeats } from "./command_template.ts";
 import { envConfig } from "./config.ts";
 import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
@@ -255,6 +255,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       validate: this.#validate,
     });
     if (recorded) this.#encoder.startCompactCapture();
+    else this.#encoder.useStreamRepeats(sessionRepeats.get(options) ?? null);
   }
 
   /** Whether this session records a graph. */

@@ -6,7 +6,9 @@
  * that a template never keeps a freed buffer's memory.
  */
 import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
-import { CommandEncoder, DType, GraphExecutor, MlxDevice } from "../mod.ts";
+import { CommandEncoder, DecodeLoop, DType, GraphExecutor, MlxDevice } from "../mod.ts";
+import { createLlama } from "../examples/llama.ts";
+import { StreamRepeats } from "../src/command_template.ts";
 import { Op, PATCH_WORDS, Stat, Status } from "../src/native/abi.ts";
 import { testContext } from "./helpers.ts";
 import { lastErrorText } from "../src/native/status.ts";
@@ -240,4 +242,52 @@ Deno.test("a patched replay changes the constants it names and validates the pat
   match(lastErrorText(sym), new RegExp(`${PATCH_WORDS} words per entry`));
   cb.free();
   template.free();
+});
+
+Deno.test("a state-driven direct DecodeLoop replays its repeated passes from a template, the same tokens, nothing kept after", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const model = createLlama(device, {
+    layers: 2,
+    hidden: 128,
+    heads: 2,
+    kvHeads: 1,
+    ffn: 256,
+    vocab: 100,
+    ctx: 16,
+    quant: "q4_0",
+    seed: 3,
+  });
+  const exec = new GraphExecutor(device);
+  let before: ReturnType<typeof MlxDevice.liveObjects> | undefined; // after the first run (the model allocates lazily)
+  const templateFor = StreamRepeats.prototype.templateFor;
+  const run = (autoBarriers: boolean, repeats: boolean) => {
+    let replayed = 0;
+    StreamRepeats.prototype.templateFor = function (...a) {
+      const t = repeats ? templateFor.apply(this, a) : null;
+      if (t !== null) replayed++;
+      return t;
+    };
+    try {
+      model.resetCache();
+      using loop = new DecodeLoop(exec, {
+        depth: 2,
+        readBatch: 4,
+        stepState: true,
+        session: { autoBarriers },
+        encodeStep: (s, t) => model.tokenStep(s, t, autoBarriers ? () => {} : () => s.barrier()),
+      });
+      return { tokens: [...loop.run({ first: 5, steps: 10 }).tokens], replayed };
+    } finally {
+      StreamRepeats.prototype.templateFor = templateFor;
+    }
+  };
+  for (const auto of [false, true]) {
+    const plain = run(auto, false);
+    before ??= MlxDevice.liveObjects(device);
+    const fast = run(auto, true);
+    deepStrictEqual(fast.tokens, plain.tokens, `auto ${auto}: the same tokens`);
+    equal(fast.replayed, 8, `auto ${auto}: passes 3..10 replay the template the second pass made`);
+    deepStrictEqual(MlxDevice.liveObjects(device), before, "the run's templates went with it");
+  }
 });

@@ -573,8 +573,8 @@ int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uin
     return mlxn_set_error(from->dev ? MLXN_E_INVALID_ARGUMENT : MLXN_E_STATE,
                           from->dev ? "the template belongs to another device; encode it on this one"
                                     : "the template's device was closed; encode it again on an open device");
-  /* `from` only when it is stable: encoding (never committed, so no backend writes its records),
-   * at a record boundary, with no tracker state that cb would have to inherit. */
+  /* `from` only when it is stable: encoding (never committed, so no backend writes its records) and
+   * at a record boundary. */
   if (from->status != MLXN_CB_ENCODING)
     return mlxn_set_error(MLXN_E_STATE, "%s%s",
                           from->status == MLXN_CB_ERROR ? "the template failed to encode: "
@@ -583,9 +583,6 @@ int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uin
   if (from->bound_mask != 0 || from->tg_memory != 0)
     return mlxn_set_error(MLXN_E_STATE, "the template ends inside a dispatch (bindings with no dispatch record); "
                                         "end its stream after a dispatch");
-  if (from->auto_barriers)
-    return mlxn_set_error(MLXN_E_STATE, "the template has automatic barriers on at its end; end its stream with "
-                                        "AUTO_BARRIERS off (its barriers are part of it)");
   if (cb->n_dispatches != 0 || cb->n_refs != 0 || cb->bound_mask != 0 || cb->tg_memory != 0 || cb->auto_barriers)
     return mlxn_set_error(MLXN_E_STATE, "replay needs an empty command buffer: replay into a new one, before "
                                         "encoding anything else");

@@ -190,7 +190,7 @@ void mlxn_live_add(int what, int64_t delta);
 /* stream.c */
 int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
 /* mlxn_cmdbuf_replay's copy, with dev->mu held and both command buffers' states checked (cb empty,
- * `from` decoded whole records with automatic barriers off). On failure nothing in cb is referenced
+ * `from` decoded whole records). On failure nothing in cb is referenced
  * or counted (the caller marks it failed). */
 int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from);
 /* Applies n entries of a patch list (mlxn_cmdbuf_replay_patched) to cb's inline constants and

@@ -673,9 +673,11 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
   cb->n_wide = from->n_wide;
   cb->pipe = from->pipe;
   cb->pipeline_handle = from->pipeline_handle;
-  /* What `from`'s tracker held is not copied: a dispatch after the replay starts a new group. */
+  /* What `from`'s tracker held is not copied: a dispatch after the replay starts a new group, tracked
+   * if `from` ended tracking. */
   cb->barrier_pending = n > 0;
-  trk_reset(&cb->tracker);
+  cb->auto_barriers = from->auto_barriers;
+  trk_reset(&cb->tracker); /* (sized by the next decode, as after an AUTO_BARRIERS record) */
   return MLXN_OK;
 }
 
