@@ -25,7 +25,6 @@ import {
   dispatchReused,
   dispatchReusedSlots,
   type DispatchTarget,
-  elementBytes,
   elementsOf,
   floatKernel,
   type FloatKernels,
@@ -158,22 +157,28 @@ function unary(
   output: MlxBuffer,
   n: number | undefined,
 ): void {
-  const dt = input.dtype, ref = floatKernel(kernels, dt);
-  if (n === undefined) n = elementsOf(output);
-  const need = n * elementBytes(dt);
-  if ((n >>> 0) !== n || n === 0 || output.dtype !== dt || input.byteLength < need || output.byteLength < need) {
-    const op = kernels.op;
-    checkU32(op, "n", n);
-    checkBuffer(op, "input", input, dt, n);
-    checkBuffer(op, "output", output, dt, n);
-  }
+  // Kept small like binary (the messages are out of line).
+  const dt = input.dtype, ref = floatKernel(kernels, dt), es = dt === DType.F32 ? 4 : 2; // the float types' sizes
+  const count = n ?? Math.floor(output.byteLength / es), need = count * es;
+  if (
+    (count >>> 0) !== count || count === 0 || output.dtype !== dt || input.byteLength < need ||
+    output.byteLength < need
+  ) unaryRefused(kernels, input, output, n);
   const d = unaryDescriptor;
   d.pipeline = registry.resolve(ref);
   d.bindings[0] = input;
   d.bindings[1] = output;
-  d.grid = n;
-  d.threadgroup = n < 256 ? n : 256;
+  d.grid = count;
+  d.threadgroup = count < 256 ? count : 256;
   dispatchReused(target, d, 2);
+}
+
+/** Throws what is wrong with a unary op's arguments (its combined test failed). */
+function unaryRefused(kernels: FloatKernels, input: MlxBuffer, output: MlxBuffer, n: number | undefined): void {
+  const op = kernels.op, dt = input.dtype, count = n ?? elementsOf(output);
+  checkU32(op, "n", count);
+  checkBuffer(op, "input", input, dt, count);
+  checkBuffer(op, "output", output, dt, count);
 }
 
 /** out = gelu(in) with the tanh approximation (tanh argument clamped to ±15). */
