@@ -76,3 +76,43 @@ Deno.test("reads after writes of the same allocation in the group: a read of wri
     s.dispose();
   }
 });
+
+Deno.test("an in-place dispatch (its output among its inputs): what it wrote and what it read both count", () => {
+  using device = openDevice();
+  const exec = new GraphExecutor(device);
+  using x = device.upload(new Float32Array(64).fill(1));
+  using w = device.alloc(256 * 4, DType.F32), o = device.alloc(N * 4, DType.F32);
+  const view = (from: number, elems: number) => w.slice(from * 4, elems * 4);
+  const pass = (second: (s: ReturnType<GraphExecutor["begin"]>) => void) => {
+    const s = exec.begin({ autoBarriers: true });
+    try {
+      s.elementwiseAdd(view(0, 32), x, view(0, 16), N); // reads [0, 32), writes [0, 16)
+      second(s);
+      s.encoder.flush();
+      return s.encoder.barrierCount;
+    } finally {
+      s.dispose();
+    }
+  };
+  equal(pass((s) => s.elementwiseAdd(view(8, 16), x, o, N)), 1); // reads written bytes
+  equal(pass((s) => s.elementwiseAdd(view(16, 16), x, o, N)), 0); // reads bytes only read
+  equal(pass((s) => s.elementwiseAdd(x, x, view(16, 16), N)), 1); // writes bytes read
+  equal(pass((s) => s.elementwiseAdd(x, x, view(32, 16), N)), 0); // writes untouched bytes
+  equal(pass((s) => s.elementwiseAdd(view(0, 16), x, view(0, 16), N)), 1); // the same in-place again
+  // An output beside its input (the decoder refuses a partial overlap): the group's bytes grow to
+  // cover both, on either side.
+  const beside = (read: MlxBuffer, written: MlxBuffer, next: (s: ReturnType<GraphExecutor["begin"]>) => void) => {
+    const s = exec.begin({ autoBarriers: true });
+    try {
+      s.elementwiseAdd(read, x, written, 8);
+      next(s);
+      s.encoder.flush();
+      return s.encoder.barrierCount;
+    } finally {
+      s.dispose();
+    }
+  };
+  equal(beside(view(0, 8), view(8, 8), (s) => s.elementwiseAdd(x, x, view(12, 4), 4)), 1); // writes written bytes
+  equal(beside(view(8, 8), view(0, 8), (s) => s.elementwiseAdd(x, x, view(0, 4), 4)), 1); // the same, before
+  equal(beside(view(8, 8), view(0, 8), (s) => s.elementwiseAdd(x, x, view(16, 4), 4)), 0); // just past both
+});
