@@ -4,6 +4,9 @@
  * - `slices`, `hazard`, `shuffled`: a prebuilt stream of 800 elementwise_add_f32 dispatches (two
  *   whole-buffer inputs; the output a slice in order ("slices"), in shuffled order ("shuffled"), or
  *   one whole buffer ("hazard")) handed to `mlxn_cmdbuf_encode` of a fresh command buffer.
+ * - `inplace`: the same with `out` also as the first input (out = out + y, the host path harness's
+ *   hazard pass): each dispatch's first access already conflicts, and its read and write of `out`
+ *   meet in one tracker entry.
  * - `step`: the stream of one decode step of examples/llama.ts (32 layers, small dims, bf16; 419
  *   dispatches of matmuls, norms, rope, attention, elementwise), captured from the encoder once with
  *   hand barriers ("off") and once with automatic barriers ("auto"), replayed the same way.
@@ -12,7 +15,7 @@
  * each case's stream with the buffers and pipelines it names (<dir>/<mode>-<off|auto>.bin), for
  * bench/decode_replay.c to replay without Deno (under perf or valgrind, or against another build).
  *
- *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,shuffled,step]   (AUTO=0: tracking off only)
+ *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,inplace,shuffled,step]   (AUTO=0: tracking off only)
  */
 const root = (Deno.env.get("ROOT") ?? new URL("..", import.meta.url).pathname).replace(/\/$/, "");
 const { DType, GraphExecutor, MlxDevice } = await import(`file://${root}/mod.ts`);
@@ -50,8 +53,9 @@ function stream(auto: boolean, mode: string): Uint8Array[] {
   if (auto) w.push(recordHeader(Op.AUTO_BARRIERS, 1, 1));
   w.push(recordHeader(Op.SET_PIPELINE, 2), add);
   for (let i = 0; i < N; i++) {
-    w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 0), x.handle, recordHeader(Op.SET_BUFFER_WHOLE, 2, 1), y.handle);
-    if (mode === "hazard") w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 2), out.handle);
+    w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 0), mode === "inplace" ? out.handle : x.handle);
+    w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 1), y.handle);
+    if (mode === "hazard" || mode === "inplace") w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 2), out.handle);
     else w.push(recordHeader(Op.SET_BUFFER, 4, 2), wide.handle, (mode === "shuffled" ? perm[i]! : i) * E * 4, E * 4);
     w.push(recordHeader(Op.SET_BYTES, 3, 3), 4, E);
     w.push(recordHeader(Op.DISPATCH_THREADS, 8), E, 1, 1, E, 1, 1, i);
@@ -98,7 +102,7 @@ let stepModel: any, stepExec: any;
 const dev = (device as any).devicePtr();
 const reps = Number(Deno.env.get("REPS") ?? 3000);
 const cases: { name: string; chunks: Uint8Array[]; n: number; best: number }[] = [];
-for (const mode of (Deno.args[0] ?? "slices,hazard,shuffled,step").split(",")) {
+for (const mode of (Deno.args[0] ?? "slices,hazard,inplace,shuffled,step").split(",")) {
   for (const auto of (Deno.env.get("AUTO") === "0" ? [false] : [false, true])) {
     const name = `${mode} ${auto ? "auto" : "off "}`;
     if (mode === "step") {

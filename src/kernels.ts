@@ -182,7 +182,13 @@ export class KernelRegistry {
 
   /** The pipeline of a kernel reference: {@link KernelRegistry.get} once, an array index afterwards. */
   resolve(ref: KernelRef): Pipeline {
-    return this.#byRef[ref.id] ?? (this.#byRef[ref.id] = this.get(ref.name));
+    // Small enough for V8 to inline into every op; the first lookup is out of line.
+    const p = this.#byRef[ref.id];
+    return p !== undefined ? p : this.#resolveFirst(ref);
+  }
+
+  #resolveFirst(ref: KernelRef): Pipeline {
+    return this.#byRef[ref.id] = this.get(ref.name);
   }
 
   /** The pipeline of kernel `name`; throws KernelNotFound when no backend kernel has that name. */

@@ -197,36 +197,48 @@ static inline __attribute__((always_inline)) int room_for_pending(mlxn_cmdbuf *c
 
 /* The automatic barrier before dispatch d (bindings in d->args, masks m): checks the accesses against
  * the group before adding any (a dispatch never conflicts with itself), starts a new group on
- * conflict, then adds them. Each pass reads the slot's binding again: cheaper than keeping the
- * accesses in a local array between the passes. Returns 1 when a new group starts, 0 when not, -1
- * when out of memory. */
+ * conflict, then adds them. The check pass also notes which accesses would change the group: a read
+ * inside the bytes an allocation already had touched (and none written) changes nothing, so the add
+ * pass skips it (inputs bound by every dispatch of a group cost one pass, not two). Each pass reads
+ * the slot's binding again: cheaper than keeping the accesses in a local array between the passes.
+ * Returns 1 when a new group starts, 0 when not, -1 when out of memory. */
 static inline __attribute__((always_inline)) int track_dispatch(mlxn_cmdbuf *cb, const mlxn_dispatch *d,
                                                                  const mlxn_slot_masks *m, uint32_t bound) {
   uint32_t writes = bound & m->writes, touched = bound & (m->reads | m->writes); /* buffer slots only */
   mlxn_tracker *t = &cb->tracker;
   trk_entry *base = t->e; /* t->cap covers the buffer table (mlxn_cmdbuf_decode) */
   uint32_t epoch = t->epoch;
+  uint32_t adds = 0; /* the accesses that change the group */
   int conflict = 0;
   for (uint32_t left = touched; left; left &= left - 1) {
     uint32_t s = (uint32_t)__builtin_ctz(left);
     uint64_t len = d->args.len[s]; /* an empty range touches nothing */
+    if (!len) continue;
     const trk_entry *x = &base[cb->slot_index[s]];
-    if (len && x->epoch == epoch &&
-        trk_entry_conflicts(t, x, cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u)) {
+    if (x->epoch != epoch) { /* not in the group yet */
+      adds |= 1u << s;
+      continue;
+    }
+    uint64_t lo = cb->slot_off[s], hi = lo + len;
+    if (trk_entry_conflicts(t, x, lo, hi, (writes >> s) & 1u)) {
       conflict = 1;
       break;
     }
+    /* A read that changes nothing: no spilled set, not only writes so far, inside the touched bytes. */
+    if (((writes >> s) & 1u) || x->spill != 0 || lo < x->ts || hi > x->te) adds |= 1u << s;
   }
   int new_group = 0;
   if (conflict && cb->n_dispatches > 0) {
     trk_reset(t);
     new_group = 1;
+    adds = touched;
     sat_inc(&cb->st_auto_barriers);
     sat_inc(&cb->st_barriers);
   } else {
+    if (conflict) adds = touched; /* the first dispatch: no group to leave, add everything */
     sat_inc(&cb->st_auto_concurrent);
   }
-  for (uint32_t left = touched; left; left &= left - 1) {
+  for (uint32_t left = adds; left; left &= left - 1) {
     uint32_t s = (uint32_t)__builtin_ctz(left);
     uint64_t len = d->args.len[s];
     if (len && trk_entry_add(t, &base[cb->slot_index[s]], cb->slot_off[s], cb->slot_off[s] + len, (writes >> s) & 1u))

@@ -268,19 +268,29 @@ static inline __attribute__((always_inline)) int trk_entry_add(mlxn_tracker *t, 
     x->we = write ? e : 0;
     return 0;
   }
-  /* One interval that [s, e) overlaps or touches: only writes so far and a write, or a read and no
-   * spilled set (the written bytes stay as they are). */
-  if (s <= x->te && x->ts <= e && x->spill == (write ? TRK_WRITTEN_IS_TOUCHED : 0u)) {
-    /* Stores only where the interval grows: a range read again and again changes nothing. */
-    if (s < x->ts) {
-      x->ts = s;
-      if (write) x->ws = s;
+  /* One interval that [s, e) overlaps or touches: only writes so far and a write, a read and no
+   * spilled set (the written bytes stay as they are), or the first write after reads. */
+  if (s <= x->te && x->ts <= e) {
+    uint32_t spill = x->spill;
+    if (spill == (write ? TRK_WRITTEN_IS_TOUCHED : 0u)) {
+      /* Stores only where the interval grows: a range read again and again changes nothing. */
+      if (s < x->ts) {
+        x->ts = s;
+        if (write) x->ws = s;
+      }
+      if (e > x->te) {
+        x->te = e;
+        if (write) x->we = e;
+      }
+      return 0;
     }
-    if (e > x->te) {
-      x->te = e;
-      if (write) x->we = e;
+    if (write && spill == 0 && x->ws == x->we) { /* the first write after only reads: an in-place kernel */
+      if (s < x->ts) x->ts = s;
+      if (e > x->te) x->te = e;
+      x->ws = s;
+      x->we = e;
+      return 0;
     }
-    return 0;
   }
   return trk_entry_add_general(t, x, s, e, write);
 }

@@ -72,18 +72,18 @@ export function floatKernels(op: string, prefix: string): FloatKernels {
 
 /** The variant of `kernels` for `dtype`; throws InvalidArgument for a dtype the family lacks. */
 export function floatKernel(kernels: FloatKernels, dtype: DType): KernelRef {
-  switch (dtype) {
-    case "f32":
-      return kernels.f32;
-    case "f16":
-      return kernels.f16;
-    case "bf16":
-      return kernels.bf16;
-  }
-  throw new MlxError(
-    "InvalidArgument",
-    `${kernels.op}: dtype ${dtype} is not supported (use f32, f16, bf16)`,
-  );
+  // Conditionals rather than a switch, and the refusal out of line: ops inline this on their hot path.
+  return dtype === "f32"
+    ? kernels.f32
+    : dtype === "bf16"
+    ? kernels.bf16
+    : dtype === "f16"
+    ? kernels.f16
+    : noFloatKernel(kernels, dtype);
+}
+
+function noFloatKernel(kernels: FloatKernels, dtype: DType): never {
+  throw new MlxError("InvalidArgument", `${kernels.op}: dtype ${dtype} is not supported (use f32, f16, bf16)`);
 }
 
 /** Elements `buf` holds (MlxBuffer#length without the keyed dtype lookup). */

@@ -25,7 +25,6 @@ import {
   dispatchReused,
   dispatchReusedSlots,
   type DispatchTarget,
-  elementBytes,
   elementsOf,
   floatKernel,
   type FloatKernels,
@@ -76,28 +75,38 @@ function binary(
   out: MlxBuffer,
   n: number | undefined,
 ): void {
-  const dt = a.dtype, ref = floatKernel(kernels, dt);
-  if (n === undefined) n = elementsOf(out);
-  const need = n * elementBytes(dt);
+  // Kept small (the messages are out of line) so that V8 inlines the whole op into the caller of a
+  // session method.
+  const dt = a.dtype, ref = floatKernel(kernels, dt), es = dt === DType.F32 ? 4 : 2; // the float types' sizes
+  const count = n ?? Math.floor(out.byteLength / es), need = count * es;
   if (
-    (n >>> 0) !== n || n === 0 || b.dtype !== dt || out.dtype !== dt || a.byteLength < need ||
+    (count >>> 0) !== count || count === 0 || b.dtype !== dt || out.dtype !== dt || a.byteLength < need ||
     b.byteLength < need || out.byteLength < need
-  ) { // one combined test on the hot path; the checks below throw with the precise message
-    const name = kernels.op;
-    checkU32(name, "n", n);
-    checkBuffer(name, "a", a, dt, n);
-    checkBuffer(name, "b", b, dt, n);
-    checkBuffer(name, "out", out, dt, n);
-  }
+  ) binaryRefused(kernels, a, b, out, n);
   const d = binaryDescriptor, bindings = d.bindings;
   d.pipeline = registry.resolve(ref);
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
-  packNParams(binaryWords, n);
-  d.grid = n;
-  d.threadgroup = n < 256 ? n : 256;
+  packNParams(binaryWords, count);
+  d.grid = count;
+  d.threadgroup = count < 256 ? count : 256;
   dispatchReused(target, d, 3);
+}
+
+/** Throws what is wrong with a binary op's arguments (its combined test failed). */
+function binaryRefused(
+  kernels: FloatKernels,
+  a: MlxBuffer,
+  b: MlxBuffer,
+  out: MlxBuffer,
+  n: number | undefined,
+): void {
+  const name = kernels.op, dt = a.dtype, count = n ?? elementsOf(out);
+  checkU32(name, "n", count);
+  checkBuffer(name, "a", a, dt, count);
+  checkBuffer(name, "b", b, dt, count);
+  checkBuffer(name, "out", out, dt, count);
 }
 
 /** out[i] = a[i] + b[i] for i < n (default: out's length). */
@@ -148,22 +157,28 @@ function unary(
   output: MlxBuffer,
   n: number | undefined,
 ): void {
-  const dt = input.dtype, ref = floatKernel(kernels, dt);
-  if (n === undefined) n = elementsOf(output);
-  const need = n * elementBytes(dt);
-  if ((n >>> 0) !== n || n === 0 || output.dtype !== dt || input.byteLength < need || output.byteLength < need) {
-    const op = kernels.op;
-    checkU32(op, "n", n);
-    checkBuffer(op, "input", input, dt, n);
-    checkBuffer(op, "output", output, dt, n);
-  }
+  // Kept small like binary (the messages are out of line).
+  const dt = input.dtype, ref = floatKernel(kernels, dt), es = dt === DType.F32 ? 4 : 2; // the float types' sizes
+  const count = n ?? Math.floor(output.byteLength / es), need = count * es;
+  if (
+    (count >>> 0) !== count || count === 0 || output.dtype !== dt || input.byteLength < need ||
+    output.byteLength < need
+  ) unaryRefused(kernels, input, output, n);
   const d = unaryDescriptor;
   d.pipeline = registry.resolve(ref);
   d.bindings[0] = input;
   d.bindings[1] = output;
-  d.grid = n;
-  d.threadgroup = n < 256 ? n : 256;
+  d.grid = count;
+  d.threadgroup = count < 256 ? count : 256;
   dispatchReused(target, d, 2);
+}
+
+/** Throws what is wrong with a unary op's arguments (its combined test failed). */
+function unaryRefused(kernels: FloatKernels, input: MlxBuffer, output: MlxBuffer, n: number | undefined): void {
+  const op = kernels.op, dt = input.dtype, count = n ?? elementsOf(output);
+  checkU32(op, "n", count);
+  checkBuffer(op, "input", input, dt, count);
+  checkBuffer(op, "output", output, dt, count);
 }
 
 /** out = gelu(in) with the tanh approximation (tanh argument clamped to ±15). */
