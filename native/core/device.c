@@ -559,9 +559,9 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
   return fail_encoding(cb, rc);
 }
 
-int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
-  int32_t rc = check_encoding(cb);
-  if (rc != MLXN_OK) return rc;
+/* MLXN_OK when `from` can be replayed into cb (both checked as mlxn_cmdbuf_replay documents); else the
+ * error that says why not. */
+static int32_t check_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
   if (!from) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null template command buffer");
   if (from == cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a command buffer cannot replay itself");
   if (from->dev != cb->dev)
@@ -584,9 +584,19 @@ int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
   if (cb->n_dispatches != 0 || cb->n_refs != 0 || cb->bound_mask != 0 || cb->tg_memory != 0 || cb->auto_barriers)
     return mlxn_set_error(MLXN_E_STATE, "replay needs an empty command buffer: replay into a new one, before "
                                         "encoding anything else");
-  pthread_mutex_lock(&cb->dev->mu);
-  rc = mlxn_cmdbuf_copy_decoded(cb, from);
-  pthread_mutex_unlock(&cb->dev->mu);
+  return MLXN_OK;
+}
+
+int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
+  int32_t rc = check_encoding(cb);
+  if (rc != MLXN_OK) return rc;
+  /* A refused replay is a dropped chunk, as in mlxn_cmdbuf_encode: cb must never run without it. */
+  rc = check_replay(cb, from);
+  if (rc == MLXN_OK) {
+    pthread_mutex_lock(&cb->dev->mu);
+    rc = mlxn_cmdbuf_copy_decoded(cb, from);
+    pthread_mutex_unlock(&cb->dev->mu);
+  }
   return fail_encoding(cb, rc);
 }
 
