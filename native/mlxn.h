@@ -230,7 +230,8 @@ MLXN_API int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint
  * Every buffer `from` binds must still be live (a template references them, like any uncommitted
  * command buffer: freeing one defers its memory until the template is freed). A dispatch encoded
  * into cb after the replay starts a new concurrent group; automatic barriers are on for it if they
- * were on at the end of `from`. */
+ * were on at the end of `from`. A refused replay leaves cb failed, like a refused
+ * mlxn_cmdbuf_encode chunk: it can no longer be committed or encoded into. */
 MLXN_API int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from);
 
 /* Words per entry of a patch list: {dispatch index, slot, byte offset, value}. */

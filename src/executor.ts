@@ -440,8 +440,10 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
     const fp = new Fingerprint();
     fp.compute(capture, 0);
     const key = { words: capture.words.slice(0, capture.length), extra: fp.view().slice() };
-    // Without validation, the records are decoded once here and copied at each commit.
-    const templates = records.length > 0 && !this.#validate ? templatesOf(exec.device, records) : null;
+    // Without validation or dispatch profiling, the records are decoded once here and copied at each commit.
+    const templates = records.length > 0 && !this.#validate && !exec.device.profileDispatches
+      ? templatesOf(exec.device, records)
+      : null;
     const frozen = new FrozenPass(exec.device, {
       templates,
       validate: this.#validate,
@@ -606,7 +608,11 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       for (let c = 1; c < plan.records!.length; c++) {
         encoders.push(this.#exec.device.commandEncoder({ validate: this.#validate }));
       }
-      const templates = this.#validate ? null : plan.records!.map((r) => hitTemplate(this.#exec.device, r));
+      // Validating and profiling encoders take no template (they need every dispatch): make none.
+      const device = this.#exec.device;
+      const templates = this.#validate || device.profileDispatches
+        ? null
+        : plan.records!.map((r) => hitTemplate(device, r));
       commitPlan(plan, encoders, () => capture.nodes(), this.#validate, label, templates);
     } catch (e) {
       for (let c = 1; c < encoders.length; c++) encoders[c]!.dispose();

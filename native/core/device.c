@@ -559,14 +559,9 @@ int32_t mlxn_cmdbuf_encode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
   return fail_encoding(cb, rc);
 }
 
-int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) { return mlxn_cmdbuf_replay_patched(cb, from, NULL, 0); }
-
-int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch, uint32_t n_words) {
-  int32_t rc = check_encoding(cb);
-  if (rc != MLXN_OK) return rc;
-  if (n_words % MLXN_PATCH_WORDS != 0 || (n_words > 0 && !patch))
-    return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a patch list is %d words per entry, got %u words%s",
-                          MLXN_PATCH_WORDS, n_words, n_words > 0 && !patch ? " at a null pointer" : "");
+/* MLXN_OK when `from` can be replayed into cb (both checked as mlxn_cmdbuf_replay documents); else the
+ * error that says why not. */
+static int32_t check_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
   if (!from) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "null template command buffer");
   if (from == cb) return mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a command buffer cannot replay itself");
   if (from->dev != cb->dev)
@@ -586,10 +581,26 @@ int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uin
   if (cb->n_dispatches != 0 || cb->n_refs != 0 || cb->bound_mask != 0 || cb->tg_memory != 0 || cb->auto_barriers)
     return mlxn_set_error(MLXN_E_STATE, "replay needs an empty command buffer: replay into a new one, before "
                                         "encoding anything else");
-  pthread_mutex_lock(&cb->dev->mu);
-  rc = mlxn_cmdbuf_copy_decoded(cb, from);
-  if (rc == MLXN_OK && n_words > 0) rc = mlxn_cmdbuf_patch_constants(cb, patch, n_words / MLXN_PATCH_WORDS);
-  pthread_mutex_unlock(&cb->dev->mu);
+  return MLXN_OK;
+}
+
+int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) { return mlxn_cmdbuf_replay_patched(cb, from, NULL, 0); }
+
+int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch, uint32_t n_words) {
+  int32_t rc = check_encoding(cb);
+  if (rc != MLXN_OK) return rc;
+  /* A refused replay is a dropped chunk, as in mlxn_cmdbuf_encode: cb must never run without it. */
+  if (n_words % MLXN_PATCH_WORDS != 0 || (n_words > 0 && !patch))
+    rc = mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "a patch list is %d words per entry, got %u words%s",
+                        MLXN_PATCH_WORDS, n_words, n_words > 0 && !patch ? " at a null pointer" : "");
+  else
+    rc = check_replay(cb, from);
+  if (rc == MLXN_OK) {
+    pthread_mutex_lock(&cb->dev->mu);
+    rc = mlxn_cmdbuf_copy_decoded(cb, from);
+    if (rc == MLXN_OK && n_words > 0) rc = mlxn_cmdbuf_patch_constants(cb, patch, n_words / MLXN_PATCH_WORDS);
+    pthread_mutex_unlock(&cb->dev->mu);
+  }
   return fail_encoding(cb, rc);
 }
 

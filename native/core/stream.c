@@ -650,19 +650,30 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
     }
   }
   memcpy(cb->dispatches, from->dispatches, (size_t)n * sizeof(mlxn_dispatch));
-  for (uint32_t k = 0; k < n; k++) {
+  /* Constants went into `from`'s arena in stream order, each new block in front of the list: walking
+   * the dispatches from the last one walks the blocks from the first. The block of the previous
+   * constant (and then the ones after it) is tried before the whole list, so that finding a
+   * constant's block costs O(1) per dispatch, not O(blocks), however large the pass's constants. */
+  const arena_block *blk = from->arena;
+  uintptr_t blk_at = 0; /* blk's offset in dst */
+  for (uint32_t k = n; k-- > 0;) {
     mlxn_dispatch *d = &cb->dispatches[k];
     const char *sig = d->contract->signature;
     for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && sig[s]; s++) {
       if (sig[s] != 'c') continue;
-      uintptr_t p = (uintptr_t)d->args.ptr[s], at = 0;
-      for (const arena_block *b = from->arena; b; at += b->used, b = b->next) {
-        uintptr_t lo = (uintptr_t)b->data;
-        if (p - lo < b->used) { /* unsigned: an address below lo wraps past any size */
-          d->args.ptr[s] = dst + at + (p - lo);
-          break;
-        }
+      uintptr_t p = (uintptr_t)d->args.ptr[s];
+      /* unsigned: an address below a block's data wraps past any size */
+      if (!blk || p - (uintptr_t)blk->data >= blk->used) {
+        const arena_block *b = blk ? blk->next : NULL;
+        uintptr_t at = blk ? blk_at + blk->used : 0;
+        while (b && p - (uintptr_t)b->data >= b->used) at += b->used, b = b->next;
+        if (!b) /* a newer block: from the list's start */
+          for (at = 0, b = from->arena; b && p - (uintptr_t)b->data >= b->used; b = b->next) at += b->used;
+        if (!b) continue; /* a decoded inline-bytes slot always points into the arena */
+        blk = b;
+        blk_at = at;
       }
+      d->args.ptr[s] = dst + blk_at + (p - (uintptr_t)blk->data);
     }
   }
   for (uint32_t i = 0; i < from->n_refs; i++) {
