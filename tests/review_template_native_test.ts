@@ -218,7 +218,7 @@ Deno.test("replay: every refusal says why and leaves the target failed for good;
   assertTemplateWorks(device, b, t, "after every refusal");
   for (const cb of [t, committed, failed, pending, tgPending]) sym.mlxn_cmdbuf_free(cb);
   other.sym.mlxn_cmdbuf_free(otherDevice);
-  sym.mlxn_cmdbuf_free(closedDevice);
+  closing.sym.mlxn_cmdbuf_free(closedDevice); // each library frees (and counts) its own
 });
 
 /** rope_neox_f32 over one row of 8 dims: theta (slot 2) and the layout (slot 4) both matter. */
@@ -426,8 +426,10 @@ Deno.test("replay: a template whose device was closed is detached, refused, and 
   equal(after.buffers, before.buffers);
   equal(after.commandBuffers, before.commandBuffers, "a detached template no longer counts");
   equal(sym.mlxn_cmdbuf_status(t), CbStatus.ERROR);
-  using live = testContext();
-  const cb = newCb(live.device);
+  // A second device of the same library (under MLXN_BACKEND=cuda, testContext's is another library,
+  // whose command buffers its own functions must create, count and free).
+  using live = MlxDevice.open({ backend: "cpu" });
+  const cb = newCb(live);
   equal(sym.mlxn_cmdbuf_replay(cb, t), Status.E_STATE);
   match(lastErrorText(sym), /template's device was closed/);
   sym.mlxn_cmdbuf_free(cb);
