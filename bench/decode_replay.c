@@ -7,6 +7,9 @@
  *   cc -O2 -o build/decode_replay bench/decode_replay.c -ldl
  *   build/decode_replay [-r rounds] [-n reps per round] LIB[,LIB…] DUMP.bin…
  *
+ * With REPLAY=1 in the environment it times mlxn_cmdbuf_replay instead: each stream is decoded once
+ * into a template (a command buffer never committed) and copied into the fresh command buffers.
+ *
  * Under `valgrind --tool=callgrind --toggle-collect=mlxn_cmdbuf_encode` (-r 1 -n 10) it counts the
  * decoder's instructions, which do not depend on the machine's load. */
 #define _POSIX_C_SOURCE 200809L
@@ -26,6 +29,7 @@ typedef struct lib {
   int32_t (*cmdbuf_encode)(void *, const uint8_t *, uint32_t);
   uint32_t (*cmdbuf_dispatch_count)(void *);
   void (*cmdbuf_free)(void *);
+  int32_t (*cmdbuf_replay)(void *, void *);
   uint32_t (*last_error)(uint8_t *, uint32_t);
   void *dev;
 } lib;
@@ -131,6 +135,7 @@ int main(int argc, char **argv) {
     l->cmdbuf_encode = sym(h, "mlxn_cmdbuf_encode");
     l->cmdbuf_dispatch_count = sym(h, "mlxn_cmdbuf_dispatch_count");
     l->cmdbuf_free = sym(h, "mlxn_cmdbuf_free");
+    l->cmdbuf_replay = getenv("REPLAY") ? sym(h, "mlxn_cmdbuf_replay") : NULL;
     l->last_error = sym(h, "mlxn_last_error");
     l->dev = l->device_open(0, 1);
     if (!l->dev) return 1;
@@ -191,12 +196,20 @@ int main(int argc, char **argv) {
       for (int L = 0; L < nlib; L++) {
         stream *st = &ss[s];
         lib *l = &libs[L];
+        void *tmpl = NULL; /* REPLAY: the stream decoded once */
+        if (l->cmdbuf_replay) {
+          tmpl = l->cmdbuf_new(l->dev);
+          for (uint32_t c = 0; c < st->n_chunks; c++)
+            l->cmdbuf_encode(tmpl, (const uint8_t *)st->chunk[(size_t)c * nlib + L], st->chunk_len[c]);
+        }
         for (int k = 0; k < reps; k++) {
           void *cb = l->cmdbuf_new(l->dev);
           double t0 = now_ns();
           int32_t rc = 0;
-          for (uint32_t c = 0; c < st->n_chunks; c++)
-            rc |= l->cmdbuf_encode(cb, (const uint8_t *)st->chunk[(size_t)c * nlib + L], st->chunk_len[c]);
+          if (tmpl) rc = l->cmdbuf_replay(cb, tmpl);
+          else
+            for (uint32_t c = 0; c < st->n_chunks; c++)
+              rc |= l->cmdbuf_encode(cb, (const uint8_t *)st->chunk[(size_t)c * nlib + L], st->chunk_len[c]);
           double t = now_ns() - t0;
           if (rc != 0 || l->cmdbuf_dispatch_count(cb) != st->dispatches) {
             char msg[600] = {0};
@@ -208,6 +221,7 @@ int main(int argc, char **argv) {
           l->cmdbuf_free(cb);
           if (t / st->dispatches < st->best[L]) st->best[L] = t / st->dispatches;
         }
+        if (tmpl) l->cmdbuf_free(tmpl);
       }
   for (int s = 0; s < ns; s++)
     for (int L = 0; L < nlib; L++)
