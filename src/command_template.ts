@@ -94,8 +94,14 @@ function boundHandles(w: Uint32Array): Set<number> {
   return out;
 }
 
-/** The most constant words a template patches at a replay before it is better made again. */
-const MAX_PATCHED_WORDS = 1024;
+/**
+ * The most constant words a template patches at a replay: one per four dispatches (at least 16, at
+ * most 1,024). A patch costs about what decoding its dispatch again saves (JS bookkeeping plus the
+ * native validation); past this the template goes and the records are decoded.
+ */
+function maxPatchedWords(dispatches: number): number {
+  return Math.min(1024, Math.max(16, dispatches >> 2));
+}
 
 /**
  * Where each inline-constant word of the stream goes once decoded: per stream word, the index of
@@ -179,7 +185,7 @@ export class CommandTemplate {
     if (sites.dispatch[index]! < 0) return false;
     const marked = this.#marked ??= new Uint8Array(this.#words.length);
     if (marked[index] === 0) {
-      if (this.#changed.length === MAX_PATCHED_WORDS) return false;
+      if (this.#changed.length >= maxPatchedWords(this.dispatches)) return false;
       marked[index] = 1;
       this.#changed.push(index);
     }
