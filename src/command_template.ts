@@ -14,7 +14,7 @@ import { MlxError } from "./errors.ts";
 import { Op, PATCH_WORDS, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText } from "./native/status.ts";
-import { Buffer } from "node:buffer";
+import { compareBytes } from "./compare_bytes.ts";
 
 const OP_MASK = 0xff;
 const LEN_SHIFT = 16;
@@ -217,16 +217,6 @@ export class CommandTemplate {
     freeCell(this.#host, this.#cell);
   }
 }
-
-// Node's Buffer#compare with ranges: memcmp over two views, no allocation.
-const compareBytes = Buffer.prototype.compare as (
-  this: Uint8Array,
-  target: Uint8Array,
-  targetStart: number,
-  targetEnd: number,
-  sourceStart: number,
-  sourceEnd: number,
-) => number;
 
 /** Stream lengths a device remembers (a decode loop alternates few distinct passes). */
 const REPEAT_ENTRIES = 4;

@@ -25,7 +25,7 @@ import { writeDispatch } from "./dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
-import { Buffer } from "node:buffer";
+import { compareBytes } from "./compare_bytes.ts";
 import { Op } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
 import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
@@ -317,15 +317,6 @@ export interface Sighting {
 }
 
 const NO_WORDS = new Uint32Array(0);
-// Node's Buffer#compare with ranges: memcmp over two views, no allocation.
-const compareBytes = Buffer.prototype.compare as (
-  this: Uint8Array,
-  target: Uint8Array,
-  targetStart: number,
-  targetEnd: number,
-  sourceStart: number,
-  sourceEnd: number,
-) => number;
 
 /**
  * The key of the last fingerprinted capture, copied, with its constants mapped into `records`
