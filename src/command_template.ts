@@ -1,7 +1,10 @@
 /**
  * Command templates: a pass's finished command stream decoded and validated once, into a native
  * command buffer that is never committed, then copied into a fresh command buffer for each run
- * (`mlxn_cmdbuf_replay`) without being decoded again. A frozen pass replays through them.
+ * (`mlxn_cmdbuf_replay`) without being decoded again; inline constants changed since are patched
+ * into the copy and their dispatches validated again (`mlxn_cmdbuf_replay_patched`). Frozen passes,
+ * plan-cache hits (src/plan_cache.ts) and the repeated direct passes of a DecodeLoop run
+ * ({@link StreamRepeats}) replay through them.
  *
  * A template references every buffer its stream binds (as any uncommitted command buffer does), so
  * a freed buffer's memory would wait for the template to go: when a buffer is freed, the device
