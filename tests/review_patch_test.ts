@@ -2,7 +2,7 @@
  * Hostile review of patched replays: a template's patch list must change exactly what decoding the
  * changed stream changes, nothing else.
  */
-import { deepStrictEqual, equal, ok } from "node:assert/strict";
+import { deepStrictEqual, equal, match, ok } from "node:assert/strict";
 import { DType, type MlxDevice } from "../mod.ts";
 import { CommandTemplate, StreamRepeats } from "../src/command_template.ts";
 import { Op, Status } from "../src/native/abi.ts";
@@ -124,5 +124,46 @@ Deno.test("stream repeats: only a byte-identical stream of the length replays; o
     deepStrictEqual(Array.from(out.read() as Float32Array), Array.from({ length: E }, (_, j) => 2 * (j + 1)));
   } finally {
     repeats.clear();
+  }
+});
+
+Deno.test("a patched dispatch is validated on its final constants, its entries spread over the list", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const sym = device.sym;
+  using x = device.upload(new Float32Array(E).map((_, j) => j + 1)), y = device.upload(new Float32Array(E).fill(1));
+  using out = device.alloc(2 * E * 4, DType.F32);
+  const w = new RawWords().pipeline(device, "axpby_f32");
+  for (let i = 0; i < 2; i++) {
+    w.buffer(0, x, 0, E * 4).buffer(1, y, 0, E * 4).buffer(2, out, i * E * 4, E * 4);
+    w.bytes(3, f32(1), f32(0), E, 0).threads([E, 1, 1], [E, 1, 1]);
+  }
+  const template = rawCommandBuffer(device);
+  equal(template.encode(w.take()).rc, Status.OK);
+  const replay = (...entries: number[][]) => {
+    const cb = rawCommandBuffer(device), patch = new Uint32Array(entries.flat());
+    const rc = sym.mlxn_cmdbuf_replay_patched(cb.ptr, template.ptr, patch, patch.length);
+    return { cb, rc, message: rc === Status.OK ? "" : lastErrorText(sym) };
+  };
+  try {
+    // Dispatch 0's n goes past its slices, then back (after a patch of dispatch 1): the final n is valid.
+    const good = replay([0, 3, 8, E + 1], [1, 3, 0, f32(3)], [0, 3, 8, E], [0, 3, 0, f32(2)]);
+    equal(good.rc, Status.OK, good.message);
+    good.cb.run();
+    const got = Array.from(out.read() as Float32Array);
+    deepStrictEqual(got, [
+      ...Array.from({ length: E }, (_, j) => 2 * (j + 1)),
+      ...Array.from({ length: E }, (_, j) => 3 * (j + 1)),
+    ]);
+    // The reverse: valid first, invalid last, for either dispatch; the command buffer fails for good.
+    for (const k of [0, 1]) {
+      const bad = replay([k, 3, 8, E], [1 - k, 3, 0, f32(5)], [k, 3, 8, E + 1]);
+      equal(bad.rc, Status.E_STREAM);
+      match(bad.message, new RegExp(`patched dispatch ${k}: kernel axpby_f32`));
+      equal(bad.cb.encode(new Uint8Array(0)).rc, Status.E_STREAM, "failed for good");
+      bad.cb.free();
+    }
+  } finally {
+    template.free();
   }
 });
