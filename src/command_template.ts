@@ -112,17 +112,26 @@ function maxPatchedWords(dispatches: number): number {
  */
 function constantSites(w: Uint32Array): { dispatch: Int32Array; slotOffset: Int32Array } {
   const dispatch = new Int32Array(w.length).fill(-1), slotOffset = new Int32Array(w.length);
+  // The SET_BYTES record each slot of the pending dispatch holds: a later one of the same slot
+  // replaces it, so the earlier one's words reach no dispatch and must not be patched into it.
+  const holder = new Map<number, number>();
   let k = 0;
   for (let at = 0; at < w.length;) {
     const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
     if (len === 0) break;
     if (op === Op.SET_BYTES) {
       const slot = (h >>> 8) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
+      const earlier = holder.get(slot);
+      if (earlier !== undefined) dispatch.fill(-1, earlier + 2, earlier + 2 + (w[earlier + 1]! >>> 2));
+      holder.set(slot, at);
       for (let q = 0; q < whole; q++) {
         dispatch[at + 2 + q] = k;
         slotOffset[at + 2 + q] = slot << 16 | 4 * q;
       }
-    } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) k++;
+    } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
+      k++;
+      holder.clear(); // every dispatch carries its complete binding set
+    }
     at += len;
   }
   return { dispatch, slotOffset };

@@ -715,7 +715,8 @@ static int32_t revalidate(mlxn_cmdbuf *cb, uint32_t k) {
 }
 
 int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint32_t n) {
-  uint32_t pending = UINT32_MAX; /* the patched dispatch not validated yet */
+  /* Every entry first, then every patched dispatch validated: a dispatch whose entries are spread over
+   * the list is judged on its final constants, never on a mix of old and new ones. */
   for (uint32_t i = 0; i < n; i++) {
     const uint32_t *e = patch + (size_t)i * MLXN_PATCH_WORDS;
     uint32_t k = e[0], slot = e[1], off = e[2];
@@ -733,12 +734,15 @@ int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint
       return mlxn_set_error(MLXN_E_STREAM,
                             "patch %u: byte offset %u of slot %u (dispatch %u) is not a whole word inside its %llu "
                             "inline bytes", i, off, slot, k, (unsigned long long)d->args.len[slot]);
-    if (k != pending && pending != UINT32_MAX) {
-      int32_t rc = revalidate(cb, pending);
-      if (rc != MLXN_OK) return rc;
-    }
-    pending = k;
     memcpy(d->args.ptr[slot] + off, &e[3], 4); /* cb's own copy of the constants (copy_decoded) */
   }
-  return pending == UINT32_MAX ? MLXN_OK : revalidate(cb, pending);
+  uint32_t last = UINT32_MAX; /* consecutive entries of one dispatch: validated once */
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t k = patch[(size_t)i * MLXN_PATCH_WORDS];
+    if (k == last) continue;
+    last = k;
+    int32_t rc = revalidate(cb, k);
+    if (rc != MLXN_OK) return rc;
+  }
+  return MLXN_OK;
 }
