@@ -24,7 +24,7 @@ import { BARRIER, type CapturedNode, type DispatchNode } from "./graph/nodes.ts"
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
 import type { Pipeline } from "./kernels.ts";
-import { Op, RecordWords } from "./native/abi.ts";
+import { isBufferRecord, LEN_SHIFT, Op, OP_MASK, RecordWords, SLOT_SHIFT } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
 import { BarrierPolicy } from "./barrier_policy.ts";
 
@@ -87,10 +87,7 @@ export function dispatchNode(
 /** Per node index, the views its dispatch's descriptor bound, by slot (public captures only). */
 type CallerViews = (readonly (MlxBuffer | undefined)[] | undefined)[];
 
-const OP_MASK = 0xff;
 const MAX_SLOTS = 256; // a record's slot is one byte
-const LEN_SHIFT = 16;
-const SLOT_SHIFT = 8;
 
 /** The writer and tables of a capture, reused once it is released (captures are short-lived). */
 interface Tables {
@@ -136,8 +133,6 @@ function returnTables(t: Tables, pipelines: number): void {
   for (let i = 0; i < pipelines; i++) p[i] = undefined;
   if (spareTables.length < MAX_SPARE) spareTables.push(t);
 }
-
-const isBufferRecord = (op: number) => op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64;
 
 /**
  * The view bound by the buffer record at `at` (op `op`) of `pipeline`'s dispatch, from the live

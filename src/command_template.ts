@@ -14,13 +14,10 @@
  * @module
  */
 import { MlxError } from "./errors.ts";
-import { Op, PATCH_WORDS, Status } from "./native/abi.ts";
+import { isBufferRecord, LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT, Status } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText } from "./native/status.ts";
 import { compareBytes } from "./compare_bytes.ts";
-
-const OP_MASK = 0xff;
-const LEN_SHIFT = 16;
 
 /** The device a template is made on. */
 export interface TemplateHost {
@@ -90,7 +87,7 @@ function boundHandles(w: Uint32Array): Set<number> {
   for (let at = 0; at < w.length;) {
     const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
     if (len === 0) break; // malformed: the native decoder has refused it already
-    if (op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64) out.add(w[at + 1]!);
+    if (isBufferRecord(op)) out.add(w[at + 1]!);
     else if (op === Op.TRACK) { for (let e = at + 1; e < at + len; e += 6) out.add(w[e]!); }
     at += len;
   }
@@ -120,7 +117,7 @@ function constantSites(w: Uint32Array): { dispatch: Int32Array; slotOffset: Int3
     const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
     if (len === 0) break;
     if (op === Op.SET_BYTES) {
-      const slot = (h >>> 8) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
+      const slot = (h >>> SLOT_SHIFT) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
       const earlier = holder.get(slot);
       if (earlier !== undefined) dispatch.fill(-1, earlier + 2, earlier + 2 + (w[earlier + 1]! >>> 2));
       holder.set(slot, at);
@@ -230,14 +227,14 @@ export class CommandTemplate {
   }
 }
 
-/** Stream lengths a device remembers (a decode loop alternates few distinct passes). */
+/** Stream lengths a run remembers (a decode loop alternates few distinct passes). */
 const REPEAT_ENTRIES = 4;
 /** Differing passes of one length in a row before that length is not copied for a while. */
 const REPEAT_MISSES = 8;
 /** Passes of that length then skipped. */
 const REPEAT_BACKOFF = 64;
 
-/** What a device remembers of a stream length. */
+/** What a run remembers of a stream length. */
 interface RepeatEntry {
   readonly byteLength: number;
   bytes: Uint8Array | null; // the last stream of this length, copied

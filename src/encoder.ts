@@ -255,14 +255,13 @@ export class CommandBufferSlot {
   }
 
   #encodeChunk(bytes: Uint8Array, byteLength: number): void {
-    const repeats = this.repeatsAtCommit;
+    const repeats = this.repeatsAtCommit, whole = this.#handedOver++ === 0;
     this.repeatsAtCommit = null;
-    if (repeats !== null && this.#handedOver++ === 0) {
-      // The whole pass in one chunk, at commit: a stream the device saw before replays its template.
+    if (repeats !== null && whole) {
+      // The whole pass in one chunk, at commit: a stream the run saw before replays its template.
       const template = repeats.templateFor(bytes, byteLength)?.ptr;
       if (template) return this.#settle(this.#sym.mlxn_cmdbuf_replay(this.ptr!, template));
     }
-    this.#handedOver++;
     this.#settle(this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength));
   }
 
@@ -818,10 +817,7 @@ export class CommandEncoder {
    */
   appendPlanRecords(stream: Uint8Array, dispatches: number, groupSizes: Int32Array, lastPipeline: number): boolean {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("appendPlanRecords");
-    if (
-      this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null || this.#capture !== null ||
-      this.#dispatches !== 0 || this.#pipeline !== 0
-    ) return false;
+    if (!this.#takesPlan()) return false;
     const tracking = this.#nativeAuto; // the plan carries its barriers: the decoder must not add any
     if (tracking) this.#writeAutoBarriers(false);
     this.#cb.encodeNow(stream); // flushes the writer (with the record above) before the plan's records
@@ -837,14 +833,21 @@ export class CommandEncoder {
   appendTemplate(template: CommandTemplate): boolean {
     if (this.#cb.state !== "encoding") throw this.#notEncoding("appendTemplate");
     const ptr = template.ptr;
-    if (
-      ptr === null || this.#log !== null || this.#kernels !== null || this.#barriersBefore !== null ||
-      this.#capture !== null || this.#dispatches !== 0 || this.#pipeline !== 0 || this.#nativeTracked
-    ) return false; // (a replay needs a command buffer with nothing decoded, tracking off)
+    // (a replay needs a command buffer with nothing decoded, tracking off)
+    if (ptr === null || !this.#takesPlan() || this.#nativeTracked) return false;
     const [patch, words] = template.patchList();
     this.#cb.replayNow(ptr, patch, words);
     this.#tookPlan(template.dispatches, template.groupSizes, template.lastPipeline);
     return true;
+  }
+
+  /**
+   * Whether a plan's records can be taken whole: no per-dispatch bookkeeping (validation,
+   * profiling, capture) and nothing encoded yet.
+   */
+  #takesPlan(): boolean {
+    return this.#log === null && this.#kernels === null && this.#barriersBefore === null && this.#capture === null &&
+      this.#dispatches === 0 && this.#pipeline === 0;
   }
 
   /** The bookkeeping of a plan's records taken whole. */

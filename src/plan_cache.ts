@@ -26,7 +26,7 @@ import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
 import { compareBytes } from "./compare_bytes.ts";
-import { Op } from "./native/abi.ts";
+import { LEN_SHIFT, Op, OP_MASK, SLOT_SHIFT } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
 import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
 import type { CapturedNode, PipelineRef } from "./graph/nodes.ts";
@@ -93,8 +93,8 @@ export interface PlanRecords {
   /** Pipeline handle of the last dispatch. */
   readonly lastPipeline: number;
   /**
-   * The records decoded once, replayed by copying while they stay the same (a state-driven pass
-   * hits with the same constants every time); dropped when a hit patches a constant.
+   * The records decoded once and replayed by copying (see {@link hitTemplate}); constants that
+   * change later are patched at the replay.
    */
   template: CommandTemplate | null;
   /** Hits since the records last changed (see {@link hitTemplate}). */
@@ -143,9 +143,6 @@ export interface PlanTarget {
 const MAX_SLOTS = 256;
 // Unrecorded topologies remembered per shape (see PlanCache.shouldRecord).
 const SIGHTINGS_PER_SHAPE = 4;
-
-const OP_MASK = 0xff;
-const LEN_SHIFT = 16;
 
 /**
  * A recorded pass's topology key: the capture's stream words (pipeline, buffer handle and byte
@@ -724,7 +721,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
       for (let at = k > 0 ? cuts[k - 1]! : 0, end = cuts[k]!; at < end;) {
         const h = words[at]!, len = h >>> LEN_SHIFT;
         if ((h & OP_MASK) === Op.SET_BYTES) {
-          const src = st.sources[(h >>> 8) & OP_MASK];
+          const src = st.sources[(h >>> SLOT_SHIFT) & OP_MASK];
           if (src === undefined || src < 0) return null;
           const from = capture.constantOffset((src / MAX_SLOTS) | 0, src % MAX_SLOTS);
           if (from < 0 || capture.words[from]! >>> LEN_SHIFT !== len) return null;

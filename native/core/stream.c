@@ -676,14 +676,8 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
       d->args.ptr[s] = dst + blk_at + (p - (uintptr_t)blk->data);
     }
   }
-  for (uint32_t i = 0; i < from->n_refs; i++) {
-    uint32_t index = from->refs[i];
-    buffer_entry *e = &dev->buffers[index];
-    cb->refs[i] = index; /* cb held none (it is empty): each is new to it */
-    e->refs++;
-    e->last_cb = cb->serial;
-  }
-  cb->n_refs = from->n_refs;
+  for (uint32_t i = 0; i < from->n_refs; i++) /* room was made above: keep_buffer cannot fail */
+    keep_buffer(cb, &dev->buffers[from->refs[i]], from->refs[i]);
   cb->n_dispatches = n;
   cb->n_groups = from->n_groups;
   cb->st_auto_barriers = from->st_auto_barriers;

@@ -91,6 +91,18 @@ export const CbStatus = { ENCODING: 0, COMMITTED: 1, COMPLETED: 2, ERROR: 3 } as
 /** Indices of mlxn_live_objects' output (MLXN_LIVE_*). */
 export const Live = { DEVICES: 0, BUFFERS: 1, BUFFER_BYTES: 2, CMDBUFS: 3, COUNT: 4 } as const;
 
+/** A record header's opcode (`header & OP_MASK`), slot (`header >>> SLOT_SHIFT & OP_MASK`) and length. */
+export const OP_MASK = 0xff;
+/** @see OP_MASK */
+export const SLOT_SHIFT = 8;
+/** Length in words: `header >>> LEN_SHIFT`. */
+export const LEN_SHIFT = 16;
+
+/** Whether `op` binds a buffer (SET_BUFFER, SET_BUFFER_WHOLE, SET_BUFFER64; the handle is word 1). */
+export function isBufferRecord(op: number): boolean {
+  return op === Op.SET_BUFFER || op === Op.SET_BUFFER_WHOLE || op === Op.SET_BUFFER64;
+}
+
 /** The header word of a record: opcode in bits 0..7, slot in bits 8..15, length in words in 16..31. */
 export function recordHeader(op: number, words: number, slot = 0): number {
   return ((words << 16) | (slot << 8) | op) >>> 0;
