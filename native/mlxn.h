@@ -83,7 +83,7 @@
 extern "C" {
 #endif
 
-#define MLXN_ABI_VERSION 4
+#define MLXN_ABI_VERSION 5
 
 /* ---- status codes ------------------------------------------------------------------------- */
 #define MLXN_OK 0
@@ -244,6 +244,25 @@ MLXN_API int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from);
  * invalid fails the command buffer, as a bad stream would. */
 MLXN_API int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch,
                                             uint32_t n_words);
+
+/* mlxn_cmdbuf_encode of a whole pass (len bytes) into an empty command buffer that then keeps a copy
+ * of the stream: a template for mlxn_cmdbuf_replay_like. It takes nothing more (no encode, no
+ * commit); replay it with any of the replay functions, free it with mlxn_cmdbuf_free. */
+MLXN_API int32_t mlxn_cmdbuf_encode_template(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+
+/* Returned by mlxn_cmdbuf_replay_like when the stream is not like the template's: nothing was done. */
+#define MLXN_UNLIKE 1
+
+/* Encodes a whole pass (len bytes) into the empty cb as mlxn_cmdbuf_encode would, by replaying
+ * template `from` (mlxn_cmdbuf_encode_template) when the stream differs from from's only in values a
+ * replay can patch: inline-constant words and the offset and length of SET_BUFFER / SET_BUFFER64
+ * bindings. Each patched dispatch is validated again (a binding against its buffer, the dispatch
+ * against its kernel's contract); where automatic barriers placed from's barriers, a changed range
+ * must not conflict with its concurrent group, and a stream with TRACK records or
+ * AUTO_BARRIERS switched after its first dispatch keeps its ranges. Returns MLXN_OK (replayed),
+ * MLXN_UNLIKE (any other difference, or too many to be cheaper than decoding: cb is untouched;
+ * encode the stream instead) or an error, which fails cb like a refused mlxn_cmdbuf_replay. */
+MLXN_API int32_t mlxn_cmdbuf_replay_like(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len);
 
 /* Byte offset, within the chunk, of the record that made the last mlxn_cmdbuf_encode fail. */
 MLXN_API uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb);

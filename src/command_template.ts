@@ -14,10 +14,10 @@
  * @module
  */
 import { MlxError } from "./errors.ts";
-import { isBufferRecord, LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT, Status } from "./native/abi.ts";
+import { isBufferRecord, LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT, Status, UNLIKE } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText } from "./native/status.ts";
-import { compareBytes } from "./compare_bytes.ts";
+import { counterState } from "./counters.ts";
 
 /** The device a template is made on. */
 export interface TemplateHost {
@@ -156,12 +156,18 @@ export class CommandTemplate {
   #marked: Uint8Array | null = null;
   #patch = new Uint32Array(0);
 
-  /** Decodes `records` into a new template on `host`; an MlxError when the native library refuses them. */
-  constructor(host: TemplateHost, records: TemplateRecords) {
+  /**
+   * Decodes `records` into a new template on `host`; an MlxError when the native library refuses them.
+   * With `keepStream` the native template keeps a copy of the stream, so that a stream like it can
+   * replay it (`mlxn_cmdbuf_replay_like`).
+   */
+  constructor(host: TemplateHost, records: TemplateRecords, keepStream = false) {
     const sym = host.sym;
     const ptr = sym.mlxn_cmdbuf_new(host.devicePtr());
     if (ptr === null) throw new MlxError("OutOfMemory", `command template: ${lastErrorText(sym)}`);
-    const rc = sym.mlxn_cmdbuf_encode(ptr, records.bytes, records.bytes.byteLength);
+    const rc = keepStream
+      ? sym.mlxn_cmdbuf_encode_template(ptr, records.bytes, records.bytes.byteLength)
+      : sym.mlxn_cmdbuf_encode(ptr, records.bytes, records.bytes.byteLength);
     if (rc !== Status.OK) {
       const err = new MlxError(codeOf(rc), `command template: ${lastErrorText(sym)}`);
       sym.mlxn_cmdbuf_free(ptr);
@@ -227,30 +233,32 @@ export class CommandTemplate {
   }
 }
 
-/** Stream lengths a run remembers (a decode loop alternates few distinct passes). */
+/** Stream lengths remembered (a decode loop alternates few distinct passes). */
 const REPEAT_ENTRIES = 4;
-/** Differing passes of one length in a row before that length is not copied for a while. */
-const REPEAT_MISSES = 8;
-/** Passes of that length then skipped. */
+/** Templates of one length remade without a replay in between before that length rests. */
+const REPEAT_REMAKES = 4;
+/** Passes of that length then encoded without a template. */
 const REPEAT_BACKOFF = 64;
-
-/** What a run remembers of a stream length. */
-interface RepeatEntry {
-  readonly byteLength: number;
-  bytes: Uint8Array | null; // the last stream of this length, copied
-  template: CommandTemplate | null;
-  misses: number;
-  skip: number;
-}
 
 const NO_GROUPS = new Int32Array(0);
 
+/** What is remembered of a stream length. */
+interface RepeatEntry {
+  readonly byteLength: number;
+  template: CommandTemplate | null; // of an earlier stream of this length, which it keeps
+  unlike: number; // passes since the last replay that were not like the template
+  remakes: number; // templates made since the last replay
+  skip: number;
+}
+
 /**
- * @ignore Internal: the streams a run of direct passes committed (a DecodeLoop's run). A pass whose
- * stream repeats the previous one of its length byte for byte (a decode step driven by the step
- * state) replays a template of it instead of being decoded: the same bytes decode to the same
- * dispatches while the buffers they name live, which the replay checks. The first repeat makes the
- * template; passes that never repeat cost a comparison and, until they back off, a copy.
+ * @ignore Internal: the direct passes of a loop (a DecodeLoop's run, or an executor's sessions begun
+ * with `reuse`). From the second pass of a stream length on, the pass replays a template of an
+ * earlier one of that length when it differs from it only in what a replay patches: inline
+ * constants and the offsets and lengths of buffer views (a token's position in its constants and in
+ * the KV-cache rows it writes). The native library compares the streams, patches the copy and
+ * validates the patched dispatches again; any other difference decodes the pass. A length whose
+ * passes keep differing otherwise rests for a while.
  */
 export class StreamRepeats {
   readonly #host: TemplateHost;
@@ -262,53 +270,66 @@ export class StreamRepeats {
   }
 
   /**
-   * The template to replay for the stream at the start of `bytes` (`byteLength` bytes, a whole
-   * pass), or null: decode it. Remembers the stream either way.
+   * Encodes the whole pass at the start of `bytes` (`byteLength` bytes) into the empty native
+   * command buffer `cb` through a template: the native status, or null when the caller must decode
+   * the stream itself.
    */
-  templateFor(bytes: Uint8Array, byteLength: number): CommandTemplate | null {
+  encodeInto(cb: Deno.PointerObject, bytes: Uint8Array, byteLength: number): number | null {
     const entries = this.#entries;
     let i = 0;
     while (i < entries.length && entries[i]!.byteLength !== byteLength) i++;
     if (i === entries.length) {
       if (entries.length === REPEAT_ENTRIES) entries.pop()!.template?.dispose();
-      entries.unshift({ byteLength, bytes: null, template: null, misses: 0, skip: 0 });
-      return null; // a length seen once: copied when it comes again
+      entries.unshift({ byteLength, template: null, unlike: 0, remakes: 0, skip: 0 });
+      return null; // a length seen once: a template is made when it comes again
     }
     const e = entries[i]!;
     if (i > 0) {
       entries.splice(i, 1);
       entries.unshift(e);
     }
-    if (e.bytes !== null && compareBytes.call(bytes, e.bytes, 0, byteLength, 0, byteLength) === 0) {
-      e.misses = 0;
-      if (e.template?.ptr) return e.template;
-      try {
-        e.template = new CommandTemplate(this.#host, {
-          bytes: e.bytes,
-          words: new Uint32Array(e.bytes.buffer, e.bytes.byteOffset, byteLength >>> 2),
-          groupSizes: NO_GROUPS,
-          dispatches: 0,
-          lastPipeline: 0,
-        });
-      } catch {
-        return null; // decoding the stream itself reports what is wrong with it, at its offset
-      }
-      return e.template;
-    }
-    e.template?.dispose();
-    e.template = null;
     if (e.skip > 0) {
       e.skip--;
       return null;
     }
-    if (e.bytes !== null && ++e.misses >= REPEAT_MISSES) {
-      e.misses = 0;
-      e.skip = REPEAT_BACKOFF;
-      e.bytes = null;
-      return null;
+    const sym = this.#host.sym, template = e.template?.ptr;
+    if (template) {
+      const rc = sym.mlxn_cmdbuf_replay_like(cb, template, bytes, byteLength);
+      if (rc !== UNLIKE) {
+        e.unlike = e.remakes = 0;
+        if (rc === Status.OK) counterState.passReplays++;
+        return rc; // replayed, or refused (cb failed: the status says why)
+      }
+      // Not like it: the second such pass in a row makes the template anew from the stream (the
+      // pass changed for good); a length remade over and over rests.
+      if (++e.unlike < 2) return null;
+      if (e.remakes >= REPEAT_REMAKES) {
+        e.template!.dispose();
+        e.template = null;
+        e.unlike = e.remakes = 0;
+        e.skip = REPEAT_BACKOFF;
+        return null;
+      }
     }
-    e.bytes = bytes.slice(0, byteLength);
-    return null;
+    e.template?.dispose();
+    e.template = null;
+    e.unlike = 0;
+    e.remakes++;
+    try {
+      // The words view the caller's buffer: a stream-kept template is never patched through them.
+      e.template = new CommandTemplate(this.#host, {
+        bytes: bytes.subarray(0, byteLength),
+        words: new Uint32Array(bytes.buffer, bytes.byteOffset, byteLength >>> 2),
+        groupSizes: NO_GROUPS,
+        dispatches: 0,
+        lastPipeline: 0,
+      }, true);
+    } catch {
+      return null; // decoding the stream itself reports what is wrong with it, at its offset
+    }
+    const rc = sym.mlxn_cmdbuf_replay(cb, e.template.ptr!);
+    if (rc === Status.OK) counterState.passReplays++;
+    return rc;
   }
 
   /** Drops every remembered stream and template. */

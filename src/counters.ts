@@ -30,6 +30,11 @@ export interface CounterSnapshot {
   planCacheHits: number;
   /** Recorded passes optimised because no plan of their topology was cached. */
   planCacheMisses: number;
+  /**
+   * Direct passes replayed from an earlier pass's decoded commands instead of decoded (a DecodeLoop's
+   * repeated passes, sessions begun with `reuse`), patched or not.
+   */
+  passReplays: number;
 }
 
 /** Mutable counter storage; the encoder increments these fields directly. */
@@ -43,6 +48,7 @@ export const counterState: CounterSnapshot = {
   autoConcurrent: 0,
   planCacheHits: 0,
   planCacheMisses: 0,
+  passReplays: 0,
 };
 
 /**

@@ -258,9 +258,9 @@ export class CommandBufferSlot {
     const repeats = this.repeatsAtCommit, whole = this.#handedOver++ === 0;
     this.repeatsAtCommit = null;
     if (repeats !== null && whole) {
-      // The whole pass in one chunk, at commit: a stream the run saw before replays its template.
-      const template = repeats.templateFor(bytes, byteLength)?.ptr;
-      if (template) return this.#settle(this.#sym.mlxn_cmdbuf_replay(this.ptr!, template));
+      // The whole pass in one chunk, at commit: a stream like one the loop saw replays its template.
+      const rc = repeats.encodeInto(this.ptr!, bytes, byteLength);
+      if (rc !== null) return this.#settle(rc);
     }
     this.#settle(this.#sym.mlxn_cmdbuf_encode(this.ptr!, bytes, byteLength));
   }

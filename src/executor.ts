@@ -6,7 +6,7 @@
  * @module
  */
 
-import { CommandTemplate, sessionRepeats } from "./command_template.ts";
+import { CommandTemplate, sessionRepeats, StreamRepeats } from "./command_template.ts";
 import { envConfig } from "./config.ts";
 import { counterState } from "./counters.ts";
 import type { MlxDevice } from "./device.ts";
@@ -60,6 +60,16 @@ export interface SessionOptions {
   autoBarriers?: boolean | undefined;
   /** Validate hazards at commit (default: the executor's setting). */
   validate?: boolean | undefined;
+  /**
+   * Direct sessions of a loop whose passes repeat (a token loop): when this pass's command stream
+   * differs from an earlier one of the same length only in inline constants and the offsets and
+   * lengths of buffer views (a position, the KV-cache row a token writes), it replays that pass's
+   * decoded commands with those values patched and the patched dispatches validated again, instead
+   * of being decoded whole. Passes that differ otherwise are decoded as usual. Up to four earlier
+   * passes of distinct lengths are kept per executor (their buffers are let go as soon as any of them
+   * is freed). Off by default, and whatever this says when `MLXN_PLAN_CACHE=0`.
+   */
+  reuse?: boolean | undefined;
 }
 
 /** What `finish` / `commit` should do; every flag defaults to off. */
@@ -170,6 +180,7 @@ export class GraphExecutor {
   readonly planCache: PlanCache | null;
   /** @ignore Internal: Scratch for topology keys. */
   readonly fingerprint: Fingerprint = new Fingerprint();
+  #repeats: StreamRepeats | null = null;
 
   /** An executor on `device`. */
   constructor(device: MlxDevice, options: ExecutorOptions = {}) {
@@ -201,6 +212,12 @@ export class GraphExecutor {
   /** A session that records a graph; `finish` optimises and replays it. */
   beginRecorded(options: SessionOptions = {}): GraphSession {
     return new GraphSession(this, true, options);
+  }
+
+  /** @ignore Internal: the passes of sessions begun with `reuse` (null when the plan cache env forbids it). */
+  streamRepeats(): StreamRepeats | null {
+    if (!envConfig().planCache) return null;
+    return this.#repeats ??= new StreamRepeats(this.device);
   }
 }
 
@@ -255,7 +272,7 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       validate: this.#validate,
     });
     if (recorded) this.#encoder.startCompactCapture();
-    else this.#encoder.useStreamRepeats(sessionRepeats.get(options) ?? null);
+    else this.#encoder.useStreamRepeats(options.reuse ? exec.streamRepeats() : sessionRepeats.get(options) ?? null);
   }
 
   /** Whether this session records a graph. */

@@ -1,6 +1,17 @@
 /** Keeps src/native/abi.ts and src/native/ffi.ts in step with native/mlxn.h. */
 import { deepStrictEqual, ok } from "node:assert/strict";
-import { ABI_VERSION, CbStatus, Flag, Limits, Live, Op, PATCH_WORDS, RecordWords, Status } from "../src/native/abi.ts";
+import {
+  ABI_VERSION,
+  CbStatus,
+  Flag,
+  Limits,
+  Live,
+  Op,
+  PATCH_WORDS,
+  RecordWords,
+  Status,
+  UNLIKE,
+} from "../src/native/abi.ts";
 import { symbols } from "../src/native/ffi.ts";
 
 const header = Deno.readTextFileSync(new URL("../native/mlxn.h", import.meta.url));
@@ -28,6 +39,7 @@ Deno.test("status codes, opcodes, record sizes, limits, flags, states and live i
   deepStrictEqual(defines("CB_"), { ...CbStatus });
   deepStrictEqual(defines("LIVE_"), { ...Live });
   deepStrictEqual(defines("PATCH_WORDS"), { "": PATCH_WORDS });
+  deepStrictEqual(defines("UNLIKE"), { "": UNLIKE });
 });
 
 Deno.test("every ABI function of the header is in the FFI symbol table and vice versa", () => {

@@ -532,6 +532,9 @@ static int32_t check_encoding(mlxn_cmdbuf *cb) {
                               ? "command buffer already failed: %s"
                               : "command buffer was already committed; encode into a new one%s",
                           cb->status == MLXN_CB_ERROR ? cb->cmd.error : "");
+  if (cb->source)
+    return mlxn_set_error(MLXN_E_STATE, "a template (mlxn_cmdbuf_encode_template) takes no more records: replay it "
+                                        "into a new command buffer");
   return MLXN_OK;
 }
 
@@ -584,6 +587,43 @@ static int32_t check_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) {
   return MLXN_OK;
 }
 
+int32_t mlxn_cmdbuf_encode_template(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
+  int32_t rc = check_encoding(cb);
+  if (rc != MLXN_OK) return rc;
+  if (len % 4 != 0 || (len > 0 && !stream)) {
+    cb->error_offset = 0;
+    rc = mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "stream length %u is not a whole number of words", len);
+  } else if (cb->n_dispatches != 0 || cb->n_refs != 0 || cb->bound_mask != 0 || cb->auto_barriers ||
+             cb->pipe != NULL) {
+    rc = mlxn_set_error(MLXN_E_STATE, "a template is made from a whole pass: encode it into a new command buffer");
+  } else {
+    pthread_mutex_lock(&cb->dev->mu);
+    rc = mlxn_cmdbuf_decode(cb, stream, len);
+    if (rc == MLXN_OK) rc = mlxn_cmdbuf_keep_source(cb, stream, len);
+    pthread_mutex_unlock(&cb->dev->mu);
+  }
+  return fail_encoding(cb, rc);
+}
+
+int32_t mlxn_cmdbuf_replay_like(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len) {
+  int32_t rc = check_encoding(cb);
+  if (rc != MLXN_OK) return rc;
+  if (len % 4 != 0 || (len > 0 && !stream))
+    rc = mlxn_set_error(MLXN_E_INVALID_ARGUMENT, "stream length %u is not a whole number of words", len);
+  else
+    rc = check_replay(cb, from);
+  if (rc == MLXN_OK && !from->source)
+    rc = mlxn_set_error(MLXN_E_INVALID_ARGUMENT,
+                        "the template keeps no stream to compare with: make it with mlxn_cmdbuf_encode_template");
+  if (rc == MLXN_OK) {
+    pthread_mutex_lock(&cb->dev->mu);
+    rc = mlxn_cmdbuf_replay_source(cb, from, stream, len);
+    pthread_mutex_unlock(&cb->dev->mu);
+    if (rc == MLXN_UNLIKE) return rc; /* nothing done: the caller encodes the stream */
+  }
+  return fail_encoding(cb, rc);
+}
+
 int32_t mlxn_cmdbuf_replay(mlxn_cmdbuf *cb, mlxn_cmdbuf *from) { return mlxn_cmdbuf_replay_patched(cb, from, NULL, 0); }
 
 int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch, uint32_t n_words) {
@@ -613,6 +653,9 @@ int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) {
     return mlxn_set_error(cb->cmd.error_code, "cannot commit a command buffer that failed to encode: %s", cb->cmd.error);
   if (cb->status != MLXN_CB_ENCODING)
     return mlxn_set_error(MLXN_E_STATE, "command buffer was already committed");
+  if (cb->source)
+    return mlxn_set_error(MLXN_E_STATE, "a template (mlxn_cmdbuf_encode_template) is never committed: replay it "
+                                        "into a new command buffer and commit that");
   mlxn_device *dev = cb->dev;
   pthread_mutex_lock(&dev->mu);
   cb->status = MLXN_CB_COMMITTED;
@@ -716,6 +759,7 @@ void mlxn_cmdbuf_free(mlxn_cmdbuf *cb) {
     pthread_mutex_unlock(&dev->mu);
     mlxn_live_add(MLXN_LIVE_CMDBUFS, -1);
   }
+  mlxn_cmdbuf_free_source(cb);
   mlxn_storage_free(cb); /* whatever was not handed back (all of it once detached) */
   pthread_mutex_destroy(&cb->mu);
   pthread_cond_destroy(&cb->cv);

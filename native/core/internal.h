@@ -100,6 +100,9 @@ struct mlxn_cmdbuf {
   uint32_t slot_index[MLXN_KERNEL_SLOTS];
   uint32_t tg_memory;
   uint32_t error_offset;
+  /* A template made by mlxn_cmdbuf_encode_template: the stream it decoded, for
+   * mlxn_cmdbuf_replay_like. NULL otherwise; such a command buffer takes nothing more. */
+  struct cb_source *source;
 
   /* lifecycle */
   pthread_mutex_t mu;
@@ -196,6 +199,13 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from);
 /* Applies n entries of a patch list (mlxn_cmdbuf_replay_patched) to cb's inline constants and
  * validates each patched dispatch again. dev->mu held. */
 int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint32_t n);
+/* Keeps a copy of the stream cb decoded whole (mlxn_cmdbuf_encode_template) and where its patchable
+ * words are. dev->mu held. */
+int32_t mlxn_cmdbuf_keep_source(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len);
+void mlxn_cmdbuf_free_source(mlxn_cmdbuf *cb);
+/* mlxn_cmdbuf_replay_like's work with both command buffers checked, dev->mu held: MLXN_OK (replayed),
+ * MLXN_UNLIKE (cb untouched) or an error. */
+int32_t mlxn_cmdbuf_replay_source(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len);
 /* Drops buffer references and empties the content (keeping capacity). */
 void mlxn_cmdbuf_release_content(mlxn_cmdbuf *cb);
 /* Sets up cb->cmd for the backend (dispatch times unknown, no error) before it runs. */

@@ -740,3 +740,288 @@ int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint
   }
   return MLXN_OK;
 }
+
+/* ---- templates that keep their stream (mlxn_cmdbuf_encode_template, mlxn_cmdbuf_replay_like) ---- */
+
+/* A record whose words a replay may patch: the inline constants of a SET_BYTES, or the offset and
+ * length of a SET_BUFFER / SET_BUFFER64, that reach dispatch `dispatch` at `slot`. Every other word
+ * of the stream is fixed: a stream that differs there is decoded. */
+typedef struct src_record {
+  uint32_t start;    /* word index of the record's header */
+  uint32_t dispatch; /* the dispatch that consumes the binding */
+  uint16_t words;    /* patchable words from start + 2; 0 once a later record of the slot replaced it */
+  uint8_t range;     /* 1: a buffer range (SET_BUFFER, SET_BUFFER64), 0: inline constants */
+  uint8_t slot;
+} src_record;
+
+struct cb_source {
+  uint32_t *words;
+  uint32_t n_words;
+  src_record *recs; /* in stream order */
+  uint32_t n_recs;
+  /* Ranges never change: TRACK records (ranges given by the host), or AUTO_BARRIERS other than one
+   * "on" before the first dispatch (dispatches outside the tracker). */
+  uint8_t ranges_fixed;
+  uint8_t tracked; /* automatic barriers placed the template's barriers */
+};
+
+static void free_source(struct cb_source *s) {
+  if (!s) return;
+  free(s->words);
+  free(s->recs);
+  free(s);
+}
+
+void mlxn_cmdbuf_free_source(mlxn_cmdbuf *cb) {
+  free_source(cb->source);
+  cb->source = NULL;
+}
+
+int32_t mlxn_cmdbuf_keep_source(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) {
+  struct cb_source *s = calloc(1, sizeof *s);
+  uint32_t n = len / 4;
+  if (!s || (n && !(s->words = malloc((size_t)n * 4)))) {
+    free(s);
+    return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory keeping a template's stream");
+  }
+  if (n) memcpy(s->words, stream, (size_t)n * 4);
+  s->n_words = n;
+  uint32_t cap = 0, dispatch = 0, autos = 0, auto_late = 0, auto_off = 0;
+  int32_t holder[MLXN_MAX_SLOTS]; /* the record each slot of the pending dispatch holds, or -1 */
+  for (uint32_t i = 0; i < MLXN_MAX_SLOTS; i++) holder[i] = -1;
+  /* The stream was decoded whole just now: every record is well-formed. */
+  for (uint32_t at = 0; at < n;) {
+    uint32_t h = s->words[at], op = h & 0xffu, slot = (h >> 8) & 0xffu, words = h >> 16;
+    int patchable = op == MLXN_OP_SET_BYTES || op == MLXN_OP_SET_BUFFER || op == MLXN_OP_SET_BUFFER64;
+    if (patchable || op == MLXN_OP_SET_BUFFER_WHOLE) {
+      if (slot < MLXN_MAX_SLOTS && holder[slot] >= 0) s->recs[holder[slot]].words = 0; /* replaced: dead */
+      if (slot < MLXN_MAX_SLOTS) holder[slot] = -1;
+    }
+    if (patchable && slot < MLXN_KERNEL_SLOTS) { /* a higher slot never reaches a decoded dispatch */
+      if (s->n_recs == cap) {
+        uint32_t want = cap ? cap * 2 : 64;
+        src_record *r = realloc(s->recs, (size_t)want * sizeof *r);
+        if (!r) {
+          free_source(s);
+          return mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory keeping a template's stream");
+        }
+        s->recs = r;
+        cap = want;
+      }
+      src_record *r = &s->recs[s->n_recs];
+      r->start = at;
+      r->dispatch = dispatch;
+      r->slot = (uint8_t)slot;
+      r->range = op != MLXN_OP_SET_BYTES;
+      /* Constants: whole words only (a partial last word stays fixed). */
+      r->words = (uint16_t)(op == MLXN_OP_SET_BYTES ? s->words[at + 1] / 4 : op == MLXN_OP_SET_BUFFER ? 2 : 4);
+      holder[slot] = (int32_t)s->n_recs++;
+    } else if (op == MLXN_OP_DISPATCH_THREADS || op == MLXN_OP_DISPATCH_GROUPS) {
+      dispatch++;
+      for (uint32_t i = 0; i < MLXN_MAX_SLOTS; i++) holder[i] = -1; /* each dispatch has its own bindings */
+    } else if (op == MLXN_OP_AUTO_BARRIERS) {
+      autos++;
+      auto_late |= dispatch > 0;
+      auto_off |= slot == 0;
+    } else if (op == MLXN_OP_TRACK) {
+      s->ranges_fixed = 1;
+    }
+    at += words;
+  }
+  /* Bindings after the last dispatch reach none: the replay refuses such a template anyway. */
+  for (uint32_t i = 0; i < MLXN_MAX_SLOTS; i++)
+    if (holder[i] >= 0) s->recs[holder[i]].words = 0;
+  if (autos > 1 || auto_late || auto_off) s->ranges_fixed = 1;
+  s->tracked = autos == 1 && !auto_late && !auto_off;
+  cb->source = s;
+  return MLXN_OK;
+}
+
+/* The first word at or after byte `at` where a and b differ, as a byte offset (n when none). */
+static uint32_t next_difference(const uint8_t *a, const uint8_t *b, uint32_t at, uint32_t n) {
+  typedef uint64_t v4 __attribute__((vector_size(32)));
+  for (; at + 64 <= n; at += 64) {
+    v4 x0, x1, y0, y1;
+    memcpy(&x0, a + at, 32);
+    memcpy(&x1, a + at + 32, 32);
+    memcpy(&y0, b + at, 32);
+    memcpy(&y1, b + at + 32, 32);
+    v4 d = (x0 ^ y0) | (x1 ^ y1);
+    if (d[0] | d[1] | d[2] | d[3]) break;
+  }
+  for (; at < n; at += 4)
+    if (word(a + at) != word(b + at)) return at;
+  return n;
+}
+
+/* The patchable record holding word w, or NULL. */
+static const src_record *record_of(const struct cb_source *s, uint32_t w) {
+  uint32_t lo = 0, hi = s->n_recs; /* the last record starting at or before w */
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (s->recs[mid].start <= w) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  const src_record *r = &s->recs[lo - 1];
+  return w >= r->start + 2 && w < r->start + 2u + r->words ? r : NULL;
+}
+
+/* One changed record: for a range, the binding it now makes. */
+typedef struct changed_record {
+  const src_record *rec;
+  uint8_t *ptr;
+  uint64_t len;
+} changed_record;
+
+/* The largest concurrent group a changed range is checked against: past it, decoding is cheaper. */
+#define LIKE_MAX_GROUP 64u
+
+/* Slot s of dispatch j (of `from`) as the replay will bind it: its changed range, or from's. */
+static void bound_range(const mlxn_dispatch *d, const changed_record *ch, uint32_t n_ch, uint32_t j, uint32_t s,
+                        const uint8_t **ptr, uint64_t *len) {
+  *ptr = d->args.ptr[s];
+  *len = d->args.len[s];
+  for (uint32_t i = 0; i < n_ch; i++)
+    if (ch[i].rec->dispatch == j && ch[i].rec->slot == s && ch[i].rec->range) {
+      *ptr = ch[i].ptr;
+      *len = ch[i].len;
+    }
+}
+
+/* Whether the changed ranges of dispatch k conflict with another dispatch of its concurrent group
+ * (as the decoder's tracker would judge them: a write against any access of the same bytes). */
+static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uint32_t n_ch, uint32_t k, int *too_wide) {
+  const mlxn_dispatch *ds = from->dispatches;
+  uint32_t g = ds[k].group, lo = k, hi = k + 1;
+  while (lo > 0 && ds[lo - 1].group == g) lo--;
+  while (hi < from->n_dispatches && ds[hi].group == g) hi++;
+  if (hi - lo > LIKE_MAX_GROUP) return *too_wide = 1;
+  /* The changed records of the group's dispatches: ch is in stream order, so in dispatch order. */
+  uint32_t c0 = 0;
+  while (c0 < n_ch && ch[c0].rec->dispatch < lo) c0++;
+  uint32_t c1 = c0;
+  while (c1 < n_ch && ch[c1].rec->dispatch < hi) c1++;
+  const mlxn_contract *ck = ds[k].contract;
+  for (uint32_t i = c0; i < c1; i++) {
+    if (ch[i].rec->dispatch != k || !ch[i].rec->range) continue;
+    uint32_t sk = ch[i].rec->slot;
+    if (sk >= MLXN_KERNEL_SLOTS || !ch[i].len) continue;
+    int wk = (ck->writes >> sk) & 1u;
+    uintptr_t a0 = (uintptr_t)ch[i].ptr, a1 = a0 + ch[i].len;
+    for (uint32_t j = lo; j < hi; j++) {
+      if (j == k) continue; /* a dispatch never conflicts with itself */
+      const mlxn_contract *cj = ds[j].contract;
+      for (uint32_t left = (cj->reads | cj->writes) & ((1u << MLXN_KERNEL_SLOTS) - 1u); left; left &= left - 1) {
+        uint32_t sj = (uint32_t)__builtin_ctz(left);
+        if (ds[j].object[sj] != ds[k].object[sk]) continue;
+        int wj = (cj->writes >> sj) & 1u;
+        if (!wk && !wj) continue;
+        const uint8_t *p;
+        uint64_t n;
+        bound_range(&ds[j], ch + c0, c1 - c0, j, sj, &p, &n);
+        if (n && (uintptr_t)p < a1 && a0 < (uintptr_t)p + n) return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+int32_t mlxn_cmdbuf_replay_source(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len) {
+  const struct cb_source *s = from->source;
+  if (len != s->n_words * 4) return MLXN_UNLIKE;
+  const uint8_t *old = (const uint8_t *)s->words;
+  /* A patched dispatch costs about half what decoding it does, on top of the copy of every dispatch:
+   * past one changed record per two dispatches, decode. */
+  uint32_t n = from->n_dispatches, max_changed = n / 2 > 16 ? n / 2 : 16;
+  changed_record stack_ch[64], *ch = stack_ch;
+  uint32_t n_ch = 0, cap_ch = 64, ranges = 0;
+  int32_t rc = MLXN_OK;
+  mlxn_device *dev = cb->dev;
+  /* Every difference first: a changed word outside a patchable record, or more changed records than
+   * decoding would cost, and the stream is decoded instead (nothing done to cb). */
+  for (uint32_t at = next_difference(old, stream, 0, len); at < len; at = next_difference(old, stream, at + 4, len)) {
+    const src_record *r = record_of(s, at / 4);
+    if (!r || (r->range && s->ranges_fixed)) {
+      rc = MLXN_UNLIKE;
+      break;
+    }
+    if (n_ch > 0 && ch[n_ch - 1].rec == r) continue; /* another word of the same record */
+    if (n_ch == max_changed) {
+      rc = MLXN_UNLIKE;
+      break;
+    }
+    if (n_ch == cap_ch) {
+      changed_record *more = malloc((size_t)cap_ch * 2 * sizeof *more);
+      if (!more) {
+        rc = mlxn_set_error(MLXN_E_OUT_OF_MEMORY, "out of memory replaying a command buffer");
+        break;
+      }
+      memcpy(more, ch, (size_t)n_ch * sizeof *ch);
+      if (ch != stack_ch) free(ch);
+      ch = more;
+      cap_ch *= 2;
+    }
+    ch[n_ch].rec = r;
+    ch[n_ch].ptr = NULL;
+    ch[n_ch].len = 0;
+    n_ch++;
+    /* The rest of this record is one entry: continue after it. */
+    at = (r->start + 2u + r->words) * 4 - 4;
+  }
+  /* A changed range binds the same buffer (its handle is a fixed word): checked as decoding would. */
+  for (uint32_t i = 0; rc == MLXN_OK && i < n_ch; i++) {
+    const src_record *r = ch[i].rec;
+    if (!r->range) continue;
+    ranges++;
+    const uint8_t *x = stream + 4 * (size_t)r->start;
+    uint32_t handle = word(x + 4);
+    uint64_t boff = r->words == 2 ? word(x + 8) : word(x + 8) | (uint64_t)word(x + 12) << 32;
+    uint64_t blen = r->words == 2 ? word(x + 12) : word(x + 16) | (uint64_t)word(x + 20) << 32;
+    buffer_entry *e = mlxn_buffer_lookup(dev, handle, NULL);
+    if (!e) {
+      rc = mlxn_set_error(MLXN_E_BAD_HANDLE, "slot %u: buffer handle 0x%x is not a live buffer: it %s", r->slot,
+                          handle, mlxn_handle_problem(dev, handle));
+    } else if (boff > e->size || blen > e->size - boff) {
+      rc = mlxn_set_error(MLXN_E_STREAM, "slot %u: range [%llu, %llu) is past the end of a %llu-byte buffer",
+                          r->slot, (unsigned long long)boff, (unsigned long long)(boff + blen),
+                          (unsigned long long)e->size);
+    } else {
+      ch[i].ptr = e->data + boff;
+      ch[i].len = blen;
+    }
+  }
+  /* The groups the tracker made for the old ranges stay correct when no changed range conflicts with
+   * its concurrent group. (Decoding might place a barrier fewer, where an old conflict went away.) */
+  if (rc == MLXN_OK && ranges > 0 && s->tracked) {
+    uint32_t last = UINT32_MAX;
+    for (uint32_t i = 0; i < n_ch && rc == MLXN_OK; i++) {
+      uint32_t k = ch[i].rec->dispatch;
+      if (!ch[i].rec->range || k == last) continue;
+      last = k;
+      int too_wide = 0;
+      if (group_conflict(from, ch, n_ch, k, &too_wide) || too_wide) rc = MLXN_UNLIKE;
+    }
+  }
+  if (rc == MLXN_OK) rc = mlxn_cmdbuf_copy_decoded(cb, from);
+  if (rc == MLXN_OK && n_ch > 0) {
+    for (uint32_t i = 0; i < n_ch; i++) {
+      const src_record *r = ch[i].rec;
+      mlxn_dispatch *d = &cb->dispatches[r->dispatch];
+      if (r->range) {
+        d->args.ptr[r->slot] = ch[i].ptr;
+        d->args.len[r->slot] = ch[i].len;
+      } else {
+        memcpy(d->args.ptr[r->slot], stream + 4 * ((size_t)r->start + 2), (size_t)r->words * 4);
+      }
+    }
+    uint32_t last = UINT32_MAX; /* ch is in dispatch order: each patched dispatch validated once */
+    for (uint32_t i = 0; i < n_ch && rc == MLXN_OK; i++) {
+      if (ch[i].rec->dispatch == last) continue;
+      last = ch[i].rec->dispatch;
+      rc = revalidate(cb, last);
+    }
+  }
+  if (ch != stack_ch) free(ch);
+  return rc;
+}

@@ -6,7 +6,7 @@
  */
 
 /** ABI version this module speaks; a library reporting another version is refused. */
-export const ABI_VERSION = 4;
+export const ABI_VERSION = 5;
 
 /** Native status codes (MLXN_OK, MLXN_E_*). */
 export const Status = {
@@ -20,6 +20,9 @@ export const Status = {
   E_UNSUPPORTED: -7,
   E_DEVICE: -8,
 } as const;
+
+/** What mlxn_cmdbuf_replay_like returns when the stream is not like the template's (MLXN_UNLIKE). */
+export const UNLIKE = 1;
 
 /** Command-stream opcodes (MLXN_OP_*). */
 export const Op = {

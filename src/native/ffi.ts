@@ -40,6 +40,10 @@ export const symbols = {
   mlxn_cmdbuf_replay: { parameters: ["pointer", "pointer"], result: "i32" },
   /** int32_t mlxn_cmdbuf_replay_patched(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint32_t *patch, uint32_t n_words) */
   mlxn_cmdbuf_replay_patched: { parameters: ["pointer", "pointer", "buffer", "u32"], result: "i32" },
+  /** int32_t mlxn_cmdbuf_encode_template(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len) */
+  mlxn_cmdbuf_encode_template: { parameters: ["pointer", "buffer", "u32"], result: "i32" },
+  /** int32_t mlxn_cmdbuf_replay_like(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len) */
+  mlxn_cmdbuf_replay_like: { parameters: ["pointer", "pointer", "buffer", "u32"], result: "i32" },
   /** uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) */
   mlxn_cmdbuf_error_offset: { parameters: ["pointer"], result: "u32" },
   /** int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) */
