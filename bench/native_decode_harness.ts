@@ -11,11 +11,16 @@
  *   dispatches of matmuls, norms, rope, attention, elementwise), captured from the encoder once with
  *   hand barriers ("off") and once with automatic barriers ("auto"), replayed the same way.
  *
+ * - `like`: the decode step's stream at the next position (the position's constants and the KV-cache
+ *   rows differ) handed to `mlxn_cmdbuf_replay_like` against a template of the step at position 5
+ *   (`mlxn_cmdbuf_encode_template`): compared, copied and patched instead of decoded ("like-same":
+ *   the template's own stream again, compared and copied).
+ *
  * Best of 3,000 per case (REPS=n to change), cases interleaved round by round. DUMP=<dir> also writes
  * each case's stream with the buffers and pipelines it names (<dir>/<mode>-<off|auto>.bin), for
  * bench/decode_replay.c to replay without Deno (under perf or valgrind, or against another build).
  *
- *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,inplace,shuffled,step]   (AUTO=0: tracking off only)
+ *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,inplace,shuffled,step,like]   (AUTO=0: tracking off only)
  */
 const root = (Deno.env.get("ROOT") ?? new URL("..", import.meta.url).pathname).replace(/\/$/, "");
 const { DType, GraphExecutor, MlxDevice } = await import(`file://${root}/mod.ts`);
@@ -64,7 +69,7 @@ function stream(auto: boolean, mode: string): Uint8Array[] {
 }
 
 /** The chunks one decode step hands to mlxn_cmdbuf_encode, copied, and its dispatch count. */
-async function stepChunks(auto: boolean): Promise<{ chunks: Uint8Array[]; dispatches: number }> {
+async function stepChunks(auto: boolean, position = 5): Promise<{ chunks: Uint8Array[]; dispatches: number }> {
   const { createLlama } = await import(`file://${root}/examples/llama.ts`);
   const cfg = { layers: 32, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 512, ctx: 512 };
   const model = stepModel ??= createLlama(device, { ...cfg, quant: "bf16", seed: 1 });
@@ -78,7 +83,7 @@ async function stepChunks(auto: boolean): Promise<{ chunks: Uint8Array[]; dispat
   };
   try {
     const s = exec.begin({ autoBarriers: auto });
-    model.step(s, 5, auto ? () => {} : () => s.barrier());
+    model.step(s, position, auto ? () => {} : () => s.barrier());
     s.encoder.flush();
     s.dispose();
   } finally {
@@ -101,11 +106,25 @@ let stepModel: any, stepExec: any;
 // deno-lint-ignore no-explicit-any
 const dev = (device as any).devicePtr();
 const reps = Number(Deno.env.get("REPS") ?? 3000);
-const cases: { name: string; chunks: Uint8Array[]; n: number; best: number }[] = [];
-for (const mode of (Deno.args[0] ?? "slices,hazard,inplace,shuffled,step").split(",")) {
+/** A case: chunks decoded into a fresh command buffer, or (with `template`) one replayed like it. */
+const cases: { name: string; chunks: Uint8Array[]; n: number; best: number; template?: Deno.PointerObject }[] = [];
+for (const mode of (Deno.args[0] ?? "slices,hazard,inplace,shuffled,step,like").split(",")) {
   for (const auto of (Deno.env.get("AUTO") === "0" ? [false] : [false, true])) {
     const name = `${mode} ${auto ? "auto" : "off "}`;
-    if (mode === "step") {
+    if (mode === "like") {
+      const base = await stepChunks(auto), next = await stepChunks(auto, 6);
+      if (base.chunks.length !== 1 || next.chunks.length !== 1) throw new Error("a step fits one chunk");
+      const template = sym.mlxn_cmdbuf_new(dev)!, b = base.chunks[0]!;
+      if (sym.mlxn_cmdbuf_encode_template(template, b, b.byteLength) !== 0) throw new Error("template refused");
+      cases.push({ name, chunks: next.chunks, n: next.dispatches, best: Infinity, template });
+      cases.push({
+        name: `like-same ${auto ? "auto" : "off "}`,
+        chunks: base.chunks,
+        n: base.dispatches,
+        best: Infinity,
+        template,
+      });
+    } else if (mode === "step") {
       const { chunks, dispatches } = await stepChunks(auto);
       cases.push({ name, chunks, n: dispatches, best: Infinity });
     } else cases.push({ name, chunks: stream(auto, mode), n: N, best: Infinity });
@@ -134,7 +153,8 @@ for (let r = 0; r < reps; r++) {
     const cb = sym.mlxn_cmdbuf_new(dev);
     const t0 = performance.now();
     let rc = 0;
-    for (const chunk of c.chunks) rc |= sym.mlxn_cmdbuf_encode(cb, chunk, chunk.byteLength);
+    if (c.template) rc = sym.mlxn_cmdbuf_replay_like(cb, c.template, c.chunks[0]!, c.chunks[0]!.byteLength);
+    else for (const chunk of c.chunks) rc |= sym.mlxn_cmdbuf_encode(cb, chunk, chunk.byteLength);
     const t = performance.now() - t0;
     sym.mlxn_cmdbuf_free(cb);
     if (rc !== 0) throw new Error(`${c.name}: rc ${rc}`);
@@ -145,7 +165,7 @@ for (const c of cases) {
   console.log(
     c.name,
     (c.best * 1e6 / c.n).toFixed(1),
-    "ns/dispatch decode",
-    c.name.startsWith("step") ? `(${c.n} dispatches, ${c.chunks.length} chunks, ${(c.best * 1e3).toFixed(1)} µs)` : "",
+    c.template ? "ns/dispatch replay_like" : "ns/dispatch decode",
+    c.n !== N ? `(${c.n} dispatches, ${c.chunks.length} chunks, ${(c.best * 1e3).toFixed(1)} µs)` : "",
   );
 }

@@ -891,16 +891,19 @@ static void bound_range(const mlxn_dispatch *d, const changed_record *ch, uint32
 
 /* Whether the changed ranges of dispatch k conflict with another dispatch of its concurrent group
  * (as the decoder's tracker would judge them: a write against any access of the same bytes). */
-static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uint32_t n_ch, uint32_t k, int *too_wide) {
+static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uint32_t n_ch, uint32_t at,
+                          int *too_wide) {
+  uint32_t k = ch[at].rec->dispatch;
   const mlxn_dispatch *ds = from->dispatches;
   uint32_t g = ds[k].group, lo = k, hi = k + 1;
   while (lo > 0 && ds[lo - 1].group == g) lo--;
   while (hi < from->n_dispatches && ds[hi].group == g) hi++;
   if (hi - lo > LIKE_MAX_GROUP) return *too_wide = 1;
-  /* The changed records of the group's dispatches: ch is in stream order, so in dispatch order. */
-  uint32_t c0 = 0;
-  while (c0 < n_ch && ch[c0].rec->dispatch < lo) c0++;
-  uint32_t c1 = c0;
+  /* The changed records of the group's dispatches, around k's first (`at`): ch is in stream order,
+   * so in dispatch order. */
+  uint32_t c0 = at;
+  while (c0 > 0 && ch[c0 - 1].rec->dispatch >= lo) c0--;
+  uint32_t c1 = at;
   while (c1 < n_ch && ch[c1].rec->dispatch < hi) c1++;
   const mlxn_contract *ck = ds[k].contract;
   for (uint32_t i = c0; i < c1; i++) {
@@ -1000,7 +1003,7 @@ int32_t mlxn_cmdbuf_replay_source(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from, cons
       if (!ch[i].rec->range || k == last) continue;
       last = k;
       int too_wide = 0;
-      if (group_conflict(from, ch, n_ch, k, &too_wide) || too_wide) rc = MLXN_UNLIKE;
+      if (group_conflict(from, ch, n_ch, i, &too_wide) || too_wide) rc = MLXN_UNLIKE;
     }
   }
   if (rc == MLXN_OK) rc = mlxn_cmdbuf_copy_decoded(cb, from);
