@@ -142,6 +142,7 @@ cuda: $(CUDA_LIB)
 SAN_LIB := build/san/libmlxn_cpu.$(SO)
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 FUZZ_BIN := build/fuzz_stream
+FUZZ_LIKE_BIN := build/fuzz_replay_like
 FUZZ_TIME ?= 30
 FUZZ_RUNS ?= -1
 
@@ -154,9 +155,11 @@ $(SAN_LIB): $(CPU_SRC) $(CPU_HDR)
 # runs at least once, with the new hostile cases refused); then the suite, whose kernel, safety and
 # lifecycle tests execute too. Deno itself is not instrumented: the ASan runtime is preloaded and the
 # library picked via MLXN_LIB.
-sanitize-test: $(SAN_LIB) $(FUZZ_BIN) $(DENO_DEP)
+sanitize-test: $(SAN_LIB) $(FUZZ_BIN) $(FUZZ_LIKE_BIN) $(DENO_DEP)
 	$(FUZZ_BIN) tests/fuzz/corpus/*.bin > build/sanitize-corpus.log 2>&1 || { cat build/sanitize-corpus.log; exit 1; }
 	@echo "sanitize-test: $$(grep -c '^Executed' build/sanitize-corpus.log) fuzz corpus seeds executed under ASan+UBSan"
+	$(FUZZ_LIKE_BIN) tests/fuzz/like-corpus/*.bin > build/sanitize-like-corpus.log 2>&1 || { cat build/sanitize-like-corpus.log; exit 1; }
+	@echo "sanitize-test: $$(grep -c '^Executed' build/sanitize-like-corpus.log) replay-like seeds agree with the decoder"
 	LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	MLXN_LIB=$(CURDIR)/$(SAN_LIB) DENO="$(DENO)" DENO_TEST_FLAGS="$(DENO_TEST_FLAGS)" bash scripts/test.sh
@@ -167,12 +170,22 @@ $(FUZZ_BIN): tests/fuzz/fuzz_stream.c $(CPU_SRC) $(CPU_HDR)
 	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -ldl -lm
 
-# The target decodes each input and executes what it accepts (tests/fuzz/fuzz_stream.c). Bounded by
-# FUZZ_TIME seconds (or FUZZ_RUNS executions); new inputs go to build/fuzz-corpus.
-fuzz: $(FUZZ_BIN)
-	@mkdir -p build/fuzz-corpus
+$(FUZZ_LIKE_BIN): tests/fuzz/fuzz_replay_like.c $(CPU_SRC) $(CPU_HDR)
+	@command -v clang >/dev/null || { echo "fuzz needs clang" >&2; exit 1; }
+	@mkdir -p build
+	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -o $@ tests/fuzz/fuzz_replay_like.c $(CPU_SRC) -ldl -lm
+
+# The stream target decodes each input and executes what it accepts (tests/fuzz/fuzz_stream.c); the
+# replay-like target checks replays by a mutated stream against decoding it
+# (tests/fuzz/fuzz_replay_like.c). Each bounded by FUZZ_TIME seconds (or FUZZ_RUNS executions); new
+# inputs go to build/fuzz-corpus and build/fuzz-like-corpus.
+fuzz: $(FUZZ_BIN) $(FUZZ_LIKE_BIN)
+	@mkdir -p build/fuzz-corpus build/fuzz-like-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \
 	  build/fuzz-corpus tests/fuzz/corpus
+	$(FUZZ_LIKE_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \
+	  build/fuzz-like-corpus tests/fuzz/like-corpus
 
 clean:
 	rm -rf build

@@ -599,6 +599,9 @@ int32_t mlxn_cmdbuf_encode_template(mlxn_cmdbuf *cb, const uint8_t *stream, uint
   } else {
     pthread_mutex_lock(&cb->dev->mu);
     rc = mlxn_cmdbuf_decode(cb, stream, len);
+    if (rc == MLXN_OK && (cb->bound_mask != 0 || cb->tg_memory != 0))
+      rc = mlxn_set_error(MLXN_E_STREAM, "a template ends after a dispatch record, not inside a dispatch (bindings "
+                                         "with no dispatch); end the pass's stream after its last dispatch");
     if (rc == MLXN_OK) rc = mlxn_cmdbuf_keep_source(cb, stream, len);
     pthread_mutex_unlock(&cb->dev->mu);
   }

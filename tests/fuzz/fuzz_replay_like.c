@@ -1,0 +1,166 @@
+/* libFuzzer target for replays by a like stream (mlxn_cmdbuf_replay_like), differential against the
+ * decoder (make fuzz).
+ *
+ * Input: a u32 (little endian) giving the template stream's length in bytes (taken modulo what is
+ * there, rounded down to whole words), the template stream T, then any number of 8-byte mutations
+ * {u32 word index, u32 value}: the candidate stream S is T with word (index mod T's words) set to
+ * value, in order. Handle words 1..4 in buffer and TRACK records name the four buffers of a CPU
+ * device that stays open (64 B, 256 B, 4 KiB, 64 KiB), as in fuzz_stream.c.
+ *
+ * T is made a template (mlxn_cmdbuf_encode_template); S is decoded into one command buffer (A) and
+ * replayed like T into another (B). The replay must agree with the decoder:
+ *  - replayed (MLXN_OK): S decodes too, into the same dispatches (kernel, contract, geometry, tag,
+ *    threadgroup memory, every buffer slot's address, length and object, every inline slot's bytes);
+ *    the same concurrent groups, except that under automatic barriers B may keep a barrier the
+ *    decoder no longer needs, never lack one it places; B then runs (when cheap) under ASan;
+ *  - refused (an error): the decoder refuses S too;
+ *  - unlike (MLXN_UNLIKE): B is untouched and takes S as the decoder does.
+ * Nothing may leak: live command buffers return to zero, live buffers to four. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../native/core/internal.h"
+
+#define MAX_THREADGROUPS 512u
+
+static mlxn_device *dev;
+static const uint64_t sizes[4] = {64, 256, 4096, 65536};
+static uint32_t handles[4];
+static int verbose; /* FUZZ_STREAM_VERBOSE=1: say what became of each input (checking the seeds) */
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  dev = mlxn_device_open(0, 1);
+  if (!dev) abort();
+  verbose = getenv("FUZZ_STREAM_VERBOSE") != NULL;
+  for (int i = 0; i < 4; i++)
+    if ((handles[i] = mlxn_buffer_alloc(dev, sizes[i])) != (uint32_t)(i + 1)) abort();
+  return 0;
+}
+
+static uint32_t get_word(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+/* Rewrites stream handles 1..4 to the device's buffers in buffer and TRACK records, as far as the
+ * records are well formed. */
+static void rename_handles(uint8_t *s, uint32_t len) {
+  for (uint32_t off = 0; len - off >= 4;) {
+    uint32_t hdr = get_word(s + off), op = hdr & 0xffu, words = hdr >> 16;
+    if (words == 0 || words > (len - off) / 4) return;
+    uint32_t first = 0, step = 0;
+    if (op == MLXN_OP_SET_BUFFER || op == MLXN_OP_SET_BUFFER64 || op == MLXN_OP_SET_BUFFER_WHOLE) first = 1, step = words;
+    if (op == MLXN_OP_TRACK) first = 1, step = MLXN_REC_TRACK_ENTRY_WORDS;
+    for (uint32_t w = first; step && w < words; w += step) {
+      uint32_t h = get_word(s + off + 4 * w);
+      if (h >= 1 && h <= 4) memcpy(s + off + 4 * w, &handles[h - 1], 4);
+    }
+    off += 4 * words;
+  }
+}
+
+static int cheap_to_run(const mlxn_cmdbuf *cb) {
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < cb->n_dispatches; i++) {
+    total += cb->dispatches[i].tg_total;
+    if (total > MAX_THREADGROUPS) return 0;
+  }
+  return cb->n_dispatches > 0;
+}
+
+/* Whether the stream has an AUTO_BARRIERS record (as far as its records are well formed). */
+static int has_auto_barriers(const uint8_t *s, uint32_t len) {
+  for (uint32_t off = 0; len - off >= 4;) {
+    uint32_t hdr = get_word(s + off), words = hdr >> 16;
+    if (words == 0 || words > (len - off) / 4) return 0;
+    if ((hdr & 0xffu) == MLXN_OP_AUTO_BARRIERS) return 1;
+    off += 4 * words;
+  }
+  return 0;
+}
+
+/* Aborts unless a (decoded) and b (replayed) hold the same dispatches in the same groups; with
+ * `finer` (automatic barriers), b may keep a barrier a lacks, never lack one. */
+static void same_dispatches(const mlxn_cmdbuf *a, const mlxn_cmdbuf *b, int finer) {
+  if (a->n_dispatches != b->n_dispatches) abort();
+  for (uint32_t k = 0; k < a->n_dispatches; k++) {
+    const mlxn_dispatch *x = &a->dispatches[k], *y = &b->dispatches[k];
+    if (x->kernel != y->kernel || x->contract != y->contract || x->tag != y->tag || x->tg_total != y->tg_total)
+      abort();
+    if (memcmp(x->args.grid, y->args.grid, sizeof x->args.grid) || memcmp(x->args.tg, y->args.tg, sizeof x->args.tg) ||
+        memcmp(x->args.groups, y->args.groups, sizeof x->args.groups) || x->args.tg_memory != y->args.tg_memory)
+      abort();
+    const char *sig = x->contract->signature;
+    for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && sig[s]; s++) {
+      if (x->args.len[s] != y->args.len[s]) abort();
+      if (sig[s] == 'c') {
+        if (x->args.len[s] && memcmp(x->args.ptr[s], y->args.ptr[s], (size_t)x->args.len[s])) abort();
+      } else if (x->args.ptr[s] != y->args.ptr[s] || x->object[s] != y->object[s]) {
+        abort();
+      }
+    }
+    if (k == 0) continue;
+    int split_a = x->group != a->dispatches[k - 1].group, split_b = y->group != b->dispatches[k - 1].group;
+    if (split_a && !split_b) abort(); /* a barrier the decoder places is missing */
+    if (!finer && split_a != split_b) abort();
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 4 || size > (1u << 20)) return 0;
+  uint32_t avail = (uint32_t)(size - 4), tlen = (get_word(data) % (avail + 1)) & ~3u;
+  uint8_t *t = malloc(tlen + 4), *s = malloc(tlen + 4);
+  if (!t || !s) abort();
+  memcpy(t, data + 4, tlen);
+  memcpy(s, t, tlen);
+  uint32_t words = tlen / 4;
+  for (uint32_t m = 4 + tlen; words && size - m >= 8; m += 8) {
+    uint32_t index = get_word(data + m) % words, value = get_word(data + m + 4);
+    memcpy(s + 4 * index, &value, 4);
+  }
+  rename_handles(t, tlen);
+  rename_handles(s, tlen);
+  mlxn_cmdbuf *tmpl = mlxn_cmdbuf_new(dev), *a = mlxn_cmdbuf_new(dev), *b = mlxn_cmdbuf_new(dev);
+  if (!tmpl || !a || !b) abort();
+  if (mlxn_cmdbuf_encode_template(tmpl, t, tlen) == MLXN_OK) {
+    int32_t ra = mlxn_cmdbuf_encode(a, s, tlen);
+    int32_t rb = mlxn_cmdbuf_replay_like(b, tmpl, s, tlen);
+    if (verbose)
+      fprintf(stderr, "like: %s (decode %s), %u dispatches, %s\n",
+              rb == MLXN_OK ? "replayed" : rb == MLXN_UNLIKE ? "unlike" : "refused", ra == MLXN_OK ? "accepts" : "refuses",
+              a->n_dispatches, memcmp(t, s, tlen) ? "changed" : "same");
+    if (rb == MLXN_OK) {
+      if (ra != MLXN_OK) abort(); /* replayed what the decoder refuses */
+      same_dispatches(a, b, has_auto_barriers(t, tlen));
+      if (cheap_to_run(b)) {
+        if (mlxn_cmdbuf_commit(b) != MLXN_OK) abort();
+        int32_t rc = mlxn_cmdbuf_wait(b), status = mlxn_cmdbuf_status(b);
+        if (!(rc == MLXN_OK && status == MLXN_CB_COMPLETED) && !(rc == MLXN_E_EXECUTION && status == MLXN_CB_ERROR))
+          abort();
+        for (uint32_t i = 0; i < 4; i++) memset(mlxn_buffer_contents(dev, handles[i]), 0, (size_t)sizes[i]);
+      }
+    } else if (rb == MLXN_UNLIKE) {
+      if (b->n_dispatches || b->n_refs || b->status != MLXN_CB_ENCODING) abort(); /* touched */
+      if ((mlxn_cmdbuf_encode(b, s, tlen) == MLXN_OK) != (ra == MLXN_OK)) abort();
+    } else if (ra == MLXN_OK) { /* refused what the decoder accepts */
+      char msg[1024];
+      mlxn_last_error((uint8_t *)msg, sizeof msg);
+      fprintf(stderr, "replay_like refused (%d) a stream the decoder accepts: %s\n", rb, msg);
+      abort();
+    }
+  }
+  mlxn_cmdbuf_free(tmpl);
+  mlxn_cmdbuf_free(a);
+  mlxn_cmdbuf_free(b);
+  free(t);
+  free(s);
+  uint64_t live[MLXN_LIVE_COUNT];
+  mlxn_live_objects(live, MLXN_LIVE_COUNT);
+  if (live[MLXN_LIVE_CMDBUFS] != 0 || live[MLXN_LIVE_BUFFERS] != 4) abort();
+  return 0;
+}
