@@ -894,8 +894,9 @@ static void bound_range(const mlxn_dispatch *d, const changed_record *ch, uint32
 static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uint32_t n_ch, uint32_t k, int *too_wide) {
   const mlxn_dispatch *ds = from->dispatches;
   uint32_t g = ds[k].group, lo = k, hi = k + 1;
-  while (lo > 0 && ds[lo - 1].group == g) lo--;
-  while (hi < from->n_dispatches && ds[hi].group == g) hi++;
+  /* Bounded walks: a group wider than LIKE_MAX_GROUP is refused without being walked whole. */
+  while (lo > 0 && ds[lo - 1].group == g && hi - lo <= LIKE_MAX_GROUP) lo--;
+  while (hi < from->n_dispatches && ds[hi].group == g && hi - lo <= LIKE_MAX_GROUP) hi++;
   if (hi - lo > LIKE_MAX_GROUP) return *too_wide = 1;
   /* The changed records of the group's dispatches: ch is in stream order, so in dispatch order. */
   uint32_t c0 = 0;
@@ -993,6 +994,9 @@ int32_t mlxn_cmdbuf_replay_source(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from, cons
   }
   /* The groups the tracker made for the old ranges stay correct when no changed range conflicts with
    * its concurrent group. (Decoding might place a barrier fewer, where an old conflict went away.) */
+  /* A serial device gives every dispatch a group of its own, while its tracker's groups (where its
+   * automatic barriers go) span dispatches: a moved range there is decoded. */
+  if (rc == MLXN_OK && ranges > 0 && s->tracked && from->serial_groups) rc = MLXN_UNLIKE;
   if (rc == MLXN_OK && ranges > 0 && s->tracked) {
     uint32_t last = UINT32_MAX;
     for (uint32_t i = 0; i < n_ch && rc == MLXN_OK; i++) {

@@ -1,0 +1,144 @@
+/**
+ * Hostile review of `mlxn_cmdbuf_replay_like`: a replay of a template by a like stream must run what
+ * decoding the same stream runs (the same barriers where they matter, the same values), or decode.
+ */
+import { deepStrictEqual, equal, ok } from "node:assert/strict";
+import { DType, type MlxBuffer, type MlxDevice } from "../mod.ts";
+import { Op, Stat, Status, UNLIKE } from "../src/native/abi.ts";
+import { lastErrorText } from "../src/native/status.ts";
+import { rng, testContext } from "./helpers.ts";
+import { rawCommandBuffer, RawWords } from "./raw_stream.ts";
+
+const E = 16;
+const f32 = (v: number) => new Uint32Array(new Float32Array([v]).buffer)[0]!;
+
+/** out[outAt .. outAt + E) = alpha · x[xAt ..] + beta · y (E elements). */
+function axpby(
+  w: RawWords,
+  device: MlxDevice,
+  x: MlxBuffer,
+  y: MlxBuffer,
+  out: MlxBuffer,
+  o: { alpha: number; outAt: number; xAt?: number },
+): RawWords {
+  w.pipeline(device, "axpby_f32").buffer(0, x, (o.xAt ?? 0) * 4, E * 4).buffer(1, y, 0, E * 4);
+  w.buffer(2, out, o.outAt * 4, E * 4);
+  w.bytes(3, f32(o.alpha), f32(0), E, 0);
+  return w.rec(Op.DISPATCH_THREADS, 0, E, 1, 1, E, 1, 1, 0);
+}
+
+function template(device: MlxDevice, stream: Uint8Array): Deno.PointerObject {
+  const sym = device.sym, t = sym.mlxn_cmdbuf_new(device.devicePtr())!;
+  equal(sym.mlxn_cmdbuf_encode_template(t, stream, stream.byteLength), Status.OK, lastErrorText(sym));
+  return t;
+}
+
+function like(device: MlxDevice, t: Deno.PointerObject, stream: Uint8Array) {
+  const cb = rawCommandBuffer(device), sym = device.sym;
+  const rc = sym.mlxn_cmdbuf_replay_like(cb.ptr, t, stream, stream.byteLength);
+  return { rc, message: rc < 0 ? lastErrorText(sym) : "", cb };
+}
+
+Deno.test("review replay_like: a serial device's moved write range gets the automatic barrier decoding places", () => {
+  // On a serial device every dispatch is its own concurrent group, but the tracker's groups (and
+  // its barrier counts) span dispatches: a moved range must be judged against those.
+  using ctx = testContext({ concurrency: false });
+  const { device } = ctx;
+  const x = device.upload(new Float32Array(E).map((_, j) => j + 1));
+  const y = device.upload(new Float32Array(E));
+  const out = device.alloc(4 * E * 4, DType.F32);
+  try {
+    const pass = (secondAt: number) => {
+      const w = new RawWords().rec(Op.AUTO_BARRIERS, 1);
+      axpby(w, device, x, y, out, { alpha: 1, outAt: 0 });
+      return axpby(w, device, x, y, out, { alpha: 2, outAt: secondAt }).take();
+    };
+    const t = template(device, pass(E));
+    try {
+      for (const at of [0, E / 2, 2 * E]) {
+        const s = pass(at);
+        const r = like(device, t, s);
+        const decoded = rawCommandBuffer(device);
+        equal(decoded.encode(s).rc, Status.OK);
+        if (r.rc === Status.OK) {
+          deepStrictEqual(
+            Array.from(r.cb.stats().slice(0, Stat.OPEN_GROUP)),
+            Array.from(decoded.stats().slice(0, Stat.OPEN_GROUP)),
+            `second write at ${at}: the replay's barriers are decoding's`,
+          );
+        } else {
+          equal(r.rc, UNLIKE, r.message);
+        }
+        r.cb.free();
+        decoded.free();
+      }
+    } finally {
+      device.sym.mlxn_cmdbuf_free(t);
+    }
+  } finally {
+    [x, y, out].forEach((b) => b.dispose());
+  }
+});
+
+Deno.test("review replay_like: random moves of read and write views under automatic barriers run as decoding does", () => {
+  // Four axpby dispatches reading views of `src` and writing views of `src` and `dst` (reads after
+  // writes, writes over reads, in-place): each mutation moves views and constants at random; a
+  // replay must give decoding's values (its groups may differ from decoding's, never its results).
+  for (const concurrency of [true, false]) {
+    using ctx = testContext({ concurrency });
+    const { device } = ctx;
+    const src = device.upload(new Float32Array(8 * E).map((_, j) => (j % 7) + 1));
+    const y = device.upload(new Float32Array(E).fill(3));
+    const dst = device.alloc(8 * E * 4, DType.F32);
+    const next = rng(concurrency ? 11 : 12);
+    const pick = () => Math.floor(next() * 7) * E / 2;
+    type Step = { xAt: number; outAt: number; toSrc: boolean; alpha: number };
+    const pass = (steps: Step[]) => {
+      const w = new RawWords().rec(Op.AUTO_BARRIERS, 1);
+      for (const s of steps) axpby(w, device, src, y, s.toSrc ? src : dst, s);
+      return w.take();
+    };
+    const run = (fill: (cb: ReturnType<typeof rawCommandBuffer>) => number) => {
+      src.write(new Float32Array(8 * E).map((_, j) => (j % 7) + 1));
+      dst.write(new Float32Array(8 * E));
+      const cb = rawCommandBuffer(device);
+      const rc = fill(cb);
+      if (rc !== Status.OK) {
+        cb.free();
+        return null;
+      }
+      cb.run();
+      return { values: [...(src.read() as Float32Array), ...(dst.read() as Float32Array)] };
+    };
+    try {
+      const base: Step[] = [0, 1, 2, 3].map((i) => ({ xAt: 0, outAt: 2 * E * (i % 2), toSrc: i >= 2, alpha: i + 1 }));
+      for (const b of base) if (b.toSrc) b.outAt += 4 * E;
+      const t = template(device, pass(base));
+      let replays = 0;
+      try {
+        for (let m = 0; m < 60; m++) {
+          const steps = base.map((b) => ({
+            ...b,
+            xAt: next() < 0.5 ? pick() : b.xAt,
+            outAt: next() < 0.5 ? pick() : b.outAt,
+            alpha: next() < 0.5 ? Math.floor(next() * 5) : b.alpha,
+          }));
+          const s = pass(steps);
+          const decoded = run((cb) => cb.encode(s).rc)!;
+          ok(decoded !== null);
+          let rc = -99;
+          const replayed = run((cb) => (rc = device.sym.mlxn_cmdbuf_replay_like(cb.ptr, t, s, s.byteLength)));
+          if (rc === UNLIKE) continue;
+          equal(rc, Status.OK, lastErrorText(device.sym));
+          replays++;
+          deepStrictEqual(replayed!.values, decoded.values, `mutation ${m}: ${JSON.stringify(steps)}`);
+        }
+      } finally {
+        device.sym.mlxn_cmdbuf_free(t);
+      }
+      if (concurrency) ok(replays > 0, "some mutations replay");
+    } finally {
+      [src, y, dst].forEach((b) => b.dispose());
+    }
+  }
+});
