@@ -142,3 +142,106 @@ Deno.test("review replay_like: random moves of read and write views under automa
     }
   }
 });
+
+Deno.test("review replay_like: hostile views, dead records and wide changes agree with decoding", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const sym = device.sym;
+  const x = device.upload(new Float32Array(E).map((_, j) => j + 1));
+  const y = device.upload(new Float32Array(E).fill(10));
+  const N = 200;
+  const out = device.alloc(N * E * 4, DType.F32);
+  // What a stream does when decoded and when replayed like template t: a replay either declines
+  // (UNLIKE), or is refused as decoding refuses it (same status), or runs decoding's values.
+  const agree = (t: Deno.PointerObject, s: Uint8Array, what: string): number => {
+    const results = [false, true].map((replay) => {
+      out.write(new Float32Array(N * E));
+      const cb = rawCommandBuffer(device);
+      const rc = replay ? sym.mlxn_cmdbuf_replay_like(cb.ptr, t, s, s.byteLength) : cb.encode(s).rc;
+      if (rc !== Status.OK) {
+        cb.free();
+        return { rc, values: [] as number[] };
+      }
+      cb.run();
+      return { rc, values: Array.from(out.read() as Float32Array) };
+    });
+    const [decoded, replayed] = results as [{ rc: number; values: number[] }, { rc: number; values: number[] }];
+    if (replayed.rc !== UNLIKE) deepStrictEqual(replayed, decoded, what);
+    return replayed.rc;
+  };
+  const view64 = (w: RawWords, off: bigint, len: bigint) =>
+    w.rec(
+      Op.SET_BUFFER64,
+      2,
+      out.handle,
+      Number(off & 0xffffffffn),
+      Number(off >> 32n),
+      Number(len & 0xffffffffn),
+      Number(len >> 32n),
+    );
+  const one = (head: (w: RawWords) => void, tail: (w: RawWords) => void) => {
+    const w = new RawWords().pipeline(device, "axpby_f32").buffer(0, x, 0, E * 4).buffer(1, y, 0, E * 4);
+    head(w);
+    tail(w);
+    w.bytes(3, f32(2), f32(1), E, 0);
+    return w.rec(Op.DISPATCH_THREADS, 0, E, 1, 1, E, 1, 1, 0).take();
+  };
+  try {
+    // SET_BUFFER64: above 4 GiB, offset + length past 2^64, a zero length, a valid move.
+    const t64 = template(device, one((w) => view64(w, 0n, BigInt(E * 4)), () => {}));
+    try {
+      const cases: [bigint, bigint][] = [
+        [1n << 32n, BigInt(E * 4)],
+        [BigInt(E * 4), (1n << 64n) - 4n],
+        [0n, 0n],
+        [
+          BigInt(E * 4),
+          BigInt(E * 4),
+        ],
+        [BigInt(N * E * 4), 0n],
+        [BigInt(N * E * 4 - 4), 8n],
+      ];
+      for (const [o, l] of cases) agree(t64, one((w) => view64(w, o, l), () => {}), `SET_BUFFER64 ${o} + ${l}`);
+      equal(agree(t64, one((w) => view64(w, BigInt(E * 4), BigInt(E * 4)), () => {}), "moved"), Status.OK);
+    } finally {
+      sym.mlxn_cmdbuf_free(t64);
+    }
+    // Records a later binding of the slot replaces: their words reach no dispatch.
+    const heads: [string, (w: RawWords, v: number) => void, (w: RawWords) => void][] = [
+      ["bytes then buffer", (w, v) => w.bytes(2, v, v), (w) => w.buffer(2, out, 0, E * 4)],
+      ["buffer then whole", (w, v) => w.buffer(2, out, v * 4, E * 4), (w) => w.rec(Op.SET_BUFFER_WHOLE, 2, out.handle)],
+      ["buffer twice", (w, v) => w.buffer(2, out, v * 4, E * 4), (w) => w.buffer(2, out, 0, E * 4)],
+    ];
+    for (const [what, dead, live] of heads) {
+      const t = template(device, one((w) => dead(w, 0), live));
+      try {
+        equal(agree(t, one((w) => dead(w, E), live), what), UNLIKE, `${what}: a dead record's change decodes`);
+      } finally {
+        sym.mlxn_cmdbuf_free(t);
+      }
+    }
+    // Many dispatches, each view and constant moved (more changed records than the replay's first
+    // table holds), then one more than the limit.
+    const many = (shift: number, count: number) => {
+      const w = new RawWords();
+      for (let k = 0; k < N; k++) {
+        const at = k < count ? (k + shift) % N : k;
+        w.pipeline(device, "axpby_f32").buffer(0, x, 0, E * 4).buffer(1, y, 0, E * 4).buffer(2, out, at * E * 4, E * 4);
+        w.bytes(3, f32(k < count ? shift + 1 : 1), f32(0), E, 0).rec(Op.DISPATCH_THREADS, 0, E, 1, 1, E, 1, 1, 0);
+      }
+      return w.take();
+    };
+    const tm = template(device, many(0, 0));
+    try {
+      equal(agree(tm, many(0, N), "unchanged"), Status.OK);
+      // A dispatch changes both its view and its constants: two records.
+      equal(agree(tm, many(1, 25), "50 records"), Status.OK);
+      agree(tm, many(1, 49), "98 records");
+      equal(agree(tm, many(1, 60), "120 records"), UNLIKE, "past n/2 changed records: decoded");
+    } finally {
+      sym.mlxn_cmdbuf_free(tm);
+    }
+  } finally {
+    [x, y, out].forEach((b) => b.dispose());
+  }
+});
