@@ -245,3 +245,81 @@ Deno.test("review replay_like: hostile views, dead records and wide changes agre
     [x, y, out].forEach((b) => b.dispose());
   }
 });
+
+Deno.test("review replay_like: wide groups, switched automatic barriers, other and closed devices", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const sym = device.sym;
+  const x = device.upload(new Float32Array(E).map((_, j) => j + 1));
+  const y = device.upload(new Float32Array(E));
+  const N = 80;
+  const out = device.alloc(N * E * 4, DType.F32);
+  try {
+    // One concurrent group of `width` writes into disjoint slices; the last one moved to `lastAt`.
+    const wide = (width: number, lastAt: number, prefix: (w: RawWords) => void = (w) => w.rec(Op.AUTO_BARRIERS, 1)) => {
+      const w = new RawWords();
+      prefix(w);
+      for (let k = 0; k < width; k++) {
+        axpby(w, device, x, y, out, { alpha: k + 1, outAt: (k === width - 1 ? lastAt : k) * E });
+      }
+      return w.take();
+    };
+    for (const width of [64, 65, 70]) {
+      const t = template(device, wide(width, width - 1));
+      try {
+        const decoded = rawCommandBuffer(device);
+        equal(decoded.encode(wide(width, N - 1)).rc, Status.OK);
+        const groups = decoded.stats()[Stat.GROUPS];
+        decoded.free();
+        const r = like(device, t, wide(width, N - 1));
+        if (width > 64) equal(r.rc, UNLIKE, `a group of ${width}: decoded`);
+        else {
+          equal(r.rc, Status.OK, r.message);
+          equal(r.cb.stats()[Stat.GROUPS], groups);
+        }
+        r.cb.free();
+        const overlap = like(device, t, wide(width, 0));
+        equal(overlap.rc, UNLIKE, `a group of ${width}: the moved write meets the first one`);
+        overlap.cb.free();
+      } finally {
+        sym.mlxn_cmdbuf_free(t);
+      }
+    }
+    // Automatic barriers switched off after the first dispatch: its ranges stay as they are.
+    const switched = (at: number) => {
+      const w = new RawWords().rec(Op.AUTO_BARRIERS, 1);
+      axpby(w, device, x, y, out, { alpha: 1, outAt: 0 });
+      w.rec(Op.AUTO_BARRIERS, 0);
+      return axpby(w, device, x, y, out, { alpha: 2, outAt: at }).take();
+    };
+    const ts = template(device, switched(E));
+    try {
+      for (const at of [0, 2 * E]) {
+        const r = like(device, ts, switched(at));
+        equal(r.rc, UNLIKE, `switched, second write at ${at}`);
+        r.cb.free();
+      }
+      // A command buffer of another device, and one whose template's device closed.
+      const other = testContext();
+      const cb = rawCommandBuffer(other.device);
+      const s = switched(E);
+      equal(other.device.sym.mlxn_cmdbuf_replay_like(cb.ptr, ts, s, s.byteLength), Status.E_INVALID_ARGUMENT);
+      cb.free();
+      const x2 = other.device.upload(new Float32Array(E)), out2 = other.device.alloc(E * 4, DType.F32);
+      const t2 = template(
+        other.device,
+        axpby(new RawWords(), other.device, x2, x2, out2, { alpha: 1, outAt: 0 }).take(),
+      );
+      const s2 = axpby(new RawWords(), other.device, x2, x2, out2, { alpha: 1, outAt: 0 }).take();
+      other.device.close();
+      const mine = rawCommandBuffer(device);
+      equal(sym.mlxn_cmdbuf_replay_like(mine.ptr, t2, s2, s2.byteLength), Status.E_STATE, lastErrorText(sym));
+      mine.free();
+      sym.mlxn_cmdbuf_free(t2);
+    } finally {
+      sym.mlxn_cmdbuf_free(ts);
+    }
+  } finally {
+    [x, y, out].forEach((b) => b.dispose());
+  }
+});
