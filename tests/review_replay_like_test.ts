@@ -3,7 +3,7 @@
  * decoding the same stream runs (the same barriers where they matter, the same values), or decode.
  */
 import { deepStrictEqual, equal, ok } from "node:assert/strict";
-import { DType, type MlxBuffer, type MlxDevice } from "../mod.ts";
+import { counters, DType, GraphExecutor, type MlxBuffer, type MlxDevice } from "../mod.ts";
 import { Op, Stat, Status, UNLIKE } from "../src/native/abi.ts";
 import { lastErrorText } from "../src/native/status.ts";
 import { rng, testContext } from "./helpers.ts";
@@ -321,5 +321,33 @@ Deno.test("review replay_like: wide groups, switched automatic barriers, other a
     }
   } finally {
     [x, y, out].forEach((b) => b.dispose());
+  }
+});
+
+Deno.test("review replay_like: sessions begun with reuse across a freed buffer and its recycled handle", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const exec = new GraphExecutor(device);
+  const a = device.upload(new Float32Array(E).map((_, j) => j));
+  const b = device.upload(new Float32Array(E).fill(1));
+  let out = device.alloc(E * 4, DType.F32);
+  try {
+    const pass = (target: MlxBuffer, scale: number) => {
+      const s = exec.begin({ reuse: true });
+      s.elementwiseAdd(a, b, target);
+      s.axpby(target, a, target, { alpha: scale, beta: 0 });
+      s.finish();
+      return Array.from(target.read() as Float32Array);
+    };
+    const want = (scale: number) => Array.from({ length: E }, (_, j) => scale * (j + 1));
+    counters.reset();
+    for (let i = 0; i < 3; i++) deepStrictEqual(pass(out, i + 1), want(i + 1));
+    ok(counters.snapshot().passReplays > 0, "the loop replays");
+    // The template binds `out`: freed, and a new buffer (its table slot recycled) takes its place.
+    out.dispose();
+    out = device.alloc(E * 4, DType.F32);
+    for (let i = 0; i < 3; i++) deepStrictEqual(pass(out, i + 5), want(i + 5), `after the free, pass ${i}`);
+  } finally {
+    [a, b, out].forEach((x) => x.dispose());
   }
 });
