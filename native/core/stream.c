@@ -877,13 +877,14 @@ typedef struct changed_record {
 /* The largest concurrent group a changed range is checked against: past it, decoding is cheaper. */
 #define LIKE_MAX_GROUP 64u
 
-/* Slot s of dispatch j (of `from`) as the replay will bind it: its changed range, or from's. */
-static void bound_range(const mlxn_dispatch *d, const changed_record *ch, uint32_t n_ch, uint32_t j, uint32_t s,
+/* Slot s of dispatch j (of `from`) as the replay will bind it: its changed range among j's changed
+ * records (ch[0..n), all of dispatch j: at most one live record per slot), or from's. */
+static void bound_range(const mlxn_dispatch *d, const changed_record *ch, uint32_t n, uint32_t s,
                         const uint8_t **ptr, uint64_t *len) {
   *ptr = d->args.ptr[s];
   *len = d->args.len[s];
-  for (uint32_t i = 0; i < n_ch; i++)
-    if (ch[i].rec->dispatch == j && ch[i].rec->slot == s && ch[i].rec->range) {
+  for (uint32_t i = 0; i < n; i++)
+    if (ch[i].rec->slot == s && ch[i].rec->range) {
       *ptr = ch[i].ptr;
       *len = ch[i].len;
     }
@@ -892,12 +893,13 @@ static void bound_range(const mlxn_dispatch *d, const changed_record *ch, uint32
 /* Whether the changed ranges of dispatch k conflict with another dispatch of its concurrent group
  * (as the decoder's tracker would judge them: a write against any access of the same bytes). */
 static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uint32_t n_ch, uint32_t at,
-                          int *too_wide) {
+                          int64_t *budget, int *too_wide) {
   uint32_t k = ch[at].rec->dispatch;
   const mlxn_dispatch *ds = from->dispatches;
   uint32_t g = ds[k].group, lo = k, hi = k + 1;
-  while (lo > 0 && ds[lo - 1].group == g) lo--;
-  while (hi < from->n_dispatches && ds[hi].group == g) hi++;
+  /* Bounded walks: a group wider than LIKE_MAX_GROUP is refused without being walked whole. */
+  while (lo > 0 && ds[lo - 1].group == g && hi - lo <= LIKE_MAX_GROUP) lo--;
+  while (hi < from->n_dispatches && ds[hi].group == g && hi - lo <= LIKE_MAX_GROUP) hi++;
   if (hi - lo > LIKE_MAX_GROUP) return *too_wide = 1;
   /* The changed records of the group's dispatches, around k's first (`at`): ch is in stream order,
    * so in dispatch order. */
@@ -905,6 +907,9 @@ static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uin
   while (c0 > 0 && ch[c0 - 1].rec->dispatch >= lo) c0--;
   uint32_t c1 = at;
   while (c1 < n_ch && ch[c1].rec->dispatch < hi) c1++;
+  /* The whole pass's checks are bounded (a budget in dispatch-slot visits, linear in the pass):
+   * past it, decoding is cheaper. */
+  if ((*budget -= (int64_t)(hi - lo) * MLXN_KERNEL_SLOTS) < 0) return *too_wide = 1;
   const mlxn_contract *ck = ds[k].contract;
   for (uint32_t i = c0; i < c1; i++) {
     if (ch[i].rec->dispatch != k || !ch[i].rec->range) continue;
@@ -912,7 +917,11 @@ static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uin
     if (sk >= MLXN_KERNEL_SLOTS || !ch[i].len) continue;
     int wk = (ck->writes >> sk) & 1u;
     uintptr_t a0 = (uintptr_t)ch[i].ptr, a1 = a0 + ch[i].len;
+    uint32_t cur = c0; /* j's changed records start here: both ascend */
     for (uint32_t j = lo; j < hi; j++) {
+      while (cur < c1 && ch[cur].rec->dispatch < j) cur++;
+      uint32_t end = cur;
+      while (end < c1 && ch[end].rec->dispatch == j) end++;
       if (j == k) continue; /* a dispatch never conflicts with itself */
       const mlxn_contract *cj = ds[j].contract;
       for (uint32_t left = (cj->reads | cj->writes) & ((1u << MLXN_KERNEL_SLOTS) - 1u); left; left &= left - 1) {
@@ -922,7 +931,7 @@ static int group_conflict(const mlxn_cmdbuf *from, const changed_record *ch, uin
         if (!wk && !wj) continue;
         const uint8_t *p;
         uint64_t n;
-        bound_range(&ds[j], ch + c0, c1 - c0, j, sj, &p, &n);
+        bound_range(&ds[j], ch + cur, end - cur, sj, &p, &n);
         if (n && (uintptr_t)p < a1 && a0 < (uintptr_t)p + n) return 1;
       }
     }
@@ -996,14 +1005,18 @@ int32_t mlxn_cmdbuf_replay_source(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from, cons
   }
   /* The groups the tracker made for the old ranges stay correct when no changed range conflicts with
    * its concurrent group. (Decoding might place a barrier fewer, where an old conflict went away.) */
+  /* A serial device gives every dispatch a group of its own, while its tracker's groups (where its
+   * automatic barriers go) span dispatches: a moved range there is decoded. */
+  if (rc == MLXN_OK && ranges > 0 && s->tracked && from->serial_groups) rc = MLXN_UNLIKE;
   if (rc == MLXN_OK && ranges > 0 && s->tracked) {
     uint32_t last = UINT32_MAX;
+    int64_t budget = 8 * (int64_t)MLXN_KERNEL_SLOTS * ((int64_t)n + LIKE_MAX_GROUP);
     for (uint32_t i = 0; i < n_ch && rc == MLXN_OK; i++) {
       uint32_t k = ch[i].rec->dispatch;
       if (!ch[i].rec->range || k == last) continue;
       last = k;
       int too_wide = 0;
-      if (group_conflict(from, ch, n_ch, i, &too_wide) || too_wide) rc = MLXN_UNLIKE;
+      if (group_conflict(from, ch, n_ch, i, &budget, &too_wide) || too_wide) rc = MLXN_UNLIKE;
     }
   }
   if (rc == MLXN_OK) rc = mlxn_cmdbuf_copy_decoded(cb, from);
