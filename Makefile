@@ -143,6 +143,7 @@ SAN_LIB := build/san/libmlxn_cpu.$(SO)
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 FUZZ_BIN := build/fuzz_stream
 FUZZ_LIKE_BIN := build/fuzz_replay_like
+LIKE_CORPUS := build/like-corpus/.made
 FUZZ_TIME ?= 30
 FUZZ_RUNS ?= -1
 
@@ -155,10 +156,10 @@ $(SAN_LIB): $(CPU_SRC) $(CPU_HDR)
 # runs at least once, with the new hostile cases refused); then the suite, whose kernel, safety and
 # lifecycle tests execute too. Deno itself is not instrumented: the ASan runtime is preloaded and the
 # library picked via MLXN_LIB.
-sanitize-test: $(SAN_LIB) $(FUZZ_BIN) $(FUZZ_LIKE_BIN) $(DENO_DEP)
+sanitize-test: $(SAN_LIB) $(FUZZ_BIN) $(FUZZ_LIKE_BIN) $(LIKE_CORPUS) $(DENO_DEP)
 	$(FUZZ_BIN) tests/fuzz/corpus/*.bin > build/sanitize-corpus.log 2>&1 || { cat build/sanitize-corpus.log; exit 1; }
 	@echo "sanitize-test: $$(grep -c '^Executed' build/sanitize-corpus.log) fuzz corpus seeds executed under ASan+UBSan"
-	$(FUZZ_LIKE_BIN) tests/fuzz/like-corpus/*.bin > build/sanitize-like-corpus.log 2>&1 || { cat build/sanitize-like-corpus.log; exit 1; }
+	$(FUZZ_LIKE_BIN) build/like-corpus/*.bin > build/sanitize-like-corpus.log 2>&1 || { cat build/sanitize-like-corpus.log; exit 1; }
 	@echo "sanitize-test: $$(grep -c '^Executed' build/sanitize-like-corpus.log) replay-like seeds agree with the decoder"
 	LD_PRELOAD=$$(clang -print-file-name=libclang_rt.asan-x86_64.so) \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -170,6 +171,11 @@ $(FUZZ_BIN): tests/fuzz/fuzz_stream.c $(CPU_SRC) $(CPU_HDR)
 	clang $(CFLAGS_COMMON) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -o $@ tests/fuzz/fuzz_stream.c $(CPU_SRC) -ldl -lm
 
+# The replay-like seeds are derived from the stream corpus (tests/fuzz/make_like_corpus.ts).
+$(LIKE_CORPUS): tests/fuzz/make_like_corpus.ts $(wildcard tests/fuzz/corpus/*.bin) $(DENO_DEP)
+	$(DENO) run --allow-read --allow-write tests/fuzz/make_like_corpus.ts build/like-corpus
+	@touch $@
+
 $(FUZZ_LIKE_BIN): tests/fuzz/fuzz_replay_like.c $(CPU_SRC) $(CPU_HDR)
 	@command -v clang >/dev/null || { echo "fuzz needs clang" >&2; exit 1; }
 	@mkdir -p build
@@ -180,12 +186,12 @@ $(FUZZ_LIKE_BIN): tests/fuzz/fuzz_replay_like.c $(CPU_SRC) $(CPU_HDR)
 # replay-like target checks replays by a mutated stream against decoding it
 # (tests/fuzz/fuzz_replay_like.c). Each bounded by FUZZ_TIME seconds (or FUZZ_RUNS executions); new
 # inputs go to build/fuzz-corpus and build/fuzz-like-corpus.
-fuzz: $(FUZZ_BIN) $(FUZZ_LIKE_BIN)
+fuzz: $(FUZZ_BIN) $(FUZZ_LIKE_BIN) $(LIKE_CORPUS)
 	@mkdir -p build/fuzz-corpus build/fuzz-like-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \
 	  build/fuzz-corpus tests/fuzz/corpus
 	$(FUZZ_LIKE_BIN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -print_final_stats=1 \
-	  build/fuzz-like-corpus tests/fuzz/like-corpus
+	  build/fuzz-like-corpus build/like-corpus
 
 clean:
 	rm -rf build

@@ -1,16 +1,18 @@
 /**
- * Writes the replay-like fuzzer's seeds (tests/fuzz/like-corpus/*.bin) from the stream fuzzer's
- * corpus (tests/fuzz/corpus, written by make_corpus.ts): for every seed stream, the stream as its own
+ * Writes the replay-like fuzzer's seeds (into the directory given, `make` uses build/like-corpus) from
+ * the stream fuzzer's corpus (tests/fuzz/corpus, written by make_corpus.ts): for every seed stream, the stream as its own
  * template with no mutation (a plain replay), and with one mutation of each kind of patchable word it
  * has (the first inline-constant word: +1; the first SET_BUFFER's offset: +4 bytes; its length: −4
  * bytes) and of one fixed word (the first dispatch's tag), as tests/fuzz/fuzz_replay_like.c reads
  * them: u32 template length, the template, then {u32 word index, u32 value} per mutation.
  *
- *   deno run --allow-read --allow-write tests/fuzz/make_like_corpus.ts
+ *   deno run --allow-read --allow-write tests/fuzz/make_like_corpus.ts build/like-corpus
  */
 import { LEN_SHIFT, Op, OP_MASK } from "../../src/native/abi.ts";
 
-const dir = new URL("./corpus/", import.meta.url), out = new URL("./like-corpus/", import.meta.url);
+if (Deno.args.length !== 1) throw new Error("usage: make_like_corpus.ts OUTPUT_DIR");
+const dir = new URL("./corpus/", import.meta.url);
+const out = new URL(`${Deno.args[0]!.replace(/\/$/, "")}/`, `file://${Deno.cwd()}/`);
 Deno.mkdirSync(out, { recursive: true });
 for (const f of Deno.readDirSync(out)) if (f.name.endsWith(".bin")) Deno.removeSync(new URL(f.name, out));
 
@@ -44,4 +46,4 @@ for (const f of [...Deno.readDirSync(dir)].map((e) => e.name).filter((n) => n.en
     written++;
   }
 }
-console.log(`${written} seeds in tests/fuzz/like-corpus`);
+console.log(`${written} seeds in ${Deno.args[0]}`);
