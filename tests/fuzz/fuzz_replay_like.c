@@ -5,7 +5,9 @@
  * there, rounded down to whole words), the template stream T, then any number of 8-byte mutations
  * {u32 word index, u32 value}: the candidate stream S is T with word (index mod T's words) set to
  * value, in order. Handle words 1..4 in buffer and TRACK records name the four buffers of a CPU
- * device that stays open (64 B, 256 B, 4 KiB, 64 KiB), as in fuzz_stream.c.
+ * device that stays open (64 B, 256 B, 4 KiB, 64 KiB), as in fuzz_stream.c. The length word's top
+ * bit picks a serial device instead (MLXN_FLAG_SERIAL: each dispatch a group of its own, while its
+ * automatic barriers still follow the tracker's groups).
  *
  * T is made a template (mlxn_cmdbuf_encode_template); S is decoded into one command buffer (A) and
  * replayed like T into another (B). The replay must agree with the decoder:
@@ -25,19 +27,21 @@
 
 #define MAX_THREADGROUPS 512u
 
-static mlxn_device *dev;
+static mlxn_device *devs[2]; /* concurrent, serial */
 static const uint64_t sizes[4] = {64, 256, 4096, 65536};
-static uint32_t handles[4];
+static uint32_t dev_handles[2][4]; /* each device's buffers (handles name their device) */
+static uint32_t *handles;            /* the input's device's */
 static int verbose; /* FUZZ_STREAM_VERBOSE=1: say what became of each input (checking the seeds) */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  dev = mlxn_device_open(0, 1);
-  if (!dev) abort();
   verbose = getenv("FUZZ_STREAM_VERBOSE") != NULL;
-  for (int i = 0; i < 4; i++)
-    if ((handles[i] = mlxn_buffer_alloc(dev, sizes[i])) != (uint32_t)(i + 1)) abort();
+  for (int d = 0; d < 2; d++) {
+    if (!(devs[d] = mlxn_device_open(d ? MLXN_FLAG_SERIAL : 0, 1))) abort();
+    for (int i = 0; i < 4; i++)
+      if (!(dev_handles[d][i] = mlxn_buffer_alloc(devs[d], sizes[i]))) abort();
+  }
   return 0;
 }
 
@@ -113,7 +117,9 @@ static void same_dispatches(const mlxn_cmdbuf *a, const mlxn_cmdbuf *b, int fine
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4 || size > (1u << 20)) return 0;
-  uint32_t avail = (uint32_t)(size - 4), tlen = (get_word(data) % (avail + 1)) & ~3u;
+  uint32_t avail = (uint32_t)(size - 4), tlen = ((get_word(data) & 0x7fffffffu) % (avail + 1)) & ~3u;
+  mlxn_device *dev = devs[get_word(data) >> 31];
+  handles = dev_handles[get_word(data) >> 31];
   uint8_t *t = malloc(tlen + 4), *s = malloc(tlen + 4);
   if (!t || !s) abort();
   memcpy(t, data + 4, tlen);
@@ -161,6 +167,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   free(s);
   uint64_t live[MLXN_LIVE_COUNT];
   mlxn_live_objects(live, MLXN_LIVE_COUNT);
-  if (live[MLXN_LIVE_CMDBUFS] != 0 || live[MLXN_LIVE_BUFFERS] != 4) abort();
+  if (live[MLXN_LIVE_CMDBUFS] != 0 || live[MLXN_LIVE_BUFFERS] != 8) abort();
   return 0;
 }
