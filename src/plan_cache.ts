@@ -366,7 +366,49 @@ export class Fingerprint {
       else hi = mid;
     }
     if (lo === at.length || at[lo] !== first) return false;
-    takeConstants(w, key, records, lo);
+    // Every constant from there on: each that differs is copied into the key and, where it feeds
+    // one, into the records and their live template's patch list.
+    const to = key.targets;
+    const p0 = records?.[0], p1 = records?.[1];
+    const r0 = p0?.words ?? NO_WORDS, r1 = p1?.words ?? NO_WORDS, split = r0.length;
+    // Per command buffer: its live template's patch list and where each word's value sits there
+    // (a changed word with an entry costs one store), or the count of changed words without one.
+    let t0 = liveTemplate(p0), t1 = liveTemplate(p1);
+    const patch0 = t0?.patch ?? NO_WORDS, value0 = t0?.valueAt ?? NO_SLOTS;
+    const patch1 = t1?.patch ?? NO_WORDS, value1 = t1?.valueAt ?? NO_SLOTS;
+    let n0 = 0, n1 = 0;
+    for (let i = lo; i < at.length; i++) {
+      const k = at[i]!, word = w[k]!;
+      if (word === stored[k]) continue;
+      stored[k] = word;
+      let t = to[i]!;
+      if (t < 0) continue;
+      if (t < split) {
+        r0[t] = word;
+        if (t0 === null) n0++;
+        else {
+          const v = value0[t]!;
+          if (v >= 0) patch0[v] = word;
+          else if (!templateTook(p0!, t0, t)) {
+            t0 = null;
+            n0 = TEMPLATE_DROPPED;
+          }
+        }
+      } else {
+        r1[t -= split] = word;
+        if (t1 === null) n1++;
+        else {
+          const v = value1[t]!;
+          if (v >= 0) patch1[v] = word;
+          else if (!templateTook(p1!, t1, t)) {
+            t1 = null;
+            n1 = TEMPLATE_DROPPED;
+          }
+        }
+      }
+    }
+    if (n0 > 0) p0!.changedWords += n0;
+    if (n1 > 0) p1!.changedWords += n1;
     const from = 4 * first;
     return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
   }
@@ -419,60 +461,6 @@ export interface Sighting {
   readonly targets: Int32Array;
   /** The key's extra numbers. */
   readonly extra: Float64Array;
-}
-
-/**
- * Takes the constants of `key` from entry `from` of `key.constants` on from the capture words `w`:
- * each that differs is copied into the key and, where it feeds one, into the records and their
- * live template's patch list.
- */
-function takeConstants(
-  w: Uint32Array,
-  key: Sighting,
-  records: readonly PlanRecords[] | null | undefined,
-  from: number,
-): void {
-  const stored = key.words, at = key.constants, to = key.targets;
-  const p0 = records?.[0], p1 = records?.[1];
-  const r0 = p0?.words ?? NO_WORDS, r1 = p1?.words ?? NO_WORDS, split = r0.length;
-  // Per command buffer: its live template's patch list and where each word's value sits there
-  // (a changed word with an entry costs one store), or the count of changed words without one.
-  let t0 = liveTemplate(p0), t1 = liveTemplate(p1);
-  const patch0 = t0?.patch ?? NO_WORDS, value0 = t0?.valueAt ?? NO_SLOTS;
-  const patch1 = t1?.patch ?? NO_WORDS, value1 = t1?.valueAt ?? NO_SLOTS;
-  let n0 = 0, n1 = 0;
-  for (let i = from; i < at.length; i++) {
-    const k = at[i]!, word = w[k]!;
-    if (word === stored[k]) continue;
-    stored[k] = word;
-    let t = to[i]!;
-    if (t < 0) continue;
-    if (t < split) {
-      r0[t] = word;
-      if (t0 === null) n0++;
-      else {
-        const v = value0[t]!;
-        if (v >= 0) patch0[v] = word;
-        else if (!templateTook(p0!, t0, t)) {
-          t0 = null;
-          n0 = TEMPLATE_DROPPED;
-        }
-      }
-    } else {
-      r1[t -= split] = word;
-      if (t1 === null) n1++;
-      else {
-        const v = value1[t]!;
-        if (v >= 0) patch1[v] = word;
-        else if (!templateTook(p1!, t1, t)) {
-          t1 = null;
-          n1 = TEMPLATE_DROPPED;
-        }
-      }
-    }
-  }
-  if (n0 > 0) p0!.changedWords += n0;
-  if (n1 > 0) p1!.changedWords += n1;
 }
 
 const NO_WORDS = new Uint32Array(0);
