@@ -95,6 +95,25 @@ Deno.test("hits whose constants change every pass replay a template from the thi
   }
 });
 
+Deno.test("hits whose constants change in more words than the bound decode every pass, exactly", () => {
+  using ctx = testContext();
+  const { device } = ctx;
+  const N = 20; // 21 dispatches: 16 < 21 < 40 changed words
+  using io = setup(device, N);
+  const exec = new GraphExecutor(device), plain = new GraphExecutor(device, { planCache: false });
+  const takes: number[] = [];
+  for (let p = 0; p < 6; p++) {
+    const alphas = Array.from({ length: N }, (_, i) => p + i), betas = Array.from({ length: N }, (_, i) => -p - i);
+    runPass(plain, io, alphas, betas, { fuse: true, reorder: true });
+    const want = io.wide.read();
+    io.wide.write(new Float32Array(N * E));
+    const got = countTakes(() => runPass(exec, io, alphas, betas, { fuse: true, reorder: true }));
+    deepStrictEqual(io.wide.read(), want, `pass ${p}`);
+    takes.push(got.decoded);
+  }
+  deepStrictEqual(takes, [1, 1, 1, 1, 1, 1]);
+});
+
 Deno.test("randomised hits (changing constants, two topologies, both modes) equal passes without the cache", () => {
   using ctx = testContext();
   const { device } = ctx;
