@@ -7,7 +7,8 @@
  *   deno run -A bench/hit_path_harness.ts [path/to/mod.ts] [rounds] [passes|demo]
  *
  * "passes" (the default): 800 axpby dispatches into 800 slices of one buffer, 64 elements each, CPU
- * backend. "demo": one token step of examples/decode.ts's model (4 layers, hidden 256, q4_0) in its
+ * backend; the hit cases change alpha on every pass (800 constant words), or alpha and beta (1,600),
+ * or nothing. "demo": one token step of examples/decode.ts's model (4 layers, hidden 256, q4_0) in its
  * sync-loop modes: direct/hand, direct/auto and recorded/opt (state-driven, fused, reordered, two
  * command buffers: a plan-cache hit every pass). The module path lets one run compare two
  * checkouts: run it once per tree, alternating.
@@ -26,8 +27,9 @@ const N = 800, ELEMS = 64;
 const device = MlxDevice.open({ backend: "cpu" });
 const exec = new GraphExecutor(device);
 const noCache = new GraphExecutor(device, { planCache: false });
-// Its own plan cache: the other hit cases change the constants of the plan they share.
+// Their own plan caches: the other hit cases change the constants of the plan they share.
 const steady = new GraphExecutor(device);
+const twoWords = new GraphExecutor(device);
 const x = device.upload(new Float32Array(ELEMS).fill(1)), y = device.upload(new Float32Array(ELEMS).fill(2));
 const wide = device.alloc(N * ELEMS * 4, DType.F32);
 const slices = Array.from({ length: N }, (_, i) => wide.slice(i * ELEMS * 4, ELEMS * 4));
@@ -35,10 +37,10 @@ const slices = Array.from({ length: N }, (_, i) => wide.slice(i * ELEMS * 4, ELE
 // deno-lint-ignore no-explicit-any
 type Session = any;
 // `moved` > 0 moves the outputs of dispatches 0 and 1 (a new topology for each value below N²).
-const emit = (s: Session, alpha: number, moved = 0) => {
+const emit = (s: Session, alpha: number, moved = 0, beta = 1) => {
   for (let i = 0; i < N; i++) {
     const out = moved === 0 || i > 1 ? i : i === 0 ? moved % N : Math.floor(moved / N) % N;
-    s.axpby(x, y, slices[out]!, { alpha, beta: 1 });
+    s.axpby(x, y, slices[out]!, { alpha, beta });
   }
   return s;
 };
@@ -50,6 +52,7 @@ rec(1).finish(OPT);
 rec(1).finish(OPT_DUAL);
 rec(1, true).finish(OPT);
 rec(1, false, steady).finish(OPT);
+emit(twoWords.beginRecorded({ autoBarriers: false }), 1).finish(OPT);
 const frozen = rec(1).freeze(OPT);
 let step = 0, moving = 2 * N; // from 2N on, dispatch 1 never writes slice 1: never the unmoved pass
 
@@ -79,6 +82,8 @@ const passCases: Record<string, () => number> = {
   },
   "hit, one buffer": () => timed(() => rec(++step % 7).commit(OPT)),
   "hit, one buffer, same constants every pass": () => timed(() => rec(1, false, steady).commit(OPT)),
+  "hit, one buffer, alpha and beta change": () =>
+    timed(() => emit(twoWords.beginRecorded({ autoBarriers: false }), ++step % 7, 0, 1 + step % 5).commit(OPT)),
   "hit, dual buffer": () => timed(() => rec(++step % 7).commit(OPT_DUAL)),
   "hit, one buffer, auto barriers": () => timed(() => rec(++step % 7, true).commit(OPT)),
   "frozen commit": () => timed(() => frozen.commit()),

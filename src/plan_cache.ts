@@ -26,7 +26,7 @@ import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
 import { compareBytes } from "./compare_bytes.ts";
-import { LEN_SHIFT, Op, OP_MASK, SLOT_SHIFT } from "./native/abi.ts";
+import { LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT } from "./native/abi.ts";
 import { StreamWriter } from "./native/stream.ts";
 import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
 import type { CapturedNode, PipelineRef } from "./graph/nodes.ts";
@@ -96,21 +96,129 @@ export interface PlanRecords {
    * The records decoded once and replayed by copying (see {@link hitTemplate}); constants that
    * change later are patched at the replay.
    */
-  template: CommandTemplate | null;
-  /** Hits since the records last changed (see {@link hitTemplate}). */
+  template: PlanTemplate | null;
+  /** Hits in a row whose constants changed in no more words than a template patches. */
   unchangedHits: number;
+  /** Constant words changed since the last hit (while no template is live). */
+  changedWords: number;
 }
 
 /**
- * The template to replay `r` through on a hit, or null (the records are then encoded): made when a
- * hit finds the records as the hit before it left them (the same constants twice in a row), so a
- * pass whose constants change every time never pays for one. Once made, constants that change are
- * patched at the replay (up to a bound; past it the template goes and is made again).
+ * The most constant words a plan's template patches at a replay: one per dispatch (at least 16).
+ * Copying a decoded dispatch costs about 40% of decoding it again (CPU backend, 800 axpby
+ * dispatches: 12 µs against 30 µs); patching its one changed word costs about 10 ns more natively
+ * (the dispatch validated again) and a few ns in the key comparison that keeps the patch list. At
+ * two words per dispatch the replay costs what decoding does, so one is the bound.
+ */
+export function maxPlanPatchWords(dispatches: number): number {
+  return Math.max(16, dispatches);
+}
+
+/**
+ * Per word of a stream, where a patch entry puts it once decoded: `dispatch` is the index of the
+ * dispatch it reaches (-1: not a whole inline-constant word, or one a later record of the same slot
+ * replaces before the dispatch), `slotOffset` its `slot << 16 | byte offset`.
+ */
+interface PatchSites {
+  readonly dispatch: Int32Array;
+  readonly slotOffset: Int32Array;
+}
+
+function patchSites(w: Uint32Array): PatchSites {
+  const dispatch = new Int32Array(w.length).fill(-1), slotOffset = new Int32Array(w.length);
+  const holder = new Int32Array(MAX_SLOTS).fill(-1); // the SET_BYTES record each slot holds now
+  let k = 0;
+  for (let at = 0; at < w.length;) {
+    const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
+    if (len === 0) break;
+    if (op === Op.SET_BYTES) {
+      const slot = (h >>> SLOT_SHIFT) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
+      const earlier = holder[slot]!;
+      if (earlier >= 0) dispatch.fill(-1, earlier + 2, earlier + 2 + (w[earlier + 1]! >>> 2));
+      holder[slot] = at;
+      for (let q = 0; q < whole; q++) {
+        dispatch[at + 2 + q] = k;
+        slotOffset[at + 2 + q] = slot << 16 | 4 * q;
+      }
+    } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
+      k++;
+      holder.fill(-1); // every dispatch carries its complete binding set
+    }
+    at += len;
+  }
+  return { dispatch, slotOffset };
+}
+
+/**
+ * @ignore Internal: the template of one plan records, whose patch list the key comparison keeps up
+ * to date as it writes changed constants into the records: one entry per word changed since
+ * decoding, holding its current value ({@link PlanTemplate.valueAt} says where), so a replay takes
+ * the list as it stands.
+ */
+export class PlanTemplate extends CommandTemplate {
+  /** The patch list's words (entries of {@link PATCH_WORDS}: dispatch, slot, byte offset, value). */
+  readonly patch: Uint32Array;
+  /** Per records word: the index in {@link PlanTemplate.patch} of its value, or -1 (no entry yet). */
+  readonly valueAt: Int32Array;
+  readonly #words: Uint32Array;
+  readonly #sites: PatchSites;
+  readonly #bound: number;
+  #entries = 0;
+
+  /** Decodes `records` (with the constants they hold now) on `host`. */
+  constructor(host: TemplateHost, records: PlanRecords) {
+    super(host, records);
+    this.#words = records.words;
+    this.#sites = patchSites(records.words);
+    this.valueAt = new Int32Array(records.words.length).fill(-1);
+    this.#bound = maxPlanPatchWords(records.dispatches);
+    this.patch = new Uint32Array(PATCH_WORDS * this.#bound);
+  }
+
+  /**
+   * Word `index` of the records (an inline constant) now holds a value that may differ from what was
+   * decoded: the next replay patches it to that value. False when it cannot be patched (not a whole
+   * constant word, or the bound reached): drop the template then.
+   */
+  override wordChanged(index: number): boolean {
+    let v = this.valueAt[index]!;
+    if (v < 0) {
+      const k = this.#sites.dispatch[index]!;
+      if (k < 0 || this.#entries === this.#bound) return false;
+      const o = PATCH_WORDS * this.#entries++, so = this.#sites.slotOffset[index]!;
+      this.patch[o] = k;
+      this.patch[o + 1] = so >>> 16;
+      this.patch[o + 2] = so & 0xffff;
+      v = this.valueAt[index] = o + 3;
+    }
+    this.patch[v] = this.#words[index]!;
+    return true;
+  }
+
+  /** The patch list (entries of the words changed since decoding, current values) and its length in words. */
+  override patchList(): [Uint32Array, number] {
+    return [this.patch, this.#entries * PATCH_WORDS];
+  }
+}
+
+/**
+ * The template to replay `r` through on a hit, or null (the records are then encoded): made at a
+ * hit that finds the records as the hit before left them, or at the third hit in a row whose
+ * constants changed in few enough words to patch, so a pass whose constants change in more words
+ * every time never pays for one. Once made, constants that change are patched at the replay (up to
+ * a bound; past it the template goes and is made again).
  */
 export function hitTemplate(host: TemplateHost, r: PlanRecords): CommandTemplate | null {
   if (r.template?.ptr) return r.template;
-  if (r.unchangedHits++ < 1) return null;
-  r.template = new CommandTemplate(host, r);
+  const changed = r.changedWords;
+  r.changedWords = 0;
+  if (changed > maxPlanPatchWords(r.dispatches)) {
+    r.unchangedHits = 0;
+    return null;
+  }
+  const hits = ++r.unchangedHits;
+  if (hits < (changed === 0 ? 2 : 3)) return null;
+  r.template = new PlanTemplate(host, r);
   return r.template;
 }
 
@@ -126,11 +234,26 @@ function forgetTemplates(records: readonly PlanRecords[] | null | undefined): vo
   if (records) { for (const r of records) forgetTemplate(r); }
 }
 
-/** Word `at` of `r` (a constant) took a new value: its template patches it, or goes. */
-function constantChanged(r: PlanRecords, at: number): void {
-  if (r.template?.ptr && r.template.wordChanged(at)) return;
-  forgetTemplate(r);
+/** The live template of `r`, if any (one dropped natively is forgotten). */
+function liveTemplate(r: PlanRecords | undefined): PlanTemplate | null {
+  const t = r?.template ?? null;
+  if (t === null || t.ptr !== null) return t;
+  forgetTemplate(r!);
+  return null;
 }
+
+/**
+ * Word `at` of `r` (a constant) took a value its template holds no patch entry for: it takes one, or
+ * goes. False when it went.
+ */
+function templateTook(r: PlanRecords, t: PlanTemplate, at: number): boolean {
+  if (t.wordChanged(at)) return true;
+  forgetTemplate(r);
+  return false;
+}
+
+/** {@link PlanRecords.changedWords} after a template was dropped: above any bound. */
+const TEMPLATE_DROPPED = 2 ** 31;
 
 /** Where a plan's dispatches and barriers go: a CommandEncoder. */
 export interface PlanTarget {
@@ -214,13 +337,14 @@ export class Fingerprint {
    * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
    * to the new capture's except at inline-constant values. All words are compared as bytes, in
    * native code: equal, the records already hold this pass's constants. Otherwise, unless the first
-   * word that differs is a constant's, the topology differs. If it is, the new capture's words at
-   * the key's constant positions from there on are copied into the key (and, where the key's map
-   * says so, into the plan's records: the key always holds the records' constants), and the rest is
-   * compared again. Sound without parsing the new words: equal headers from the first word on make
-   * every record the same length, so the constant values lie at the same places in both. On a hit
-   * the records carry this pass's constants with no separate patch pass; on a miss the key and its
-   * records stay a consistent pair. Allocates nothing.
+   * word that differs is a constant's, the topology differs; if it is, every constant from there on
+   * is taken from the new capture and the rest compared again.
+   * Taking a constant copies it into the key and, where the key's map says so, into the plan's
+   * records and their template's patch list (the key always holds the records' constants). Sound
+   * without parsing the new words: equal headers from the first word on make every record the same
+   * length, so the constant values lie at the same places in both. On a hit the records carry this
+   * pass's constants with no separate patch pass; on a miss the key and its records stay a
+   * consistent pair. Allocates nothing.
    */
   equals(key: Sighting, records: readonly PlanRecords[] | null | undefined): boolean {
     const n = this.#len, extra = key.extra;
@@ -232,7 +356,7 @@ export class Fingerprint {
     // The same pass with the same constants (a state-driven step): the records hold them already.
     if (compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0) return true;
     // The first word that differs: the key's topology differs unless it holds a constant's value.
-    const w = c.words, at = key.constants, to = key.targets;
+    const w = c.words, at = key.constants;
     let first = 0;
     while (w[first] === stored[first]) first++;
     let lo = 0, hi = at.length; // the first constant at or after `first`
@@ -242,23 +366,49 @@ export class Fingerprint {
       else hi = mid;
     }
     if (lo === at.length || at[lo] !== first) return false;
+    // Every constant from there on: each that differs is copied into the key and, where it feeds
+    // one, into the records and their live template's patch list.
+    const to = key.targets;
     const p0 = records?.[0], p1 = records?.[1];
     const r0 = p0?.words ?? NO_WORDS, r1 = p1?.words ?? NO_WORDS, split = r0.length;
+    // Per command buffer: its live template's patch list and where each word's value sits there
+    // (a changed word with an entry costs one store), or the count of changed words without one.
+    let t0 = liveTemplate(p0), t1 = liveTemplate(p1);
+    const patch0 = t0?.patch ?? NO_WORDS, value0 = t0?.valueAt ?? NO_SLOTS;
+    const patch1 = t1?.patch ?? NO_WORDS, value1 = t1?.valueAt ?? NO_SLOTS;
+    let n0 = 0, n1 = 0;
     for (let i = lo; i < at.length; i++) {
       const k = at[i]!, word = w[k]!;
       if (word === stored[k]) continue;
       stored[k] = word;
-      const t = to[i]!;
-      if (t >= 0) {
-        if (t < split) {
-          r0[t] = word;
-          constantChanged(p0!, t);
-        } else {
-          r1[t - split] = word;
-          constantChanged(p1!, t - split);
+      let t = to[i]!;
+      if (t < 0) continue;
+      if (t < split) {
+        r0[t] = word;
+        if (t0 === null) n0++;
+        else {
+          const v = value0[t]!;
+          if (v >= 0) patch0[v] = word;
+          else if (!templateTook(p0!, t0, t)) {
+            t0 = null;
+            n0 = TEMPLATE_DROPPED;
+          }
+        }
+      } else {
+        r1[t -= split] = word;
+        if (t1 === null) n1++;
+        else {
+          const v = value1[t]!;
+          if (v >= 0) patch1[v] = word;
+          else if (!templateTook(p1!, t1, t)) {
+            t1 = null;
+            n1 = TEMPLATE_DROPPED;
+          }
         }
       }
     }
+    if (n0 > 0) p0!.changedWords += n0;
+    if (n1 > 0) p1!.changedWords += n1;
     const from = 4 * first;
     return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
   }
@@ -314,6 +464,7 @@ export interface Sighting {
 }
 
 const NO_WORDS = new Uint32Array(0);
+const NO_SLOTS = new Int32Array(0);
 
 /**
  * The key of the last fingerprinted capture, copied, with its constants mapped into `records`
@@ -739,6 +890,7 @@ export class RecordsBuilder implements GraphEncodeTarget {
       lastPipeline: this.#pipeline,
       template: null,
       unchangedHits: 0,
+      changedWords: 0,
     };
   }
 
