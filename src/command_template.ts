@@ -104,30 +104,36 @@ function maxPatchedWords(dispatches: number): number {
 }
 
 /**
- * Where each inline-constant word of the stream goes once decoded: per stream word, the index of
- * the dispatch it belongs to (-1: not a whole constant word) and `slot << 16 | byte offset`.
+ * @ignore Internal: per word of a stream, where a patch entry puts it once decoded: `dispatch` is the
+ * index of the dispatch it reaches (-1: not a whole inline-constant word, or one a later SET_BYTES
+ * of the same slot replaces before the dispatch, so that it reaches no kernel), `slotOffset` its
+ * `slot << 16 | byte offset`.
  */
-function constantSites(w: Uint32Array): { dispatch: Int32Array; slotOffset: Int32Array } {
+export interface PatchSites {
+  readonly dispatch: Int32Array;
+  readonly slotOffset: Int32Array;
+}
+
+/** @ignore Internal: the {@link PatchSites} of stream words `w`. */
+export function constantSites(w: Uint32Array): PatchSites {
   const dispatch = new Int32Array(w.length).fill(-1), slotOffset = new Int32Array(w.length);
-  // The SET_BYTES record each slot of the pending dispatch holds: a later one of the same slot
-  // replaces it, so the earlier one's words reach no dispatch and must not be patched into it.
-  const holder = new Map<number, number>();
+  const holder = new Int32Array(OP_MASK + 1).fill(-1); // the SET_BYTES record each slot holds now
   let k = 0;
   for (let at = 0; at < w.length;) {
     const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
     if (len === 0) break;
     if (op === Op.SET_BYTES) {
       const slot = (h >>> SLOT_SHIFT) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
-      const earlier = holder.get(slot);
-      if (earlier !== undefined) dispatch.fill(-1, earlier + 2, earlier + 2 + (w[earlier + 1]! >>> 2));
-      holder.set(slot, at);
+      const earlier = holder[slot]!;
+      if (earlier >= 0) dispatch.fill(-1, earlier + 2, earlier + 2 + (w[earlier + 1]! >>> 2));
+      holder[slot] = at;
       for (let q = 0; q < whole; q++) {
         dispatch[at + 2 + q] = k;
         slotOffset[at + 2 + q] = slot << 16 | 4 * q;
       }
     } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
       k++;
-      holder.clear(); // every dispatch carries its complete binding set
+      holder.fill(-1); // every dispatch carries its complete binding set
     }
     at += len;
   }

@@ -20,7 +20,7 @@
  */
 
 import type { Capture } from "./capture_recorder.ts";
-import { CommandTemplate, type TemplateHost } from "./command_template.ts";
+import { CommandTemplate, constantSites, type PatchSites, type TemplateHost } from "./command_template.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
@@ -115,41 +115,6 @@ export function maxPlanPatchWords(dispatches: number): number {
 }
 
 /**
- * Per word of a stream, where a patch entry puts it once decoded: `dispatch` is the index of the
- * dispatch it reaches (-1: not a whole inline-constant word, or one a later record of the same slot
- * replaces before the dispatch), `slotOffset` its `slot << 16 | byte offset`.
- */
-interface PatchSites {
-  readonly dispatch: Int32Array;
-  readonly slotOffset: Int32Array;
-}
-
-function patchSites(w: Uint32Array): PatchSites {
-  const dispatch = new Int32Array(w.length).fill(-1), slotOffset = new Int32Array(w.length);
-  const holder = new Int32Array(MAX_SLOTS).fill(-1); // the SET_BYTES record each slot holds now
-  let k = 0;
-  for (let at = 0; at < w.length;) {
-    const h = w[at]!, op = h & OP_MASK, len = h >>> LEN_SHIFT;
-    if (len === 0) break;
-    if (op === Op.SET_BYTES) {
-      const slot = (h >>> SLOT_SHIFT) & OP_MASK, whole = w[at + 1]! >>> 2; // a partial last word is not patched
-      const earlier = holder[slot]!;
-      if (earlier >= 0) dispatch.fill(-1, earlier + 2, earlier + 2 + (w[earlier + 1]! >>> 2));
-      holder[slot] = at;
-      for (let q = 0; q < whole; q++) {
-        dispatch[at + 2 + q] = k;
-        slotOffset[at + 2 + q] = slot << 16 | 4 * q;
-      }
-    } else if (op === Op.DISPATCH_THREADS || op === Op.DISPATCH_GROUPS) {
-      k++;
-      holder.fill(-1); // every dispatch carries its complete binding set
-    }
-    at += len;
-  }
-  return { dispatch, slotOffset };
-}
-
-/**
  * @ignore Internal: the template of one plan records, whose patch list the key comparison keeps up
  * to date as it writes changed constants into the records: one entry per word changed since
  * decoding, holding its current value ({@link PlanTemplate.valueAt} says where), so a replay takes
@@ -169,7 +134,7 @@ export class PlanTemplate extends CommandTemplate {
   constructor(host: TemplateHost, records: PlanRecords) {
     super(host, records);
     this.#words = records.words;
-    this.#sites = patchSites(records.words);
+    this.#sites = constantSites(records.words);
     this.valueAt = new Int32Array(records.words.length).fill(-1);
     this.#bound = maxPlanPatchWords(records.dispatches);
     this.patch = new Uint32Array(PATCH_WORDS * this.#bound);
