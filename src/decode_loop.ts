@@ -127,7 +127,7 @@ export interface StepTiming {
   readonly index: number;
   /** The session began (encoding starts). */
   readonly encodeStartNs: number;
-  /** Its command buffers were committed. */
+  /** Commit of its command buffers returned (the device may have started before). */
   readonly committedNs: number;
   /** The host began waiting for the pass. */
   readonly waitStartNs: number;
