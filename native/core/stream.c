@@ -613,6 +613,13 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
 
 /* ---- replay of a decoded command buffer (mlxn_cmdbuf_replay) ---------------------------------- */
 
+/* Bit s: slot s of contract k holds inline bytes ('c' in its signature). */
+static uint32_t bytes_slots(const mlxn_contract *k) {
+  uint32_t m = 0;
+  for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && k->signature[s]; s++) m |= (uint32_t)(k->signature[s] == 'c') << s;
+  return m;
+}
+
 int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
   mlxn_device *dev = cb->dev;
   /* Every buffer first, so that a refusal leaves cb as it was. `from` holds a reference on each, so
@@ -656,11 +663,16 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
    * constant's block costs O(1) per dispatch, not O(blocks), however large the pass's constants. */
   const arena_block *blk = from->arena;
   uintptr_t blk_at = 0; /* blk's offset in dst */
+  const mlxn_contract *ck = NULL;
+  uint32_t ck_bytes = 0; /* bytes_slots(ck): dispatches of one kernel in a row scan its signature once */
   for (uint32_t k = n; k-- > 0;) {
     mlxn_dispatch *d = &cb->dispatches[k];
-    const char *sig = d->contract->signature;
-    for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && sig[s]; s++) {
-      if (sig[s] != 'c') continue;
+    if (d->contract != ck) {
+      ck = d->contract;
+      ck_bytes = bytes_slots(ck);
+    }
+    for (uint32_t left = ck_bytes; left; left &= left - 1) {
+      uint32_t s = (uint32_t)__builtin_ctz(left);
       uintptr_t p = (uintptr_t)d->args.ptr[s];
       /* unsigned: an address below a block's data wraps past any size */
       if (!blk || p - (uintptr_t)blk->data >= blk->used) {
@@ -706,13 +718,6 @@ static int32_t revalidate(mlxn_cmdbuf *cb, uint32_t k) {
   if (d->contract->validate(&d->args, why, sizeof why))
     return mlxn_set_error(MLXN_E_STREAM, "patched dispatch %u: kernel %s: %s", k, d->contract->name, why);
   return MLXN_OK;
-}
-
-/* Bit s: slot s of contract k holds inline bytes ('c' in its signature). */
-static uint32_t bytes_slots(const mlxn_contract *k) {
-  uint32_t m = 0;
-  for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && k->signature[s]; s++) m |= (uint32_t)(k->signature[s] == 'c') << s;
-  return m;
 }
 
 int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint32_t n) {
