@@ -153,6 +153,7 @@ export class PlanTemplate extends CommandTemplate {
   readonly #words: Uint32Array;
   readonly #sites: PatchSites;
   readonly #bound: number;
+  readonly #entryWord: Int32Array; // per entry: the records word whose value it holds
   #entries = 0;
 
   /**
@@ -164,6 +165,7 @@ export class PlanTemplate extends CommandTemplate {
     this.#words = records.words;
     this.#sites = constantSites(records.words);
     this.#bound = maxPlanPatchWords(records.dispatches);
+    this.#entryWord = new Int32Array(this.#bound);
     const size = PATCH_WORDS * this.#bound;
     if (slots !== undefined && slots.valueAt.length === records.words.length && slots.all.length >= slots.base + size) {
       this.#all = slots.all;
@@ -187,10 +189,20 @@ export class PlanTemplate extends CommandTemplate {
     if (v < 0) {
       const k = this.#sites.dispatch[index]!;
       if (k < 0 || this.#entries === this.#bound) return false;
-      const o = PATCH_WORDS * this.#entries++, so = this.#sites.slotOffset[index]!;
-      this.patch[o] = k;
-      this.patch[o + 1] = so >>> 16;
-      this.patch[o + 2] = so & 0xffff;
+      // Entries stay in dispatch order (usually appended), so that the native replay validates each
+      // patched dispatch right after its entries: one after a dispatch past k moves up.
+      const patch = this.patch, entryWord = this.#entryWord;
+      let e = this.#entries++;
+      for (; e > 0 && patch[PATCH_WORDS * (e - 1)]! > k; e--) {
+        patch.copyWithin(PATCH_WORDS * e, PATCH_WORDS * (e - 1), PATCH_WORDS * e);
+        const moved = entryWord[e] = entryWord[e - 1]!;
+        this.valueAt[moved] = this.#base + PATCH_WORDS * e + 3;
+      }
+      const o = PATCH_WORDS * e, so = this.#sites.slotOffset[index]!;
+      patch[o] = k;
+      patch[o + 1] = so >>> 16;
+      patch[o + 2] = so & 0xffff;
+      entryWord[e] = index;
       v = this.valueAt[index] = this.#base + o + 3;
     }
     this.#all[v] = this.#words[index]!;
