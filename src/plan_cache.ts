@@ -25,6 +25,7 @@ import { writeDispatch } from "./dispatch_writer.ts";
 import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.ts";
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
+import { compareBytes } from "./compare_bytes.ts";
 import { KEY_FREE, LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT, Status, UNLIKE } from "./native/abi.ts";
 import type { NativeSymbols } from "./native/ffi.ts";
 import { anyLoadedSymbols } from "./native/loader.ts";
@@ -374,6 +375,10 @@ export class Fingerprint {
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
     const c = this.#capture!, stored = key.words, length = stored.length;
     if (c.length !== length) return false;
+    // The same pass with the same constants (a state-driven step): memcmp says so fastest (and stops
+    // at the first difference otherwise); the records hold these constants already.
+    const bytes = 4 * length;
+    if (compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0) return true;
     let changed = this.#changed;
     if (changed.length < key.constantCount) changed = this.#changed = new Uint32Array(key.constantCount);
     // A template dropped natively gives its slots back first: its words are then counted, not patched.
@@ -424,6 +429,8 @@ export class Fingerprint {
 export interface Sighting {
   /** The capture's words (their inline constants: those last written into the records). */
   readonly words: Uint32Array;
+  /** The same memory as bytes. */
+  readonly bytes: Uint8Array;
   /** Bit `i % 32` of word `i >>> 5`: word `i` of `words` holds an inline constant's value. */
   readonly constantBits: Uint32Array;
   /**
@@ -484,7 +491,8 @@ function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefin
     : new Uint32Array(first.words.buffer, first.words.byteOffset, base);
   const valueAt = slots === undefined ? NO_SLOTS : new Int32Array(slots.valueAt.buffer, slots.valueAt.byteOffset, base);
   const patch = slots?.all ?? NO_WORDS;
-  return { words, constantBits, map, constantCount, recordWords, valueAt, patch, extra: fp.view().slice() };
+  const bytes = new Uint8Array(words.buffer, words.byteOffset, words.byteLength);
+  return { words, bytes, constantBits, map, constantCount, recordWords, valueAt, patch, extra: fp.view().slice() };
 }
 
 /**
