@@ -379,3 +379,8 @@ Deno.test("hits whose templates are dropped natively between passes stay exact (
     }
   }
 });
+
+Deno.test("KEY_FREE is the header's MLXN_KEY_FREE", () => {
+  const header = Deno.readTextFileSync(new URL("../native/mlxn.h", import.meta.url));
+  equal(Number(/^#define MLXN_KEY_FREE (\d+)/m.exec(header)?.[1]), KEY_FREE);
+});
