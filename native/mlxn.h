@@ -83,7 +83,7 @@
 extern "C" {
 #endif
 
-#define MLXN_ABI_VERSION 5
+#define MLXN_ABI_VERSION 6
 
 /* ---- status codes ------------------------------------------------------------------------- */
 #define MLXN_OK 0
@@ -263,6 +263,26 @@ MLXN_API int32_t mlxn_cmdbuf_encode_template(mlxn_cmdbuf *cb, const uint8_t *str
  * MLXN_UNLIKE (any other difference, or too many to be cheaper than decoding: cb is untouched;
  * encode the stream instead) or an error, which fails cb like a refused mlxn_cmdbuf_replay. */
 MLXN_API int32_t mlxn_cmdbuf_replay_like(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len);
+
+/* An entry of mlxn_key_compare's map: an inline-constant word whose value no records word takes. */
+#define MLXN_KEY_FREE 4294967294
+
+/* A plan-cache key comparison: whether the stream words of a recorded pass (`now`) equal the key's
+ * (`key`), n_words each, everywhere but at inline-constant values. Bit i % 32 of constants[i / 32]
+ * (ceil(n_words / 32) words) marks word i as a constant's value; for such a word, map[i] (n_words
+ * words; the others are never read) is MLXN_KEY_FREE or the index t of the word of `records`
+ * (n_records words) that takes its value, and value_at[t] (n_records words) the index in `patch`
+ * (n_patch words) of that word's value in a template's patch list, or -1 when it has none. Returns
+ * MLXN_UNLIKE when a word that is not a constant differs (nothing written). Else copies every
+ * constant that differs into key and, where the map names a records word t, into records[t] and
+ * patch[value_at[t]] (with an entry) or lists t in changed[0..*n_changed) (without one, in key
+ * order; changed holds cap words: size it to the key's constant words), and returns MLXN_OK. A map
+ * or value_at entry out of range, or a full changed list, is an error (the constants before it
+ * copied and listed, none after). Every pointer must be 4-byte aligned; no device is involved. */
+MLXN_API int32_t mlxn_key_compare(const uint32_t *now, uint32_t *key, uint32_t n_words, const uint32_t *constants,
+                                  const uint32_t *map, uint32_t *records, uint32_t n_records, const int32_t *value_at,
+                                  uint32_t *patch, uint32_t n_patch, uint32_t *changed, uint32_t cap,
+                                  uint32_t *n_changed);
 
 /* Byte offset, within the chunk, of the record that made the last mlxn_cmdbuf_encode fail. */
 MLXN_API uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb);

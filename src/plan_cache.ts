@@ -26,7 +26,10 @@ import type { Binding, Dims, DispatchDescriptor, DispatchKind } from "./encoder.
 import { MlxError } from "./errors.ts";
 import type { Pipeline } from "./kernels.ts";
 import { compareBytes } from "./compare_bytes.ts";
-import { LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT } from "./native/abi.ts";
+import { KEY_FREE, LEN_SHIFT, Op, OP_MASK, PATCH_WORDS, SLOT_SHIFT, Status, UNLIKE } from "./native/abi.ts";
+import type { NativeSymbols } from "./native/ffi.ts";
+import { anyLoadedSymbols } from "./native/loader.ts";
+import { codeOf, lastErrorText } from "./native/status.ts";
 import { StreamWriter } from "./native/stream.ts";
 import type { GraphEncodeTarget } from "./graph/compute_graph.ts";
 import type { CapturedNode, PipelineRef } from "./graph/nodes.ts";
@@ -101,6 +104,24 @@ export interface PlanRecords {
   unchangedHits: number;
   /** Constant words changed since the last hit (while no template is live). */
   changedWords: number;
+  /**
+   * Where its template keeps its patch list, set when the plan is cached: views of arrays shared by
+   * the plan's records, which the key comparison writes natively (see {@link PlanTemplate}).
+   */
+  patchSlots?: PatchSlots;
+}
+
+/**
+ * A template's patch list and the index of each records word's value in it, as views of arrays one
+ * plan's records share (each records' views cover its own words and its own bound of entries).
+ */
+export interface PatchSlots {
+  /** Per records word: the index of its value in `all` (-1: none, the template takes no entry for it). */
+  readonly valueAt: Int32Array;
+  /** The plan's patch array. */
+  readonly all: Uint32Array;
+  /** Where this records' patch list starts in `all` (its length: PATCH_WORDS × the bound). */
+  readonly base: number;
 }
 
 /**
@@ -123,21 +144,40 @@ export function maxPlanPatchWords(dispatches: number): number {
 export class PlanTemplate extends CommandTemplate {
   /** The patch list's words (entries of {@link PATCH_WORDS}: dispatch, slot, byte offset, value). */
   readonly patch: Uint32Array;
-  /** Per records word: the index in {@link PlanTemplate.patch} of its value, or -1 (no entry yet). */
+  /**
+   * Per records word: the index of its value in the plan's patch array (`slots.all`; the template's
+   * own patch list when made without slots), or -1 (no entry yet).
+   */
   readonly valueAt: Int32Array;
+  readonly #all: Uint32Array;
+  readonly #base: number;
   readonly #words: Uint32Array;
   readonly #sites: PatchSites;
   readonly #bound: number;
+  readonly #entryWord: Int32Array; // per entry: the records word whose value it holds
   #entries = 0;
 
-  /** Decodes `records` (with the constants they hold now) on `host`. */
-  constructor(host: TemplateHost, records: PlanRecords) {
+  /**
+   * Decodes `records` (with the constants they hold now) on `host`; its patch list goes into
+   * `slots` (the records' own, by default), else into arrays of its own.
+   */
+  constructor(host: TemplateHost, records: PlanRecords, slots: PatchSlots | undefined = records.patchSlots) {
     super(host, records);
     this.#words = records.words;
     this.#sites = constantSites(records.words);
-    this.valueAt = new Int32Array(records.words.length).fill(-1);
     this.#bound = maxPlanPatchWords(records.dispatches);
-    this.patch = new Uint32Array(PATCH_WORDS * this.#bound);
+    this.#entryWord = new Int32Array(this.#bound);
+    const size = PATCH_WORDS * this.#bound;
+    if (slots !== undefined && slots.valueAt.length === records.words.length && slots.all.length >= slots.base + size) {
+      this.#all = slots.all;
+      this.#base = slots.base;
+      this.valueAt = slots.valueAt.fill(-1);
+    } else {
+      this.#all = new Uint32Array(size);
+      this.#base = 0;
+      this.valueAt = new Int32Array(records.words.length).fill(-1);
+    }
+    this.patch = this.#all.subarray(this.#base, this.#base + size);
   }
 
   /**
@@ -150,14 +190,30 @@ export class PlanTemplate extends CommandTemplate {
     if (v < 0) {
       const k = this.#sites.dispatch[index]!;
       if (k < 0 || this.#entries === this.#bound) return false;
-      const o = PATCH_WORDS * this.#entries++, so = this.#sites.slotOffset[index]!;
-      this.patch[o] = k;
-      this.patch[o + 1] = so >>> 16;
-      this.patch[o + 2] = so & 0xffff;
-      v = this.valueAt[index] = o + 3;
+      // Entries stay in dispatch order (usually appended), so that the native replay validates each
+      // patched dispatch right after its entries: one after a dispatch past k moves up.
+      const patch = this.patch, entryWord = this.#entryWord;
+      let e = this.#entries++;
+      for (; e > 0 && patch[PATCH_WORDS * (e - 1)]! > k; e--) {
+        patch.copyWithin(PATCH_WORDS * e, PATCH_WORDS * (e - 1), PATCH_WORDS * e);
+        const moved = entryWord[e] = entryWord[e - 1]!;
+        this.valueAt[moved] = this.#base + PATCH_WORDS * e + 3;
+      }
+      const o = PATCH_WORDS * e, so = this.#sites.slotOffset[index]!;
+      patch[o] = k;
+      patch[o + 1] = so >>> 16;
+      patch[o + 2] = so & 0xffff;
+      entryWord[e] = index;
+      v = this.valueAt[index] = this.#base + o + 3;
     }
-    this.patch[v] = this.#words[index]!;
+    this.#all[v] = this.#words[index]!;
     return true;
+  }
+
+  /** Frees the native template; its records words take no patch entries any more. */
+  override dispose(): void {
+    super.dispose();
+    this.valueAt.fill(-1);
   }
 
   /** The patch list (entries of the words changed since decoding, current values) and its length in words. */
@@ -244,6 +300,8 @@ export class Fingerprint {
   #hash = 0;
   #capture: Capture | null = null;
   readonly #names = new Map<string, number>();
+  #changed = new Uint32Array(0); // records words a key comparison wrote (mlxn_key_compare's list)
+  readonly #counted = new Uint32Array(1);
 
   /** Extra numbers written. */
   get length(): number {
@@ -300,82 +358,38 @@ export class Fingerprint {
 
   /**
    * Whether the stored key is the last computation's: its extra numbers, and its capture words equal
-   * to the new capture's except at inline-constant values. All words are compared as bytes, in
-   * native code: equal, the records already hold this pass's constants. Otherwise, unless the first
-   * word that differs is a constant's, the topology differs; if it is, every constant from there on
-   * is taken from the new capture and the rest compared again.
-   * Taking a constant copies it into the key and, where the key's map says so, into the plan's
-   * records and their template's patch list (the key always holds the records' constants). Sound
-   * without parsing the new words: equal headers from the first word on make every record the same
-   * length, so the constant values lie at the same places in both. On a hit the records carry this
-   * pass's constants with no separate patch pass; on a miss the key and its records stay a
-   * consistent pair. Allocates nothing.
+   * to the new capture's except at inline-constant values, compared in one native call
+   * (`mlxn_key_compare`: the words at memory speed, the key's map telling constants from the rest).
+   * Sound without parsing the new words: every word but a constant's value is compared, headers
+   * included, so equal headers from the first word on make every record the same length and the
+   * constant values lie at the same places in both. On a hit, each constant that differs was copied
+   * into the key and, where the key's map says so, into the plan's records (the key always holds the
+   * records' constants); here the records' live templates take the changed words into their patch
+   * lists. On a miss nothing was copied: the key and its records stay a consistent pair. Allocates
+   * nothing once its scratch list is as long as the largest key's constants.
    */
   equals(key: Sighting, records: readonly PlanRecords[] | null | undefined): boolean {
     const n = this.#len, extra = key.extra;
     if (extra.length !== n) return false;
     const x = this.#extra;
     for (let i = 0; i < n; i++) if (x[i] !== extra[i]) return false;
-    const c = this.#capture!, stored = key.words, length = stored.length, bytes = 4 * length;
+    const c = this.#capture!, stored = key.words, length = stored.length;
     if (c.length !== length) return false;
-    // The same pass with the same constants (a state-driven step): the records hold them already.
+    // The same pass with the same constants (a state-driven step): memcmp says so fastest (and stops
+    // at the first difference otherwise); the records hold these constants already.
+    const bytes = 4 * length;
     if (compareBytes.call(c.bytes, key.bytes, 0, bytes, 0, bytes) === 0) return true;
-    // The first word that differs: the key's topology differs unless it holds a constant's value.
-    const w = c.words, at = key.constants;
-    let first = 0;
-    while (w[first] === stored[first]) first++;
-    let lo = 0, hi = at.length; // the first constant at or after `first`
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (at[mid]! < first) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo === at.length || at[lo] !== first) return false;
-    // Every constant from there on: each that differs is copied into the key and, where it feeds
-    // one, into the records and their live template's patch list.
-    const to = key.targets;
-    const p0 = records?.[0], p1 = records?.[1];
-    const r0 = p0?.words ?? NO_WORDS, r1 = p1?.words ?? NO_WORDS, split = r0.length;
-    // Per command buffer: its live template's patch list and where each word's value sits there
-    // (a changed word with an entry costs one store), or the count of changed words without one.
-    let t0 = liveTemplate(p0), t1 = liveTemplate(p1);
-    const patch0 = t0?.patch ?? NO_WORDS, value0 = t0?.valueAt ?? NO_SLOTS;
-    const patch1 = t1?.patch ?? NO_WORDS, value1 = t1?.valueAt ?? NO_SLOTS;
-    let n0 = 0, n1 = 0;
-    for (let i = lo; i < at.length; i++) {
-      const k = at[i]!, word = w[k]!;
-      if (word === stored[k]) continue;
-      stored[k] = word;
-      let t = to[i]!;
-      if (t < 0) continue;
-      if (t < split) {
-        r0[t] = word;
-        if (t0 === null) n0++;
-        else {
-          const v = value0[t]!;
-          if (v >= 0) patch0[v] = word;
-          else if (!templateTook(p0!, t0, t)) {
-            t0 = null;
-            n0 = TEMPLATE_DROPPED;
-          }
-        }
-      } else {
-        r1[t -= split] = word;
-        if (t1 === null) n1++;
-        else {
-          const v = value1[t]!;
-          if (v >= 0) patch1[v] = word;
-          else if (!templateTook(p1!, t1, t)) {
-            t1 = null;
-            n1 = TEMPLATE_DROPPED;
-          }
-        }
-      }
-    }
-    if (n0 > 0) p0!.changedWords += n0;
-    if (n1 > 0) p1!.changedWords += n1;
-    const from = 4 * first;
-    return compareBytes.call(c.bytes, key.bytes, from, bytes, from, bytes) === 0;
+    let changed = this.#changed;
+    if (changed.length < key.constantCount) changed = this.#changed = new Uint32Array(key.constantCount);
+    // A template dropped natively gives its slots back first: its words are then counted, not patched.
+    if (records) { for (let i = 0; i < records.length; i++) liveTemplate(records[i]); }
+    const counted = this.#counted;
+    const rc = keyCompare(c.words, stored, length, key, changed, counted);
+    if (rc === UNLIKE) return false;
+    if (rc !== Status.OK) throw new MlxError(codeOf(rc), `plan cache key comparison: ${keyCompareError()}`);
+    const nc = counted[0]!;
+    if (nc > 0 && records) tookChanged(records, changed, nc);
+    return true;
   }
 
   #ranges(list: readonly MemRange[]): void {
@@ -408,22 +422,30 @@ export class Fingerprint {
 }
 
 /**
- * A topology key: the capture's words, its inline-constant positions and where each one's value
- * goes on a hit, and the extra numbers. The words are mutable: a lookup leaves the last compared
- * pass's constants in them.
+ * A topology key: the capture's words, which of them hold inline-constant values and where each
+ * one's value goes on a hit, and the extra numbers. The words are mutable: a hit leaves the pass's
+ * constants in them.
  */
 export interface Sighting {
   /** The capture's words (their inline constants: those last written into the records). */
   readonly words: Uint32Array;
   /** The same memory as bytes. */
   readonly bytes: Uint8Array;
-  /** The words that hold inline-constant values, ascending. */
-  readonly constants: Int32Array;
+  /** Bit `i % 32` of word `i >>> 5`: word `i` of `words` holds an inline constant's value. */
+  readonly constantBits: Uint32Array;
   /**
-   * Per entry of `constants`: its word in the plan's records (the second command buffer's words
-   * counted after the first's), or -1 where the records take no constant from it.
+   * Per constant word (`mlxn_key_compare`'s map): KEY_FREE (the records do not take it) or the word
+   * of {@link Sighting.recordWords} that takes its value.
    */
-  readonly targets: Int32Array;
+  readonly map: Uint32Array;
+  /** Words of `words` that hold inline-constant values. */
+  readonly constantCount: number;
+  /** The plan's records words, both command buffers' in one array (empty for a key without records). */
+  readonly recordWords: Uint32Array;
+  /** Per word of `recordWords`: the index of its value in `patch`, or -1 (no template entry). */
+  readonly valueAt: Int32Array;
+  /** The patch lists of the records' templates (see {@link PatchSlots}). */
+  readonly patch: Uint32Array;
   /** The key's extra numbers. */
   readonly extra: Float64Array;
 }
@@ -433,45 +455,135 @@ const NO_SLOTS = new Int32Array(0);
 
 /**
  * The key of the last fingerprinted capture, copied, with its constants mapped into `records`
- * (from their patch lists); null when a capture word would feed two record words (the records
- * then cannot be patched while comparing).
+ * (from their patch lists; the records of both command buffers must share one array, as
+ * {@link sharedRecords} makes them); null when a capture word would feed two record words (the
+ * records then cannot be patched while comparing).
  */
 function keyOf(fp: Fingerprint, records: readonly PlanRecords[] | null | undefined): Sighting | null {
   const c = fp.capture, words = c.words.slice(0, c.length);
-  // Word -> its entry in `constants`, only where records take constants from them.
-  const index = records ? new Int32Array(words.length).fill(-1) : null;
-  const at: number[] = [];
+  const map = new Uint32Array(words.length).fill(KEY_FREE);
+  const constantBits = new Uint32Array((words.length + 31) >>> 5);
+  let constantCount = 0;
   for (let i = 0; i < words.length;) {
     const h = words[i]!, len = h >>> LEN_SHIFT;
     if ((h & OP_MASK) === Op.SET_BYTES) {
-      for (let k = i + 2; k < i + len; k++) {
-        const e = at.push(k) - 1;
-        if (index !== null) index[k] = e;
-      }
+      for (let k = i + 2; k < i + len; k++) constantBits[k >>> 5]! |= 1 << (k & 31);
+      constantCount += len - 2;
     }
     i += len;
   }
-  const targets = new Int32Array(at.length).fill(-1);
   let base = 0;
   for (const r of records ?? []) {
     const p = r.patches;
     for (let i = 0; i < p.length; i += 3) {
       const to = p[i]!, from = p[i + 1]!, n = p[i + 2]!;
       for (let k = 0; k < n; k++) {
-        const e = index![from + k]!;
-        if (e < 0 || targets[e] !== -1) return null;
-        targets[e] = base + to + k;
+        const at = from + k;
+        if (((constantBits[at >>> 5]! >>> (at & 31)) & 1) === 0 || map[at] !== KEY_FREE) return null;
+        map[at] = base + to + k;
       }
     }
     base += r.words.length;
   }
-  return {
+  const first = records?.[0], slots = first?.patchSlots;
+  const recordWords = first === undefined
+    ? NO_WORDS
+    : new Uint32Array(first.words.buffer, first.words.byteOffset, base);
+  const valueAt = slots === undefined ? NO_SLOTS : new Int32Array(slots.valueAt.buffer, slots.valueAt.byteOffset, base);
+  const patch = slots?.all ?? NO_WORDS;
+  const bytes = new Uint8Array(words.buffer, words.byteOffset, words.byteLength);
+  return { words, bytes, constantBits, map, constantCount, recordWords, valueAt, patch, extra: fp.view().slice() };
+}
+
+/**
+ * `records` with their words in one array, the first command buffer's then the second's, and their
+ * patch slots in arrays they share: a key comparison writes them all natively through one map.
+ */
+function sharedRecords(records: readonly PlanRecords[]): readonly PlanRecords[] {
+  let total = 0, entries = 0;
+  for (const r of records) {
+    total += r.words.length;
+    entries += PATCH_WORDS * maxPlanPatchWords(r.dispatches);
+  }
+  const all = records.length === 1 ? records[0]!.words : new Uint32Array(total);
+  const valueAt = new Int32Array(total).fill(-1), patch = new Uint32Array(entries);
+  let at = 0, base = 0;
+  return records.map((r) => {
+    const n = r.words.length, words = records.length === 1 ? r.words : all.subarray(at, at + n);
+    if (words !== r.words) words.set(r.words);
+    const patchSlots = { valueAt: valueAt.subarray(at, at + n), all: patch, base };
+    at += n;
+    base += PATCH_WORDS * maxPlanPatchWords(r.dispatches);
+    r.template?.dispose();
+    const bytes = new Uint8Array(all.buffer, words.byteOffset, words.byteLength);
+    return { ...r, words, bytes, patchSlots, template: null, unchangedHits: 0, changedWords: 0 };
+  });
+}
+
+/**
+ * The records words `changed[0..n)` (counted over both command buffers) took new values that no
+ * template's patch list holds yet: each records' live template takes an entry for them (and goes
+ * past its bound); records without a live template count them for {@link hitTemplate}.
+ */
+function tookChanged(records: readonly PlanRecords[], changed: Uint32Array, n: number): void {
+  const p0 = records[0]!, p1 = records[1], split = p0.words.length;
+  let t0 = liveTemplate(p0), t1 = liveTemplate(p1);
+  if (t0 === null && p1 === undefined) {
+    p0.changedWords += n;
+    return;
+  }
+  let n0 = 0, n1 = 0;
+  for (let i = 0; i < n; i++) {
+    const t = changed[i]!;
+    if (t < split) {
+      if (t0 === null) n0++;
+      else if (!templateTook(p0, t0, t)) {
+        t0 = null;
+        n0 = TEMPLATE_DROPPED;
+      }
+    } else if (t1 === null) n1++;
+    else if (!templateTook(p1!, t1, t - split)) {
+      t1 = null;
+      n1 = TEMPLATE_DROPPED;
+    }
+  }
+  if (n0 > 0) p0.changedWords += n0;
+  if (n1 > 0) p1!.changedWords += n1;
+}
+
+let keySymbols: NativeSymbols | null = null;
+
+/** `mlxn_key_compare` of a library loaded in this process (a capture exists only once a device does). */
+function keyCompare(
+  now: Uint32Array,
+  words: Uint32Array,
+  n: number,
+  key: Sighting,
+  changed: Uint32Array,
+  counted: Uint32Array,
+): number {
+  const sym = keySymbols ??= anyLoadedSymbols();
+  if (sym === null) throw new MlxError("InvalidState", "no native library is loaded: open a device first");
+  const records = key.recordWords, patch = key.patch;
+  return sym.mlxn_key_compare(
+    now,
     words,
-    bytes: new Uint8Array(words.buffer, words.byteOffset, words.byteLength),
-    constants: Int32Array.from(at),
-    targets,
-    extra: fp.view().slice(),
-  };
+    n,
+    key.constantBits,
+    key.map,
+    records,
+    records.length,
+    key.valueAt,
+    patch,
+    patch.length,
+    changed,
+    changed.length,
+    counted,
+  );
+}
+
+function keyCompareError(): string {
+  return keySymbols === null ? "no native library" : lastErrorText(keySymbols);
 }
 
 interface Entry extends Sighting {
@@ -544,6 +656,7 @@ export class PlanCache {
    */
   store(fp: Fingerprint, plan: CachedPlan): void {
     if (this.capacity === 0) return;
+    if (plan.records) plan = { ...plan, records: sharedRecords(plan.records) };
     let key = keyOf(fp, plan.records);
     if (key === null) { // cannot happen with the passes as they are; replayed through the steps then
       plan = { ...plan, records: null };

@@ -613,6 +613,13 @@ int32_t mlxn_cmdbuf_decode(mlxn_cmdbuf *cb, const uint8_t *stream, uint32_t len)
 
 /* ---- replay of a decoded command buffer (mlxn_cmdbuf_replay) ---------------------------------- */
 
+/* Bit s: slot s of contract k holds inline bytes ('c' in its signature). */
+static uint32_t bytes_slots(const mlxn_contract *k) {
+  uint32_t m = 0;
+  for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && k->signature[s]; s++) m |= (uint32_t)(k->signature[s] == 'c') << s;
+  return m;
+}
+
 int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
   mlxn_device *dev = cb->dev;
   /* Every buffer first, so that a refusal leaves cb as it was. `from` holds a reference on each, so
@@ -656,11 +663,16 @@ int32_t mlxn_cmdbuf_copy_decoded(mlxn_cmdbuf *cb, const mlxn_cmdbuf *from) {
    * constant's block costs O(1) per dispatch, not O(blocks), however large the pass's constants. */
   const arena_block *blk = from->arena;
   uintptr_t blk_at = 0; /* blk's offset in dst */
+  const mlxn_contract *ck = NULL;
+  uint32_t ck_bytes = 0; /* bytes_slots(ck): dispatches of one kernel in a row scan its signature once */
   for (uint32_t k = n; k-- > 0;) {
     mlxn_dispatch *d = &cb->dispatches[k];
-    const char *sig = d->contract->signature;
-    for (uint32_t s = 0; s < MLXN_KERNEL_SLOTS && sig[s]; s++) {
-      if (sig[s] != 'c') continue;
+    if (d->contract != ck) {
+      ck = d->contract;
+      ck_bytes = bytes_slots(ck);
+    }
+    for (uint32_t left = ck_bytes; left; left &= left - 1) {
+      uint32_t s = (uint32_t)__builtin_ctz(left);
       uintptr_t p = (uintptr_t)d->args.ptr[s];
       /* unsigned: an address below a block's data wraps past any size */
       if (!blk || p - (uintptr_t)blk->data >= blk->used) {
@@ -709,8 +721,15 @@ static int32_t revalidate(mlxn_cmdbuf *cb, uint32_t k) {
 }
 
 int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint32_t n) {
-  /* Every entry first, then every patched dispatch validated: a dispatch whose entries are spread over
-   * the list is judged on its final constants, never on a mix of old and new ones. */
+  /* A dispatch is validated on its final constants, never on a mix of old and new ones. Entries in
+   * dispatch order (the usual case) put all of a dispatch's entries together: it is validated right
+   * after its last one, while its memory is still at hand. Otherwise every entry goes first, then
+   * every patched dispatch is validated. */
+  int ordered = 1;
+  for (uint32_t i = 1; i < n && ordered; i++)
+    ordered = patch[(size_t)i * MLXN_PATCH_WORDS] >= patch[(size_t)(i - 1) * MLXN_PATCH_WORDS];
+  const mlxn_contract *ck = NULL;
+  uint32_t ck_bytes = 0; /* bytes_slots(ck): entries of one kernel in a row scan its signature once */
   for (uint32_t i = 0; i < n; i++) {
     const uint32_t *e = patch + (size_t)i * MLXN_PATCH_WORDS;
     uint32_t k = e[0], slot = e[1], off = e[2];
@@ -718,18 +737,24 @@ int32_t mlxn_cmdbuf_patch_constants(mlxn_cmdbuf *cb, const uint32_t *patch, uint
       return mlxn_set_error(MLXN_E_STREAM, "patch %u: dispatch %u, but the command buffer has %u", i, k,
                             cb->n_dispatches);
     mlxn_dispatch *d = &cb->dispatches[k];
-    const char *sig = d->contract->signature;
-    uint32_t slots = 0;
-    while (slots < MLXN_KERNEL_SLOTS && sig[slots]) slots++;
-    if (slot >= slots || sig[slot] != 'c')
+    if (d->contract != ck) {
+      ck = d->contract;
+      ck_bytes = bytes_slots(ck);
+    }
+    if (slot >= MLXN_KERNEL_SLOTS || !((ck_bytes >> slot) & 1u))
       return mlxn_set_error(MLXN_E_STREAM, "patch %u: slot %u of kernel %s (dispatch %u) holds no inline constants", i,
-                            slot, d->contract->name, k);
+                            slot, ck->name, k);
     if (off % 4 != 0 || (uint64_t)off + 4 > d->args.len[slot])
       return mlxn_set_error(MLXN_E_STREAM,
                             "patch %u: byte offset %u of slot %u (dispatch %u) is not a whole word inside its %llu "
                             "inline bytes", i, off, slot, k, (unsigned long long)d->args.len[slot]);
     memcpy(d->args.ptr[slot] + off, &e[3], 4); /* cb's own copy of the constants (copy_decoded) */
+    if (ordered && (i + 1 == n || patch[(size_t)(i + 1) * MLXN_PATCH_WORDS] != k)) {
+      int32_t rc = revalidate(cb, k);
+      if (rc != MLXN_OK) return rc;
+    }
   }
+  if (ordered) return MLXN_OK;
   uint32_t last = UINT32_MAX; /* consecutive entries of one dispatch: validated once */
   for (uint32_t i = 0; i < n; i++) {
     uint32_t k = patch[(size_t)i * MLXN_PATCH_WORDS];

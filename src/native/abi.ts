@@ -6,7 +6,7 @@
  */
 
 /** ABI version this module speaks; a library reporting another version is refused. */
-export const ABI_VERSION = 5;
+export const ABI_VERSION = 6;
 
 /** Native status codes (MLXN_OK, MLXN_E_*). */
 export const Status = {
@@ -23,6 +23,9 @@ export const Status = {
 
 /** What mlxn_cmdbuf_replay_like returns when the stream is not like the template's (MLXN_UNLIKE). */
 export const UNLIKE = 1;
+
+/** An entry of mlxn_key_compare's map: a constant whose value no records word takes (MLXN_KEY_FREE). */
+export const KEY_FREE = 0xfffffffe;
 
 /** Command-stream opcodes (MLXN_OP_*). */
 export const Op = {

@@ -44,6 +44,28 @@ export const symbols = {
   mlxn_cmdbuf_encode_template: { parameters: ["pointer", "buffer", "u32"], result: "i32" },
   /** int32_t mlxn_cmdbuf_replay_like(mlxn_cmdbuf *cb, mlxn_cmdbuf *from, const uint8_t *stream, uint32_t len) */
   mlxn_cmdbuf_replay_like: { parameters: ["pointer", "pointer", "buffer", "u32"], result: "i32" },
+  /**
+   * int32_t mlxn_key_compare(now, key, uint32_t n_words, constants, map, records, uint32_t n_records,
+   * value_at, patch, uint32_t n_patch, changed, uint32_t cap, uint32_t *n_changed)
+   */
+  mlxn_key_compare: {
+    parameters: [
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+      "u32",
+      "buffer",
+    ],
+    result: "i32",
+  },
   /** uint32_t mlxn_cmdbuf_error_offset(mlxn_cmdbuf *cb) */
   mlxn_cmdbuf_error_offset: { parameters: ["pointer"], result: "u32" },
   /** int32_t mlxn_cmdbuf_commit(mlxn_cmdbuf *cb) */

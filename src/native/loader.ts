@@ -190,6 +190,15 @@ function dlopenError(path: string, e: unknown): MlxError {
 }
 
 /**
+ * The symbols of a library loaded in this process, or null when none is: for native functions that
+ * involve no device (every loaded library speaks this module's ABI).
+ */
+export function anyLoadedSymbols(): NativeSymbols | null {
+  for (const lib of loaded.values()) return lib.symbols;
+  return null;
+}
+
+/**
  * Loads the library at `path` (once per process): checks the permission, then the ABI version
  * through a minimal first open, then binds every symbol.
  */

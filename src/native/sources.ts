@@ -34,6 +34,7 @@ export const CPU_SOURCES: readonly string[] = [
   "native/contracts/sample.h",
   "kernels/cpu/cpu_kernel.h",
   "native/core/device.c",
+  "native/core/key_compare.c",
   "native/core/queue.c",
   "native/core/stream.c",
   "native/contracts/attention.c",

@@ -17,7 +17,13 @@
  *    decoder no longer needs, never lack one it places; B then runs (when cheap) under ASan;
  *  - refused (an error): the decoder refuses S too;
  *  - unlike (MLXN_UNLIKE): B is untouched and takes S as the decoder does.
- * Nothing may leak: live command buffers return to zero, live buffers to four. */
+ * Nothing may leak: live command buffers return to zero, live buffers to four.
+ *
+ * The same input also checks the plan cache's key comparison (mlxn_key_compare) against a plain
+ * reference loop: T's words are the key, S's the pass; T's SET_BYTES data words (as far as its records
+ * are well formed) are the constants; their sites, the records' value slots, the list's capacity and
+ * where a site points out of range are derived from the words. Status, key, records, patch values
+ * and the changed list must be the reference's. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +121,83 @@ static void same_dispatches(const mlxn_cmdbuf *a, const mlxn_cmdbuf *b, int fine
   }
 }
 
+/* mlxn_key_compare as a plain loop over every word: the reference. */
+static int32_t ref_key_compare(const uint32_t *now, uint32_t *key, uint32_t n_words, const uint32_t *constants,
+                               const uint32_t *map, uint32_t *records, uint32_t n_records, const int32_t *value_at,
+                               uint32_t *patch, uint32_t n_patch, uint32_t *changed, uint32_t cap,
+                               uint32_t *n_changed) {
+  *n_changed = 0;
+  for (uint32_t k = 0; k < n_words; k++)
+    if (now[k] != key[k] && !((constants[k / 32] >> (k % 32)) & 1u)) return MLXN_UNLIKE;
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < n_words; k++) {
+    if (now[k] == key[k]) continue;
+    uint32_t v = now[k], t = map[k];
+    if (t != MLXN_KEY_FREE) {
+      if (t >= n_records) return *n_changed = n, MLXN_E_INVALID_ARGUMENT;
+      int32_t p = value_at[t];
+      if (p >= 0 && (uint32_t)p >= n_patch) return *n_changed = n, MLXN_E_INVALID_ARGUMENT;
+      if (p < 0 && n == cap) return *n_changed = n, MLXN_E_INVALID_ARGUMENT;
+      if (p >= 0) patch[p] = v;
+      else changed[n++] = t;
+      records[t] = v;
+    }
+    key[k] = v;
+  }
+  *n_changed = n;
+  return MLXN_OK;
+}
+
+/* Runs mlxn_key_compare on key T and pass S (n words) and the reference on copies; aborts on any
+ * difference. */
+static void check_key_compare(const uint8_t *t, const uint8_t *s, uint32_t n) {
+  uint32_t bitmap_words = (n + 31) / 32, n_records = n / 2 + 1, n_patch = n / 4 + 1;
+  size_t total = (size_t)6 * n + 2 * n_records + n_patch + bitmap_words + 8;
+  uint32_t *mem = calloc(total, 4);
+  if (!mem) abort();
+  uint32_t *now = mem, *key = now + n, *key2 = key + n, *map = key2 + n, *changed = map + n, *changed2 = changed + n,
+           *records = changed2 + n, *records2 = records + n_records, *patch = records2 + n_records,
+           *constants = patch + n_patch;
+  uint32_t *patch2 = malloc(4 * (size_t)n_patch + 4);
+  int32_t *value_at = malloc(4 * (size_t)n_records + 4);
+  if (!patch2 || !value_at) abort();
+  memcpy(now, s, 4 * (size_t)n);
+  memcpy(key, t, 4 * (size_t)n);
+  memcpy(key2, t, 4 * (size_t)n);
+  uint32_t constant_words = 0;
+  for (uint32_t at = 0; at < n;) {
+    uint32_t h = key[at], words = h >> 16;
+    if (words == 0 || words > n - at) break;
+    if ((h & 0xffu) == MLXN_OP_SET_BYTES)
+      for (uint32_t k = at + 2; k < at + words; k++) constants[k / 32] |= 1u << (k % 32), constant_words++;
+    at += words;
+  }
+  uint32_t seed = n * 2654435761u;
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t h = (key[k] ^ seed) * 2246822519u + k * 3266489917u;
+    /* mostly a records word, some free, now and then one past the records */
+    map[k] = h % 16 == 0 ? MLXN_KEY_FREE : h % 61 == 0 ? n_records + h % 5 : (h >> 8) % n_records;
+  }
+  for (uint32_t r = 0; r < n_records; r++) {
+    uint32_t h = (r + seed) * 2654435761u;
+    value_at[r] = h % 3 == 0 ? -1 : h % 97 == 0 ? (int32_t)(n_patch + h % 3) : (int32_t)((h >> 8) % n_patch);
+  }
+  uint32_t cap = seed % 7 == 0 ? constant_words / 2 : constant_words;
+  memcpy(patch2, patch, 4 * (size_t)n_patch);
+  uint32_t got = 0, want = 0;
+  int32_t rc = mlxn_key_compare(now, key, n, constants, map, records, n_records, value_at, patch, n_patch, changed,
+                                cap, &got);
+  int32_t ref = ref_key_compare(now, key2, n, constants, map, records2, n_records, value_at, patch2, n_patch, changed2,
+                                cap, &want);
+  if (verbose) fprintf(stderr, "key compare: %d (%u listed)\n", rc, got);
+  if (rc != ref || got != want || memcmp(key, key2, 4 * (size_t)n) || memcmp(records, records2, 4 * (size_t)n_records) ||
+      memcmp(patch, patch2, 4 * (size_t)n_patch) || memcmp(changed, changed2, 4 * (size_t)got))
+    abort();
+  free(mem);
+  free(patch2);
+  free(value_at);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4 || size > (1u << 20)) return 0;
   uint32_t avail = (uint32_t)(size - 4), tlen = ((get_word(data) & 0x7fffffffu) % (avail + 1)) & ~3u;
@@ -131,6 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   rename_handles(t, tlen);
   rename_handles(s, tlen);
+  check_key_compare(t, s, words);
   mlxn_cmdbuf *tmpl = mlxn_cmdbuf_new(dev), *a = mlxn_cmdbuf_new(dev), *b = mlxn_cmdbuf_new(dev);
   if (!tmpl || !a || !b) abort();
   if (mlxn_cmdbuf_encode_template(tmpl, t, tlen) == MLXN_OK) {
