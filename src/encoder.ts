@@ -933,7 +933,7 @@ export class CommandEncoder {
         this.#barriers++;
         policy.endGroup();
       }
-      for (let k = groupSizes[g]!; k > 0; k--) policy.dispatched();
+      policy.dispatchedMany(groupSizes[g]!);
     }
     this.#dispatches = dispatches;
     this.#pipeline = lastPipeline;
