@@ -204,3 +204,15 @@ export function putWords(w: Uint32Array, at: number, slot: number, src: readonly
   for (let k = 0; k < n; k++) w[at + 2 + k] = src[k]!;
   return at + 2 + n;
 }
+
+/**
+ * Stores a SET_TG_MEMORY record of `bytes` (index 0) at word `at` of `w` (the ops' write path; it
+ * goes right after CommandEncoder.opBegin, before the bindings, as {@link writeDispatch}
+ * orders it) and returns the word after it; nothing for 0 bytes; -1 when `at` is -1.
+ */
+export function putTgMemory(w: Uint32Array, at: number, bytes: number): number {
+  if (at < 0 || bytes === 0) return at;
+  w[at] = H_SET_TG_MEMORY;
+  w[at + 1] = bytes;
+  return at + 2;
+}

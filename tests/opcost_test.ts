@@ -73,6 +73,13 @@ function everyOp(
   });
   t.memoryBarrier();
   ops.elementwiseAdd(t, r, s0, s1, s0);
+  const rows = { rows: 4, dim: 16, eps: 1e-5 };
+  ops.rmsNorm(t, r, b.a, b.b, s0, rows);
+  ops.rmsNorm(t, r, b.half, b.half.slice(0, 32), b.half.slice(32, 32), { rows: 1, dim: 16, eps: 0 });
+  ops.rmsNormMul(t, r, b.a, b.b, s0, s1, rows);
+  ops.rmsNormMulAdd(t, r, b.a, b.b, s1, b.out, b.wide, { rows: 2, dim: 32, eps: 1e-6 });
+  ops.rmsNormNoScale(t, r, b.wide, b.out, rows);
+  ops.softmax(t, r, b.a, b.wide.slice(512, 1024), { rows: 3, cols: 70 });
 }
 
 function buffers(device: MlxDevice) {
@@ -96,7 +103,7 @@ Deno.test("the ops' write path encodes the descriptor path's stream, byte for by
     for (const direct of [true, false]) {
       const enc = device.commandEncoder({ autoBarriers });
       everyOp(direct ? enc : forwarding(enc), registry, bufs);
-      equal(enc.dispatchCount, 11);
+      equal(enc.dispatchCount, 17);
       enc.commit({ wait: true });
       barriers.push(enc.barrierCount);
       streams.push(Uint32Array.from(chunks.splice(0).flatMap((c) => Array.from(c))));
