@@ -80,6 +80,14 @@ function everyOp(
   ops.rmsNormMulAdd(t, r, b.a, b.b, s1, b.out, b.wide, { rows: 2, dim: 32, eps: 1e-6 });
   ops.rmsNormNoScale(t, r, b.wide, b.out, rows);
   ops.softmax(t, r, b.a, b.wide.slice(512, 1024), { rows: 3, cols: 70 });
+  ops.rope(t, r, b.a, s0, b.state, { theta: 10000, headDim: 16, seqLen: 1 });
+  const heads = { theta: 500, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 1 };
+  ops.ropeNeox(t, r, b.a, s1, b.state, heads);
+  ops.ropeNorm(t, r, b.a, b.wide, undefined, { ...heads, state: b.state, outPosStride: 32, maxPositions: 4 });
+  ops.ropeNeox(t, r, b.a, b.out, b.state, { ...heads, freqFactors: b.b.slice(0, 16) });
+  ops.matmul(t, r, b.a, b.b, s0, { m: 2, n: 8, k: 16 });
+  ops.matmul(t, r, b.a, b.b, s1, { m: 1, n: 8, k: 16, residual: s1, constantWeights: true });
+  ops.matmul(t, r, b.a, b.b, b.out, { m: 1, n: 8, k: 32, swiglu: true });
 }
 
 function buffers(device: MlxDevice) {
@@ -103,7 +111,7 @@ Deno.test("the ops' write path encodes the descriptor path's stream, byte for by
     for (const direct of [true, false]) {
       const enc = device.commandEncoder({ autoBarriers });
       everyOp(direct ? enc : forwarding(enc), registry, bufs);
-      equal(enc.dispatchCount, 17);
+      equal(enc.dispatchCount, 24);
       enc.commit({ wait: true });
       barriers.push(enc.barrierCount);
       streams.push(Uint32Array.from(chunks.splice(0).flatMap((c) => Array.from(c))));
