@@ -478,8 +478,9 @@ export class CommandEncoder {
    * published until {@link CommandEncoder.opDispatch}. -1 where the encoder needs a descriptor.
    */
   opBegin(p: Pipeline): number {
+    if (!this.#opPath) return -1;
     const w = this.#cb.writer;
-    if (!this.#opPath || w === null) return -1;
+    if (w === null) return -1;
     if (this.#policy.auto !== this.#nativeAuto) this.#writeAutoBarriers(this.#policy.auto);
     const words = w.words;
     if (w.pos + p.maxDispatchWords > words.length) w.flush(); // StreamWriter.reserve
