@@ -225,6 +225,11 @@ export class BarrierPolicy {
     this.#groupSize++;
   }
 
+  /** Counts `n` dispatches into the current group: `dispatched()` n times (none when n ≤ 0), in O(1). */
+  dispatchedMany(n: number): void {
+    if (n > 0) this.#groupSize += n;
+  }
+
   /** Closes the current group (at a barrier or commit). */
   endGroup(): void {
     const size = this.#groupSize;

@@ -145,3 +145,74 @@ export function writeDispatch(
   writer.pos = at + 8;
   return true;
 }
+
+/**
+ * Stores the binding record of view `b` at `slot` at word `at` of `w` (the ops' write path, see
+ * CommandEncoder.opBegin) and returns the word after it; -1 when `at` is -1 or the view's allocation
+ * was freed (the op then dispatches a descriptor, which reports it). The record is SET_BUFFER_WHOLE,
+ * SET_BUFFER or SET_BUFFER64, as {@link writeDispatch} chooses.
+ */
+export function putBuffer(w: Uint32Array, at: number, slot: number, b: MlxBuffer): number {
+  const h = b.rawHandle;
+  if (h === 0 || at < 0) return -1;
+  if (b.isWholeAllocation) {
+    w[at] = H_SET_BUFFER_WHOLE | (slot << 8);
+    w[at + 1] = h;
+    return at + 2;
+  }
+  const off = b.byteOffset, len = b.byteLength;
+  if (off + len < TWO_32) {
+    w[at] = H_SET_BUFFER | (slot << 8);
+    w[at + 1] = h;
+    w[at + 2] = off;
+    w[at + 3] = len;
+    return at + 4;
+  }
+  w[at] = H_SET_BUFFER64 | (slot << 8);
+  w[at + 1] = h;
+  w[at + 2] = off >>> 0;
+  w[at + 3] = Math.floor(off / TWO_32);
+  w[at + 4] = len >>> 0;
+  w[at + 5] = Math.floor(len / TWO_32);
+  return at + 6;
+}
+
+/** SET_BYTES header of one u32 word at slot 0 (OR in `slot << 8`). */
+const H_SET_WORD = (((RecordWords.SET_BYTES_HEADER + 1) << 16) | Op.SET_BYTES) >>> 0;
+
+/**
+ * Stores a SET_BYTES record of the one u32 word `v` at `slot` at word `at` of `w` (the ops' write
+ * path) and returns the word after it; -1 when `at` is -1. `v` must be a u32.
+ */
+export function putWord(w: Uint32Array, at: number, slot: number, v: number): number {
+  if (at < 0) return -1;
+  w[at] = H_SET_WORD | (slot << 8);
+  w[at + 1] = 4;
+  w[at + 2] = v;
+  return at + 3;
+}
+
+/**
+ * Stores a SET_BYTES record of the u32 words `src` (1 to 64 of them) at `slot` at word `at` of `w`
+ * (the ops' write path) and returns the word after it; -1 when `at` is -1.
+ */
+export function putWords(w: Uint32Array, at: number, slot: number, src: readonly number[]): number {
+  if (at < 0) return -1;
+  const n = src.length;
+  w[at] = (((RecordWords.SET_BYTES_HEADER + n) << 16) | (slot << 8) | Op.SET_BYTES) >>> 0;
+  w[at + 1] = n * 4;
+  for (let k = 0; k < n; k++) w[at + 2 + k] = src[k]!;
+  return at + 2 + n;
+}
+
+/**
+ * Stores a SET_TG_MEMORY record of `bytes` (index 0) at word `at` of `w` (the ops' write path; it
+ * goes right after CommandEncoder.opBegin, before the bindings, as {@link writeDispatch}
+ * orders it) and returns the word after it; nothing for 0 bytes; -1 when `at` is -1.
+ */
+export function putTgMemory(w: Uint32Array, at: number, bytes: number): number {
+  if (at < 0 || bytes === 0) return at;
+  w[at] = H_SET_TG_MEMORY;
+  w[at + 1] = bytes;
+  return at + 2;
+}

@@ -29,7 +29,16 @@ import { CbStatus, Limits, RecordWords, Stat, Status, Track } from "./native/abi
 import type { NativeSymbols } from "./native/ffi.ts";
 import { codeOf, lastErrorText, readText } from "./native/status.ts";
 import { writeDispatch } from "./dispatch_writer.ts";
-import { H_AUTO_BARRIERS_OFF, H_AUTO_BARRIERS_ON, StreamWriter, trackHeader, TWO_32 } from "./native/stream.ts";
+import {
+  H_AUTO_BARRIERS_OFF,
+  H_AUTO_BARRIERS_ON,
+  H_DISPATCH_GROUPS,
+  H_DISPATCH_THREADS,
+  H_SET_PIPELINE,
+  StreamWriter,
+  trackHeader,
+  TWO_32,
+} from "./native/stream.ts";
 
 export type { Binding, Dims, DispatchKind, InlineWords } from "./graph/nodes.ts";
 export type { DispatchDescriptor } from "./dispatch.ts";
@@ -340,6 +349,8 @@ export class CommandEncoder {
   // and no profiler, which need every barrier here): dispatch() then only writes the dispatch.
   readonly #native: boolean;
   #direct: boolean; // #native and not capturing
+  #opPath: boolean; // #direct without per-dispatch bookkeeping: ops write their records themselves
+  #opPipeline = 0; // the pipeline of the op dispatch being written
   #nativeAuto = false; // the AUTO_BARRIERS state written to the stream
   // A cached plan's records were appended untracked: tracking starts behind a barrier (its accesses
   // are not in the decoder's group).
@@ -368,6 +379,7 @@ export class CommandEncoder {
     this.#kernels = host.profileDispatches ? [] : null;
     this.#barriersBefore = host.profiler ? [] : null;
     this.#native = this.#direct = this.#log === null && this.#barriersBefore === null;
+    this.#opPath = this.#direct && this.#kernels === null;
     cleanup.register(this, this.#cb);
   }
 
@@ -456,6 +468,66 @@ export class CommandEncoder {
     if (!writeDispatch(this.#cb.writer!, d, this.#pipeline, this.#dispatches)) return false;
     this.#dispatched(d);
     return true;
+  }
+
+  /**
+   * @ignore Internal: the first step of the ops' write path (src/ops/common.ts). Where this encoder
+   * writes dispatches straight into its stream (direct, encoding, no per-dispatch bookkeeping), makes
+   * room for one dispatch of `p` and returns the word of {@link CommandEncoder.opWords} its binding
+   * records start at (a SET_PIPELINE is stored there first when the pipeline changes). Nothing is
+   * published until {@link CommandEncoder.opDispatch}. -1 where the encoder needs a descriptor.
+   */
+  opBegin(p: Pipeline): number {
+    if (!this.#opPath) return -1;
+    const w = this.#cb.writer;
+    if (w === null) return -1;
+    if (this.#policy.auto !== this.#nativeAuto) this.#writeAutoBarriers(this.#policy.auto);
+    const words = w.words;
+    if (w.pos + p.maxDispatchWords > words.length) w.flush(); // StreamWriter.reserve
+    let at = w.pos;
+    const h = p.handle;
+    if (h !== this.#pipeline) {
+      words[at] = H_SET_PIPELINE;
+      words[at + 1] = h;
+      at += 2;
+    }
+    this.#opPipeline = h;
+    return at;
+  }
+
+  /** @ignore Internal: the stream words of the ops' write path (valid after an opBegin that did not return -1). */
+  get opWords(): Uint32Array {
+    return this.#cb.writer!.words;
+  }
+
+  /**
+   * @ignore Internal: ends a dispatch of the ops' write path whose binding records end at word `at`:
+   * writes its DISPATCH record (`threads`: the grid counts threads) and publishes every record since
+   * {@link CommandEncoder.opBegin}. Dimensions are positive u32 with at most the threadgroup limit.
+   */
+  opDispatch(
+    at: number,
+    threads: boolean,
+    g0: number,
+    g1: number,
+    g2: number,
+    t0: number,
+    t1: number,
+    t2: number,
+  ): void {
+    const w = this.#cb.writer!, words = w.words;
+    words[at] = threads ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
+    words[at + 1] = g0;
+    words[at + 2] = g1;
+    words[at + 3] = g2;
+    words[at + 4] = t0;
+    words[at + 5] = t1;
+    words[at + 6] = t2;
+    words[at + 7] = this.#dispatches++;
+    w.pos = at + 8;
+    this.#pipeline = this.#opPipeline;
+    this.#policy.dispatched();
+    counterState.dispatches++;
   }
 
   /** Bookkeeping of a dispatch just written. */
@@ -780,7 +852,7 @@ export class CommandEncoder {
   #startCapture(what: string, keepCallerViews: boolean): void {
     if (this.#cb.state !== "encoding") throw this.#notEncoding(what);
     this.#capture ??= new CaptureRecorder(this.#policy.auto, keepCallerViews);
-    this.#direct = false;
+    this.#direct = this.#opPath = false;
   }
 
   /** Whether the encoder is recording. */
@@ -804,6 +876,7 @@ export class CommandEncoder {
     // The group of what was encoded before the capture stays (JS policy or native tracker): the
     // captured nodes were not encoded, and a direct dispatch after them may still conflict with it.
     this.#direct = this.#native;
+    this.#opPath = this.#direct && this.#kernels === null;
     return capture ? capture.take() : null;
   }
 
@@ -861,7 +934,7 @@ export class CommandEncoder {
         this.#barriers++;
         policy.endGroup();
       }
-      for (let k = groupSizes[g]!; k > 0; k--) policy.dispatched();
+      policy.dispatchedMany(groupSizes[g]!);
     }
     this.#dispatches = dispatches;
     this.#pipeline = lastPipeline;

@@ -35,11 +35,11 @@ typedef struct trk_set {
 #define TRK_WRITTEN_IS_TOUCHED 4u
 
 typedef struct trk_entry {
-  uint32_t epoch;  /* the group that holds this entry; another value: not in the group */
-  uint32_t spill;  /* TRK_*_SPILLED: the bytes live in the entry's sets, not inline; TRK_WRITTEN_IS_TOUCHED */
-  uint64_t ts, te; /* touched bytes [ts, te) when not spilled (never empty) */
-  uint64_t ws, we; /* written bytes [ws, we) when not spilled; 0, 0 when none */
-  uint32_t sets;   /* 1 + index of this entry's pair of sets in trk->sets (0: none yet) */
+  uint32_t epoch;     /* the group that holds this entry; another value: not in the group */
+  uint32_t spill : 8; /* TRK_*_SPILLED: the bytes live in the entry's sets, not inline; TRK_WRITTEN_IS_TOUCHED */
+  uint32_t sets : 24; /* 1 + index of this entry's pair of sets in trk->sets (0: none yet) */
+  uint64_t ts, te;    /* touched bytes [ts, te) when not spilled (never empty) */
+  uint64_t ws, we;    /* written bytes [ws, we) when not spilled; 0, 0 when none */
 } trk_entry;
 
 typedef struct mlxn_tracker {
@@ -167,6 +167,7 @@ static inline int trk_fit(mlxn_tracker *t, uint32_t idx) {
 /* The entry's pair of sets (taken on its first spill, kept for later groups). NULL when out of memory. */
 static inline trk_set *trk_sets_of(mlxn_tracker *t, trk_entry *x) {
   if (x->sets == 0) {
+    if (t->n_sets >= (1u << 24) - 1) return NULL; /* the entry's 24-bit index */
     if (t->n_sets == t->cap_sets) {
       uint32_t cap = t->cap_sets ? t->cap_sets * 2 : 8;
       if (cap < t->cap_sets || (size_t)cap > SIZE_MAX / (2 * sizeof(trk_set))) return NULL;

@@ -10,6 +10,8 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { CommandEncoder } from "../encoder.ts";
+import { putBuffer, putWord, putWords } from "../dispatch_writer.ts";
 import {
   elementwiseContracts,
   packAxpbyParams,
@@ -83,14 +85,23 @@ function binary(
     (count >>> 0) !== count || count === 0 || b.dtype !== dt || out.dtype !== dt || a.byteLength < need ||
     b.byteLength < need || out.byteLength < need
   ) binaryRefused(kernels, a, b, out, n);
+  const p = registry.resolve(ref), tg = count < 256 ? count : 256;
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWord(w, putBuffer(w, putBuffer(w, putBuffer(w, at, 0, a), 1, b), 2, out), 3, count);
+      if (at >= 0) return target.opDispatch(at, true, count, 1, 1, tg, 1, 1);
+    }
+  }
   const d = binaryDescriptor, bindings = d.bindings;
-  d.pipeline = registry.resolve(ref);
+  d.pipeline = p;
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
   packNParams(binaryWords, count);
   d.grid = count;
-  d.threadgroup = count < 256 ? count : 256;
+  d.threadgroup = tg;
   dispatchReused(target, d, 3);
 }
 
@@ -164,12 +175,21 @@ function unary(
     (count >>> 0) !== count || count === 0 || output.dtype !== dt || input.byteLength < need ||
     output.byteLength < need
   ) unaryRefused(kernels, input, output, n);
+  const p = registry.resolve(ref), tg = count < 256 ? count : 256;
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putBuffer(w, putBuffer(w, at, 0, input), 1, output);
+      if (at >= 0) return target.opDispatch(at, true, count, 1, 1, tg, 1, 1);
+    }
+  }
   const d = unaryDescriptor;
-  d.pipeline = registry.resolve(ref);
+  d.pipeline = p;
   d.bindings[0] = input;
   d.bindings[1] = output;
   d.grid = count;
-  d.threadgroup = count < 256 ? count : 256;
+  d.threadgroup = tg;
   dispatchReused(target, d, 2);
 }
 
@@ -250,15 +270,25 @@ export function stridedCopy(
           !overlapping(dst, dstBytes, state, 4)
         : ps === 0 && maxPos === 0))
   ) checkStridedCopy(src, dst, o);
+  const p = registry.resolve(STRIDED_COPY), tg = cols < 256 ? cols : 256;
+  packStridedCopyParams(copyWords, rows, cols, ss, ds, state ? 1 : 0, ps, maxPos);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, putBuffer(w, at, 0, src), 1, dst), 2, copyWords);
+      if (state !== undefined) at = putBuffer(w, at, 3, state);
+      if (at >= 0) return target.opDispatch(at, true, cols, rows, 1, tg, 1, 1);
+    }
+  }
   const d = copyDescriptor;
-  d.pipeline = registry.resolve(STRIDED_COPY);
+  d.pipeline = p;
   d.bindings[0] = src;
   d.bindings[1] = dst;
   d.bindings[3] = state;
-  packStridedCopyParams(copyWords, rows, cols, ss, ds, state ? 1 : 0, ps, maxPos);
   copyGrid[0] = cols;
   copyGrid[1] = rows;
-  copyGroup[0] = cols < 256 ? cols : 256;
+  copyGroup[0] = tg;
   d.grid = copyGrid;
   d.threadgroup = copyGroup;
   dispatchReusedSlots(target, d, 0b1011);
@@ -301,13 +331,22 @@ export function softcap(
   checkU32("softcap", "n", n);
   checkBuffer("softcap", "input", input, DType.F32, n);
   checkBuffer("softcap", "output", output, DType.F32, n);
+  const p = registry.resolve(SOFTCAP), tg = n < 256 ? n : 256;
+  packSoftcapParams(softcapWords, options.cap, n);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, putBuffer(w, at, 0, input), 1, output), 2, softcapWords);
+      if (at >= 0) return target.opDispatch(at, true, n, 1, 1, tg, 1, 1);
+    }
+  }
   const d = softcapDescriptor;
-  d.pipeline = registry.resolve(SOFTCAP);
+  d.pipeline = p;
   d.bindings[0] = input;
   d.bindings[1] = output;
-  packSoftcapParams(softcapWords, options.cap, n);
   d.grid = n;
-  d.threadgroup = n < 256 ? n : 256;
+  d.threadgroup = tg;
   dispatchReused(target, d, 2);
 }
 
@@ -333,14 +372,23 @@ export function axpby(
     checkBuffer("axpby", "b", b, DType.F32, n);
     checkBuffer("axpby", "out", out, DType.F32, n);
   }
+  const p = registry.resolve(AXPBY), tg = n < 256 ? n : 256;
+  packAxpbyParams(axpbyWords, options.alpha, options.beta, n, 0);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, putBuffer(w, putBuffer(w, at, 0, a), 1, b), 2, out), 3, axpbyWords);
+      if (at >= 0) return target.opDispatch(at, true, n, 1, 1, tg, 1, 1);
+    }
+  }
   const d = axpbyDescriptor, bindings = d.bindings;
-  d.pipeline = registry.resolve(AXPBY);
+  d.pipeline = p;
   bindings[0] = a;
   bindings[1] = b;
   bindings[2] = out;
-  packAxpbyParams(axpbyWords, options.alpha, options.beta, n, 0);
   d.grid = n;
-  d.threadgroup = n < 256 ? n : 256;
+  d.threadgroup = tg;
   dispatchReused(target, d, 3);
 }
 

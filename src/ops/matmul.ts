@@ -12,6 +12,8 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { CommandEncoder } from "../encoder.ts";
+import { putBuffer, putWords } from "../dispatch_writer.ts";
 import {
   AFFINE_GATHER_PARAMS,
   AFFINE_GENERAL_PARAMS,
@@ -160,14 +162,25 @@ export function matmul(
           ((r.allocId === y.allocId && r.byteOffset === y.byteOffset) || !overlapping(r, yBytes, y, yBytes)))))
   ) checkMatmul(x, w, y, s);
   const epilogue = r ? MATMUL_EPILOGUE_RESIDUAL : swiglu ? MATMUL_EPILOGUE_SWIGLU : MATMUL_EPILOGUE_NONE;
+  const p = registry.resolve(wt === DType.F32 ? MATMUL_F32 : wt === DType.BF16 ? MATMUL_BF16 : MATMUL_F16);
+  const groups = Math.ceil(n / (swiglu ? OUTS_SWIGLU : OUTS));
+  packDenseParams(denseWords, m, n, k, epilogue | (s.constantWeights ? MATMUL_MODE_CONSTANT_WEIGHTS : 0));
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putWords(ws, putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, y), 3, denseWords);
+      if (r !== undefined) at = putBuffer(ws, at, 4, r);
+      if (at >= 0) return target.opDispatch(at, false, groups, m, 1, THREADS, 1, 1);
+    }
+  }
   const d = denseDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(wt === DType.F32 ? MATMUL_F32 : wt === DType.BF16 ? MATMUL_BF16 : MATMUL_F16);
+  d.pipeline = p;
   b[0] = x;
   b[1] = w;
   b[2] = y;
-  packDenseParams(denseWords, m, n, k, epilogue | (s.constantWeights ? MATMUL_MODE_CONSTANT_WEIGHTS : 0));
   b[4] = r;
-  denseGrid[0] = Math.ceil(n / (swiglu ? OUTS_SWIGLU : OUTS));
+  denseGrid[0] = groups;
   denseGrid[1] = m;
   dispatchReusedSlots(target, d, DENSE_BUFFER_SLOTS);
 }

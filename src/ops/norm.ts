@@ -9,7 +9,9 @@
 
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
-import { kernelRef, type KernelRegistry, registerContracts, rowThreadgroup } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, type Pipeline, registerContracts, rowThreadgroup } from "../kernels.ts";
+import { CommandEncoder } from "../encoder.ts";
+import { putBuffer, putTgMemory, putWords } from "../dispatch_writer.ts";
 import { normContracts, packNormParams, packSoftmaxParams } from "../kernels.gen.ts";
 import {
   checkBuffer,
@@ -65,6 +67,40 @@ function setRows(d: ReusedDescriptor, rows: number, cols: number): void {
   d.threadgroupMemory = tg * 4 * (d.pipeline?.contract.tgFloatsPerThread ?? ROW_TG_FLOATS);
 }
 
+/**
+ * The row ops' write path: where `target` is a direct encoder, writes one dispatch of `p` over
+ * `rows` rows of `cols` (the geometry of {@link setRows}) binding the buffers `b0`, `b1` and those
+ * of `b2`…`b4` that are given, in slot order, then the parameter words `words`; false, with nothing
+ * published, where the op must dispatch its descriptor instead.
+ */
+function writeRows(
+  target: DispatchTarget,
+  p: Pipeline,
+  rows: number,
+  cols: number,
+  words: readonly number[],
+  b0: MlxBuffer,
+  b1: MlxBuffer,
+  b2?: MlxBuffer,
+  b3?: MlxBuffer,
+  b4?: MlxBuffer,
+): boolean {
+  if (!(target instanceof CommandEncoder)) return false;
+  let at = target.opBegin(p);
+  if (at < 0) return false;
+  const w = target.opWords, tg = rowThreadgroup(cols);
+  at = putTgMemory(w, at, tg * 4 * (p.contract.tgFloatsPerThread ?? ROW_TG_FLOATS));
+  at = putBuffer(w, putBuffer(w, at, 0, b0), 1, b1);
+  let slot = 2;
+  if (b2 !== undefined) at = putBuffer(w, at, slot++, b2);
+  if (b3 !== undefined) at = putBuffer(w, at, slot++, b3);
+  if (b4 !== undefined) at = putBuffer(w, at, slot++, b4);
+  at = putWords(w, at, slot, words);
+  if (at < 0) return false;
+  target.opDispatch(at, false, rows, 1, 1, tg, 1, 1);
+  return true;
+}
+
 /** The row kernels' threadgroup-memory rule (one f32 per thread; every one of this family shares it). */
 const ROW_TG_FLOATS = normContracts[0]?.tgFloatsPerThread ?? 1;
 
@@ -107,12 +143,14 @@ export function rmsNorm(
     checkBuffer("rms_norm", "weight", weight, dt, dim);
     checkBuffer("rms_norm", "output", output, dt, rows * dim);
   }
+  const p = registry.resolve(floatKernel(NORM, dt));
+  packNormParams(normWords, eps, dim);
+  if (writeRows(target, p, rows, dim, normWords, input, weight, output)) return;
   const d = normDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(floatKernel(NORM, dt));
+  d.pipeline = p;
   b[0] = input;
   b[1] = weight;
   b[2] = output;
-  packNormParams(normWords, eps, dim);
   setRows(d, rows, dim);
   dispatchReused(target, d, 3);
 }
@@ -133,13 +171,15 @@ export function rmsNormMul(
   checkBuffer("rms_norm_mul", "weight", weight, input.dtype, o.dim);
   checkBuffer("rms_norm_mul", "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer("rms_norm_mul", "output", output, input.dtype, o.rows * o.dim);
+  const p = registry.resolve(ref);
+  packNormParams(normWords, o.eps, o.dim);
+  if (writeRows(target, p, o.rows, o.dim, normWords, input, weight, scale, output)) return;
   const d = normMulDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(ref);
+  d.pipeline = p;
   b[0] = input;
   b[1] = weight;
   b[2] = scale;
   b[3] = output;
-  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 4);
 }
@@ -163,14 +203,16 @@ export function rmsNormMulAdd(
   checkBuffer(op, "scale", scale, input.dtype, o.rows * o.dim);
   checkBuffer(op, "residual", residual, input.dtype, o.rows * o.dim);
   checkBuffer(op, "output", output, input.dtype, o.rows * o.dim);
+  const p = registry.resolve(ref);
+  packNormParams(normWords, o.eps, o.dim);
+  if (writeRows(target, p, o.rows, o.dim, normWords, input, weight, scale, residual, output)) return;
   const d = normMulAddDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(ref);
+  d.pipeline = p;
   b[0] = input;
   b[1] = weight;
   b[2] = scale;
   b[3] = residual;
   b[4] = output;
-  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 5);
 }
@@ -186,11 +228,13 @@ export function rmsNormNoScale(
   checkNorm("rms_norm_no_scale", o);
   checkBuffer("rms_norm_no_scale", "input", input, DType.F32, o.rows * o.dim);
   checkBuffer("rms_norm_no_scale", "output", output, DType.F32, o.rows * o.dim);
+  const p = registry.resolve(NORM_NO_SCALE);
+  packNormParams(normWords, o.eps, o.dim);
+  if (writeRows(target, p, o.rows, o.dim, normWords, input, output)) return;
   const d = noScaleDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(NORM_NO_SCALE);
+  d.pipeline = p;
   b[0] = input;
   b[1] = output;
-  packNormParams(normWords, o.eps, o.dim);
   setRows(d, o.rows, o.dim);
   dispatchReused(target, d, 2);
 }
@@ -207,11 +251,13 @@ export function softmax(
   checkU32("softmax", "cols", o.cols);
   checkBuffer("softmax", "input", input, DType.F32, o.rows * o.cols);
   checkBuffer("softmax", "output", output, DType.F32, o.rows * o.cols);
+  const p = registry.resolve(SOFTMAX);
+  packSoftmaxParams(softmaxWords, o.cols);
+  if (writeRows(target, p, o.rows, o.cols, softmaxWords, input, output)) return;
   const d = softmaxDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(SOFTMAX);
+  d.pipeline = p;
   b[0] = input;
   b[1] = output;
-  packSoftmaxParams(softmaxWords, o.cols);
   setRows(d, o.rows, o.cols);
   dispatchReused(target, d, 2);
 }

@@ -12,6 +12,8 @@ import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
 import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { CommandEncoder } from "../encoder.ts";
+import { putBuffer, putWords } from "../dispatch_writer.ts";
 import { packRopeHeadsParams, packRopeLayoutParams, packRopeParams, ropeContracts } from "../kernels.gen.ts";
 import {
   checkBuffer,
@@ -69,15 +71,24 @@ export function rope(
   checkBuffer("rope", "input", input, DType.F32, o.seqLen * o.headDim);
   checkBuffer("rope", "output", output, DType.F32, o.seqLen * o.headDim);
   checkBuffer("rope", "positions", positions, DType.U32, o.seqLen);
-  const half = o.headDim / 2, d = ropeDescriptor;
-  d.pipeline = registry.resolve(ROPE);
+  const half = o.headDim / 2, tg = half < 256 ? half : 256, p = registry.resolve(ROPE);
+  packRopeParams(ropeWords, o.theta, o.headDim, o.seqLen);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putBuffer(w, putWords(w, putBuffer(w, putBuffer(w, at, 0, input), 1, output), 2, ropeWords), 3, positions);
+      if (at >= 0) return target.opDispatch(at, true, half, o.seqLen, 1, tg, 1, 1);
+    }
+  }
+  const d = ropeDescriptor;
+  d.pipeline = p;
   d.bindings[0] = input;
   d.bindings[1] = output;
-  packRopeParams(ropeWords, o.theta, o.headDim, o.seqLen);
   d.bindings[3] = positions;
   ropeGrid[0] = half;
   ropeGrid[1] = o.seqLen;
-  ropeGroup[0] = half < 256 ? half : 256;
+  ropeGroup[0] = tg;
   dispatchReusedSlots(target, d, 0b1011);
 }
 
@@ -184,18 +195,32 @@ function ropeHeads(
       rowsDisjoint(seq, nh, hd, hs, ts) &&
       ((hs === hd && (ts === nh * hd || seq === 1)) || !overlapping(input, inBytes, output, outBytes)))
   ) checkRopeHeads(op, input, output, positions, o);
-  const half = ropeDim / 2, d = neoxDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM);
+  const half = ropeDim / 2, tg = half < 256 ? half : 256;
+  const p = registry.resolve(op === "rope_neox" ? ROPE_NEOX : ROPE_NORM), pos = state ? undefined : positions;
+  packRopeHeadsParams(neoxWords, o.theta, hd, ropeDim);
+  packRopeLayoutParams(neoxLayout, nh, freq ? 1 : 0, hs, ts, state ? 1 : 0, ps, maxPos);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, putBuffer(w, at, 0, input), 1, output), 2, neoxWords);
+      if (pos !== undefined) at = putBuffer(w, at, 3, pos);
+      at = putWords(w, at, 4, neoxLayout);
+      if (freq !== undefined) at = putBuffer(w, at, 5, freq);
+      if (state !== undefined) at = putBuffer(w, at, 6, state);
+      if (at >= 0) return target.opDispatch(at, true, half, rows, 1, tg, 1, 1);
+    }
+  }
+  const d = neoxDescriptor, b = d.bindings;
+  d.pipeline = p;
   b[0] = input;
   b[1] = output;
-  packRopeHeadsParams(neoxWords, o.theta, hd, ropeDim);
-  b[3] = state ? undefined : positions;
-  packRopeLayoutParams(neoxLayout, nh, freq ? 1 : 0, hs, ts, state ? 1 : 0, ps, maxPos);
+  b[3] = pos;
   b[5] = freq;
   b[6] = state;
   neoxGrid[0] = half;
   neoxGrid[1] = rows;
-  neoxGroup[0] = half < 256 ? half : 256;
+  neoxGroup[0] = tg;
   dispatchReusedSlots(target, d, 0b1101011);
 }
 
