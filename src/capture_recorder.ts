@@ -18,14 +18,14 @@
 import { beginCapture, type CaptureLife, endCapture, HandleViews, MlxBuffer, watchCaptures } from "./buffer.ts";
 import type { DispatchDescriptor } from "./dispatch.ts";
 import type { Binding } from "./graph/nodes.ts";
-import { writeDispatch } from "./dispatch_writer.ts";
+import { putDispatch, writeDispatch } from "./dispatch_writer.ts";
 import { MlxError } from "./errors.ts";
 import { BARRIER, type CapturedNode, type DispatchNode } from "./graph/nodes.ts";
 import type { CapturedOpKind } from "./graph/op_kind.ts";
 import { type Accesses, accessesOf, type MemRange, rangeCovers } from "./graph/ranges.ts";
 import type { Pipeline } from "./kernels.ts";
 import { isBufferRecord, LEN_SHIFT, Op, OP_MASK, RecordWords, SLOT_SHIFT } from "./native/abi.ts";
-import { StreamWriter } from "./native/stream.ts";
+import { H_SET_PIPELINE, StreamWriter } from "./native/stream.ts";
 import { BarrierPolicy } from "./barrier_policy.ts";
 
 /**
@@ -448,6 +448,8 @@ export class CaptureRecorder {
   #pendingRanges: Accesses | undefined;
   readonly #autoBarriers: boolean;
   #autoChanges: number[] | null = null;
+  #opStart = 0; // the first word of the op dispatch being written (see opBegin)
+  #opPipeline: Pipeline | null = null; // its pipeline
   /** Per node, the views its descriptor bound; null: nodes bind views derived from the words. */
   readonly #callerViews: CallerViews | null;
 
@@ -495,6 +497,61 @@ export class CaptureRecorder {
     this.#lastStart = at;
     if (this.#pending || d.opKind !== undefined) this.#annotate(d, i);
     return true;
+  }
+
+  /**
+   * The ops' write path (see CommandEncoder.opBegin): makes room for one dispatch of `p` in the
+   * recorder's writer and returns the word of {@link CaptureRecorder.opWords} its binding records
+   * start at (after a SET_PIPELINE record when the pipeline changes); nothing is published until
+   * {@link CaptureRecorder.opDispatch}. -1 where the dispatch needs its descriptor: the caller's views
+   * are kept per node, annotations wait for the next dispatch, or no buffer names the pass's device
+   * yet (the descriptor's first buffer becomes that probe).
+   */
+  opBegin(p: Pipeline): number {
+    if (this.#pending || this.#probe === null || this.#callerViews !== null) return -1;
+    const wr = this.#t.writer, words = wr.words;
+    // The room writeDispatch makes (StreamWriter.reserve): a spill keeps `#stored + pos` as it was.
+    if (wr.pos + p.maxDispatchWords + RecordWords.BARRIER > words.length) wr.flush();
+    let at = wr.pos;
+    this.#opStart = this.#stored + at;
+    if (p.handle !== this.#pipeline) {
+      words[at] = H_SET_PIPELINE;
+      words[at + 1] = p.handle;
+      at += 2;
+    }
+    this.#opPipeline = p;
+    return at;
+  }
+
+  /** The words the ops' write path stores into (valid after an opBegin that did not return -1). */
+  get opWords(): Uint32Array {
+    return this.#t.writer.words;
+  }
+
+  /**
+   * Ends a dispatch of the ops' write path whose binding records end at word `at`: writes its
+   * DISPATCH record tagged with its node index and publishes every record since
+   * {@link CaptureRecorder.opBegin}, with the bookkeeping {@link CaptureRecorder.dispatch} does
+   * (opBegin refused everything else that needs: annotations, caller views, the probe).
+   */
+  opDispatch(
+    at: number,
+    threads: boolean,
+    g0: number,
+    g1: number,
+    g2: number,
+    t0: number,
+    t1: number,
+    t2: number,
+  ): void {
+    const t = this.#t, wr = t.writer, p = this.#opPipeline!, i = this.#count;
+    wr.pos = putDispatch(wr.words, at, threads, g0, g1, g2, t0, t1, t2, i);
+    if (p.handle !== this.#pipeline) {
+      this.#pipeline = p.handle;
+      t.pipelines[this.#pipelines++] = p;
+    }
+    this.#count = i + 1;
+    this.#lastStart = this.#opStart;
   }
 
   /** Gives dispatch `i` its op kind and the pending ranges. */

@@ -216,3 +216,31 @@ export function putTgMemory(w: Uint32Array, at: number, bytes: number): number {
   w[at + 1] = bytes;
   return at + 2;
 }
+
+/**
+ * Stores a dispatch's DISPATCH record at word `at` of `w` (the ops' write path: the record after its
+ * bindings; `threads`: the grid counts threads) tagged `tag`, and returns the word after it.
+ * Dimensions are positive u32 with at most the threadgroup limit (the op checked them).
+ */
+export function putDispatch(
+  w: Uint32Array,
+  at: number,
+  threads: boolean,
+  g0: number,
+  g1: number,
+  g2: number,
+  t0: number,
+  t1: number,
+  t2: number,
+  tag: number,
+): number {
+  w[at] = threads ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
+  w[at + 1] = g0;
+  w[at + 2] = g1;
+  w[at + 3] = g2;
+  w[at + 4] = t0;
+  w[at + 5] = t1;
+  w[at + 6] = t2;
+  w[at + 7] = tag;
+  return at + 8;
+}

@@ -475,10 +475,16 @@ export class CommandEncoder {
    * writes dispatches straight into its stream (direct, encoding, no per-dispatch bookkeeping), makes
    * room for one dispatch of `p` and returns the word of {@link CommandEncoder.opWords} its binding
    * records start at (a SET_PIPELINE is stored there first when the pipeline changes). Nothing is
-   * published until {@link CommandEncoder.opDispatch}. -1 where the encoder needs a descriptor.
+   * published until {@link CommandEncoder.opDispatch}. While recording (startCompactCapture), the
+   * same holds for the recording's own words, where its recorder can take the dispatch without its
+   * descriptor (CaptureRecorder.opBegin). -1 where the encoder needs a descriptor.
    */
   opBegin(p: Pipeline): number {
-    if (!this.#opPath) return -1;
+    if (!this.#opPath) {
+      // A recording takes the same path into its own words (see CaptureRecorder.opBegin).
+      const c = this.#capture;
+      return c === null || this.#cb.state !== "encoding" ? -1 : c.opBegin(p);
+    }
     const w = this.#cb.writer;
     if (w === null) return -1;
     if (this.#policy.auto !== this.#nativeAuto) this.#writeAutoBarriers(this.#policy.auto);
@@ -497,7 +503,8 @@ export class CommandEncoder {
 
   /** @ignore Internal: the stream words of the ops' write path (valid after an opBegin that did not return -1). */
   get opWords(): Uint32Array {
-    return this.#cb.writer!.words;
+    const c = this.#capture;
+    return c === null ? this.#cb.writer!.words : c.opWords;
   }
 
   /**
@@ -515,6 +522,8 @@ export class CommandEncoder {
     t1: number,
     t2: number,
   ): void {
+    const c = this.#capture;
+    if (c !== null) return c.opDispatch(at, threads, g0, g1, g2, t0, t1, t2);
     const w = this.#cb.writer!, words = w.words;
     words[at] = threads ? H_DISPATCH_THREADS : H_DISPATCH_GROUPS;
     words[at + 1] = g0;

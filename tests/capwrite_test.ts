@@ -1,0 +1,340 @@
+/**
+ * Recorded sessions on the ops' write path: while an encoder records for the plan cache
+ * (startCompactCapture), an op given that encoder writes its records straight into the recorder's
+ * words (CaptureRecorder.opBegin / opDispatch) instead of recording a descriptor. The capture must be
+ * byte for byte the descriptor path's (words, pipelines, nodes, plan-cache key), a session's finish
+ * report and plan-cache outcome the same either way, a refused op must record nothing, and every
+ * dispatch the recorder handles specially (pending annotations, kept caller views, no probe yet) must
+ * keep the descriptor.
+ */
+import { deepStrictEqual, equal, notEqual, ok, throws } from "node:assert/strict";
+import {
+  type CommandEncoder,
+  DType,
+  type FinishReport,
+  GraphExecutor,
+  KernelRegistry,
+  MlxBuffer,
+  type MlxDevice,
+  MlxError,
+  ops,
+} from "../mod.ts";
+import { type Capture, CaptureRecorder } from "../src/capture_recorder.ts";
+import type { DispatchDescriptor } from "../src/dispatch.ts";
+import type { CapturedNode } from "../src/graph/nodes.ts";
+import type { DispatchTarget } from "../src/ops/common.ts";
+import { Fingerprint } from "../src/plan_cache.ts";
+import { openDevice } from "./helpers.ts";
+
+/** Counts the dispatches the recorder took on the write path (wraps its prototype method). */
+const taken = { count: 0 };
+{
+  const proto = CaptureRecorder.prototype as unknown as { opDispatch: (...a: unknown[]) => void };
+  const original = proto.opDispatch;
+  ok(typeof original === "function", "CaptureRecorder has a write path");
+  proto.opDispatch = function (this: unknown, ...a: unknown[]) {
+    taken.count++;
+    return original.apply(this, a);
+  };
+}
+
+/** A target that is not a CommandEncoder: ops dispatch their descriptor to it. */
+function forwarding(enc: DispatchTarget): DispatchTarget {
+  return {
+    dispatch: (d: DispatchDescriptor) => enc.dispatch(d),
+    memoryBarrier: () => enc.memoryBarrier(),
+  };
+}
+
+function ints(n: number, seed: number): Float32Array {
+  return Float32Array.from({ length: n }, (_, i) => ((i * 5 + seed) % 11) - 5);
+}
+
+type Buffers = ReturnType<typeof buffers>;
+
+function buffers(device: MlxDevice) {
+  return {
+    a: device.upload(ints(640, 1)),
+    b: device.upload(ints(640, 2)),
+    out: device.alloc(64 * 4, DType.F32),
+    wide: device.alloc(640 * 4, DType.F32),
+    half: device.upload(ints(48, 3), DType.F16),
+    state: device.upload(new Uint32Array([0])),
+    norm: device.alloc(64 * 4, DType.F32),
+    scaled: device.alloc(64 * 4, DType.F32),
+    sum: device.alloc(64 * 4, DType.F32),
+  };
+}
+
+const EVERY_OP_DISPATCHES = 27;
+
+/**
+ * Every op with a write path (over whole buffers, slices, f16, optional slots and threadgroup memory),
+ * then rms_norm → mul → add, which fuses into one rms_norm_mul_add.
+ */
+function everyOp(t: DispatchTarget, r: KernelRegistry, b: Buffers): void {
+  const s0 = b.wide.slice(0, 64 * 4), s1 = b.wide.slice(64 * 4, 64 * 4);
+  ops.elementwiseAdd(t, r, b.a, b.b, b.out);
+  ops.elementwiseMul(t, r, b.a, b.b, s0);
+  ops.siluMul(t, r, b.a, b.b, s1, 17);
+  ops.elementwiseAdd(t, r, b.half, b.half, b.half);
+  ops.gelu(t, r, b.a, s0);
+  ops.silu(t, r, s0, s1, 33);
+  ops.softcap(t, r, b.a, b.out, { cap: 3 });
+  ops.axpby(t, r, b.a, s1, b.out, { alpha: 0.5, beta: -2 });
+  ops.stridedCopy(t, r, b.a, b.wide, { rows: 4, cols: 8, srcStride: 16, dstStride: 20 });
+  ops.stridedCopy(t, r, b.a, s1, {
+    rows: 2,
+    cols: 24,
+    srcStride: 30,
+    state: b.state,
+    dstPosStride: 4,
+    maxPositions: 3,
+  });
+  t.memoryBarrier();
+  ops.elementwiseAdd(t, r, s0, s1, s0);
+  const rows = { rows: 4, dim: 16, eps: 1e-5 };
+  ops.rmsNorm(t, r, b.a, b.b, s0, rows);
+  ops.rmsNorm(t, r, b.half, b.half.slice(0, 32), b.half.slice(32, 32), { rows: 1, dim: 16, eps: 0 });
+  ops.rmsNormMul(t, r, b.a, b.b, s0, s1, rows);
+  ops.rmsNormMulAdd(t, r, b.a, b.b, s1, b.out, b.wide, { rows: 2, dim: 32, eps: 1e-6 });
+  ops.rmsNormNoScale(t, r, b.wide, b.out, rows);
+  ops.softmax(t, r, b.a, b.wide.slice(512, 1024), { rows: 3, cols: 70 });
+  ops.rope(t, r, b.a, s0, b.state, { theta: 10000, headDim: 16, seqLen: 1 });
+  const heads = { theta: 500, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 1 };
+  ops.ropeNeox(t, r, b.a, s1, b.state, heads);
+  ops.ropeNorm(t, r, b.a, b.wide, undefined, { ...heads, state: b.state, outPosStride: 32, maxPositions: 4 });
+  ops.ropeNeox(t, r, b.a, b.out, b.state, { ...heads, freqFactors: b.b.slice(0, 16) });
+  ops.matmul(t, r, b.a, b.b, s0, { m: 2, n: 8, k: 16 });
+  ops.matmul(t, r, b.a, b.b, s1, { m: 1, n: 8, k: 16, residual: s1, constantWeights: true });
+  ops.matmul(t, r, b.a, b.b, b.out, { m: 1, n: 8, k: 32, swiglu: true });
+  t.memoryBarrier();
+  ops.rmsNorm(t, r, b.a.slice(0, 256), b.b.slice(0, 64), b.norm, rows);
+  t.memoryBarrier();
+  ops.elementwiseMul(t, r, b.norm, b.b.slice(256, 256), b.scaled);
+  t.memoryBarrier();
+  ops.elementwiseAdd(t, r, b.scaled, b.a.slice(512, 256), b.sum);
+}
+
+/** A node as plain data: buffers by allocation and range, constants by value. */
+function plain(n: CapturedNode): unknown {
+  if (n.kind !== "dispatch") return n.kind;
+  const bind = (x: unknown) =>
+    x instanceof MlxBuffer
+      ? ["buf", x.allocId, x.byteOffset, x.byteLength]
+      : x === undefined
+      ? x
+      : Array.from(x as ArrayLike<number>);
+  return {
+    pipeline: n.pipeline.name,
+    bindings: n.bindings?.map(bind),
+    grid: n.grid,
+    threadgroup: n.threadgroup,
+    threadgroupMemory: n.threadgroupMemory,
+    dispatchKind: n.dispatchKind,
+    opKind: n.opKind,
+    reads: n.reads,
+    writes: n.writes,
+  };
+}
+
+/** What a capture is made of, as plain data (its nodes built), then released. */
+function summary(c: Capture): unknown {
+  const fp = new Fingerprint();
+  fp.compute(c, 0);
+  const out = {
+    words: Array.from(c.words.subarray(0, c.length)),
+    nodeCount: c.nodeCount,
+    pipelines: c.pipelines.slice(0, c.pipelineCount).map((p) => [p.name, p.handle]),
+    opKinds: [...c.opKinds],
+    annotated: [...c.annotated].map(([i, n]) => [i, plain(n)]),
+    autoChanges: [...c.autoChanges],
+    key: Array.from(fp.view()),
+    hash: fp.hash,
+    nodes: c.nodes().map(plain),
+  };
+  c.release();
+  return out;
+}
+
+/** Records `body` on a fresh encoder both ways: straight into the recorder, and by descriptor. */
+function bothWays(
+  device: MlxDevice,
+  autoBarriers: boolean,
+  body: (t: DispatchTarget, enc: CommandEncoder) => void,
+): { write: unknown; descriptor: unknown; taken: number } {
+  const out: unknown[] = [];
+  let writeTaken = 0;
+  for (const direct of [true, false]) {
+    using enc = device.commandEncoder({ autoBarriers });
+    enc.startCompactCapture();
+    const before = taken.count;
+    body(direct ? enc : forwarding(enc), enc);
+    if (direct) writeTaken = taken.count - before;
+    else equal(taken.count, before, "a descriptor records no write-path dispatch");
+    out.push(summary(enc.takeCompactCapture()!));
+  }
+  return { write: out[0], descriptor: out[1], taken: writeTaken };
+}
+
+Deno.test("a recording on the write path captures the descriptor path's words, nodes and key", () => {
+  for (const autoBarriers of [false, true]) {
+    using device = openDevice();
+    const registry = new KernelRegistry(device), bufs = buffers(device);
+    const r = bothWays(device, autoBarriers, (t) => everyOp(t, registry, bufs));
+    // The first dispatch names the device (the probe) through its descriptor; every later one is written.
+    equal(r.taken, EVERY_OP_DISPATCHES - 1);
+    deepStrictEqual(r.write, r.descriptor, `autoBarriers ${autoBarriers}`);
+    ok((r.write as { words: number[] }).words.length > 200);
+    for (const x of Object.values(bufs)) x.dispose();
+  }
+});
+
+Deno.test("the write path across writer spills, auto-barrier switches and annotations of the last dispatch", () => {
+  for (const autoBarriers of [false, true]) {
+    using device = openDevice();
+    const registry = new KernelRegistry(device), bufs = buffers(device);
+    const reps = 120; // ~120 × 27 dispatches: past the writer's 65,536 words, so records spill to the store
+    const r = bothWays(device, autoBarriers, (t, enc) => {
+      for (let k = 0; k < reps; k++) {
+        everyOp(t, registry, bufs);
+        if (k === 40) enc.autoBarriers = !autoBarriers;
+        if (k === 80) enc.autoBarriers = autoBarriers;
+        // merges into the last dispatch, found from its first word (over the store and the writer)
+        if (k % 7 === 3) enc.trackDispatch([bufs.state], [bufs.norm.slice(0, 16)]);
+        if (k % 11 === 5) enc.annotateLastDispatchIfMissing([], [[bufs.sum.allocId, 0, 8]]);
+      }
+    });
+    const words = (r.write as { words: number[] }).words.length;
+    ok(words > 65536, `${words} words spill`);
+    equal(r.taken, reps * EVERY_OP_DISPATCHES - 1);
+    deepStrictEqual(r.write, r.descriptor, `autoBarriers ${autoBarriers}`);
+    for (const x of Object.values(bufs)) x.dispose();
+  }
+});
+
+Deno.test("pending annotations, kept caller views and a pass with no probe yet keep the descriptor", () => {
+  using device = openDevice();
+  const registry = new KernelRegistry(device), bufs = buffers(device);
+  // Pending op kind / ranges: the annotated dispatch takes its descriptor, the next one is written.
+  const r = bothWays(device, true, (t, enc) => {
+    ops.gelu(t, registry, bufs.a, bufs.out); // the probe
+    enc.setPendingRanges([bufs.state.range()], []);
+    ops.gelu(t, registry, bufs.a, bufs.out);
+    enc.barrierBetween([bufs.b], [bufs.wide]);
+    ops.silu(t, registry, bufs.a, bufs.out);
+    ops.silu(t, registry, bufs.a, bufs.out);
+  });
+  equal(r.taken, 1);
+  deepStrictEqual(r.write, r.descriptor);
+  ok((r.write as { annotated: unknown[] }).annotated.length === 2);
+
+  // startCapture keeps the caller's views: nodes bind the very views the op bound.
+  using enc = device.commandEncoder();
+  enc.startCapture();
+  const before = taken.count, out = bufs.wide.slice(64, 64);
+  ops.gelu(enc, registry, bufs.a, bufs.out);
+  ops.gelu(enc, registry, bufs.a, out);
+  equal(taken.count, before);
+  const nodes = enc.takeCapture()!;
+  equal(nodes.length, 2);
+  ok(nodes[1]!.kind === "dispatch" && nodes[1]!.bindings![1] === out);
+  for (const x of Object.values(bufs)) x.dispose();
+});
+
+Deno.test("a refused op records nothing on the write path, not even the pipeline change it staged", () => {
+  using device = openDevice();
+  const registry = new KernelRegistry(device);
+  using a = device.upload(ints(64, 1)), b = device.upload(ints(64, 4));
+  using sum = device.alloc(256, DType.F32), prod = device.alloc(256, DType.F32);
+  const gone = device.alloc(256, DType.F32);
+  gone.dispose();
+  const r = bothWays(device, false, (t, enc) => {
+    ops.elementwiseAdd(t, registry, a, b, sum);
+    const before = enc.isCapturing;
+    throws(() => ops.axpby(t, registry, a, gone, prod, { alpha: 1, beta: 1 }), (e) => e instanceof MlxError);
+    throws(
+      () => ops.elementwiseMul(t, registry, a, b, gone),
+      (e) => e instanceof MlxError && e.code === "Disposed",
+    );
+    ok(before && enc.isCapturing);
+    ops.elementwiseMul(t, registry, a, b, prod); // needs its SET_PIPELINE: the refused one staged it unrecorded
+    ops.elementwiseMul(t, registry, b, a, prod);
+  });
+  equal(r.taken, 2);
+  deepStrictEqual(r.write, r.descriptor);
+  equal((r.write as { nodeCount: number }).nodeCount, 3);
+  equal((r.write as { pipelines: unknown[] }).pipelines.length, 2);
+});
+
+Deno.test("an encoder whose device closed while recording refuses the op instead of recording it", () => {
+  const device = openDevice();
+  const registry = new KernelRegistry(device);
+  const a = device.upload(ints(8, 1)), out = device.alloc(32, DType.F32);
+  const enc = device.commandEncoder();
+  enc.startCompactCapture();
+  ops.gelu(enc, registry, a, out);
+  ops.gelu(enc, registry, a, out);
+  device.close();
+  notEqual(enc.state, "encoding");
+  const before = taken.count;
+  throws(() => ops.gelu(enc, registry, a, out), (e) => e instanceof MlxError);
+  equal(taken.count, before);
+});
+
+/** The parts of a finish report that do not depend on timing. */
+function outcome(r: FinishReport): unknown {
+  return {
+    mode: r.mode,
+    planCache: r.planCache,
+    fusions: r.fusions,
+    reordered: r.reordered,
+    barriers: r.barriers,
+    dispatches: r.dispatches,
+    groups: r.groups,
+  };
+}
+
+Deno.test("recorded sessions: finish reports, plan-cache hits and results equal on both paths", () => {
+  const options = [{}, { fuse: true }, { reorder: true }, { fuse: true, reorder: true }, {
+    fuse: true,
+    reorder: true,
+    dualBuffer: true,
+  }];
+  for (const autoBarriers of [false, true]) {
+    for (const opts of options) {
+      const label = `autoBarriers ${autoBarriers} ${JSON.stringify(opts)}`;
+      using device = openDevice();
+      const registry = new KernelRegistry(device), bufs = buffers(device);
+      const initial = Object.values(bufs).map((x) => x.readBytes());
+      const reports: unknown[][] = [];
+      const results: number[][] = [];
+      // Two executors, one starting with each path, passes alternating paths: each later pass hits
+      // the plan the first pass (the other path, every other time) cached, so their keys match.
+      for (const first of [true, false]) {
+        const exec = new GraphExecutor(device), mine: unknown[] = [];
+        for (let pass = 0; pass < 4; pass++) {
+          Object.values(bufs).forEach((x, k) => x.writeBytes(initial[k]!));
+          const direct = (pass % 2 === 0) === first;
+          const s = exec.beginRecorded({ autoBarriers });
+          const before = taken.count;
+          everyOp(direct ? s.encoder : s, registry, bufs);
+          equal(taken.count - before, direct ? EVERY_OP_DISPATCHES - 1 : 0);
+          mine.push(outcome(s.finish(opts)));
+          results.push([...bufs.out.read(), ...bufs.wide.read(), ...bufs.half.read(), ...bufs.sum.read()]);
+        }
+        reports.push(mine);
+      }
+      for (const mine of reports) {
+        deepStrictEqual(mine.map((r) => (r as { planCache: string }).planCache), ["miss", "hit", "hit", "hit"], label);
+        deepStrictEqual(mine[2], mine[1], label);
+        deepStrictEqual(mine[3], mine[1], label);
+      }
+      deepStrictEqual(reports[0]![0], reports[1]![0], label); // the misses: one per path
+      deepStrictEqual(reports[0]![1], reports[1]![1], label);
+      if ("fuse" in opts) ok((reports[0]![0] as { fusions: number }).fusions > 0, label);
+      for (let i = 1; i < results.length; i++) deepStrictEqual(results[i], results[0], label);
+      for (const x of Object.values(bufs)) x.dispose();
+    }
+  }
+});
