@@ -225,7 +225,9 @@ Deno.test("review replay_like: hostile views, dead records and wide changes agre
     const many = (shift: number, count: number) => {
       const w = new RawWords();
       for (let k = 0; k < N; k++) {
-        const at = k < count ? (k + shift) % N : k;
+        // The moved dispatches rotate among themselves: no two write one slice (with no barrier
+        // between them, which one lands last would be up to the backend).
+        const at = k < count ? (k + shift) % count : k;
         w.pipeline(device, "axpby_f32").buffer(0, x, 0, E * 4).buffer(1, y, 0, E * 4).buffer(2, out, at * E * 4, E * 4);
         w.bytes(3, f32(k < count ? shift + 1 : 1), f32(0), E, 0).rec(Op.DISPATCH_THREADS, 0, E, 1, 1, E, 1, 1, 0);
       }
