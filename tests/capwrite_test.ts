@@ -333,7 +333,9 @@ Deno.test("recorded sessions: finish reports, plan-cache hits and results equal 
       deepStrictEqual(reports[0]![0], reports[1]![0], label); // the misses: one per path
       deepStrictEqual(reports[0]![1], reports[1]![1], label);
       if ("fuse" in opts) ok((reports[0]![0] as { fusions: number }).fusions > 0, label);
-      for (let i = 1; i < results.length; i++) deepStrictEqual(results[i], results[0], label);
+      // everyOp has hazards between barriers: without automatic barriers which write lands last is
+      // up to the backend's threads, so only the automatic-barrier passes have one right result.
+      if (autoBarriers) { for (let i = 1; i < results.length; i++) deepStrictEqual(results[i], results[0], label); }
       for (const x of Object.values(bufs)) x.dispose();
     }
   }
