@@ -104,6 +104,22 @@ export async function runDeno(
   return { success: out.success, code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
+/** Whether `command --version` runs (a tool a test needs is installed). */
+export function hasTool(command: string): boolean {
+  try {
+    return new Deno.Command(command, { args: ["--version"], stdout: "null", stderr: "null" }).outputSync().success;
+  } catch {
+    return false; // not installed
+  }
+}
+
+/** The host's C compiler for tests that build a native program: clang, else cc. */
+export function hostCompiler(): string {
+  const cc = ["clang", "cc"].find(hasTool);
+  if (cc === undefined) throw new Error("no C compiler (clang or cc) found");
+  return cc;
+}
+
 /** A finish report without its times (which differ between runs): what two equal passes share. */
 export function reportWithoutTimes(r: FinishReport) {
   return {

@@ -5,21 +5,10 @@
  * concurrency and decode-loop suites.
  */
 import { equal, ok } from "node:assert/strict";
-import { runDeno } from "./helpers.ts";
+import { hostCompiler, runDeno } from "./helpers.ts";
 
 const root = new URL("../", import.meta.url);
 const path = (p: string) => new URL(p, root).pathname;
-
-function compiler(): string {
-  for (const cc of ["clang", "cc"]) {
-    try {
-      if (new Deno.Command(cc, { args: ["--version"], stdout: "null", stderr: "null" }).outputSync().success) return cc;
-    } catch {
-      // not installed: try the next one
-    }
-  }
-  throw new Error("no C compiler (clang or cc) found");
-}
 
 Deno.test("the queue launches command buffer k+1 while k runs, completes in order, and close drains", async () => {
   const dir = await Deno.makeTempDir();
@@ -28,7 +17,7 @@ Deno.test("the queue launches command buffer k+1 while k runs, completes in orde
     const kernels = [...Deno.readDirSync(path("native/contracts/"))]
       .filter((e) => e.isFile && e.name.endsWith(".c"))
       .map((e) => path(`native/contracts/${e.name}`));
-    const build = await new Deno.Command(compiler(), {
+    const build = await new Deno.Command(hostCompiler(), {
       args: [
         "-std=c11",
         "-O1",

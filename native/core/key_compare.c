@@ -6,7 +6,8 @@
 
 #include "internal.h"
 
-#if defined(__SSE2__)
+/* MLXN_KEY_COMPARE_PORTABLE forces the plain C comparison (tests build it beside the SIMD one). */
+#if defined(__SSE2__) && !defined(MLXN_KEY_COMPARE_PORTABLE)
 #include <emmintrin.h>
 
 /* Bit j: words j of a and b differ (j < 16). */
@@ -17,6 +18,21 @@ static inline uint32_t differing16(const uint32_t *a, const uint32_t *b) {
   __m128i e3 = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(a + 12)), _mm_loadu_si128((const __m128i *)(b + 12)));
   __m128i e = _mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e3)); /* one byte per word */
   return ~(uint32_t)_mm_movemask_epi8(e) & 0xffffu;
+}
+#elif defined(__aarch64__) && defined(__ARM_NEON) && !defined(MLXN_KEY_COMPARE_PORTABLE)
+#include <arm_neon.h>
+
+/* Bit j: words j of a and b differ (j < 16). AArch64 has no byte movemask: the equal-lanes bytes are
+ * weighted by their bit and summed across each half. */
+static inline uint32_t differing16(const uint32_t *a, const uint32_t *b) {
+  static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  uint16x8_t e01 = vcombine_u16(vmovn_u32(vceqq_u32(vld1q_u32(a), vld1q_u32(b))),
+                                vmovn_u32(vceqq_u32(vld1q_u32(a + 4), vld1q_u32(b + 4))));
+  uint16x8_t e23 = vcombine_u16(vmovn_u32(vceqq_u32(vld1q_u32(a + 8), vld1q_u32(b + 8))),
+                                vmovn_u32(vceqq_u32(vld1q_u32(a + 12), vld1q_u32(b + 12))));
+  uint8x16_t e = vandq_u8(vcombine_u8(vmovn_u16(e01), vmovn_u16(e23)), vld1q_u8(bit)); /* one byte per word */
+  uint32_t equal = (uint32_t)vaddv_u8(vget_low_u8(e)) | (uint32_t)vaddv_u8(vget_high_u8(e)) << 8;
+  return ~equal & 0xffffu;
 }
 #else
 static inline uint32_t differing16(const uint32_t *a, const uint32_t *b) {
