@@ -153,21 +153,33 @@ export function writeDispatch(
  * SET_BUFFER or SET_BUFFER64, as {@link writeDispatch} chooses.
  */
 export function putBuffer(w: Uint32Array, at: number, slot: number, b: MlxBuffer): number {
+  // Kept small so that V8 inlines it into every op (called 2-5 times each): a freed view, a range
+  // past 4 GiB and -1 go out of line. That path is never taken in a normal pass, so it is not
+  // inlined here either (inlined, it made this function too big to inline into the ops).
+  const h = b.rawHandle;
+  if (h !== 0 && at >= 0) {
+    if (b.isWholeAllocation) {
+      w[at] = H_SET_BUFFER_WHOLE | (slot << 8);
+      w[at + 1] = h;
+      return at + 2;
+    }
+    const off = b.byteOffset, len = b.byteLength;
+    if (off + len < TWO_32) {
+      w[at] = H_SET_BUFFER | (slot << 8);
+      w[at + 1] = h;
+      w[at + 2] = off;
+      w[at + 3] = len;
+      return at + 4;
+    }
+  }
+  return putRareBuffer(w, at, slot, b);
+}
+
+/** {@link putBuffer}'s out-of-line cases: -1 (freed view, or `at` -1), else SET_BUFFER64. */
+function putRareBuffer(w: Uint32Array, at: number, slot: number, b: MlxBuffer): number {
   const h = b.rawHandle;
   if (h === 0 || at < 0) return -1;
-  if (b.isWholeAllocation) {
-    w[at] = H_SET_BUFFER_WHOLE | (slot << 8);
-    w[at + 1] = h;
-    return at + 2;
-  }
   const off = b.byteOffset, len = b.byteLength;
-  if (off + len < TWO_32) {
-    w[at] = H_SET_BUFFER | (slot << 8);
-    w[at + 1] = h;
-    w[at + 2] = off;
-    w[at + 3] = len;
-    return at + 4;
-  }
   w[at] = H_SET_BUFFER64 | (slot << 8);
   w[at + 1] = h;
   w[at + 2] = off >>> 0;
