@@ -211,11 +211,15 @@ export function putWord(w: Uint32Array, at: number, slot: number, v: number): nu
 export function putWords(w: Uint32Array, at: number, slot: number, src: readonly number[]): number {
   if (at < 0) return -1;
   const n = src.length;
-  w[at] = (((RecordWords.SET_BYTES_HEADER + n) << 16) | (slot << 8) | Op.SET_BYTES) >>> 0;
+  w[at] = H_SET_BYTES_EMPTY + (n << 16) + (slot << 8); // the fields do not overlap: + is |
   w[at + 1] = n * 4;
-  for (let k = 0; k < n; k++) w[at + 2 + k] = src[k]!;
-  return at + 2 + n;
+  let i = at + 2;
+  for (let k = 0; k < n; k++) w[i++] = src[k]!;
+  return i;
 }
+
+/** SET_BYTES header of no data words at slot 0 (add `n << 16` and `slot << 8`): one constant, less bytecode. */
+const H_SET_BYTES_EMPTY = ((RecordWords.SET_BYTES_HEADER << 16) | Op.SET_BYTES) >>> 0;
 
 /**
  * Stores a SET_TG_MEMORY record of `bytes` (index 0) at word `at` of `w` (the ops' write path; it
