@@ -153,21 +153,33 @@ export function writeDispatch(
  * SET_BUFFER or SET_BUFFER64, as {@link writeDispatch} chooses.
  */
 export function putBuffer(w: Uint32Array, at: number, slot: number, b: MlxBuffer): number {
+  // Kept small so that V8 inlines it into every op (called 2-5 times each): a freed view, a range
+  // past 4 GiB and -1 go out of line. That path is never taken in a normal pass, so it is not
+  // inlined here either (inlined, it made this function too big to inline into the ops).
+  const h = b.rawHandle;
+  if (h !== 0 && at >= 0) {
+    if (b.isWholeAllocation) {
+      w[at] = H_SET_BUFFER_WHOLE | (slot << 8);
+      w[at + 1] = h;
+      return at + 2;
+    }
+    const off = b.byteOffset, len = b.byteLength;
+    if (off + len < TWO_32) {
+      w[at] = H_SET_BUFFER | (slot << 8);
+      w[at + 1] = h;
+      w[at + 2] = off;
+      w[at + 3] = len;
+      return at + 4;
+    }
+  }
+  return putRareBuffer(w, at, slot, b);
+}
+
+/** {@link putBuffer}'s out-of-line cases: -1 (freed view, or `at` -1), else SET_BUFFER64. */
+function putRareBuffer(w: Uint32Array, at: number, slot: number, b: MlxBuffer): number {
   const h = b.rawHandle;
   if (h === 0 || at < 0) return -1;
-  if (b.isWholeAllocation) {
-    w[at] = H_SET_BUFFER_WHOLE | (slot << 8);
-    w[at + 1] = h;
-    return at + 2;
-  }
   const off = b.byteOffset, len = b.byteLength;
-  if (off + len < TWO_32) {
-    w[at] = H_SET_BUFFER | (slot << 8);
-    w[at + 1] = h;
-    w[at + 2] = off;
-    w[at + 3] = len;
-    return at + 4;
-  }
   w[at] = H_SET_BUFFER64 | (slot << 8);
   w[at + 1] = h;
   w[at + 2] = off >>> 0;
@@ -199,11 +211,15 @@ export function putWord(w: Uint32Array, at: number, slot: number, v: number): nu
 export function putWords(w: Uint32Array, at: number, slot: number, src: readonly number[]): number {
   if (at < 0) return -1;
   const n = src.length;
-  w[at] = (((RecordWords.SET_BYTES_HEADER + n) << 16) | (slot << 8) | Op.SET_BYTES) >>> 0;
+  w[at] = H_SET_BYTES_EMPTY + (n << 16) + (slot << 8); // the fields do not overlap: + is |
   w[at + 1] = n * 4;
-  for (let k = 0; k < n; k++) w[at + 2 + k] = src[k]!;
-  return at + 2 + n;
+  let i = at + 2;
+  for (let k = 0; k < n; k++) w[i++] = src[k]!;
+  return i;
 }
+
+/** SET_BYTES header of no data words at slot 0 (add `n << 16` and `slot << 8`): one constant, less bytecode. */
+const H_SET_BYTES_EMPTY = ((RecordWords.SET_BYTES_HEADER << 16) | Op.SET_BYTES) >>> 0;
 
 /**
  * Stores a SET_TG_MEMORY record of `bytes` (index 0) at word `at` of `w` (the ops' write path; it

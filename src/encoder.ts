@@ -480,6 +480,27 @@ export class CommandEncoder {
    * descriptor (CaptureRecorder.opBegin). -1 where the encoder needs a descriptor.
    */
   opBegin(p: Pipeline): number {
+    // Kept small so that V8 inlines it into every op: a recording, an AUTO_BARRIERS record to write
+    // first and a full writer go out of line.
+    const w = this.#cb.writer;
+    if (
+      !this.#opPath || w === null || this.#policy.auto !== this.#nativeAuto ||
+      w.pos + p.maxDispatchWords > w.words.length
+    ) return this.#opBeginRare(p);
+    let at = w.pos;
+    const h = p.handle;
+    if (h !== this.#pipeline) {
+      const words = w.words;
+      words[at] = H_SET_PIPELINE;
+      words[at + 1] = h;
+      at += 2;
+    }
+    this.#opPipeline = h;
+    return at;
+  }
+
+  /** {@link CommandEncoder.opBegin}'s out-of-line cases. */
+  #opBeginRare(p: Pipeline): number {
     if (!this.#opPath) {
       // A recording takes the same path into its own words (see CaptureRecorder.opBegin).
       const c = this.#capture;

@@ -29,7 +29,7 @@ import {
 } from "./plan_cache.ts";
 import type { KernelRegistry } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
-import { MAX_OP_ARGUMENTS, SESSION_OPS, type SessionOps } from "./session_ops.ts";
+import { type AnyOp, SESSION_OPS, sessionMethod, type SessionOps } from "./session_ops.ts";
 
 /** Optimisations and checks, as executor defaults (the environment's kill switches always win). */
 export interface ExecutorOptions {
@@ -147,8 +147,6 @@ function closedSessionError(what: string): MlxError {
   return new MlxError("InvalidState", `${what}: this session was already finished or disposed; begin a new one`);
 }
 
-type AnyOp = (target: DispatchTarget, registry: KernelRegistry, ...args: unknown[]) => void;
-
 /** The base of GraphSession: its op methods are installed from SESSION_OPS (typed as SessionOps). */
 export const SessionOpSurface: new () => SessionOps = class {} as new () => SessionOps;
 
@@ -230,24 +228,15 @@ export class GraphExecutor {
  */
 export class GraphSession extends SessionOpSurface implements DispatchTarget {
   // Each op of SESSION_OPS becomes a method that checks the session is open and calls the op with
-  // the session's encoder and registry: fixed parameters (no rest array), one call deep.
+  // the session's encoder and registry (see sessionMethod).
   static {
+    const encoderOf = (s: GraphSession, name: string): CommandEncoder => {
+      if (s.#done) throw closedSessionError(name);
+      return s.#encoder;
+    };
+    const registryOf = (s: GraphSession): KernelRegistry => s.#registry;
     for (const [name, op] of Object.entries(SESSION_OPS)) {
-      const dispatcher = op as AnyOp;
-      if (dispatcher.length - 2 > MAX_OP_ARGUMENTS) throw new Error(`${name}: too many arguments to bind`);
-      const method = function (
-        this: GraphSession,
-        a: unknown,
-        b: unknown,
-        c: unknown,
-        d: unknown,
-        e: unknown,
-        f: unknown,
-      ) {
-        if (this.#done) throw closedSessionError(name);
-        dispatcher(this.#encoder, this.#registry, a, b, c, d, e, f);
-      };
-      Object.defineProperty(method, "name", { value: name });
+      const method = sessionMethod(name, op as AnyOp, encoderOf, registryOf);
       Object.defineProperty(GraphSession.prototype, name, { value: method, writable: true, configurable: true });
     }
   }

@@ -59,6 +59,9 @@ export interface KernelContract {
  * by a tree over min(256, next_pow2(cols)) threads.
  */
 export function rowThreadgroup(cols: number): number {
+  // A u32 (what the row ops pass, checked) by its bit length: the doubling loop below took up to
+  // eight turns per op.
+  if ((cols >>> 0) === cols) return cols >= 256 ? 256 : cols <= 1 ? 1 : 1 << (32 - Math.clz32(cols - 1));
   let p = 1;
   while (p < cols && p < 256) p *= 2;
   return p;
