@@ -80,36 +80,20 @@ export type AnyOp = (target: DispatchTarget, registry: KernelRegistry, ...args: 
 
 /**
  * Makes session method `name`: `this` is the session, `encoderOf(this, name)` its target (it throws
- * on a closed session) and `registryOf(this)` its registry, then `op` gets the method's arguments.
- * The method takes exactly the op's own arguments (`op.length - 2`: the dispatchers have no default
- * or rest parameters). Each method is compiled from its own source: closures of one function
- * literal share V8's call feedback, so one shared method made its call of the op megamorphic, a
- * generic call where the caller does not inline the method. With `compile` false, or where code
- * generation from strings is disallowed, the method is such a closure (the same behaviour).
+ * on a closed session) and `registryOf(this)` its registry, then `op` gets the method's arguments
+ * (fixed parameters, no rest array: one call deep). Its `length` is the op's own argument count
+ * (`op.length - 2`: the dispatchers have no default or rest parameters). Closures of one function
+ * literal share V8's call feedback, so where a caller does not inline the method its call of the op
+ * is generic; a model's step inlines them (a method compiled per op measured the same there).
  */
 export function sessionMethod<S>(
   name: string,
   op: AnyOp,
   encoderOf: (session: S, name: string) => DispatchTarget,
   registryOf: (session: S) => KernelRegistry,
-  compile = true,
 ): (this: S, ...args: unknown[]) => void {
   const arity = op.length - 2;
-  if (!/^[A-Za-z_$][\w$]*$/.test(name) || arity < 0 || arity > MAX_OP_ARGUMENTS) {
-    throw new Error(`${name}: not an op dispatcher that a session can bind`);
-  }
-  if (compile) {
-    const params = Array.from({ length: arity }, (_, i) => `a${i}`).join(", ");
-    const args = params === "" ? "" : `, ${params}`;
-    try {
-      return new Function(
-        "op",
-        "encoderOf",
-        "registryOf",
-        `"use strict"; return function ${name}(${params}) { op(encoderOf(this, "${name}"), registryOf(this)${args}); };`,
-      )(op, encoderOf, registryOf);
-    } catch { /* code generation from strings is disallowed here: the shared closure below */ }
-  }
+  if (arity < 0 || arity > MAX_OP_ARGUMENTS) throw new Error(`${name}: not an op dispatcher that a session can bind`);
   const method = function (this: S, a: unknown, b: unknown, c: unknown, d: unknown, e: unknown, f: unknown) {
     op(encoderOf(this, name), registryOf(this), a, b, c, d, e, f);
   };

@@ -1,8 +1,7 @@
 /**
  * The cheaper write path keeps what it replaced: `putBuffer`'s inline and out-of-line cases store the
  * records the descriptor path chooses, `rowThreadgroup` by bit length equals the doubling loop, the
- * session methods compiled per op forward exactly their op's arguments (and so does the fallback
- * closure), and a pass that spills the stream writer and switches automatic barriers between ops
+ * session methods forward exactly their op's arguments, and a pass that spills the stream writer and switches automatic barriers between ops
  * writes the descriptor path's words.
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
@@ -59,8 +58,8 @@ Deno.test("rowThreadgroup by bit length equals the doubling loop", () => {
   }
 });
 
-Deno.test("sessionMethod: compiled and closure methods forward exactly the op's arguments", () => {
-  for (const compile of [true, false]) {
+Deno.test("sessionMethod: methods forward exactly the op's arguments", () => {
+  {
     const seen: unknown[][] = [];
     const target = { dispatch() {}, memoryBarrier() {} } as DispatchTarget;
     const registry = {} as never;
@@ -72,7 +71,7 @@ Deno.test("sessionMethod: compiled and closure methods forward exactly the op's 
     const op3 = function (t: DispatchTarget, r: unknown, a: unknown, b: unknown, c: unknown) {
       seen.push([t, r, a, b, c]);
     };
-    const m = sessionMethod("threeArgs", op3 as AnyOp, encoderOf, () => registry, compile);
+    const m = sessionMethod("threeArgs", op3 as AnyOp, encoderOf, () => registry);
     equal(m.name, "threeArgs");
     equal(m.length, 3);
     m.call(session, 1, "two", undefined);
@@ -82,7 +81,7 @@ Deno.test("sessionMethod: compiled and closure methods forward exactly the op's 
     const op0 = function (t: DispatchTarget, r: unknown) {
       seen.push([t, r as never]);
     };
-    sessionMethod("none", op0 as AnyOp, encoderOf, () => registry, compile).call(session);
+    sessionMethod("none", op0 as AnyOp, encoderOf, () => registry).call(session);
     deepStrictEqual(seen.at(-1), [target, registry]);
     // A closed session: the op is not called.
     session.open = false;
@@ -90,17 +89,6 @@ Deno.test("sessionMethod: compiled and closure methods forward exactly the op's 
     throws(() => m.call(session, 1, 2, 3), /threeArgs: closed/);
     equal(seen.length, before);
   }
-  // A name that is an identifier but no function name compiles to nothing: the closure serves.
-  const seen: unknown[] = [];
-  const m = sessionMethod(
-    "delete",
-    ((_t: DispatchTarget, _r: unknown, a: unknown) => seen.push(a)) as AnyOp,
-    () => ({}) as DispatchTarget,
-    () => ({}) as never,
-  );
-  m.call({}, 5);
-  deepStrictEqual(seen, [5]);
-  throws(() => sessionMethod("not a name", (() => {}) as AnyOp, () => ({}) as DispatchTarget, () => ({}) as never));
   throws(() =>
     sessionMethod(
       "tooMany",
