@@ -61,7 +61,9 @@ function thrown(f: () => void): string {
   try {
     f();
   } catch (e) {
-    return e instanceof MlxError ? `${e.code}: ${e.message}` : `${(e as Error).constructor.name}: ${e}`;
+    return e instanceof MlxError
+      ? `${e.code}: ${e.message}`
+      : `${(e as Error).constructor.name}: ${(e as Error).message}`;
   }
   return "nothing";
 }
@@ -273,6 +275,26 @@ Deno.test("validation: ops given a validating encoder are logged (a missing barr
   }
 });
 
+Deno.test("profiling: ops given a profiling encoder keep their per-dispatch kernel and op kind", () => {
+  using device = openDevice({ profileDispatches: true });
+  const r = device.kernels;
+  using x = device.upload(new Float32Array(64).fill(1)), y = device.upload(new Float32Array(64).fill(2));
+  using buf = device.alloc(4 * 256, DType.F32);
+  const runs: string[][] = [];
+  for (const direct of [true, false]) {
+    const enc = device.commandEncoder();
+    const t = direct ? enc : forwarding(enc);
+    ops.elementwiseAdd(t, r, x, y, buf.slice(0, 256));
+    ops.rmsNorm(t, r, x, y, buf.slice(256, 256), { rows: 1, dim: 64, eps: 1e-5 });
+    ops.stridedCopy(t, r, x, buf.slice(512, 256), { rows: 1, cols: 64 });
+    enc.commit({ wait: true }); // three independent dispatches
+    runs.push((enc.dispatchTimings ?? []).map((d) => `${d.index} ${d.kernel} ${d.opKind}`));
+    enc.dispose();
+  }
+  deepStrictEqual(runs[0], runs[1]);
+  deepStrictEqual(runs[0]!.map((k) => k.split(" ")[1]), ["elementwise_add_f32", "rms_norm_f32", "strided_copy_f32"]);
+});
+
 Deno.test("automatic barriers switched between ops: the op path places the descriptor path's barriers", () => {
   using device = openDevice();
   const r = device.kernels;
@@ -381,5 +403,60 @@ Deno.test({
     enc.dispose();
     (s as unknown as { dispose(): void }).dispose();
     deepStrictEqual(wrong, []);
+  },
+});
+
+Deno.test({
+  name:
+    "FINDING: rope reads options.seqLen again after its checks: the op path publishes a grid the descriptor path refuses",
+  ignore: !findings,
+  fn() {
+    using device = openDevice();
+    const r = device.kernels;
+    using x = device.upload(new Float32Array(64).fill(1)), y = device.upload(new Float32Array(64).fill(2));
+    using out = device.alloc(64 * 4, DType.F32), rot = device.alloc(8 * 4, DType.F32);
+    using input = device.upload(new Float32Array(8).fill(1)), positions = device.upload(new Uint32Array([3]));
+    // seqLen is 1 for its first `honest` reads, then 0: whatever read the checks make, the op must
+    // refuse a zero row count as the descriptor path does, and keep the encoder usable.
+    const outcomes: string[] = [];
+    for (let honest = 0; honest <= 10; honest++) {
+      const seen: string[] = [];
+      for (const direct of [true, false]) {
+        let reads = 0;
+        const o = {
+          theta: 10000,
+          headDim: 8,
+          get seqLen() {
+            return ++reads <= honest ? 1 : 0;
+          },
+        };
+        const enc = device.commandEncoder();
+        const t = direct ? enc : forwarding(enc);
+        ops.elementwiseAdd(t, r, x, y, out);
+        const e = thrown(() => {
+          ops.rope(t, r, input, rot, positions, o);
+          enc.flush();
+        });
+        seen.push(`${e.split(":")[0]} state ${enc.state} dispatches ${enc.dispatchCount}`);
+        enc.dispose(); // never committed
+      }
+      if (seen[0] !== seen[1]) outcomes.push(`honest ${honest}: op path ${seen[0]}; descriptor path ${seen[1]}`);
+    }
+    deepStrictEqual(outcomes, []);
+  },
+});
+
+Deno.test({
+  name: "FINDING: a session method called detached from its session throws a TypeError, not an MlxError",
+  ignore: !findings,
+  fn() {
+    using device = openDevice();
+    using x = device.upload(new Float32Array(64).fill(1)), y = device.upload(new Float32Array(64).fill(2));
+    using out = device.alloc(64 * 4, DType.F32);
+    const s = new GraphExecutor(device).begin();
+    const { elementwiseAdd } = s; // e.g. destructured
+    const e = thrown(() => (elementwiseAdd as (...a: unknown[]) => void)(x, y, out));
+    s.dispose();
+    ok(e.startsWith("InvalidArgument: elementwiseAdd: ") || e.startsWith("InvalidState: elementwiseAdd: "), e);
   },
 });
