@@ -235,8 +235,9 @@ export class GraphSession extends SessionOpSurface implements DispatchTarget {
       return s.#encoder;
     };
     const registryOf = (s: GraphSession): KernelRegistry => s.#registry;
+    const isSession = (x: unknown): boolean => typeof x === "object" && x !== null && #done in x;
     for (const [name, op] of Object.entries(SESSION_OPS)) {
-      const method = sessionMethod(name, op as AnyOp, encoderOf, registryOf);
+      const method = sessionMethod(name, op as AnyOp, encoderOf, registryOf, isSession);
       Object.defineProperty(GraphSession.prototype, name, { value: method, writable: true, configurable: true });
     }
   }

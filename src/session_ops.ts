@@ -7,6 +7,7 @@
  * @module
  */
 
+import { MlxError } from "./errors.ts";
 import type { KernelRegistry } from "./kernels.ts";
 import type { DispatchTarget } from "./ops/common.ts";
 import * as ops from "./ops/mod.ts";
@@ -85,17 +86,32 @@ export type AnyOp = (target: DispatchTarget, registry: KernelRegistry, ...args: 
  * (`op.length - 2`: the dispatchers have no default or rest parameters). Closures of one function
  * literal share V8's call feedback, so where a caller does not inline the method its call of the op
  * is generic; a model's step inlines them (a method compiled per op measured the same there).
+ * A TypeError from a missing argument (an options object read as undefined) or from a method called
+ * without its session (`isSession(this)` false) becomes an InvalidArgument MlxError that says so.
  */
 export function sessionMethod<S>(
   name: string,
   op: AnyOp,
   encoderOf: (session: S, name: string) => DispatchTarget,
   registryOf: (session: S) => KernelRegistry,
+  isSession: (self: unknown) => boolean,
 ): (this: S, ...args: unknown[]) => void {
   const arity = op.length - 2;
   if (arity < 0 || arity > MAX_OP_ARGUMENTS) throw new Error(`${name}: not an op dispatcher that a session can bind`);
+  const misuse = (self: unknown, err: TypeError): MlxError =>
+    new MlxError(
+      "InvalidArgument",
+      isSession(self)
+        ? `${name}: ${err.message}: pass all ${arity} of its arguments, as SessionOps documents them`
+        : `${name}: called without its session: call it as session.${name}(…) or bind it to the session`,
+      { cause: err },
+    );
   const method = function (this: S, a: unknown, b: unknown, c: unknown, d: unknown, e: unknown, f: unknown) {
-    op(encoderOf(this, name), registryOf(this), a, b, c, d, e, f);
+    try {
+      op(encoderOf(this, name), registryOf(this), a, b, c, d, e, f);
+    } catch (err) {
+      throw err instanceof TypeError ? misuse(this, err) : err;
+    }
   };
   Object.defineProperty(method, "name", { value: name });
   Object.defineProperty(method, "length", { value: arity });

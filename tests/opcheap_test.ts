@@ -71,7 +71,7 @@ Deno.test("sessionMethod: methods forward exactly the op's arguments", () => {
     const op3 = function (t: DispatchTarget, r: unknown, a: unknown, b: unknown, c: unknown) {
       seen.push([t, r, a, b, c]);
     };
-    const m = sessionMethod("threeArgs", op3 as AnyOp, encoderOf, () => registry);
+    const m = sessionMethod("threeArgs", op3 as AnyOp, encoderOf, () => registry, () => true);
     equal(m.name, "threeArgs");
     equal(m.length, 3);
     m.call(session, 1, "two", undefined);
@@ -81,7 +81,7 @@ Deno.test("sessionMethod: methods forward exactly the op's arguments", () => {
     const op0 = function (t: DispatchTarget, r: unknown) {
       seen.push([t, r as never]);
     };
-    sessionMethod("none", op0 as AnyOp, encoderOf, () => registry).call(session);
+    sessionMethod("none", op0 as AnyOp, encoderOf, () => registry, () => true).call(session);
     deepStrictEqual(seen.at(-1), [target, registry]);
     // A closed session: the op is not called.
     session.open = false;
@@ -105,6 +105,7 @@ Deno.test("sessionMethod: methods forward exactly the op's arguments", () => {
       ) => {}) as AnyOp,
       () => ({}) as DispatchTarget,
       () => ({}) as never,
+      () => true,
     )
   );
 });

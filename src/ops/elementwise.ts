@@ -326,13 +326,13 @@ export function softcap(
   output: MlxBuffer,
   options: { cap: number; n?: number },
 ): void {
-  const n = options.n ?? elementsOf(output);
-  checkPositive("softcap", "cap", options.cap);
+  const n = options.n ?? elementsOf(output), cap = options.cap; // each option read once: checked is written
+  checkPositive("softcap", "cap", cap);
   checkU32("softcap", "n", n);
   checkBuffer("softcap", "input", input, DType.F32, n);
   checkBuffer("softcap", "output", output, DType.F32, n);
   const p = registry.resolve(SOFTCAP), tg = n < 256 ? n : 256;
-  packSoftcapParams(softcapWords, options.cap, n);
+  packSoftcapParams(softcapWords, cap, n);
   if (target instanceof CommandEncoder) { // straight into the stream
     let at = target.opBegin(p);
     if (at >= 0) {
@@ -359,9 +359,9 @@ export function axpby(
   out: MlxBuffer,
   options: { alpha: number; beta: number; n?: number },
 ): void {
-  const n = options.n ?? elementsOf(out);
-  checkFinite("axpby", "alpha", options.alpha);
-  checkFinite("axpby", "beta", options.beta);
+  const n = options.n ?? elementsOf(out), alpha = options.alpha, beta = options.beta; // each read once
+  checkFinite("axpby", "alpha", alpha);
+  checkFinite("axpby", "beta", beta);
   const need = n * 4;
   if (
     (n >>> 0) !== n || n === 0 || a.dtype !== DType.F32 || b.dtype !== DType.F32 || out.dtype !== DType.F32 ||
@@ -373,7 +373,7 @@ export function axpby(
     checkBuffer("axpby", "out", out, DType.F32, n);
   }
   const p = registry.resolve(AXPBY), tg = n < 256 ? n : 256;
-  packAxpbyParams(axpbyWords, options.alpha, options.beta, n, 0);
+  packAxpbyParams(axpbyWords, alpha, beta, n, 0);
   if (target instanceof CommandEncoder) { // straight into the stream
     let at = target.opBegin(p);
     if (at >= 0) {

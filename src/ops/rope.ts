@@ -65,20 +65,22 @@ export function rope(
   positions: MlxBuffer,
   o: { theta: number; headDim: number; seqLen: number },
 ): void {
-  checkPositive("rope", "theta", o.theta);
-  checkEven("rope", "headDim", o.headDim);
-  checkU32("rope", "seqLen", o.seqLen);
-  checkBuffer("rope", "input", input, DType.F32, o.seqLen * o.headDim);
-  checkBuffer("rope", "output", output, DType.F32, o.seqLen * o.headDim);
-  checkBuffer("rope", "positions", positions, DType.U32, o.seqLen);
-  const half = o.headDim / 2, tg = half < 256 ? half : 256, p = registry.resolve(ROPE);
-  packRopeParams(ropeWords, o.theta, o.headDim, o.seqLen);
+  // Each option read once: what is checked is what is written.
+  const theta = o.theta, headDim = o.headDim, seqLen = o.seqLen;
+  checkPositive("rope", "theta", theta);
+  checkEven("rope", "headDim", headDim);
+  checkU32("rope", "seqLen", seqLen);
+  checkBuffer("rope", "input", input, DType.F32, seqLen * headDim);
+  checkBuffer("rope", "output", output, DType.F32, seqLen * headDim);
+  checkBuffer("rope", "positions", positions, DType.U32, seqLen);
+  const half = headDim / 2, tg = half < 256 ? half : 256, p = registry.resolve(ROPE);
+  packRopeParams(ropeWords, theta, headDim, seqLen);
   if (target instanceof CommandEncoder) { // straight into the stream
     let at = target.opBegin(p);
     if (at >= 0) {
       const w = target.opWords;
       at = putBuffer(w, putWords(w, putBuffer(w, putBuffer(w, at, 0, input), 1, output), 2, ropeWords), 3, positions);
-      if (at >= 0) return target.opDispatch(at, true, half, o.seqLen, 1, tg, 1, 1);
+      if (at >= 0) return target.opDispatch(at, true, half, seqLen, 1, tg, 1, 1);
     }
   }
   const d = ropeDescriptor;
@@ -87,7 +89,7 @@ export function rope(
   d.bindings[1] = output;
   d.bindings[3] = positions;
   ropeGrid[0] = half;
-  ropeGrid[1] = o.seqLen;
+  ropeGrid[1] = seqLen;
   ropeGroup[0] = tg;
   dispatchReusedSlots(target, d, 0b1011);
 }
