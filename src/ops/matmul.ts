@@ -304,20 +304,19 @@ export function quantizedMatmul(
       w.byteLength >= (n * k * bits) / 8 && scales.byteLength >= scaleBytes && biases.byteLength >= scaleBytes &&
       y.dtype === DType.F32 && y.byteLength >= m * n * 4)
   ) return affineGeneral(target, registry, x, w, scales, biases, y, o);
+  const p = registry.resolve(fast ? AFFINE_FAST : AFFINE), groups = Math.ceil(n / (fast ? OUTS_FAST : OUTS));
+  const tg = fast ? 256 : THREADS;
   packAffineParams(affineWords, m, n, k, bits, gs);
-  encodeAffine(
-    target,
-    registry.resolve(fast ? AFFINE_FAST : AFFINE),
-    affineWords,
-    x,
-    w,
-    scales,
-    biases,
-    y,
-    Math.ceil(n / (fast ? OUTS_FAST : OUTS)),
-    m,
-    fast ? 256 : THREADS,
-  );
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, scales);
+      at = putWords(ws, putBuffer(ws, putBuffer(ws, at, 3, biases), 4, y), 5, affineWords);
+      if (at >= 0) return target.opDispatch(at, false, groups, m, 1, tg, 1, 1);
+    }
+  }
+  encodeAffine(target, p, affineWords, x, w, scales, biases, y, groups, m, tg);
 }
 
 /**
