@@ -316,7 +316,7 @@ export function quantizedMatmul(
       if (at >= 0) return target.opDispatch(at, false, groups, m, 1, tg, 1, 1);
     }
   }
-  encodeAffine(target, p, affineWords, x, w, scales, biases, y, groups, m, tg);
+  affineByDescriptor(target, p, affineWords, x, w, scales, biases, y, groups, m, tg);
 }
 
 /**
@@ -387,6 +387,23 @@ function encodeAffine(
       if (at >= 0) return target.opDispatch(at, false, g0, g1, 1, tg, 1, 1);
     }
   }
+  affineByDescriptor(target, p, params, x, w, scales, biases, y, g0, g1, tg);
+}
+
+/** {@link encodeAffine} by the reused descriptor (any target; a freed buffer is refused there). */
+function affineByDescriptor(
+  target: DispatchTarget,
+  p: Pipeline,
+  params: readonly number[],
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  y: MlxBuffer,
+  g0: number,
+  g1: number,
+  tg: number,
+): void {
   const d = affineDescriptor, b = d.bindings;
   d.pipeline = p;
   b[0] = x;
