@@ -25,6 +25,14 @@ import type { CapturedNode } from "../src/graph/nodes.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { Fingerprint } from "../src/plan_cache.ts";
 import { openDevice } from "./helpers.ts";
+import {
+  allBuffers,
+  ints,
+  WRITE_PATH_DISPATCHES,
+  writePathBuffers,
+  writePathOps,
+  writtenValues,
+} from "./fixtures/write_path_ops.ts";
 
 /** Counts the dispatches the recorder took on the write path (wraps its prototype method). */
 const taken = { count: 0 };
@@ -44,76 +52,6 @@ function forwarding(enc: DispatchTarget): DispatchTarget {
     dispatch: (d: DispatchDescriptor) => enc.dispatch(d),
     memoryBarrier: () => enc.memoryBarrier(),
   };
-}
-
-function ints(n: number, seed: number): Float32Array {
-  return Float32Array.from({ length: n }, (_, i) => ((i * 5 + seed) % 11) - 5);
-}
-
-type Buffers = ReturnType<typeof buffers>;
-
-function buffers(device: MlxDevice) {
-  return {
-    a: device.upload(ints(640, 1)),
-    b: device.upload(ints(640, 2)),
-    out: device.alloc(64 * 4, DType.F32),
-    wide: device.alloc(640 * 4, DType.F32),
-    half: device.upload(ints(48, 3), DType.F16),
-    state: device.upload(new Uint32Array([0])),
-    norm: device.alloc(64 * 4, DType.F32),
-    scaled: device.alloc(64 * 4, DType.F32),
-    sum: device.alloc(64 * 4, DType.F32),
-  };
-}
-
-const EVERY_OP_DISPATCHES = 27;
-
-/**
- * Every op with a write path (over whole buffers, slices, f16, optional slots and threadgroup memory),
- * then rms_norm → mul → add, which fuses into one rms_norm_mul_add.
- */
-function everyOp(t: DispatchTarget, r: KernelRegistry, b: Buffers): void {
-  const s0 = b.wide.slice(0, 64 * 4), s1 = b.wide.slice(64 * 4, 64 * 4);
-  ops.elementwiseAdd(t, r, b.a, b.b, b.out);
-  ops.elementwiseMul(t, r, b.a, b.b, s0);
-  ops.siluMul(t, r, b.a, b.b, s1, 17);
-  ops.elementwiseAdd(t, r, b.half, b.half, b.half);
-  ops.gelu(t, r, b.a, s0);
-  ops.silu(t, r, s0, s1, 33);
-  ops.softcap(t, r, b.a, b.out, { cap: 3 });
-  ops.axpby(t, r, b.a, s1, b.out, { alpha: 0.5, beta: -2 });
-  ops.stridedCopy(t, r, b.a, b.wide, { rows: 4, cols: 8, srcStride: 16, dstStride: 20 });
-  ops.stridedCopy(t, r, b.a, s1, {
-    rows: 2,
-    cols: 24,
-    srcStride: 30,
-    state: b.state,
-    dstPosStride: 4,
-    maxPositions: 3,
-  });
-  t.memoryBarrier();
-  ops.elementwiseAdd(t, r, s0, s1, s0);
-  const rows = { rows: 4, dim: 16, eps: 1e-5 };
-  ops.rmsNorm(t, r, b.a, b.b, s0, rows);
-  ops.rmsNorm(t, r, b.half, b.half.slice(0, 32), b.half.slice(32, 32), { rows: 1, dim: 16, eps: 0 });
-  ops.rmsNormMul(t, r, b.a, b.b, s0, s1, rows);
-  ops.rmsNormMulAdd(t, r, b.a, b.b, s1, b.out, b.wide, { rows: 2, dim: 32, eps: 1e-6 });
-  ops.rmsNormNoScale(t, r, b.wide, b.out, rows);
-  ops.softmax(t, r, b.a, b.wide.slice(512, 1024), { rows: 3, cols: 70 });
-  ops.rope(t, r, b.a, s0, b.state, { theta: 10000, headDim: 16, seqLen: 1 });
-  const heads = { theta: 500, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 1 };
-  ops.ropeNeox(t, r, b.a, s1, b.state, heads);
-  ops.ropeNorm(t, r, b.a, b.wide, undefined, { ...heads, state: b.state, outPosStride: 32, maxPositions: 4 });
-  ops.ropeNeox(t, r, b.a, b.out, b.state, { ...heads, freqFactors: b.b.slice(0, 16) });
-  ops.matmul(t, r, b.a, b.b, s0, { m: 2, n: 8, k: 16 });
-  ops.matmul(t, r, b.a, b.b, s1, { m: 1, n: 8, k: 16, residual: s1, constantWeights: true });
-  ops.matmul(t, r, b.a, b.b, b.out, { m: 1, n: 8, k: 32, swiglu: true });
-  t.memoryBarrier();
-  ops.rmsNorm(t, r, b.a.slice(0, 256), b.b.slice(0, 64), b.norm, rows);
-  t.memoryBarrier();
-  ops.elementwiseMul(t, r, b.norm, b.b.slice(256, 256), b.scaled);
-  t.memoryBarrier();
-  ops.elementwiseAdd(t, r, b.scaled, b.a.slice(512, 256), b.sum);
 }
 
 /** A node as plain data: buffers by allocation and range, constants by value. */
@@ -180,26 +118,26 @@ function bothWays(
 Deno.test("a recording on the write path captures the descriptor path's words, nodes and key", () => {
   for (const autoBarriers of [false, true]) {
     using device = openDevice();
-    const registry = new KernelRegistry(device), bufs = buffers(device);
-    const r = bothWays(device, autoBarriers, (t) => everyOp(t, registry, bufs));
+    const registry = new KernelRegistry(device), bufs = writePathBuffers(device);
+    const r = bothWays(device, autoBarriers, (t) => writePathOps(t, registry, bufs));
     // The first dispatch names the device (the probe) through its descriptor; every later one is written.
-    equal(r.taken, EVERY_OP_DISPATCHES - 1);
+    equal(r.taken, WRITE_PATH_DISPATCHES - 1);
     deepStrictEqual(r.write, r.descriptor, `autoBarriers ${autoBarriers}`);
     ok((r.write as { words: number[] }).words.length > 200);
-    for (const x of Object.values(bufs)) x.dispose();
+    for (const x of allBuffers(bufs)) x.dispose();
   }
 });
 
 Deno.test("the write path across writer spills, auto-barrier switches and annotations of the last dispatch", () => {
   for (const autoBarriers of [false, true]) {
     using device = openDevice();
-    const registry = new KernelRegistry(device), bufs = buffers(device);
-    const reps = 120; // ~120 × 27 dispatches: past the writer's 65,536 words, so records spill to the store
+    const registry = new KernelRegistry(device), bufs = writePathBuffers(device);
+    const reps = 50; // 50 × 76 dispatches: past the writer's 65,536 words, so records spill to the store
     const r = bothWays(device, autoBarriers, (t, enc) => {
       for (let k = 0; k < reps; k++) {
-        everyOp(t, registry, bufs);
-        if (k === 40) enc.autoBarriers = !autoBarriers;
-        if (k === 80) enc.autoBarriers = autoBarriers;
+        writePathOps(t, registry, bufs);
+        if (k === 15) enc.autoBarriers = !autoBarriers;
+        if (k === 35) enc.autoBarriers = autoBarriers;
         // merges into the last dispatch, found from its first word (over the store and the writer)
         if (k % 7 === 3) enc.trackDispatch([bufs.state], [bufs.norm.slice(0, 16)]);
         if (k % 11 === 5) enc.annotateLastDispatchIfMissing([], [[bufs.sum.allocId, 0, 8]]);
@@ -207,15 +145,15 @@ Deno.test("the write path across writer spills, auto-barrier switches and annota
     });
     const words = (r.write as { words: number[] }).words.length;
     ok(words > 65536, `${words} words spill`);
-    equal(r.taken, reps * EVERY_OP_DISPATCHES - 1);
+    equal(r.taken, reps * WRITE_PATH_DISPATCHES - 1);
     deepStrictEqual(r.write, r.descriptor, `autoBarriers ${autoBarriers}`);
-    for (const x of Object.values(bufs)) x.dispose();
+    for (const x of allBuffers(bufs)) x.dispose();
   }
 });
 
 Deno.test("pending annotations, kept caller views and a pass with no probe yet keep the descriptor", () => {
   using device = openDevice();
-  const registry = new KernelRegistry(device), bufs = buffers(device);
+  const registry = new KernelRegistry(device), bufs = writePathBuffers(device);
   // Pending op kind / ranges: the annotated dispatch takes its descriptor, the next one is written.
   const r = bothWays(device, true, (t, enc) => {
     ops.gelu(t, registry, bufs.a, bufs.out); // the probe
@@ -239,7 +177,7 @@ Deno.test("pending annotations, kept caller views and a pass with no probe yet k
   const nodes = enc.takeCapture()!;
   equal(nodes.length, 2);
   ok(nodes[1]!.kind === "dispatch" && nodes[1]!.bindings![1] === out);
-  for (const x of Object.values(bufs)) x.dispose();
+  for (const x of allBuffers(bufs)) x.dispose();
 });
 
 Deno.test("a refused op records nothing on the write path, not even the pipeline change it staged", () => {
@@ -305,8 +243,8 @@ Deno.test("recorded sessions: finish reports, plan-cache hits and results equal 
     for (const opts of options) {
       const label = `autoBarriers ${autoBarriers} ${JSON.stringify(opts)}`;
       using device = openDevice();
-      const registry = new KernelRegistry(device), bufs = buffers(device);
-      const initial = Object.values(bufs).map((x) => x.readBytes());
+      const registry = new KernelRegistry(device), bufs = writePathBuffers(device);
+      const all = allBuffers(bufs), initial = all.map((x) => x.readBytes());
       const reports: unknown[][] = [];
       const results: number[][] = [];
       // Two executors, one starting with each path, passes alternating paths: each later pass hits
@@ -314,14 +252,14 @@ Deno.test("recorded sessions: finish reports, plan-cache hits and results equal 
       for (const first of [true, false]) {
         const exec = new GraphExecutor(device), mine: unknown[] = [];
         for (let pass = 0; pass < 4; pass++) {
-          Object.values(bufs).forEach((x, k) => x.writeBytes(initial[k]!));
+          all.forEach((x, k) => x.writeBytes(initial[k]!));
           const direct = (pass % 2 === 0) === first;
           const s = exec.beginRecorded({ autoBarriers });
           const before = taken.count;
-          everyOp(direct ? s.encoder : s, registry, bufs);
-          equal(taken.count - before, direct ? EVERY_OP_DISPATCHES - 1 : 0);
+          writePathOps(direct ? s.encoder : s, registry, bufs);
+          equal(taken.count - before, direct ? WRITE_PATH_DISPATCHES - 1 : 0);
           mine.push(outcome(s.finish(opts)));
-          results.push([...bufs.out.read(), ...bufs.wide.read(), ...bufs.half.read(), ...bufs.sum.read()]);
+          results.push(writtenValues(bufs));
         }
         reports.push(mine);
       }
@@ -336,7 +274,7 @@ Deno.test("recorded sessions: finish reports, plan-cache hits and results equal 
       // everyOp has hazards between barriers: without automatic barriers which write lands last is
       // up to the backend's threads, so only the automatic-barrier passes have one right result.
       if (autoBarriers) { for (let i = 1; i < results.length; i++) deepStrictEqual(results[i], results[0], label); }
-      for (const x of Object.values(bufs)) x.dispose();
+      for (const x of allBuffers(bufs)) x.dispose();
     }
   }
 });

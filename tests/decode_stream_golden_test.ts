@@ -10,11 +10,10 @@ import { deepStrictEqual, equal, ok } from "node:assert/strict";
 import { DType, GraphExecutor, type GraphSession, type MlxDevice } from "../mod.ts";
 import { allContracts } from "../src/kernels.ts";
 import { createLlama, type LlamaConfig } from "../examples/llama.ts";
-import { Op } from "../src/native/abi.ts";
-import type { StreamWriter } from "../src/native/stream.ts";
 import { loadLlama } from "../src/model/mod.ts";
 import { writeTinyLlamaGguf } from "./helpers/gguf_writer.ts";
 import { openDevice } from "./helpers.ts";
+import { readable, tapStreams } from "./fixtures/stream_tap.ts";
 
 const GOLDEN = new URL("./fixtures/decode_stream_golden.json", import.meta.url);
 const MODEL: Omit<LlamaConfig, "quant"> = {
@@ -27,70 +26,6 @@ const MODEL: Omit<LlamaConfig, "quant"> = {
   ctx: 8,
   seed: 11,
 };
-
-/** Every byte the device's encoders hand to the native side, per encoder flush, in order. */
-function tapStreams(device: MlxDevice): Uint32Array[] {
-  const chunks: Uint32Array[] = [];
-  const take = device.takeWriter.bind(device), tapped = new WeakSet<StreamWriter>();
-  device.takeWriter = (): StreamWriter => {
-    const w = take();
-    if (tapped.has(w)) return w; // writers are pooled: wrap each once
-    tapped.add(w);
-    const attach = w.attach.bind(w);
-    w.attach = (sink) =>
-      attach(
-        sink && ((bytes, len) => {
-          chunks.push(new Uint32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + len)));
-          sink(bytes, len);
-        }),
-      );
-    return w;
-  };
-  return chunks;
-}
-
-/** The records of `words` as text, handles replaced by kernel names and buffer numbers. */
-function readable(words: Uint32Array, kernels: Map<number, string>, buffers: Map<number, number>): string[] {
-  const out: string[] = [];
-  const buf = (h: number) => {
-    if (!buffers.has(h)) buffers.set(h, buffers.size);
-    return `b${buffers.get(h)}`;
-  };
-  for (let at = 0; at < words.length;) {
-    const header = words[at]!, op = header & 0xff, slot = (header >>> 8) & 0xff, n = header >>> 16;
-    ok(n > 0 && at + n <= words.length, `record at word ${at}: bad length ${n}`);
-    const w = [...words.subarray(at + 1, at + n)];
-    switch (op) {
-      case Op.SET_PIPELINE:
-        out.push(`pipeline ${kernels.get(w[0]!) ?? `?${w[0]}`}`);
-        break;
-      case Op.SET_BUFFER_WHOLE:
-        out.push(`s${slot} ${buf(w[0]!)}`);
-        break;
-      case Op.SET_BUFFER:
-      case Op.SET_BUFFER64:
-        out.push(`s${slot} ${buf(w[0]!)} ${op === Op.SET_BUFFER64 ? "64 " : ""}${w.slice(1).join(" ")}`);
-        break;
-      case Op.SET_BYTES:
-        out.push(`s${slot} bytes ${w.join(" ")}`);
-        break;
-      case Op.SET_TG_MEMORY:
-        out.push(`tgmem ${w.join(" ")}`);
-        break;
-      case Op.DISPATCH_THREADS:
-      case Op.DISPATCH_GROUPS:
-        out.push(`${op === Op.DISPATCH_THREADS ? "threads" : "groups"} ${w.join(" ")}`);
-        break;
-      case Op.BARRIER:
-        out.push("barrier");
-        break;
-      default:
-        out.push(`op${op} ${w.join(" ")}`);
-    }
-    at += n;
-  }
-  return out;
-}
 
 /** Encodes passes on a fresh CPU device and returns each one's stream as text, by case name. */
 function encodeCases(): Record<string, string[]> {

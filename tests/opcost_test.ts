@@ -7,33 +7,20 @@
  * descriptor. Also the barrier policy's bulk dispatch count.
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
-import { DType, GraphExecutor, KernelRegistry, type MlxBuffer, MlxDevice, MlxError, ops } from "../mod.ts";
+import { CommandEncoder, DType, GraphExecutor, KernelRegistry, MlxDevice, MlxError, ops } from "../mod.ts";
 import type { DispatchDescriptor } from "../src/dispatch.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { BarrierPolicy } from "../src/barrier_policy.ts";
-import type { StreamWriter } from "../src/native/stream.ts";
 import { openDevice } from "./helpers.ts";
-
-/** Every chunk of stream words the device's encoders hand to the native side, in order. */
-function tapStreams(device: MlxDevice): Uint32Array[] {
-  const chunks: Uint32Array[] = [];
-  const take = device.takeWriter.bind(device), tapped = new WeakSet<StreamWriter>();
-  device.takeWriter = (): StreamWriter => {
-    const w = take();
-    if (tapped.has(w)) return w;
-    tapped.add(w);
-    const attach = w.attach.bind(w);
-    w.attach = (sink) =>
-      attach(
-        sink && ((bytes, len) => {
-          chunks.push(new Uint32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + len)));
-          sink(bytes, len);
-        }),
-      );
-    return w;
-  };
-  return chunks;
-}
+import { takeWords, tapStreams } from "./fixtures/stream_tap.ts";
+import {
+  allBuffers,
+  ints,
+  WRITE_PATH_DISPATCHES,
+  writePathBuffers,
+  writePathOps,
+  writtenValues,
+} from "./fixtures/write_path_ops.ts";
 
 /** A target that is not a CommandEncoder: ops dispatch their descriptor to it. */
 function forwarding(enc: DispatchTarget): DispatchTarget {
@@ -43,61 +30,14 @@ function forwarding(enc: DispatchTarget): DispatchTarget {
   };
 }
 
-function ints(n: number, seed: number): Float32Array {
-  return Float32Array.from({ length: n }, (_, i) => ((i * 5 + seed) % 11) - 5);
-}
-
-/** Calls every op with a write path, over whole buffers, slices and an optional state binding. */
-function everyOp(
-  t: DispatchTarget,
-  r: KernelRegistry,
-  b: { a: MlxBuffer; b: MlxBuffer; out: MlxBuffer; wide: MlxBuffer; half: MlxBuffer; state: MlxBuffer },
-): void {
-  const s0 = b.wide.slice(0, 64 * 4), s1 = b.wide.slice(64 * 4, 64 * 4);
-  ops.elementwiseAdd(t, r, b.a, b.b, b.out);
-  ops.elementwiseMul(t, r, b.a, b.b, s0);
-  ops.siluMul(t, r, b.a, b.b, s1, 17);
-  ops.elementwiseAdd(t, r, b.half, b.half, b.half); // f16, in place
-  ops.gelu(t, r, b.a, s0);
-  ops.silu(t, r, s0, s1, 33);
-  ops.softcap(t, r, b.a, b.out, { cap: 3 });
-  ops.axpby(t, r, b.a, s1, b.out, { alpha: 0.5, beta: -2 });
-  ops.stridedCopy(t, r, b.a, b.wide, { rows: 4, cols: 8, srcStride: 16, dstStride: 20 });
-  ops.stridedCopy(t, r, b.a, s1, {
-    rows: 2,
-    cols: 24,
-    srcStride: 30,
-    state: b.state,
-    dstPosStride: 4,
-    maxPositions: 3,
-  });
-  t.memoryBarrier();
-  ops.elementwiseAdd(t, r, s0, s1, s0);
-  const rows = { rows: 4, dim: 16, eps: 1e-5 };
-  ops.rmsNorm(t, r, b.a, b.b, s0, rows);
-  ops.rmsNorm(t, r, b.half, b.half.slice(0, 32), b.half.slice(32, 32), { rows: 1, dim: 16, eps: 0 });
-  ops.rmsNormMul(t, r, b.a, b.b, s0, s1, rows);
-  ops.rmsNormMulAdd(t, r, b.a, b.b, s1, b.out, b.wide, { rows: 2, dim: 32, eps: 1e-6 });
-  ops.rmsNormNoScale(t, r, b.wide, b.out, rows);
-  ops.softmax(t, r, b.a, b.wide.slice(512, 1024), { rows: 3, cols: 70 });
-  ops.rope(t, r, b.a, s0, b.state, { theta: 10000, headDim: 16, seqLen: 1 });
-  const heads = { theta: 500, headDim: 16, ropeDim: 8, nHeads: 2, seqLen: 1 };
-  ops.ropeNeox(t, r, b.a, s1, b.state, heads);
-  ops.ropeNorm(t, r, b.a, b.wide, undefined, { ...heads, state: b.state, outPosStride: 32, maxPositions: 4 });
-  ops.ropeNeox(t, r, b.a, b.out, b.state, { ...heads, freqFactors: b.b.slice(0, 16) });
-  ops.matmul(t, r, b.a, b.b, s0, { m: 2, n: 8, k: 16 });
-  ops.matmul(t, r, b.a, b.b, s1, { m: 1, n: 8, k: 16, residual: s1, constantWeights: true });
-  ops.matmul(t, r, b.a, b.b, b.out, { m: 1, n: 8, k: 32, swiglu: true });
-}
-
-function buffers(device: MlxDevice) {
-  return {
-    a: device.upload(ints(640, 1)),
-    b: device.upload(ints(640, 2)),
-    out: device.alloc(64 * 4, DType.F32),
-    wide: device.alloc(640 * 4, DType.F32),
-    half: device.upload(ints(48, 3), DType.F16),
-    state: device.upload(new Uint32Array([0])),
+/** Counts the dispatches a direct encoder took on the write path (wraps its prototype method). */
+const taken = { count: 0 };
+{
+  const proto = CommandEncoder.prototype as unknown as { opDispatch: (...a: unknown[]) => void };
+  const original = proto.opDispatch;
+  proto.opDispatch = function (this: unknown, ...a: unknown[]) {
+    taken.count++;
+    return original.apply(this, a);
   };
 }
 
@@ -105,21 +45,24 @@ Deno.test("the ops' write path encodes the descriptor path's stream, byte for by
   for (const autoBarriers of [false, true]) {
     using device = openDevice();
     const chunks = tapStreams(device), registry = new KernelRegistry(device);
-    const bufs = buffers(device);
+    const bufs = writePathBuffers(device);
     const streams: Uint32Array[] = [];
     const barriers: number[] = [];
     for (const direct of [true, false]) {
       const enc = device.commandEncoder({ autoBarriers });
-      everyOp(direct ? enc : forwarding(enc), registry, bufs);
-      equal(enc.dispatchCount, 24);
+      const before = taken.count;
+      writePathOps(direct ? enc : forwarding(enc), registry, bufs);
+      // every dispatch of a direct encoder is written by its op; none of a forwarding target's
+      equal(taken.count - before, direct ? WRITE_PATH_DISPATCHES : 0);
+      equal(enc.dispatchCount, WRITE_PATH_DISPATCHES);
       enc.commit({ wait: true });
       barriers.push(enc.barrierCount);
-      streams.push(Uint32Array.from(chunks.splice(0).flatMap((c) => Array.from(c))));
+      streams.push(takeWords(chunks));
     }
-    ok(streams[0]!.length > 100);
+    ok(streams[0]!.length > 1000);
     deepStrictEqual(streams[0], streams[1], `autoBarriers ${autoBarriers}`);
     deepStrictEqual(barriers[0], barriers[1]);
-    for (const x of Object.values(bufs)) x.dispose();
+    for (const x of allBuffers(bufs)) x.dispose();
   }
 });
 
@@ -163,28 +106,43 @@ Deno.test("automatic barriers on the write path: exactly one per hazard, none be
   deepStrictEqual(Array.from(w.subarray(0, E)), Array.from(xv, (v, i) => v + yv[i]!));
 });
 
-Deno.test("recording, validating and user targets keep the descriptor path, with the same results", () => {
+Deno.test("direct, recording, validating and user targets give the same results", () => {
   const results: number[][] = [];
-  for (const mode of ["direct", "recorded", "validate", "user"] as const) {
+  // [mode, ops given the session's encoder (the write path where it takes one) or the session]
+  const modes = [
+    ["direct", true],
+    ["direct", false],
+    ["recorded", true],
+    ["recorded", false],
+    ["validate", true],
+    ["user", false],
+  ] as const;
+  for (const [mode, encoder] of modes) {
     using device = openDevice();
     const exec = new GraphExecutor(device);
     const registry = new KernelRegistry(device);
-    const bufs = buffers(device);
+    const bufs = writePathBuffers(device);
+    const before = taken.count;
     if (mode === "user") {
       using enc = device.commandEncoder({ autoBarriers: true });
-      everyOp(forwarding(enc), registry, bufs);
+      writePathOps(forwarding(enc), registry, bufs);
       enc.commit({ wait: true });
     } else {
       const s = mode === "recorded"
-        ? exec.beginRecorded()
+        ? exec.beginRecorded({ autoBarriers: true })
         : exec.begin({ autoBarriers: true, validate: mode === "validate" });
-      everyOp(s, registry, bufs);
+      writePathOps(encoder ? s.encoder : s, registry, bufs);
       s.finish();
     }
-    results.push([...bufs.out.read(), ...bufs.wide.read(), ...bufs.half.read()]);
-    for (const x of Object.values(bufs)) x.dispose();
+    // a validating encoder and the targets that are not encoders keep the descriptor; a recording
+    // writes all but its first dispatch (the probe)
+    const written = !encoder || mode === "validate" ? 0 : WRITE_PATH_DISPATCHES - (mode === "recorded" ? 1 : 0);
+    equal(taken.count - before, written, `${mode} ${encoder}`);
+    results.push(writtenValues(bufs));
+    for (const x of allBuffers(bufs)) x.dispose();
   }
-  for (let i = 1; i < results.length; i++) deepStrictEqual(results[i], results[0]);
+  ok(results[0]!.some((v) => v !== 0));
+  for (let i = 1; i < results.length; i++) deepStrictEqual(results[i], results[0], `${modes[i]}`);
 });
 
 Deno.test("ops on a closed device or a committed encoder still refuse with MlxError", () => {

@@ -10,7 +10,9 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, type Pipeline, registerContracts } from "../kernels.ts";
+import { CommandEncoder } from "../encoder.ts";
+import { putBuffer, putWords } from "../dispatch_writer.ts";
 import {
   attentionContracts,
   FLASH_MAX_NWG,
@@ -92,7 +94,51 @@ export function sdpa(
   out: MlxBuffer,
   o: SdpaOptions,
 ): void {
-  const op = "sdpa", batch = o.batch ?? 1, scale = o.scale ?? 1 / Math.sqrt(o.headDim);
+  const batch = o.batch ?? 1, nh = o.nHeads, nkv = o.nKvHeads, hd = o.headDim, seq = o.seqLen;
+  const kvLen = o.kvSeqLen, cap = o.kvCapacity, scale = o.scale ?? 1 / Math.sqrt(hd), t = q.dtype;
+  const es = t === DType.BF16 ? 2 : 4, qBytes = batch * nh * seq * hd * es, kvBytes = batch * nkv * cap * hd * es;
+  // Every check in one test on the hot path (with every parameter word a u32); anything off goes
+  // through checkSdpa, which throws with the precise message, and then the descriptor path.
+  const hot = isU32(nh, 1) && isU32(nkv, 1) && nh % nkv === 0 && isU32(batch, 1) && isU32(hd, 1) &&
+    hd <= MAX_HEAD_DIM && isU32(seq, 1) && seq <= kvLen && isU32(kvLen, 1) && kvLen <= cap && isU32(cap, 1) &&
+    Number.isFinite(scale) && (t === DType.F32 || t === DType.BF16) && q.byteLength >= qBytes &&
+    k.dtype === t && k.byteLength >= kvBytes && v.dtype === t && v.byteLength >= kvBytes && out.dtype === t &&
+    out.byteLength >= qBytes;
+  if (!hot) checkSdpa(q, k, v, out, o, batch, scale);
+  const p = registry.resolve(t === DType.F32 ? SDPA_F32 : SDPA_BF16), groups = Math.ceil(seq / SDPA_ROWS);
+  packSdpaParams(sdpaWords, nh, nkv, hd, seq, kvLen, scale, cap);
+  if (hot && target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putBuffer(w, putBuffer(w, putBuffer(w, putBuffer(w, at, 0, q), 1, k), 2, v), 3, out);
+      at = putWords(w, at, 4, sdpaWords);
+      if (at >= 0) return target.opDispatch(at, false, batch, nh, groups, SDPA_ROWS, 1, 1);
+    }
+  }
+  const d = sdpaDescriptor, b = d.bindings;
+  d.pipeline = p;
+  b[0] = q;
+  b[1] = k;
+  b[2] = v;
+  b[3] = out;
+  sdpaGrid[0] = batch;
+  sdpaGrid[1] = nh;
+  sdpaGrid[2] = groups;
+  dispatchReused(target, d, 4);
+}
+
+/** Every check of {@link sdpa}, each with its message (the slow path). */
+function checkSdpa(
+  q: MlxBuffer,
+  k: MlxBuffer,
+  v: MlxBuffer,
+  out: MlxBuffer,
+  o: SdpaOptions,
+  batch: number,
+  scale: number,
+): void {
+  const op = "sdpa";
   checkHeads(op, o.nHeads, o.nKvHeads);
   checkU32(op, "batch", batch);
   checkU32(op, "headDim", o.headDim);
@@ -111,17 +157,6 @@ export function sdpa(
   checkBuffer(op, "k", k, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "v", v, t, batch * o.nKvHeads * o.kvCapacity * o.headDim);
   checkBuffer(op, "out", out, t, batch * o.nHeads * o.seqLen * o.headDim);
-  const d = sdpaDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(t === DType.F32 ? SDPA_F32 : SDPA_BF16);
-  b[0] = q;
-  b[1] = k;
-  b[2] = v;
-  b[3] = out;
-  packSdpaParams(sdpaWords, o.nHeads, o.nKvHeads, o.headDim, o.seqLen, o.kvSeqLen, scale, o.kvCapacity);
-  sdpaGrid[0] = batch;
-  sdpaGrid[1] = o.nHeads;
-  sdpaGrid[2] = Math.ceil(o.seqLen / SDPA_ROWS);
-  dispatchReused(target, d, 4);
 }
 
 /** Mask of {@link flashAttnVec}. */
@@ -182,50 +217,70 @@ export function flashAttnVec(
   const mask = o.mask ?? "causal", window = o.slidingWindow ?? 0, state = o.state, kvType = k.dtype;
   const maskCode = mask === "none" ? 0 : mask === "causal" ? 1 : mask === "sliding" ? 2 : -1;
   const kvBytes = nkv * cap * hd * (kvType === DType.F16 ? 2 : 4), tmpBytes = nh * nwg * (hd + 2) * 4;
-  // Every check in one test on the hot path; anything off goes through checkFlashAttnVec, which
-  // throws with the precise message.
-  if (
-    !(isU32(nh, 1) && isU32(nkv, 1) && nh % nkv === 0 && (hd === 64 || hd === 128 || hd === 256 || hd === 512) &&
-      isU32(kvLen, 1) && kvLen <= cap && isU32(nwg, 1) && nwg <= FLASH_MAX_NWG && Number.isFinite(scale) &&
-      softcap >= 0 && softcap < Infinity && maskCode >= 0 && (mask !== "sliding" || isU32(window, 1)) &&
-      (kvType === DType.F32 || kvType === DType.F16) && q.dtype === DType.F32 && q.byteLength >= nh * hd * 4 &&
-      k.byteLength >= kvBytes && v.dtype === kvType && v.byteLength >= kvBytes && tmp.dtype === DType.F32 &&
-      tmp.byteLength >= tmpBytes && out.dtype === DType.F32 && out.byteLength >= nh * hd * 4 &&
-      (!state ||
-        (state.dtype === DType.U32 && state.byteLength >= 4 && !overlapping(tmp, tmpBytes, state, 4))))
-  ) checkFlashAttnVec(q, k, v, tmp, out, o);
+  // Every check in one test on the hot path (with every parameter word a u32); anything off goes
+  // through checkFlashAttnVec, which throws with the precise message, and then the descriptor path.
+  const hot = isU32(nh, 1) && isU32(nkv, 1) && nh % nkv === 0 &&
+    (hd === 64 || hd === 128 || hd === 256 || hd === 512) && isU32(kvLen, 1) && kvLen <= cap && isU32(cap, 1) &&
+    isU32(nwg, 1) && nwg <= FLASH_MAX_NWG && Number.isFinite(scale) && softcap >= 0 && softcap < Infinity &&
+    maskCode >= 0 && isU32(window, mask === "sliding" ? 1 : 0) && (kvType === DType.F32 || kvType === DType.F16) &&
+    q.dtype === DType.F32 && q.byteLength >= nh * hd * 4 && k.byteLength >= kvBytes && v.dtype === kvType &&
+    v.byteLength >= kvBytes && tmp.dtype === DType.F32 && tmp.byteLength >= tmpBytes && out.dtype === DType.F32 &&
+    out.byteLength >= nh * hd * 4 &&
+    (!state || (state.dtype === DType.U32 && state.byteLength >= 4 && !overlapping(tmp, tmpBytes, state, 4)));
+  if (!hot) checkFlashAttnVec(q, k, v, tmp, out, o);
+  const pf = registry.resolve(kvType === DType.F32 ? FLASH_F32 : FLASH_F16), pr = registry.resolve(FLASH_REDUCE);
+  packFlashParams(flashWords, nh, nkv, hd, kvLen, cap, scale, maskCode, window, softcap, nwg, state ? 1 : 0);
+  packFlashReduceParams(reduceWords, nh, hd, nwg);
+  const tg = hd < FLASH_REDUCE_MAX_THREADS ? hd : FLASH_REDUCE_MAX_THREADS;
+  if (hot && target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(pf);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putBuffer(w, putBuffer(w, putBuffer(w, putBuffer(w, at, 0, q), 1, k), 2, v), 3, tmp);
+      at = putWords(w, at, 4, flashWords);
+      if (state !== undefined) at = putBuffer(w, at, 5, state);
+      if (at >= 0) {
+        target.opDispatch(at, false, nh, nwg, 1, 32, 1, 1);
+        target.memoryBarrier(); // the reduce reads every workgroup's partial result
+        at = target.opBegin(pr);
+        if (at >= 0) {
+          const w = target.opWords;
+          at = putWords(w, putBuffer(w, putBuffer(w, at, 0, tmp), 1, out), 2, reduceWords);
+          if (at >= 0) return target.opDispatch(at, false, nh, 1, 1, tg, 1, 1);
+        }
+        return reduceByDescriptor(target, pr, tmp, out, nh, tg);
+      }
+    }
+  }
   const d = flashDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(kvType === DType.F32 ? FLASH_F32 : FLASH_F16);
+  d.pipeline = pf;
   b[0] = q;
   b[1] = k;
   b[2] = v;
   b[3] = tmp;
   b[5] = state;
-  packFlashParams(
-    flashWords,
-    nh,
-    nkv,
-    hd,
-    kvLen,
-    cap,
-    scale,
-    maskCode,
-    window,
-    softcap,
-    nwg,
-    state ? 1 : 0,
-  );
   flashGrid[0] = nh;
   flashGrid[1] = nwg;
   dispatchReusedSlots(target, d, 0b101111);
   target.memoryBarrier(); // the reduce reads every workgroup's partial result
+  reduceByDescriptor(target, pr, tmp, out, nh, tg);
+}
+
+/** Dispatches flashAttnVec's reduce by descriptor (its parameter words already packed). */
+function reduceByDescriptor(
+  target: DispatchTarget,
+  p: Pipeline,
+  tmp: MlxBuffer,
+  out: MlxBuffer,
+  nh: number,
+  tg: number,
+): void {
   const r = reduceDescriptor;
-  r.pipeline = registry.resolve(FLASH_REDUCE);
+  r.pipeline = p;
   r.bindings[0] = tmp;
   r.bindings[1] = out;
-  packFlashReduceParams(reduceWords, nh, hd, nwg);
   r.grid = nh;
-  r.threadgroup = hd < FLASH_REDUCE_MAX_THREADS ? hd : FLASH_REDUCE_MAX_THREADS;
+  r.threadgroup = tg;
   dispatchReused(target, r, 2);
 }
 

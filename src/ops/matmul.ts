@@ -11,7 +11,7 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { type KernelRef, kernelRef, type KernelRegistry, type Pipeline, registerContracts } from "../kernels.ts";
 import { CommandEncoder } from "../encoder.ts";
 import { putBuffer, putWords } from "../dispatch_writer.ts";
 import {
@@ -63,20 +63,32 @@ const MATMUL_F32 = kernelRef("matmul_f32"),
   MATMUL_BF16 = kernelRef("matmul_bf16"),
   MATMUL_F16 = kernelRef("matmul_f16");
 const AFFINE = kernelRef("qmatmul_affine"), AFFINE_FAST = kernelRef("qmatmul_affine_fast");
-/** Per ggml format: its block layout, kernel name prefix and mat-vec kernel, made once. */
-const GGML_KERNELS: ReadonlyMap<string, { block: GgmlBlockLayout; prefix: string; mv: KernelRef }> = new Map(
-  FORMATS.map((f) => [f, { block: GGML_BLOCK[f], prefix: `qmatmul_${f}`, mv: kernelRef(`qmatmul_${f}_mv`) }]),
+/** Per ggml format: its block layout, kernel name prefix and its kernels (mat-vec, mat-mat, MoE), made once. */
+const GGML_KERNELS: ReadonlyMap<
+  string,
+  { block: GgmlBlockLayout; prefix: string; mv: KernelRef; mm: KernelRef; id: KernelRef }
+> = new Map(
+  FORMATS.map((f) => [f, {
+    block: GGML_BLOCK[f],
+    prefix: `qmatmul_${f}`,
+    mv: kernelRef(`qmatmul_${f}_mv`),
+    mm: kernelRef(`qmatmul_${f}_mm`),
+    id: kernelRef(`qmatmul_id_${f}`),
+  }]),
 );
+const AFFINE_GENERAL = kernelRef("qmatmul_affine_general"), AFFINE_GATHER = kernelRef("qmatmul_affine_gather");
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. The dense product's
-// residual sits in slot 4, after its inline words.
+// residual sits in slot 4, after its inline words. They serve targets other than a direct or
+// recording encoder (the ops' write path, CommandEncoder.opBegin, takes those).
 const words = (layout: { readonly words: number }): number[] => new Array<number>(layout.words).fill(0);
 const denseWords = words(DENSE_PARAMS), denseGrid = [0, 0, 1];
 const denseDescriptor = groupsDescriptor([undefined, undefined, undefined, denseWords, undefined]);
 denseDescriptor.grid = denseGrid;
 denseDescriptor.threadgroup = THREADS;
 const DENSE_BUFFER_SLOTS = 0b10111;
-const affineWords = words(AFFINE_PARAMS), affineGrid = [0, 0, 1];
+// The seed's affine kernels and the general one share a slot layout: x, w, scales, biases, y, words.
+const affineWords = words(AFFINE_PARAMS), affineGeneralWords = words(AFFINE_GENERAL_PARAMS), affineGrid = [0, 0, 1];
 const affineDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, undefined, affineWords]);
 affineDescriptor.grid = affineGrid;
 const ggmlWords = words(GGML_PARAMS), ggmlGrid = [0, 0, 1];
@@ -87,6 +99,18 @@ const moeWords = words(GGML_ID_PARAMS), moeGrid = [0, 0, 1];
 const moeDescriptor = groupsDescriptor([undefined, undefined, undefined, undefined, moeWords]);
 moeDescriptor.grid = moeGrid;
 moeDescriptor.threadgroup = THREADS;
+const gatherWords = words(AFFINE_GATHER_PARAMS), gatherGrid = [0, 0, 1];
+const gatherDescriptor = groupsDescriptor([
+  undefined,
+  undefined,
+  undefined,
+  undefined,
+  undefined,
+  undefined,
+  gatherWords,
+]);
+gatherDescriptor.grid = gatherGrid;
+gatherDescriptor.threadgroup = THREADS;
 
 /** Shape of a product. */
 export interface MatmulShape {
@@ -222,20 +246,27 @@ export function affineFastApplies(o: AffineMatmulOptions): boolean {
   return o.n % 8 === 0 && o.k % 256 === 0 && (o.bits === 4 || o.bits === 8);
 }
 
-/** The general affine kernels' scale type word: mlxn_ftype (0 f32, 1 f16, 2 bf16). */
-const SCALE_TYPE: Readonly<Record<string, number>> = { f32: 0, f16: 1, bf16: 2 };
+/** The general affine kernels' scale type word: mlxn_ftype (0 f32, 1 f16, 2 bf16); -1 for any other dtype. */
+function scaleType(dtype: DType): number {
+  return dtype === DType.F32 ? 0 : dtype === DType.F16 ? 1 : dtype === DType.BF16 ? 2 : -1;
+}
+
+/** Whether `bits` is one of the affine widths (2, 3, 4, 5, 6, 8). */
+function affineBits(bits: number): boolean {
+  return bits === 4 || bits === 8 || bits === 6 || bits === 2 || bits === 3 || bits === 5;
+}
 
 /** Checks bits, group size and the scales/biases pair; returns the general kernels' scale type. */
 function checkAffine(op: string, bits: number, groupSize: number, k: number, scales: MlxBuffer, biases: MlxBuffer) {
-  if (![2, 3, 4, 5, 6, 8].includes(bits)) {
+  if (!affineBits(bits)) {
     throw new MlxError("InvalidArgument", `${op}: bits must be 2, 3, 4, 5, 6 or 8, got ${bits}`);
   }
   if (groupSize !== 32 && groupSize !== 64 && groupSize !== 128) {
     throw new MlxError("InvalidArgument", `${op}: groupSize must be 32, 64 or 128`);
   }
   if (k % groupSize !== 0) throw new MlxError("InvalidArgument", `${op}: k must be a multiple of groupSize`);
-  const type = SCALE_TYPE[scales.dtype];
-  if (type === undefined || biases.dtype !== scales.dtype) {
+  const type = scaleType(scales.dtype);
+  if (type < 0 || biases.dtype !== scales.dtype) {
     throw new MlxError(
       "InvalidArgument",
       `${op}: scales and biases must share one dtype of f32, f16 or bf16 (got ${scales.dtype} and ${biases.dtype})`,
@@ -272,8 +303,20 @@ export function quantizedMatmul(
     !(seed && (!fast || applies) && x.dtype === DType.F32 && x.byteLength >= m * k * 4 &&
       w.byteLength >= (n * k * bits) / 8 && scales.byteLength >= scaleBytes && biases.byteLength >= scaleBytes &&
       y.dtype === DType.F32 && y.byteLength >= m * n * 4)
-  ) affineGeneral(target, registry, x, w, scales, biases, y, o);
-  else seedAffine(target, registry, x, w, scales, biases, y, o, fast);
+  ) return affineGeneral(target, registry, x, w, scales, biases, y, o);
+  const p = registry.resolve(fast ? AFFINE_FAST : AFFINE), groups = Math.ceil(n / (fast ? OUTS_FAST : OUTS));
+  const tg = fast ? 256 : THREADS;
+  packAffineParams(affineWords, m, n, k, bits, gs);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, scales);
+      at = putWords(ws, putBuffer(ws, putBuffer(ws, at, 3, biases), 4, y), 5, affineWords);
+      if (at >= 0) return target.opDispatch(at, false, groups, m, 1, tg, 1, 1);
+    }
+  }
+  affineByDescriptor(target, p, affineWords, x, w, scales, biases, y, groups, m, tg);
 }
 
 /**
@@ -292,7 +335,7 @@ function affineGeneral(
 ): void {
   const op = "quantized_matmul";
   checkShape(op, o);
-  const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
+  const type = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
   const seed = scales.dtype === DType.BF16 && (o.bits === 4 || o.bits === 6 || o.bits === 8);
   const fast = o.variant === "fast" || (o.variant === undefined && seed && affineFastApplies(o));
   if (fast && !(seed && affineFastApplies(o))) {
@@ -308,42 +351,70 @@ function affineGeneral(
   checkBuffer(op, "biases", biases, scales.dtype, o.n * groups);
   checkBuffer(op, "y", y, DType.F32, o.m * o.n);
   if (seed) {
-    seedAffine(target, registry, x, w, scales, biases, y, o, fast);
-    return;
+    packAffineParams(affineWords, o.m, o.n, o.k, o.bits, o.groupSize);
+    const p = registry.resolve(fast ? AFFINE_FAST : AFFINE);
+    const g0 = Math.ceil(o.n / (fast ? OUTS_FAST : OUTS));
+    return encodeAffine(target, p, affineWords, x, w, scales, biases, y, g0, o.m, fast ? 256 : THREADS);
   }
-  const general = words(AFFINE_GENERAL_PARAMS);
-  packAffineGeneralParams(general, o.m, o.n, o.k, o.bits, o.groupSize, scaleType);
-  target.dispatch({
-    pipeline: registry.get("qmatmul_affine_general"),
-    bindings: [x, w, scales, biases, y, general],
-    grid: [Math.ceil(o.n / OUTS), o.m, 1],
-    threadgroup: THREADS,
-  });
+  packAffineGeneralParams(affineGeneralWords, o.m, o.n, o.k, o.bits, o.groupSize, type);
+  const p = registry.resolve(AFFINE_GENERAL);
+  encodeAffine(target, p, affineGeneralWords, x, w, scales, biases, y, Math.ceil(o.n / OUTS), o.m, THREADS);
 }
 
-/** Dispatches one of the seed's affine kernels (the call's checks passed). */
-function seedAffine(
+/**
+ * Dispatches an affine product whose checks passed (slots x, w, scales, biases, y, then `params`):
+ * straight into the stream where the target takes the ops' write path, else by descriptor.
+ */
+function encodeAffine(
   target: DispatchTarget,
-  registry: KernelRegistry,
+  p: Pipeline,
+  params: readonly number[],
   x: MlxBuffer,
   w: MlxBuffer,
   scales: MlxBuffer,
   biases: MlxBuffer,
   y: MlxBuffer,
-  o: AffineMatmulOptions,
-  fast: boolean,
+  g0: number,
+  g1: number,
+  tg: number,
+): void {
+  if (target instanceof CommandEncoder) {
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, scales);
+      at = putWords(ws, putBuffer(ws, putBuffer(ws, at, 3, biases), 4, y), 5, params);
+      if (at >= 0) return target.opDispatch(at, false, g0, g1, 1, tg, 1, 1);
+    }
+  }
+  affineByDescriptor(target, p, params, x, w, scales, biases, y, g0, g1, tg);
+}
+
+/** {@link encodeAffine} by the reused descriptor (any target; a freed buffer is refused there). */
+function affineByDescriptor(
+  target: DispatchTarget,
+  p: Pipeline,
+  params: readonly number[],
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  y: MlxBuffer,
+  g0: number,
+  g1: number,
+  tg: number,
 ): void {
   const d = affineDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(fast ? AFFINE_FAST : AFFINE);
+  d.pipeline = p;
   b[0] = x;
   b[1] = w;
   b[2] = scales;
   b[3] = biases;
   b[4] = y;
-  packAffineParams(affineWords, o.m, o.n, o.k, o.bits, o.groupSize);
-  affineGrid[0] = Math.ceil(o.n / (fast ? OUTS_FAST : OUTS));
-  affineGrid[1] = o.m;
-  d.threadgroup = fast ? 256 : THREADS;
+  b[5] = params as number[];
+  affineGrid[0] = g0;
+  affineGrid[1] = g1;
+  d.threadgroup = tg;
   dispatchReused(target, d, 5);
 }
 
@@ -382,14 +453,28 @@ export function quantizedMatmulGgml(
       w.byteLength >= n * (k / kernels.block.values) * kernels.block.bytes && y.dtype === DType.F32 &&
       y.byteLength >= m * n * 4)
   ) checkGgml(x, w, y, o, variant);
+  const mv = variant === "mv", groups = Math.ceil(n / OUTS), rows = mv ? 1 : m;
+  const p = mv
+    ? registry.resolve(kernels!.mv)
+    : variant === "mm"
+    ? registry.resolve(kernels!.mm)
+    : registry.get(kernelName(kernels!.prefix, variant)); // not a variant: KernelNotFound names it
+  packGgmlParams(ggmlWords, m, n, k);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putWords(ws, putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, y), 3, ggmlWords);
+      if (at >= 0) return target.opDispatch(at, false, groups, rows, 1, THREADS, 1, 1);
+    }
+  }
   const d = ggmlDescriptor, b = d.bindings;
-  d.pipeline = variant === "mv" ? registry.resolve(kernels!.mv) : registry.get(kernelName(kernels!.prefix, variant));
+  d.pipeline = p;
   b[0] = x;
   b[1] = w;
   b[2] = y;
-  packGgmlParams(ggmlWords, m, n, k);
-  ggmlGrid[0] = Math.ceil(n / OUTS);
-  ggmlGrid[1] = variant === "mv" ? 1 : m;
+  ggmlGrid[0] = groups;
+  ggmlGrid[1] = rows;
   dispatchReused(target, d, 3);
 }
 
@@ -434,6 +519,39 @@ export function quantizedMatmulIdGgml(
   y: MlxBuffer,
   o: GgmlMoeOptions,
 ): void {
+  const tokens = o.tokens, topK = o.topK, n = o.n, k = o.k, experts = o.experts, kernels = GGML_KERNELS.get(o.format);
+  const rows = tokens * topK;
+  // Every check in one test on the hot path (with the row count a u32, as the grid needs); anything
+  // off goes through checkMoe, which throws with the precise message, and then the descriptor path.
+  const hot = kernels !== undefined && isU32(tokens, 1) && isU32(topK, 1) && isU32(n, 1) && isU32(k, 1) &&
+    isU32(experts, 1) && k % kernels.block.values === 0 && isU32(rows, 1) && x.dtype === DType.F32 &&
+    x.byteLength >= tokens * k * 4 && w.byteLength >= experts * n * (k / kernels.block.values) * kernels.block.bytes &&
+    ids.dtype === DType.U32 && ids.byteLength >= rows * 4 && y.dtype === DType.F32 && y.byteLength >= rows * n * 4;
+  if (!hot) checkMoe(x, w, ids, y, o);
+  const p = registry.resolve(kernels!.id), groups = Math.ceil(n / OUTS);
+  packGgmlIdParams(moeWords, rows, n, k, topK, experts);
+  if (hot && target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, ids);
+      at = putWords(ws, putBuffer(ws, at, 3, y), 4, moeWords);
+      if (at >= 0) return target.opDispatch(at, false, groups, rows, 1, THREADS, 1, 1);
+    }
+  }
+  const d = moeDescriptor, b = d.bindings;
+  d.pipeline = p;
+  b[0] = x;
+  b[1] = w;
+  b[2] = ids;
+  b[3] = y;
+  moeGrid[0] = groups;
+  moeGrid[1] = rows;
+  dispatchReused(target, d, 4);
+}
+
+/** Every check of {@link quantizedMatmulIdGgml}, each with its message (the slow path). */
+function checkMoe(x: MlxBuffer, w: MlxBuffer, ids: MlxBuffer, y: MlxBuffer, o: GgmlMoeOptions): void {
   const op = "quantized_matmul_id_ggml";
   checkU32(op, "tokens", o.tokens);
   checkU32(op, "topK", o.topK);
@@ -446,16 +564,6 @@ export function quantizedMatmulIdGgml(
   checkBytes(op, "w", w, o.experts * o.n * (o.k / blk.values) * blk.bytes);
   checkBuffer(op, "ids", ids, DType.U32, rows);
   checkBuffer(op, "y", y, DType.F32, rows * o.n);
-  const d = moeDescriptor, b = d.bindings;
-  d.pipeline = registry.get(kernelName("qmatmul_id", o.format));
-  b[0] = x;
-  b[1] = w;
-  b[2] = ids;
-  b[3] = y;
-  packGgmlIdParams(moeWords, rows, o.n, o.k, o.topK, o.experts);
-  moeGrid[0] = Math.ceil(o.n / OUTS);
-  moeGrid[1] = rows;
-  dispatchReused(target, d, 4);
 }
 
 /** Options of {@link quantizedMatmulAffineGather}. */
@@ -492,11 +600,61 @@ export function quantizedMatmulAffineGather(
   y: MlxBuffer,
   o: AffineMoeOptions,
 ): void {
-  const op = "quantized_matmul_affine_gather";
-  for (const [k, v] of Object.entries({ tokens: o.tokens, topK: o.topK, n: o.n, k: o.k, experts: o.experts })) {
-    checkU32(op, k, v);
+  const tokens = o.tokens, topK = o.topK, n = o.n, k = o.k, experts = o.experts, bits = o.bits, gs = o.groupSize;
+  const rows = tokens * topK, type = scaleType(scales.dtype);
+  const scaleBytes = experts * n * (k / gs) * elementBytes(scales.dtype);
+  // Every check in one test on the hot path (with the row count a u32, as the grid needs); anything
+  // off goes through checkAffineGather, which throws with the precise message, and then the
+  // descriptor path.
+  const hot = isU32(tokens, 1) && isU32(topK, 1) && isU32(n, 1) && isU32(k, 1) && isU32(experts, 1) &&
+    affineBits(bits) && (gs === 32 || gs === 64 || gs === 128) && k % gs === 0 && type >= 0 &&
+    biases.dtype === scales.dtype && isU32(rows, 1) && x.dtype === DType.F32 && x.byteLength >= tokens * k * 4 &&
+    w.byteLength >= (experts * n * k * bits) / 8 && scales.byteLength >= scaleBytes &&
+    biases.byteLength >= scaleBytes && ids.dtype === DType.U32 && ids.byteLength >= rows * 4 &&
+    y.dtype === DType.F32 && y.byteLength >= rows * n * 4;
+  if (!hot) checkAffineGather(x, w, scales, biases, ids, y, o);
+  const p = registry.resolve(AFFINE_GATHER), groups = Math.ceil(n / OUTS);
+  packAffineGatherParams(gatherWords, rows, n, k, topK, experts, bits, gs, type);
+  if (hot && target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 0, x), 1, w), 2, scales);
+      at = putBuffer(ws, putBuffer(ws, putBuffer(ws, at, 3, biases), 4, ids), 5, y);
+      at = putWords(ws, at, 6, gatherWords);
+      if (at >= 0) return target.opDispatch(at, false, groups, rows, 1, THREADS, 1, 1);
+    }
   }
-  const scaleType = checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
+  const d = gatherDescriptor, b = d.bindings;
+  d.pipeline = p;
+  b[0] = x;
+  b[1] = w;
+  b[2] = scales;
+  b[3] = biases;
+  b[4] = ids;
+  b[5] = y;
+  gatherGrid[0] = groups;
+  gatherGrid[1] = rows;
+  dispatchReused(target, d, 6);
+}
+
+/** Every check of {@link quantizedMatmulAffineGather}, each with its message (the slow path). */
+function checkAffineGather(
+  x: MlxBuffer,
+  w: MlxBuffer,
+  scales: MlxBuffer,
+  biases: MlxBuffer,
+  ids: MlxBuffer,
+  y: MlxBuffer,
+  o: AffineMoeOptions,
+): void {
+  const op = "quantized_matmul_affine_gather";
+  checkU32(op, "tokens", o.tokens);
+  checkU32(op, "topK", o.topK);
+  checkU32(op, "n", o.n);
+  checkU32(op, "k", o.k);
+  checkU32(op, "experts", o.experts);
+  checkAffine(op, o.bits, o.groupSize, o.k, scales, biases);
   const rows = o.tokens * o.topK, groups = o.k / o.groupSize;
   checkBuffer(op, "x", x, DType.F32, o.tokens * o.k);
   checkBytes(op, "w", w, (o.experts * o.n * o.k * o.bits) / 8);
@@ -504,12 +662,4 @@ export function quantizedMatmulAffineGather(
   checkBuffer(op, "biases", biases, scales.dtype, o.experts * o.n * groups);
   checkBuffer(op, "ids", ids, DType.U32, rows);
   checkBuffer(op, "y", y, DType.F32, rows * o.n);
-  const gather = words(AFFINE_GATHER_PARAMS);
-  packAffineGatherParams(gather, rows, o.n, o.k, o.topK, o.experts, o.bits, o.groupSize, scaleType);
-  target.dispatch({
-    pipeline: registry.get("qmatmul_affine_gather"),
-    bindings: [x, w, scales, biases, ids, y, gather],
-    grid: [Math.ceil(o.n / OUTS), rows, 1],
-    threadgroup: THREADS,
-  });
 }

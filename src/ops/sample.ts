@@ -26,7 +26,7 @@
 import type { MlxBuffer } from "../buffer.ts";
 import { DType } from "../dtype.ts";
 import { MlxError } from "../errors.ts";
-import { type KernelRef, kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
+import { kernelRef, type KernelRegistry, registerContracts } from "../kernels.ts";
 import {
   packArgmaxParams,
   packGatherParams,
@@ -36,6 +36,8 @@ import {
   STEP_ADVANCE_MAX_WORDS,
   TOKEN_MAX_THREADS,
 } from "../kernels.gen.ts";
+import { CommandEncoder } from "../encoder.ts";
+import { putBuffer, putWords } from "../dispatch_writer.ts";
 import {
   checkBuffer,
   checkU32,
@@ -43,6 +45,7 @@ import {
   type DispatchTarget,
   f32Bits,
   groupsDescriptor,
+  isU32,
   nextPow2,
   threadsDescriptor,
 } from "./common.ts";
@@ -57,14 +60,10 @@ registerContracts(sampleContracts);
 
 const ARGMAX_F32 = kernelRef("argmax_f32"), ARGMAX_BF16 = kernelRef("argmax_bf16");
 const SAMPLE_F32 = kernelRef("sample_f32"), SAMPLE_BF16 = kernelRef("sample_bf16");
-const GATHER_REFS: Readonly<Record<EmbeddingFormat, KernelRef>> = {
-  f32: kernelRef("embed_gather_f32"),
-  bf16: kernelRef("embed_gather_bf16"),
-  q8_0: kernelRef("embed_gather_q8_0"),
-  q4_0: kernelRef("embed_gather_q4_0"),
-};
+const GATHER_F32 = kernelRef("embed_gather_f32"), GATHER_BF16 = kernelRef("embed_gather_bf16");
+const GATHER_Q8_0 = kernelRef("embed_gather_q8_0"), GATHER_Q4_0 = kernelRef("embed_gather_q4_0");
 const STEP_ADVANCE = kernelRef("step_advance_u32");
-const TWO32 = 2 ** 32;
+const TWO32 = 2 ** 32, TWO64 = 1n << 64n;
 
 // Reused descriptors (see DispatchTarget): nothing is allocated per call. Slot 2 (3 for the gather)
 // holds the inline words, the cursor comes after them.
@@ -95,6 +94,12 @@ export interface TokenRing {
 /** Threads per threadgroup of {@link argmax} and {@link sample} for a vocabulary (32 to 1024). */
 export function tokenThreadgroupSize(vocab: number): number {
   return Math.max(32, Math.min(TOKEN_MAX_THREADS, nextPow2(Math.ceil(vocab / 4))));
+}
+
+/** Whether the ring passes {@link checkRing} (its test for the ops' one-test hot paths). */
+function ringValid(ids: MlxBuffer, cursor: MlxBuffer | undefined, rows: number, ring: number): boolean {
+  return isU32(rows, 1) && isU32(ring, 1) && ids.dtype === DType.U32 && ids.byteLength >= ring * rows * 4 &&
+    (!cursor || (cursor.dtype === DType.U32 && cursor.byteLength >= 4));
 }
 
 /** Checks the ring of `o` whose rows and ring (defaults applied) the caller passes. */
@@ -136,18 +141,38 @@ export function argmax(
   ids: MlxBuffer,
   o: ArgmaxOptions,
 ): void {
-  const rows = o.rows ?? 1, ring = o.ring ?? 1;
-  checkRing("argmax", ids, o, rows, ring);
-  checkLogits("argmax", logits, rows, o.vocab);
+  const rows = o.rows ?? 1, ring = o.ring ?? 1, vocab = o.vocab, cursor = o.cursor, t = logits.dtype;
+  // Every check in one test on the hot path; anything off goes through checkArgmax, which throws
+  // with the precise message.
+  if (
+    !(ringValid(ids, cursor, rows, ring) && isU32(vocab, 1) && (t === DType.F32 || t === DType.BF16) &&
+      logits.byteLength >= rows * vocab * (t === DType.F32 ? 4 : 2))
+  ) checkArgmax(logits, ids, o, rows, ring);
+  const p = registry.resolve(t === DType.F32 ? ARGMAX_F32 : ARGMAX_BF16), tg = tokenThreadgroupSize(vocab);
+  packArgmaxParams(argmaxWords, vocab, rows, ring, cursor ? 1 : 0);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, putBuffer(w, at, 0, logits), 1, ids), 2, argmaxWords);
+      if (cursor !== undefined) at = putBuffer(w, at, 3, cursor);
+      if (at >= 0) return target.opDispatch(at, false, rows, 1, 1, tg, 1, 1);
+    }
+  }
   const d = argmaxDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(logits.dtype === DType.F32 ? ARGMAX_F32 : ARGMAX_BF16);
+  d.pipeline = p;
   b[0] = logits;
   b[1] = ids;
-  packArgmaxParams(argmaxWords, o.vocab, rows, ring, o.cursor ? 1 : 0);
-  b[3] = o.cursor;
+  b[3] = cursor;
   argmaxGrid[0] = rows;
-  argmaxGroup[0] = tokenThreadgroupSize(o.vocab);
+  argmaxGroup[0] = tg;
   dispatchReusedSlots(target, d, TOKEN_BUFFER_SLOTS);
+}
+
+/** Every check of {@link argmax}, each with its message (the slow path). */
+function checkArgmax(logits: MlxBuffer, ids: MlxBuffer, o: ArgmaxOptions, rows: number, ring: number): void {
+  checkRing("argmax", ids, o, rows, ring);
+  checkLogits("argmax", logits, rows, o.vocab);
 }
 
 /** Options of {@link sample}. */
@@ -198,52 +223,77 @@ export function sample(
   ids: MlxBuffer,
   o: SampleOptions,
 ): void {
-  const op = "sample";
-  const rows = o.rows ?? 1, ring = o.ring ?? 1;
-  checkRing(op, ids, o, rows, ring);
-  checkLogits(op, logits, rows, o.vocab);
-  const t = o.temperature;
-  if (!Number.isFinite(t) || (t !== 0 && (t < 1e-5 || t > 1e5))) {
-    throw new MlxError("InvalidArgument", `${op}: temperature must be 0 (greedy) or in [1e-5, 1e5], got ${t}`);
-  }
-  const topK = o.topK ?? 0;
-  checkU32(op, "topK", topK, 0);
-  const topP = o.topP ?? 1;
-  if (!(topP > 0 && topP <= 1)) throw new MlxError("InvalidArgument", `${op}: topP must be in (0, 1], got ${topP}`);
-  const counter = o.counter ?? 0;
-  checkU32(op, "counter", counter, 0);
-  // A number seed is split without BigInt arithmetic (no allocation per call).
-  const seed = o.seed;
-  let seedLo: number, seedHi: number;
-  if (typeof seed === "number" && Number.isSafeInteger(seed) && seed >= 0) {
-    seedHi = Math.floor(seed / TWO32);
-    seedLo = seed - seedHi * TWO32;
-  } else if (typeof seed === "bigint" && seed >= 0n && seed < 1n << 64n) {
+  const rows = o.rows ?? 1, ring = o.ring ?? 1, vocab = o.vocab, cursor = o.cursor, lt = logits.dtype;
+  const t = o.temperature, topK = o.topK ?? 0, topP = o.topP ?? 1, counter = o.counter ?? 0, seed = o.seed;
+  // A number seed is split without BigInt arithmetic (no allocation per call); -1: not a valid seed.
+  let seedLo = -1, seedHi = -1;
+  if (typeof seed === "number") {
+    if (Number.isSafeInteger(seed) && seed >= 0) {
+      seedHi = Math.floor(seed / TWO32);
+      seedLo = seed - seedHi * TWO32;
+    }
+  } else if (typeof seed === "bigint" && seed >= 0n && seed < TWO64) {
     seedLo = Number(seed & 0xffffffffn);
     seedHi = Number(seed >> 32n);
-  } else {
-    throw new MlxError("InvalidArgument", `${op}: seed must be an integer in [0, 2^64), got ${o.seed}`);
   }
+  // Every check in one test on the hot path; anything off goes through checkSample, which throws
+  // with the precise message.
+  if (
+    !(ringValid(ids, cursor, rows, ring) && isU32(vocab, 1) && (lt === DType.F32 || lt === DType.BF16) &&
+      logits.byteLength >= rows * vocab * (lt === DType.F32 ? 4 : 2) && (t === 0 || (t >= 1e-5 && t <= 1e5)) &&
+      isU32(topK, 0) && topP > 0 && topP <= 1 && isU32(counter, 0) && seedLo >= 0)
+  ) checkSample(logits, ids, o, rows, ring);
   const c = t === 0 ? 0 : Math.fround(Math.LOG2E / t);
   const pq = Math.max(1, Math.min(SAMPLE_TOP_P_OFF, Math.round(topP * SAMPLE_TOP_P_OFF)));
-  const d = sampleDescriptor, b = d.bindings, w = sampleWords;
-  d.pipeline = registry.resolve(logits.dtype === DType.F32 ? SAMPLE_F32 : SAMPLE_BF16);
-  b[0] = logits;
-  b[1] = ids;
-  w[0] = o.vocab;
+  const p = registry.resolve(lt === DType.F32 ? SAMPLE_F32 : SAMPLE_BF16), tg = tokenThreadgroupSize(vocab);
+  const w = sampleWords;
+  w[0] = vocab;
   w[1] = rows;
   w[2] = ring;
-  w[3] = o.cursor ? 1 : 0;
+  w[3] = cursor ? 1 : 0;
   w[4] = f32Bits(c);
   w[5] = topK;
   w[6] = pq;
   w[7] = seedLo;
   w[8] = seedHi;
   w[9] = counter;
-  b[3] = o.cursor;
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const ws = target.opWords;
+      at = putWords(ws, putBuffer(ws, putBuffer(ws, at, 0, logits), 1, ids), 2, w);
+      if (cursor !== undefined) at = putBuffer(ws, at, 3, cursor);
+      if (at >= 0) return target.opDispatch(at, false, rows, 1, 1, tg, 1, 1);
+    }
+  }
+  const d = sampleDescriptor, b = d.bindings;
+  d.pipeline = p;
+  b[0] = logits;
+  b[1] = ids;
+  b[3] = cursor;
   sampleGrid[0] = rows;
-  sampleGroup[0] = tokenThreadgroupSize(o.vocab);
+  sampleGroup[0] = tg;
   dispatchReusedSlots(target, d, TOKEN_BUFFER_SLOTS);
+}
+
+/** Every check of {@link sample}, each with its message (the slow path). */
+function checkSample(logits: MlxBuffer, ids: MlxBuffer, o: SampleOptions, rows: number, ring: number): void {
+  const op = "sample";
+  checkRing(op, ids, o, rows, ring);
+  checkLogits(op, logits, rows, o.vocab);
+  const t = o.temperature;
+  if (!Number.isFinite(t) || (t !== 0 && (t < 1e-5 || t > 1e5))) {
+    throw new MlxError("InvalidArgument", `${op}: temperature must be 0 (greedy) or in [1e-5, 1e5], got ${t}`);
+  }
+  checkU32(op, "topK", o.topK ?? 0, 0);
+  const topP = o.topP ?? 1;
+  if (!(topP > 0 && topP <= 1)) throw new MlxError("InvalidArgument", `${op}: topP must be in (0, 1], got ${topP}`);
+  checkU32(op, "counter", o.counter ?? 0, 0);
+  const seed = o.seed;
+  if (
+    !(typeof seed === "number" && Number.isSafeInteger(seed) && seed >= 0) &&
+    !(typeof seed === "bigint" && seed >= 0n && seed < TWO64)
+  ) throw new MlxError("InvalidArgument", `${op}: seed must be an integer in [0, 2^64), got ${o.seed}`);
 }
 
 /** Options of {@link embedGather}. */
@@ -278,8 +328,59 @@ export function embedGather(
   output: MlxBuffer,
   o: EmbedGatherOptions,
 ): void {
+  const rows = o.rows ?? 1, ring = o.ring ?? 1, dim = o.dim, vocab = o.vocab, cursor = o.cursor;
+  const f = o.format ?? table.dtype;
+  const ref = f === "f32"
+    ? GATHER_F32
+    : f === "bf16"
+    ? GATHER_BF16
+    : f === "q8_0"
+    ? GATHER_Q8_0
+    : f === "q4_0"
+    ? GATHER_Q4_0
+    : undefined;
+  const quant = f === "q8_0" || f === "q4_0";
+  // Every check in one test on the hot path; anything off goes through checkEmbedGather, which
+  // throws with the precise message.
+  if (
+    !(ringValid(ids, cursor, rows, ring) && isU32(dim, 1) && isU32(vocab, 1) && ref !== undefined &&
+      table.dtype === (f === "f32" ? DType.F32 : f === "bf16" ? DType.BF16 : DType.U8) &&
+      (!quant || dim % 32 === 0) && table.byteLength >= vocab * rowBytes(f as EmbeddingFormat, dim) &&
+      output.dtype === DType.F32 && output.byteLength >= rows * dim * 4)
+  ) checkEmbedGather(table, ids, output, o, rows, ring);
+  const p = registry.resolve(ref!), pow = nextPow2(dim), tg = pow < 256 ? pow : 256;
+  packGatherParams(gatherWords, rows, dim, vocab, ring, cursor ? 1 : 0);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, putBuffer(w, putBuffer(w, at, 0, table), 1, ids), 2, output), 3, gatherWords);
+      if (cursor !== undefined) at = putBuffer(w, at, 4, cursor);
+      if (at >= 0) return target.opDispatch(at, true, dim, rows, 1, tg, 1, 1);
+    }
+  }
+  const d = gatherDescriptor, b = d.bindings;
+  d.pipeline = p;
+  b[0] = table;
+  b[1] = ids;
+  b[2] = output;
+  b[4] = cursor;
+  gatherGrid[0] = dim;
+  gatherGrid[1] = rows;
+  gatherGroup[0] = tg;
+  dispatchReusedSlots(target, d, GATHER_BUFFER_SLOTS);
+}
+
+/** Every check of {@link embedGather}, each with its message (the slow path). */
+function checkEmbedGather(
+  table: MlxBuffer,
+  ids: MlxBuffer,
+  output: MlxBuffer,
+  o: EmbedGatherOptions,
+  rows: number,
+  ring: number,
+): void {
   const op = "embed_gather";
-  const rows = o.rows ?? 1, ring = o.ring ?? 1;
   checkRing(op, ids, o, rows, ring);
   checkU32(op, "dim", o.dim);
   checkU32(op, "vocab", o.vocab);
@@ -300,18 +401,6 @@ export function embedGather(
     throw new MlxError("InvalidArgument", `${op}: table holds ${table.byteLength} bytes, needs ${need}`);
   }
   checkBuffer(op, "output", output, DType.F32, rows * o.dim);
-  const d = gatherDescriptor, b = d.bindings;
-  d.pipeline = registry.resolve(GATHER_REFS[f]);
-  b[0] = table;
-  b[1] = ids;
-  b[2] = output;
-  packGatherParams(gatherWords, rows, o.dim, o.vocab, ring, o.cursor ? 1 : 0);
-  b[4] = o.cursor;
-  gatherGrid[0] = o.dim;
-  gatherGrid[1] = rows;
-  const p = nextPow2(o.dim);
-  gatherGroup[0] = p < 256 ? p : 256;
-  dispatchReusedSlots(target, d, GATHER_BUFFER_SLOTS);
 }
 
 /** u32 words of a token loop's step state (see the module documentation for the layout). */
@@ -321,6 +410,7 @@ export const STEP_STATE_WORDS = 4;
 const ADVANCED_WORDS = 2;
 
 const advanceWords = [0, 0];
+const NO_ADVANCE_OPTIONS: StepAdvanceOptions = Object.freeze({});
 const advanceDescriptor = threadsDescriptor([undefined, advanceWords]);
 advanceDescriptor.grid = 1;
 advanceDescriptor.threadgroup = 1;
@@ -341,19 +431,38 @@ export function stepAdvance(
   target: DispatchTarget,
   registry: KernelRegistry,
   state: MlxBuffer,
-  o: StepAdvanceOptions = {},
+  o: StepAdvanceOptions = NO_ADVANCE_OPTIONS,
 ): void {
-  const op = "step_advance";
   const words = o.words ?? ADVANCED_WORDS, add = o.add ?? 1;
+  // Every check in one test on the hot path; anything off goes through checkStepAdvance, which
+  // throws with the precise message.
+  if (
+    !(isU32(words, 1) && words <= STEP_ADVANCE_MAX_WORDS && isU32(add, 0) && state.dtype === DType.U32 &&
+      state.byteLength >= words * 4)
+  ) checkStepAdvance(state, words, add);
+  const p = registry.resolve(STEP_ADVANCE);
+  packStepAdvanceParams(advanceWords, words, add);
+  if (target instanceof CommandEncoder) { // straight into the stream
+    let at = target.opBegin(p);
+    if (at >= 0) {
+      const w = target.opWords;
+      at = putWords(w, putBuffer(w, at, 0, state), 1, advanceWords);
+      if (at >= 0) return target.opDispatch(at, true, 1, 1, 1, 1, 1, 1);
+    }
+  }
+  const d = advanceDescriptor;
+  d.pipeline = p;
+  d.bindings[0] = state;
+  dispatchReusedSlots(target, d, 0b1);
+}
+
+/** Every check of {@link stepAdvance}, each with its message (the slow path). */
+function checkStepAdvance(state: MlxBuffer, words: number, add: number): void {
+  const op = "step_advance";
   checkU32(op, "words", words);
   if (words > STEP_ADVANCE_MAX_WORDS) {
     throw new MlxError("InvalidArgument", `${op}: words must be at most ${STEP_ADVANCE_MAX_WORDS}, got ${words}`);
   }
   checkU32(op, "add", add, 0);
   checkBuffer(op, "state", state, DType.U32, words);
-  const d = advanceDescriptor;
-  d.pipeline = registry.resolve(STEP_ADVANCE);
-  d.bindings[0] = state;
-  packStepAdvanceParams(advanceWords, words, add);
-  dispatchReusedSlots(target, d, 0b1);
 }
