@@ -46,7 +46,6 @@ import {
   MlxDevice,
   MlxError,
 } from "../mod.ts";
-import { stepAdvance } from "../src/ops/sample.ts";
 import { createLlama } from "./llama.ts";
 import { calibrateDeviceClock, type ClockOffset, pipelineTraceEvents, stepOverlaps } from "./pipeline_trace.ts";
 
@@ -404,7 +403,7 @@ function run(c: Column): Result {
     if (mode.recorded) {
       model.step(s, pos, () => s.barrier(), undefined, position);
       s.barrier();
-      stepAdvance(s, exec.registry, state);
+      s.stepAdvance(state);
     } else model.step(s, pos, mode.auto ? () => {} : () => s.barrier());
     const rep = s.finish(
       mode.recorded
@@ -455,7 +454,7 @@ function bounds(): { plain: number; fused: number; passPlain: number; passFused:
   const advanced = (s: GraphSession, encode: () => void) => {
     encode();
     s.barrier();
-    stepAdvance(s, exec.registry, state);
+    s.stepAdvance(state);
   };
   const step = depthBound((s) => advanced(s, () => model.step(s, 0, () => s.barrier(), undefined, position)));
   using ids = device.alloc(8, DType.U32);

@@ -376,16 +376,16 @@ export function createLlama(device: MlxDevice, cfg: LlamaConfig): Llama {
       );
     }
     embeddingTable ??= device.upload(embedding);
-    const reg = device.kernels, st = t.state, o = st ? ringOptions(st) : plainTokenOptions;
+    const st = t.state, o = st ? ringOptions(st) : plainTokenOptions;
     // State-driven: the whole ring, read at the position's slot and written at the next one's.
-    ops.embedGather(s, reg, embeddingTable, st ? st.ring : t.input, act.x, o.gather);
+    s.embedGather(embeddingTable, st ? st.ring : t.input, act.x, o.gather);
     step(s, pos, barrier, st ? undefined : positionViews[pos] ??= act.positions.slice(pos * 4, 4), st?.position);
     barrier();
     const out = st ? st.ring : t.output, temperature = select.temperature ?? 0;
-    if (temperature === 0) ops.argmax(s, reg, act.logits, out, o.argmax);
+    if (temperature === 0) s.argmax(act.logits, out, o.argmax);
     else {
       const outRing = st ? { cursor: st.next, ring: st.ringSlots } : {};
-      ops.sample(s, reg, act.logits, out, {
+      s.sample(act.logits, out, {
         vocab,
         temperature,
         ...(select.topK === undefined ? {} : { topK: select.topK }),

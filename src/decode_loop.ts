@@ -24,7 +24,7 @@ import { sessionRepeats, StreamRepeats } from "./command_template.ts";
 import { envConfig } from "./config.ts";
 import { DType } from "./dtype.ts";
 import { MlxError } from "./errors.ts";
-import { STEP_STATE_WORDS, stepAdvance } from "./ops/sample.ts";
+import { STEP_STATE_WORDS } from "./ops/sample.ts";
 import type {
   FinishOptions,
   FinishReport,
@@ -490,7 +490,7 @@ export class DecodeLoop {
     });
     if (state) {
       s.barrier(); // every read of the state in this pass precedes its advance
-      stepAdvance(s, this.executor.registry, state.buffer);
+      s.stepAdvance(state.buffer);
     }
   }
 

@@ -44,6 +44,8 @@ export const SESSION_OPS = {
   rope: ops.rope,
   /** NeoX rope. */
   ropeNeox: ops.ropeNeox,
+  /** Rope over adjacent pairs with per-pair frequency factors (ggml's normal mode). */
+  ropeNorm: ops.ropeNorm,
   /** y = x · Wᵀ (+ residual), dense f32/bf16 weights. */
   matmul: ops.matmul,
   /** y = x · Wᵀ, MLX affine-quantized weights. */
@@ -62,6 +64,8 @@ export const SESSION_OPS = {
   sample: ops.sample,
   /** Embedding rows gathered by token ids read from device memory. */
   embedGather: ops.embedGather,
+  /** Advances a DecodeLoop step state on the device (position + 1, next ring slot). */
+  stepAdvance: ops.stepAdvance,
 } as const;
 
 /** The arguments of an op dispatcher after its target and registry. */

@@ -19,8 +19,8 @@ import type { LlamaConfig } from "../io/model_config.ts";
 import { type FlashAttnVecOptions, flashAttnVecScratchBytes } from "../ops/attention.ts";
 import type { StridedCopyOptions } from "../ops/elementwise.ts";
 import type { NormOptions } from "../ops/norm.ts";
-import { ropeNeox, type RopeNeoxOptions, ropeNorm } from "../ops/rope.ts";
-import { argmax, embedGather, type EmbedGatherOptions, sample } from "../ops/sample.ts";
+import type { RopeNeoxOptions } from "../ops/rope.ts";
+import type { EmbedGatherOptions } from "../ops/sample.ts";
 import type { Linear } from "./linear.ts";
 import { type EmbeddingTable, type LinearPart, openWeights, type RopeMode } from "./weights.ts";
 
@@ -243,7 +243,7 @@ export class LlamaModel {
     barrier: () => void,
     state?: DecodeStep["state"],
   ): void {
-    const a = this.#act, reg = this.device.kernels, ffn = this.config.intermediateSize;
+    const a = this.#act, ffn = this.config.intermediateSize;
     if (!Number.isSafeInteger(position) || position < 0 || position >= this.ctx) {
       throw new MlxError(
         "InvalidArgument",
@@ -254,8 +254,8 @@ export class LlamaModel {
     const o = state ? this.#stateOptions(state) : (this.#byPosition ??= this.#passOptions(undefined));
     if (!state) o.attn.kvSeqLen = position + 1;
     const positions = st ? undefined : (this.#positionViews[position] ??= a.positions.slice(position * 4, 4));
-    const rotate = this.ropeMode === "norm" ? ropeNorm : ropeNeox, norm = o.norm;
-    embedGather(s, reg, this.#embedding.table, state ? state.ring : ids, a.x, o.gather);
+    const norm = o.norm, neox = this.ropeMode !== "norm";
+    s.embedGather(this.#embedding.table, state ? state.ring : ids, a.x, o.gather);
     // With a state: rope and the V copy write at the position's rows of the whole caches, and
     // attention reads its keys from it (the KV capacity bounds it statically).
     for (let l = 0; l < this.#layers.length; l++) {
@@ -268,8 +268,14 @@ export class LlamaModel {
       for (let i = 0; i < L.qkv.length; i++) L.qkv[i]!.linear.run(s, a.h, L.qkvOut[i]!);
       barrier();
       // The token's rows of the [kvHeads, ctx, headDim] caches: rope writes K there directly.
-      rotate(s, reg, a.q, a.qr, positions, o.ropeQ);
-      rotate(s, reg, a.k, st ? L.kCache : this.#rows(L.kRows, L.kCache, position), positions, o.ropeK);
+      const kRows = st ? L.kCache : this.#rows(L.kRows, L.kCache, position);
+      if (neox) {
+        s.ropeNeox(a.q, a.qr, positions, o.ropeQ);
+        s.ropeNeox(a.k, kRows, positions, o.ropeK);
+      } else {
+        s.ropeNorm(a.q, a.qr, positions, o.ropeQ);
+        s.ropeNorm(a.k, kRows, positions, o.ropeK);
+      }
       s.stridedCopy(a.v, st ? L.vCache : this.#rows(L.vRows, L.vCache, position), o.copyV);
       barrier();
       s.flashAttnVec(a.qr, L.kCache, L.vCache, a.tmp, a.attn, o.attn);
@@ -365,13 +371,13 @@ export class LlamaModel {
     const barrier = () => s.barrier(), state = step.state;
     this.encodeForward(s, step.input, step.position, barrier, state);
     barrier();
-    const vocab = this.config.vocabSize, reg = this.device.kernels, temperature = select.temperature ?? 0;
+    const vocab = this.config.vocabSize, temperature = select.temperature ?? 0;
     // The output slot: the host's choice, or the state's next position's slot (word 1 as cursor).
     const out = state ? state.ring : step.output;
     const ring = state ? { cursor: state.next, ring: state.ringSlots } : {};
-    if (temperature === 0) argmax(s, reg, this.logits, out, { vocab, ...ring });
+    if (temperature === 0) s.argmax(this.logits, out, { vocab, ...ring });
     else {
-      sample(s, reg, this.logits, out, {
+      s.sample(this.logits, out, {
         vocab,
         temperature,
         ...(select.topK === undefined ? {} : { topK: select.topK }),

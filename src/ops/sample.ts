@@ -431,9 +431,10 @@ export function stepAdvance(
   target: DispatchTarget,
   registry: KernelRegistry,
   state: MlxBuffer,
-  o: StepAdvanceOptions = NO_ADVANCE_OPTIONS,
+  options?: StepAdvanceOptions,
 ): void {
-  const words = o.words ?? ADVANCED_WORDS, add = o.add ?? 1;
+  // No default parameter: a session binds the op by its length, which a default would cut.
+  const o = options ?? NO_ADVANCE_OPTIONS, words = o.words ?? ADVANCED_WORDS, add = o.add ?? 1;
   // Every check in one test on the hot path; anything off goes through checkStepAdvance, which
   // throws with the precise message.
   if (
