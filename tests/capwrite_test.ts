@@ -20,13 +20,14 @@ import {
   ops,
 } from "../mod.ts";
 import { type Capture, CaptureRecorder } from "../src/capture_recorder.ts";
-import type { DispatchDescriptor } from "../src/dispatch.ts";
 import type { CapturedNode } from "../src/graph/nodes.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { Fingerprint } from "../src/plan_cache.ts";
 import { openDevice } from "./helpers.ts";
 import {
   allBuffers,
+  callCounter,
+  forwarding,
   ints,
   WRITE_PATH_DISPATCHES,
   writePathBuffers,
@@ -34,25 +35,8 @@ import {
   writtenValues,
 } from "./fixtures/write_path_ops.ts";
 
-/** Counts the dispatches the recorder took on the write path (wraps its prototype method). */
-const taken = { count: 0 };
-{
-  const proto = CaptureRecorder.prototype as unknown as { opDispatch: (...a: unknown[]) => void };
-  const original = proto.opDispatch;
-  ok(typeof original === "function", "CaptureRecorder has a write path");
-  proto.opDispatch = function (this: unknown, ...a: unknown[]) {
-    taken.count++;
-    return original.apply(this, a);
-  };
-}
-
-/** A target that is not a CommandEncoder: ops dispatch their descriptor to it. */
-function forwarding(enc: DispatchTarget): DispatchTarget {
-  return {
-    dispatch: (d: DispatchDescriptor) => enc.dispatch(d),
-    memoryBarrier: () => enc.memoryBarrier(),
-  };
-}
+/** The dispatches the recorder took on the write path. */
+const taken = callCounter(CaptureRecorder.prototype, "opDispatch");
 
 /** A node as plain data: buffers by allocation and range, constants by value. */
 function plain(n: CapturedNode): unknown {

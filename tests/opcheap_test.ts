@@ -10,8 +10,9 @@ import { putBuffer } from "../src/dispatch_writer.ts";
 import { rowThreadgroup } from "../src/kernels.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { type AnyOp, sessionMethod } from "../src/session_ops.ts";
-import { H_SET_BUFFER, H_SET_BUFFER64, H_SET_BUFFER_WHOLE, type StreamWriter, TWO_32 } from "../src/native/stream.ts";
+import { H_SET_BUFFER, H_SET_BUFFER64, H_SET_BUFFER_WHOLE, TWO_32 } from "../src/native/stream.ts";
 import { openDevice } from "./helpers.ts";
+import { tapStreams } from "./fixtures/stream_tap.ts";
 
 /** The fields of a view that putBuffer reads. */
 function fakeView(rawHandle: number, byteOffset: number, byteLength: number, whole: boolean): MlxBuffer {
@@ -133,27 +134,6 @@ Deno.test("session methods: one per op, its arity, no default or rest parameters
     return true;
   });
 });
-
-/** Every chunk of stream words the device's encoders hand to the native side, in order. */
-function tapStreams(device: ReturnType<typeof openDevice>): Uint32Array[] {
-  const chunks: Uint32Array[] = [];
-  const take = device.takeWriter.bind(device), tapped = new WeakSet<StreamWriter>();
-  device.takeWriter = (): StreamWriter => {
-    const w = take();
-    if (tapped.has(w)) return w;
-    tapped.add(w);
-    const attach = w.attach.bind(w);
-    w.attach = (sink) =>
-      attach(
-        sink && ((bytes, len) => {
-          chunks.push(new Uint32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + len)));
-          sink(bytes, len);
-        }),
-      );
-    return w;
-  };
-  return chunks;
-}
 
 function concat(chunks: Uint32Array[]): number[] {
   return chunks.flatMap((c) => [...c]);

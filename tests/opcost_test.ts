@@ -8,13 +8,13 @@
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
 import { CommandEncoder, DType, GraphExecutor, KernelRegistry, MlxDevice, MlxError, ops } from "../mod.ts";
-import type { DispatchDescriptor } from "../src/dispatch.ts";
-import type { DispatchTarget } from "../src/ops/common.ts";
 import { BarrierPolicy } from "../src/barrier_policy.ts";
 import { openDevice } from "./helpers.ts";
 import { takeWords, tapStreams } from "./fixtures/stream_tap.ts";
 import {
   allBuffers,
+  callCounter,
+  forwarding,
   ints,
   WRITE_PATH_DISPATCHES,
   writePathBuffers,
@@ -22,24 +22,8 @@ import {
   writtenValues,
 } from "./fixtures/write_path_ops.ts";
 
-/** A target that is not a CommandEncoder: ops dispatch their descriptor to it. */
-function forwarding(enc: DispatchTarget): DispatchTarget {
-  return {
-    dispatch: (d: DispatchDescriptor) => enc.dispatch(d),
-    memoryBarrier: () => enc.memoryBarrier(),
-  };
-}
-
-/** Counts the dispatches a direct encoder took on the write path (wraps its prototype method). */
-const taken = { count: 0 };
-{
-  const proto = CommandEncoder.prototype as unknown as { opDispatch: (...a: unknown[]) => void };
-  const original = proto.opDispatch;
-  proto.opDispatch = function (this: unknown, ...a: unknown[]) {
-    taken.count++;
-    return original.apply(this, a);
-  };
-}
+/** The dispatches direct encoders took on the write path. */
+const taken = callCounter(CommandEncoder.prototype, "opDispatch");
 
 Deno.test("the ops' write path encodes the descriptor path's stream, byte for byte", () => {
   for (const autoBarriers of [false, true]) {

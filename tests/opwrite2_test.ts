@@ -7,31 +7,20 @@
  */
 import { deepStrictEqual, equal, ok, throws } from "node:assert/strict";
 import { CommandEncoder, DType, KernelRegistry, type MlxBuffer, MlxError, ops } from "../mod.ts";
-import type { DispatchDescriptor } from "../src/dispatch.ts";
 import { allContracts } from "../src/kernels.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { openDevice } from "./helpers.ts";
 import { readable, takeWords, tapStreams } from "./fixtures/stream_tap.ts";
-import { allBuffers, type WritePathBuffers, writePathBuffers } from "./fixtures/write_path_ops.ts";
+import {
+  allBuffers,
+  callCounter,
+  forwarding,
+  type WritePathBuffers,
+  writePathBuffers,
+} from "./fixtures/write_path_ops.ts";
 
-/** A target that is not a CommandEncoder: ops dispatch their descriptor to it. */
-function forwarding(enc: DispatchTarget): DispatchTarget {
-  return {
-    dispatch: (d: DispatchDescriptor) => enc.dispatch(d),
-    memoryBarrier: () => enc.memoryBarrier(),
-  };
-}
-
-/** Counts the dispatches a direct encoder took on the write path (wraps its prototype method). */
-const taken = { count: 0 };
-{
-  const proto = CommandEncoder.prototype as unknown as { opDispatch: (...a: unknown[]) => void };
-  const original = proto.opDispatch;
-  proto.opDispatch = function (this: unknown, ...a: unknown[]) {
-    taken.count++;
-    return original.apply(this, a);
-  };
-}
+/** The dispatches direct encoders took on the write path. */
+const taken = callCounter(CommandEncoder.prototype, "opDispatch");
 
 function kernelNames(r: KernelRegistry): Map<number, string> {
   const names = new Map<number, string>();

@@ -21,37 +21,19 @@ import {
 } from "../mod.ts";
 import { SESSION_OPS } from "../src/session_ops.ts";
 import { putBuffer, writeDispatch } from "../src/dispatch_writer.ts";
-import type { DispatchDescriptor } from "../src/dispatch.ts";
 import { type Pipeline, SLOT_BUFFER } from "../src/kernels.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
 import { type StreamWriter, TWO_32 } from "../src/native/stream.ts";
+import { tapStreams } from "./fixtures/stream_tap.ts";
+import { forwarding } from "./fixtures/write_path_ops.ts";
 import { openDevice } from "./helpers.ts";
 
-/** A target that is not a CommandEncoder: the ops dispatch their descriptors to `enc`. */
-function forwarding(enc: CommandEncoder): DispatchTarget {
-  return { dispatch: (d: DispatchDescriptor) => enc.dispatch(d), memoryBarrier: () => enc.memoryBarrier() };
-}
-
 /** Every chunk of stream words the device's encoders hand to the native side, and the writers taken. */
-function tapStreams(device: ReturnType<typeof openDevice>): { chunks: Uint32Array[]; writers: StreamWriter[] } {
-  const chunks: Uint32Array[] = [], writers: StreamWriter[] = [];
-  const take = device.takeWriter.bind(device), tapped = new WeakSet<StreamWriter>();
-  device.takeWriter = (): StreamWriter => {
-    const w = take();
-    writers.push(w);
-    if (tapped.has(w)) return w;
-    tapped.add(w);
-    const attach = w.attach.bind(w);
-    w.attach = (sink) =>
-      attach(
-        sink && ((bytes, len) => {
-          chunks.push(new Uint32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + len)));
-          sink(bytes, len);
-        }),
-      );
-    return w;
-  };
-  return { chunks, writers };
+function tapStreamsAndWriters(
+  device: ReturnType<typeof openDevice>,
+): { chunks: Uint32Array[]; writers: StreamWriter[] } {
+  const writers: StreamWriter[] = [];
+  return { chunks: tapStreams(device, writers), writers };
 }
 
 const words = (chunks: Uint32Array[]): number[] => chunks.flatMap((c) => [...c]);
@@ -149,7 +131,7 @@ Deno.test("a refused op publishes nothing and leaves the stream's pipeline as it
   using out = device.alloc(64 * 4, DType.F32), wide = device.alloc(2048 * 4, DType.F32);
   const runs: { words: number[]; errors: string[]; dispatches: number }[] = [];
   for (const direct of [true, false]) {
-    const { chunks } = tapStreams(device);
+    const { chunks } = tapStreamsAndWriters(device);
     const enc = device.commandEncoder();
     const errors = passWithRefusal(device, enc, direct ? enc : forwarding(enc), { x, y, out, wide });
     enc.flush();
@@ -174,7 +156,7 @@ Deno.test("a writer filled to every word around one op's room: the op path write
   for (let gap = room - 3; gap <= room + 3; gap++) {
     const runs: number[][] = [];
     for (const direct of [true, false]) {
-      const { chunks, writers } = tapStreams(device);
+      const { chunks, writers } = tapStreamsAndWriters(device);
       const enc = device.commandEncoder();
       const t = direct ? enc : forwarding(enc);
       ops.elementwiseAdd(t, r, x, y, wide.slice(0, 1024));
@@ -200,7 +182,7 @@ Deno.test("a capture started and finished between ops: the stream's words and pi
   using wide = device.alloc(4096 * 4, DType.F32);
   const runs: { words: number[]; dispatches: number; recorded: number }[] = [];
   for (const direct of [true, false]) {
-    const { chunks } = tapStreams(device);
+    const { chunks } = tapStreamsAndWriters(device);
     const enc = device.commandEncoder();
     const t = direct ? enc : forwarding(enc);
     ops.elementwiseAdd(t, r, x, y, wide.slice(0, 256));
@@ -302,7 +284,7 @@ Deno.test("automatic barriers switched between ops: the op path places the descr
   using buf = device.alloc(8 * 256, DType.F32);
   const runs: { barriers: number; words: number[] }[] = [];
   for (const direct of [true, false]) {
-    const { chunks } = tapStreams(device);
+    const { chunks } = tapStreamsAndWriters(device);
     const enc = device.commandEncoder({ autoBarriers: true });
     const t = direct ? enc : forwarding(enc);
     const s = (i: number) => buf.slice(i * 256, 256);
