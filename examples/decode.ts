@@ -97,6 +97,8 @@ Run:
   --read-batch N  pipelined loop: read token ids back every N tokens (default 16)
   --backend NAME  cpu, cuda or metal (default: the best available)
   --threads N     CPU backend worker threads (default 0: one per core)
+  --wait-spin-us N  a wait polls the pass this long before it sleeps (default 0;
+                  DeviceOptions.waitSpinUs: the sync loop's thread stays on an awake core)
   --trace FILE    write a Chrome / Perfetto trace at the end (needs --allow-write); each
                   pipelined-loop column also writes one of host encode, wait and readback
                   spans beside the device's command buffers: FILE's name + ".pipelined.json"
@@ -133,6 +135,7 @@ try {
       depth: { type: "string", default: "2" },
       "read-batch": { type: "string", default: "16" },
       threads: { type: "string", default: "0" },
+      "wait-spin-us": { type: "string", default: "0" },
       rounds: { type: "string", default: "1" },
       loop: { type: "string", default: "sync" },
     },
@@ -160,6 +163,7 @@ const quant = a.quant as "q4_0" | "mlx4" | "bf16";
 const warmup = Number(a.warmup);
 const seed = Number(a.seed);
 const threads = Number(a.threads);
+const waitSpinUs = Number(a["wait-spin-us"]);
 const ctx = a.ctx !== undefined ? Number(a.ctx) : cfg.tokens + warmup;
 const headDim = cfg.hidden / cfg.heads;
 const wantedModes = a.modes.split(",").map((m) => m.trim()).filter((m) => m !== "");
@@ -176,6 +180,7 @@ const problems = [
   ...(Number.isInteger(warmup) && warmup >= 0 ? [] : ["warmup must be a non-negative integer"]),
   ...(Number.isSafeInteger(seed) ? [] : ["seed must be an integer"]),
   ...(Number.isInteger(threads) && threads >= 0 && threads <= 1024 ? [] : ["threads must be an integer in 0..1024"]),
+  ...(waitSpinUs >= 0 && waitSpinUs <= 1e6 ? [] : ["wait-spin-us must be a number in 0..1000000"]),
   ...(Number.isInteger(ctx) && ctx >= cfg.tokens + warmup ? [] : ["ctx must hold warmup + tokens positions"]),
   ...(cfg.hidden % 64 === 0 && cfg.ffn % 64 === 0 ? [] : ["hidden and ffn must be multiples of 64"]),
   ...(a.backend === undefined || ["cpu", "cuda", "metal"].includes(a.backend)
@@ -194,7 +199,7 @@ if (problems.length) usageError(problems.join("; "));
 
 let device: MlxDevice;
 try {
-  device = MlxDevice.open({ backend: a.backend as BackendName | undefined, trace: a.trace, threads });
+  device = MlxDevice.open({ backend: a.backend as BackendName | undefined, trace: a.trace, threads, waitSpinUs });
 } catch (e) {
   if (!(e instanceof MlxError)) throw e;
   console.error(`decode: cannot open a device (${e.code}): ${e.message}`);

@@ -44,6 +44,15 @@ export interface DeviceOptions {
   cudaPdl?: boolean | undefined;
   /** Check every command buffer for missing barriers at commit (MLXN_VALIDATE=1). */
   validate?: boolean | undefined;
+  /**
+   * Microseconds a blocking wait for a command buffer (`waitUntilCompleted`, `commit({ wait })`,
+   * a session's `finish`, a DecodeLoop's oldest pass) first polls it before the thread sleeps,
+   * 0 … 1,000,000 (default 0: sleep at once). A thread that sleeps through a pass wakes on a core that
+   * may have dropped its clock and caches: a sync token loop then encodes its next pass slower and
+   * sees its completion later. Polling keeps the core busy for up to this long per wait, so set it
+   * near the pass's device time only where a core can be spared.
+   */
+  waitSpinUs?: number | undefined;
 }
 
 /** What the native device reports about itself. */
@@ -85,6 +94,9 @@ export interface LiveObjects {
 }
 
 const noticeShown = new Set<string>();
+
+/** The longest poll a blocking wait may make (1 s): past it, sleeping costs nothing worth saving. */
+const MAX_WAIT_SPIN_US = 1_000_000;
 
 interface ProfileSettings {
   enabled: boolean;
@@ -167,6 +179,8 @@ export class MlxDevice {
   readonly info: DeviceInfo;
   /** Whether command encoders validate hazards at commit by default. */
   readonly validate: boolean;
+  /** Microseconds a blocking wait polls before it sleeps (see {@link DeviceOptions.waitSpinUs}). */
+  readonly waitSpinUs: number;
   /** Profiler fed by this device's command buffers (null when profiling is off). */
   readonly profiler: Profiler | null;
   #ptr: Deno.PointerObject | null;
@@ -176,9 +190,16 @@ export class MlxDevice {
   #deferred: number[] = [];
   #closingTraced = false;
 
-  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, prof: ProfileSettings, validate: boolean) {
+  private constructor(
+    lib: NativeLibrary,
+    ptr: Deno.PointerObject,
+    prof: ProfileSettings,
+    validate: boolean,
+    waitSpinUs: number,
+  ) {
     this.sym = lib.symbols;
     this.validate = validate;
+    this.waitSpinUs = waitSpinUs;
     this.libraryPath = lib.path;
     this.#ptr = ptr;
     this.info = JSON.parse(readText((b, cap) => lib.symbols.mlxn_device_info(ptr, b, cap))) as DeviceInfo;
@@ -229,10 +250,18 @@ export class MlxDevice {
       traceUndo,
     };
     const validate = options.validate ?? env.validate;
+    const spin = options.waitSpinUs ?? 0;
+    if (typeof spin !== "number" || !(spin >= 0 && spin <= MAX_WAIT_SPIN_US)) {
+      throw new MlxError(
+        "InvalidArgument",
+        `waitSpinUs must be a number of microseconds in 0..${MAX_WAIT_SPIN_US}, got ${String(spin)}: ` +
+          `0 sleeps at once, a pass's device time polls through it`,
+      );
+    }
 
     if (libPath !== undefined || explicit !== undefined) {
       const path = libPath ?? defaultLibraryPath(explicit!);
-      return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate);
+      return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate, spin);
     }
     // Best available: the first candidate whose library is permitted, present and opens a device.
     let firstError: MlxError | undefined;
@@ -241,7 +270,7 @@ export class MlxDevice {
       const last = backend === CANDIDATES[CANDIDATES.length - 1];
       if (!last && !ffiGranted(path)) continue;
       try {
-        return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate);
+        return MlxDevice.#openLibrary(loadLibrary(path), flags, threads, profile, validate, spin);
       } catch (e) {
         if (!(e instanceof MlxError) || last) throw e;
         firstError ??= e;
@@ -256,12 +285,13 @@ export class MlxDevice {
     threads: number,
     profile: ProfileSettings,
     validate: boolean,
+    waitSpinUs: number,
   ): MlxDevice {
     const ptr = lib.symbols.mlxn_device_open(flags, threads);
     if (ptr === null) {
       throw new MlxError("DeviceError", `could not open a device with ${lib.path}: ${lastErrorText(lib.symbols)}`);
     }
-    return new MlxDevice(lib, ptr, profile, validate);
+    return new MlxDevice(lib, ptr, profile, validate, waitSpinUs);
   }
 
   /** Live native objects of every device in the process (a library must be loaded). */

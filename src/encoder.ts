@@ -73,6 +73,8 @@ export interface EncoderHost {
   readonly kernels: KernelRegistry;
   /** Whether command encoders validate hazards at commit by default. */
   readonly validate: boolean;
+  /** Microseconds a blocking wait polls the command buffer before it sleeps. */
+  readonly waitSpinUs: number;
   /** Borrows a stream writer. */
   takeWriter(): StreamWriter;
   /** Returns a writer. */
@@ -1098,7 +1100,12 @@ export class CommandEncoder {
   /** Blocks until the committed command buffer completed; throws its error if it failed. */
   waitUntilCompleted(): void {
     if (this.#cb.state === "committed") {
-      const rc = this.#sym.mlxn_cmdbuf_wait(this.#cb.ptr!);
+      const ptr = this.#cb.ptr!, spinUs = this.#host.waitSpinUs;
+      if (spinUs > 0) { // poll first (DeviceOptions.waitSpinUs): the thread stays on an awake core
+        const until = performance.now() + spinUs / 1000;
+        while (this.#sym.mlxn_cmdbuf_status(ptr) === CbStatus.COMMITTED && performance.now() < until);
+      }
+      const rc = this.#sym.mlxn_cmdbuf_wait(ptr);
       if (this.#cb.state === "committed") this.#complete(rc);
     } else if (this.#cb.state === "encoding") {
       throw new MlxError("InvalidState", "waitUntilCompleted before commit: commit the command buffer first");
