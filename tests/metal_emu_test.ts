@@ -183,10 +183,10 @@ function rmsNorm(device: MlxDevice, rows: number, dim: number): { got: Float32Ar
 }
 
 /** Opens a metal-emu library with the checker on (read by the library at device open). */
-function openChecked(libPath: string): MlxDevice {
+function openChecked(libPath: string, threads = 0): MlxDevice {
   Deno.env.set("MLXN_EMU_CHECK", "1");
   try {
-    return MlxDevice.open({ backend: "metal-emu", libPath });
+    return MlxDevice.open({ backend: "metal-emu", libPath, threads });
   } finally {
     Deno.env.delete("MLXN_EMU_CHECK");
   }
@@ -235,7 +235,10 @@ Deno.test({
       `METAL_EMU_DIR=${dir}`,
       `METAL_EMU_LIB=${dir}/${libName}`,
     ]);
-    using device = openChecked(`${dir}/${libName}`);
+    // One worker: the checker's two schedules then run the threadgroups strictly first to last and
+    // last to first, so the racing groups' last writer differs between them every time (with helper
+    // threads both schedules can end on the same group, and the race goes unseen).
+    using device = openChecked(`${dir}/${libName}`, 1);
     const race = /checker: slot 2 differs .*races on threadgroup memory/s;
     throws(() => rmsNorm(device, 2, 256), (e: unknown) => {
       ok(e instanceof MlxError, String(e));
