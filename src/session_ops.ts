@@ -54,6 +54,8 @@ export const SESSION_OPS = {
   quantizedMatmulGgml: ops.quantizedMatmulGgml,
   /** MoE expert-routed product, ggml block weights. */
   quantizedMatmulIdGgml: ops.quantizedMatmulIdGgml,
+  /** MoE expert-routed product, MLX affine weights (MLX's gather_qmm). */
+  quantizedMatmulAffineGather: ops.quantizedMatmulAffineGather,
   /** Causal scaled dot-product attention. */
   sdpa: ops.sdpa,
   /** Decode attention, split over workgroups then reduced (places its own barrier). */
@@ -78,7 +80,7 @@ export type SessionOps = {
 };
 
 /** Most arguments a session op takes after target and registry. */
-export const MAX_OP_ARGUMENTS = 6;
+export const MAX_OP_ARGUMENTS = 7;
 
 /** An op dispatcher of {@link SESSION_OPS}, untyped. */
 export type AnyOp = (target: DispatchTarget, registry: KernelRegistry, ...args: unknown[]) => void;
@@ -110,9 +112,18 @@ export function sessionMethod<S>(
         : `${name}: called without its session: call it as session.${name}(…) or bind it to the session`,
       { cause: err },
     );
-  const method = function (this: S, a: unknown, b: unknown, c: unknown, d: unknown, e: unknown, f: unknown) {
+  const method = function (
+    this: S,
+    a: unknown,
+    b: unknown,
+    c: unknown,
+    d: unknown,
+    e: unknown,
+    f: unknown,
+    g: unknown,
+  ) {
     try {
-      op(encoderOf(this, name), registryOf(this), a, b, c, d, e, f);
+      op(encoderOf(this, name), registryOf(this), a, b, c, d, e, f, g);
     } catch (err) {
       throw err instanceof TypeError ? misuse(this, err) : err;
     }

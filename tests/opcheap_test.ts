@@ -9,7 +9,7 @@ import { DType, GraphExecutor, type MlxBuffer, MlxError, ops, SESSION_OPS } from
 import { putBuffer } from "../src/dispatch_writer.ts";
 import { rowThreadgroup } from "../src/kernels.ts";
 import type { DispatchTarget } from "../src/ops/common.ts";
-import { type AnyOp, sessionMethod } from "../src/session_ops.ts";
+import { type AnyOp, MAX_OP_ARGUMENTS, sessionMethod } from "../src/session_ops.ts";
 import { H_SET_BUFFER, H_SET_BUFFER64, H_SET_BUFFER_WHOLE, TWO_32 } from "../src/native/stream.ts";
 import { openDevice } from "./helpers.ts";
 import { tapStreams } from "./fixtures/stream_tap.ts";
@@ -84,6 +84,19 @@ Deno.test("sessionMethod: methods forward exactly the op's arguments", () => {
     };
     sessionMethod("none", op0 as AnyOp, encoderOf, () => registry, () => true).call(session);
     deepStrictEqual(seen.at(-1), [target, registry]);
+    // The widest op (MAX_OP_ARGUMENTS, e.g. quantizedMatmulAffineGather): all seven arrive.
+    const op7 = function (
+      t: DispatchTarget,
+      r: unknown,
+      ...a: [unknown, unknown, unknown, unknown, unknown, unknown, unknown]
+    ) {
+      (seen as unknown[][]).push([t, r, ...a]);
+    };
+    Object.defineProperty(op7, "length", { value: 2 + MAX_OP_ARGUMENTS });
+    const m7 = sessionMethod("sevenArgs", op7 as AnyOp, encoderOf, () => registry, () => true);
+    equal(m7.length, 7);
+    m7.call(session, 1, 2, 3, 4, 5, 6, 7);
+    deepStrictEqual(seen.at(-1), [target, registry, 1, 2, 3, 4, 5, 6, 7]);
     // A closed session: the op is not called.
     session.open = false;
     const before = seen.length;
@@ -103,6 +116,7 @@ Deno.test("sessionMethod: methods forward exactly the op's arguments", () => {
         _5: unknown,
         _6: unknown,
         _7: unknown,
+        _8: unknown,
       ) => {}) as AnyOp,
       () => ({}) as DispatchTarget,
       () => ({}) as never,

@@ -21,6 +21,7 @@ import {
   DType,
   GGML_BLOCK,
   type GgmlFormat,
+  GraphExecutor,
   MlxError,
   ops,
   quantizeAffine,
@@ -232,20 +233,40 @@ Deno.test("MLX affine MoE (gather): each output row uses its token and its exper
       const { sc, bi } = uploadScales(device, qz);
       using _s = sc, _b = bi;
       using y = device.alloc(tokens * topK * n * 4, DType.F32);
-      using enc = device.commandEncoder();
       const o = { tokens, topK, n, k, experts, bits, groupSize: gs };
-      ops.quantizedMatmulAffineGather(enc, registry, x, w, sc, bi, idb, y, o);
-      enc.commitAndWait();
-      const deq = dequantizeAffine(qz), got = y.read();
-      for (let r = 0; r < tokens * topK; r++) {
-        const t0 = Math.floor(r / topK);
-        assertProduct(
-          got.subarray(r * n, (r + 1) * n),
-          xv.subarray(t0 * k, (t0 + 1) * k),
-          deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
-          { m: 1, n, k },
-          `row ${r}`,
-        );
+      const deq = dequantizeAffine(qz), exec = new GraphExecutor(device);
+      // The op on an encoder, then as a method of a direct and of a recorded session.
+      const ways: [string, () => void][] = [
+        ["ops on an encoder", () => {
+          using enc = device.commandEncoder();
+          ops.quantizedMatmulAffineGather(enc, registry, x, w, sc, bi, idb, y, o);
+          enc.commitAndWait();
+        }],
+        ["direct session method", () => {
+          const s = exec.begin();
+          s.quantizedMatmulAffineGather(x, w, sc, bi, idb, y, o);
+          s.finish();
+        }],
+        ["recorded session method", () => {
+          const s = exec.beginRecorded();
+          s.quantizedMatmulAffineGather(x, w, sc, bi, idb, y, o);
+          s.finish({ fuse: true, reorder: true });
+        }],
+      ];
+      for (const [way, run] of ways) {
+        y.write(new Float32Array(tokens * topK * n).fill(Number.NaN));
+        run();
+        const got = y.read();
+        for (let r = 0; r < tokens * topK; r++) {
+          const t0 = Math.floor(r / topK);
+          assertProduct(
+            got.subarray(r * n, (r + 1) * n),
+            xv.subarray(t0 * k, (t0 + 1) * k),
+            deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
+            { m: 1, n, k },
+            `${way}, row ${r}`,
+          );
+        }
       }
     });
   }
