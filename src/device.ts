@@ -9,7 +9,8 @@ import { checkShape, type HostData, MlxBuffer, toDeviceBytes } from "./buffer.ts
 import { dropAllTemplates, dropTemplatesBinding } from "./command_template.ts";
 import { type BackendName, envConfig } from "./config.ts";
 import { DType, dtypeSize, isDType } from "./dtype.ts";
-import { type CommandBufferSlot, CommandEncoder, type EncoderOptions } from "./encoder.ts";
+import type { CommandBufferSlot } from "./command_buffer.ts";
+import { CommandEncoder, type EncoderOptions } from "./encoder.ts";
 import { KernelRegistry } from "./kernels.ts";
 import { MlxError } from "./errors.ts";
 import { Flag, Live } from "./native/abi.ts";
