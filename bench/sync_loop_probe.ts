@@ -14,7 +14,8 @@
  *
  *   deno run --allow-ffi --allow-read --allow-env bench/sync_loop_probe.ts   (BACKEND=cpu|cuda, TOKENS=n,
  *   VARIANTS=a,b; REUSE=1 begins the sessions with `reuse`; WAIT_SPIN_US=n opens the device with
- *   that `waitSpinUs`)
+ *   that `waitSpinUs`; RECORDED=1 encodes the demo's recorded/opt pass instead: position from the
+ *   device step state, fused, reordered, two command buffers, a plan-cache hit from the second)
  */
 import { GraphExecutor, MlxDevice } from "../mod.ts";
 import type { BackendName } from "../mod.ts";
@@ -31,12 +32,14 @@ const { act, embedding } = model;
 const logits = new Float32Array(cfg.vocab);
 const variants = (Deno.env.get("VARIANTS") ?? "plain,read,write,readwrite,settle,readwrite_settle").split(",");
 const tokens = Number(Deno.env.get("TOKENS") ?? 150);
-const reuse = Deno.env.get("REUSE") === "1";
+const reuse = Deno.env.get("REUSE") === "1", recorded = Deno.env.get("RECORDED") === "1";
+const state = act.state!, position = state.slice(0, 4);
 const samples = new Map<string, number[]>(), jsSamples = new Map<string, number[]>();
 let token = 1;
 for (let round = 0; round < 3; round++) {
   for (const v of variants) {
     model.resetCache();
+    if (recorded) state.write(Uint32Array.from([0, 1, 0, 0]));
     const xs = samples.get(v) ?? [], js = jsSamples.get(v) ?? [];
     samples.set(v, xs);
     jsSamples.set(v, js);
@@ -46,10 +49,17 @@ for (let round = 0; round < 3; round++) {
         act.pos!.write(new Uint32Array([pos]));
       }
       const t0 = performance.now();
-      const s = exec.begin({ autoBarriers: false, reuse });
-      model.step(s, pos, () => s.barrier());
+      const s = recorded ? exec.beginRecorded() : exec.begin({ autoBarriers: false, reuse });
+      if (recorded) {
+        model.step(s, pos, () => s.barrier(), undefined, position);
+        s.barrier();
+        s.stepAdvance(state);
+      } else model.step(s, pos, () => s.barrier());
       const jsUs = (performance.now() - t0) * 1e3;
-      const rep = s.finish({ label: `token ${pos}` });
+      const rep = s.finish({
+        label: `token ${pos}`,
+        ...(recorded ? { fuse: true, reorder: true, dualBuffer: true } : {}),
+      });
       if (pos >= 10) {
         xs.push(rep.encodingNs / 1e3);
         js.push(jsUs);
