@@ -71,6 +71,37 @@ for (const width of [1, 8, 64, 800]) {
   });
 }
 
+// The same at widths up to 10,000, the harder case: each group's slices are written in shuffled order
+// with a slice's room left free after each, so that no two touch and the tracker keeps every one as
+// an interval of its own. Every iteration is 10,000 dispatches (10,000 / width groups): the times
+// compare per dispatch across widths. An interval structure per allocation keeps this near flat; a
+// sorted array with insertion by moving grew linearly (~12× at 10,000).
+const WIDE_PASS = 10_000;
+const gapped = device.alloc(2 * WIDE_PASS * ELEMS * 4, DType.F32);
+const gappedSlices = Array.from({ length: WIDE_PASS }, (_, i) => gapped.slice(2 * i * ELEMS * 4, ELEMS * 4));
+for (const width of [100, 1_000, 10_000]) {
+  let seed = 7; // one fixed shuffle per group of `width` (a linear congruential generator)
+  const order = Array.from({ length: WIDE_PASS }, (_, i) => i);
+  for (let g = 0; g < WIDE_PASS; g += width) {
+    for (let i = width - 1; i > 0; i--) {
+      seed = (seed * 1103515245 + 12345) % 2147483648;
+      const j = seed % (i + 1), t = order[g + i]!;
+      order[g + i] = order[g + j]!;
+      order[g + j] = t;
+    }
+  }
+  const pass = order.map((i) => gappedSlices[i % width]!);
+  Deno.bench(`session, auto barriers, ${WIDE_PASS} dispatches in groups of ${width} shuffled, gapped slices`, {
+    group: "tracker width",
+    baseline: width === 100,
+  }, () => {
+    const s = exec.begin({ autoBarriers: true });
+    for (let i = 0; i < WIDE_PASS; i++) s.elementwiseAdd(x, y, pass[i]!);
+    s.encoder.flush();
+    s.dispose();
+  });
+}
+
 const outs = Array.from({ length: N }, () => device.alloc(ELEMS * 4, DType.F32));
 Deno.bench("session, auto barriers, none needed (800 separate allocations)", { group: "host path" }, () => {
   const s = exec.begin({ autoBarriers: true });

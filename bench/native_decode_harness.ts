@@ -1,9 +1,11 @@
 /**
  * The native decoder's cost per dispatch, with and without automatic barriers. Nothing runs.
  *
- * - `slices`, `hazard`, `shuffled`: a prebuilt stream of 800 elementwise_add_f32 dispatches (two
- *   whole-buffer inputs; the output a slice in order ("slices"), in shuffled order ("shuffled"), or
- *   one whole buffer ("hazard")) handed to `mlxn_cmdbuf_encode` of a fresh command buffer.
+ * - `slices`, `hazard`, `shuffled`, `gaps`: a prebuilt stream of N (env, default 800)
+ *   elementwise_add_f32 dispatches (two whole-buffer inputs; the output a slice in order ("slices"),
+ *   in shuffled order ("shuffled"), in shuffled order with a slice's room left free after each, so
+ *   none touch ("gaps"), or one whole buffer ("hazard")) handed to `mlxn_cmdbuf_encode` of a fresh
+ *   command buffer.
  * - `inplace`: the same with `out` also as the first input (out = out + y, the host path harness's
  *   hazard pass): each dispatch's first access already conflicts, and its read and write of `out`
  *   meet in one tracker entry.
@@ -20,7 +22,7 @@
  * each case's stream with the buffers and pipelines it names (<dir>/<mode>-<off|auto>.bin), for
  * bench/decode_replay.c to replay without Deno (under perf or valgrind, or against another build).
  *
- *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,inplace,shuffled,step,like]   (AUTO=0: tracking off only)
+ *   ROOT=<tree> deno run -A bench/native_decode_harness.ts [slices,hazard,inplace,shuffled,gaps,step,like]   (AUTO=0: tracking off only)
  */
 const root = (Deno.env.get("ROOT") ?? new URL("..", import.meta.url).pathname).replace(/\/$/, "");
 const { DType, GraphExecutor, MlxDevice } = await import(`file://${root}/mod.ts`);
@@ -44,9 +46,9 @@ const allocs = new Map<number, bigint>(), pipelines = new Map<number, string>();
     return h;
   };
 }
-const N = 800, E = 64;
+const N = Number(Deno.env.get("N") ?? 800), E = 64;
 const x = device.upload(new Float32Array(E)), y = device.upload(new Float32Array(E));
-const wide = device.alloc(N * E * 4, DType.F32);
+const wide = device.alloc(2 * N * E * 4, DType.F32); // room for "gaps"
 const out = device.alloc(E * 4, DType.F32);
 const add = device.kernels.get("elementwise_add_f32").handle;
 let seed = 7;
@@ -61,7 +63,10 @@ function stream(auto: boolean, mode: string): Uint8Array[] {
     w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 0), mode === "inplace" ? out.handle : x.handle);
     w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 1), y.handle);
     if (mode === "hazard" || mode === "inplace") w.push(recordHeader(Op.SET_BUFFER_WHOLE, 2, 2), out.handle);
-    else w.push(recordHeader(Op.SET_BUFFER, 4, 2), wide.handle, (mode === "shuffled" ? perm[i]! : i) * E * 4, E * 4);
+    else {
+      const slot = mode === "shuffled" ? perm[i]! : mode === "gaps" ? 2 * perm[i]! : i;
+      w.push(recordHeader(Op.SET_BUFFER, 4, 2), wide.handle, slot * E * 4, E * 4);
+    }
     w.push(recordHeader(Op.SET_BYTES, 3, 3), 4, E);
     w.push(recordHeader(Op.DISPATCH_THREADS, 8), E, 1, 1, E, 1, 1, i);
   }

@@ -8,8 +8,11 @@
  * costs no search. Each entry carries the group serial (epoch) that wrote it: a barrier bumps the
  * serial, so forgetting the group is O(1). An allocation's written and touched bytes are each one
  * inline interval until a second, disjoint one arrives; then they move to sorted sets of disjoint,
- * non-touching intervals (a binary search per check), kept per entry for reuse. Exact placement:
- * disjoint slices of one buffer never conflict, in any order.
+ * non-touching intervals, kept per entry for reuse. A set is a list of blocks of at most TRK_BLOCK
+ * intervals with each block's last end in an array of its own: a check is two binary searches and an
+ * insertion moves at most one block's intervals (and, when that block splits, the block list), so a
+ * group of tens of thousands of slices of one buffer, in any order, costs about what a few do. Exact
+ * placement: disjoint slices of one buffer never conflict, in any order.
  *
  * Header-only: the decoder (core/stream.c) inlines the per-dispatch check and add; internal.h
  * includes it for the types a command buffer holds. Runs under dev->mu like the decoder. Allocation failure is reported as a
@@ -21,11 +24,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One allocation's bytes as sorted, disjoint, non-touching intervals [iv[2k], iv[2k+1]). */
+#ifndef TRK_BLOCK
+#define TRK_BLOCK 64u /* intervals per block of a set (a test build makes it small) */
+#endif
+#if TRK_BLOCK < 2
+#error "TRK_BLOCK must be at least 2 (a full block splits into two non-empty halves)"
+#endif
+
+/* Consecutive intervals [iv[2k], iv[2k+1]) of a set, k < n (never 0 while the block is in use). */
+typedef struct trk_block {
+  uint32_t n;
+  uint64_t iv[2 * TRK_BLOCK];
+} trk_block;
+
+/* One allocation's bytes as sorted, disjoint, non-touching intervals, in blocks. */
 typedef struct trk_set {
-  uint64_t *iv;
-  uint32_t n;   /* intervals in use */
-  uint32_t cap; /* intervals of room */
+  trk_block **blk; /* the blocks in order; blk[nb .. cap) are spare (allocated, or NULL) */
+  uint64_t *last;  /* per block in use: the end of its last interval (ascending) */
+  uint32_t nb;     /* blocks in use */
+  uint32_t cap;    /* room in blk and last */
 } trk_set;
 
 #define TRK_TOUCHED_SPILLED 1u
@@ -59,66 +76,175 @@ static inline void trk_reset(mlxn_tracker *t) {
 }
 
 static inline void trk_free(mlxn_tracker *t) {
-  for (uint32_t i = 0; i < 2 * t->n_sets; i++) free(t->sets[i].iv);
+  for (uint32_t i = 0; i < 2 * t->n_sets; i++) {
+    trk_set *set = &t->sets[i];
+    for (uint32_t b = 0; b < set->cap; b++) free(set->blk[b]);
+    free(set->blk);
+    free(set->last);
+  }
   free(t->sets);
   free(t->e);
   memset(t, 0, sizeof *t);
 }
 
-/* Index of the first of the set's intervals whose end is >= s (touching counts), or n. */
-static inline uint32_t trk_first_ending_from(const trk_set *set, uint64_t s) {
-  uint32_t n = set->n, base = 0;
+/* Index of the first of n ascending values that is >= s (n when none). Branch-free halving (a
+ * conditional move per step): the probes of a group's slices in random order are unpredictable, and
+ * mispredicted branches were most of a lookup's cost. `stride` 2 with `v` at an interval's end reads
+ * the ends of a block's intervals. */
+static inline uint32_t trk_first_at_least(const uint64_t *v, uint32_t stride, uint32_t n, uint64_t s) {
+  uint32_t base = 0;
   if (n == 0) return 0;
-  /* Branch-free halving (a conditional move per step): the probes of a group's slices in random
-   * order are unpredictable, and mispredicted branches were most of a lookup's cost. */
   while (n > 1) {
     uint32_t half = n / 2;
-    base = set->iv[2 * (base + half) + 1] < s ? base + half : base;
+    base = v[stride * (base + half)] < s ? base + half : base;
     n -= half;
   }
-  return base + (set->iv[2 * base + 1] < s);
+  return base + (v[stride * base] < s);
+}
+
+/* The first interval whose end is >= s (touching counts): block *b and index *i in it. Requires
+ * s <= the set's last end (so there is one). */
+static inline void trk_find(const trk_set *set, uint64_t s, uint32_t *b, uint32_t *i) {
+  uint32_t at = trk_first_at_least(set->last, 1, set->nb, s);
+  const trk_block *k = set->blk[at];
+  *b = at;
+  *i = trk_first_at_least(k->iv + 1, 2, k->n, s);
 }
 
 /* Whether [s, e) (non-empty) shares a byte with the set. */
-static inline int trk_set_intersects(const trk_set *set, uint64_t s, uint64_t e) {
-  uint32_t n = set->n;
-  if (n == 0 || s >= set->iv[2 * n - 1] || e <= set->iv[0]) return 0;
-  if (s >= set->iv[2 * n - 2]) return 1; /* starts inside the last interval */
-  return set->iv[2 * trk_first_ending_from(set, s + 1)] < e;
+/* Out of line: only spilled entries reach it, and inlined it would crowd the decoder's loop. */
+static __attribute__((noinline)) int trk_set_intersects(const trk_set *set, uint64_t s, uint64_t e) {
+  uint32_t nb = set->nb;
+  if (nb == 0 || s >= set->last[nb - 1] || e <= set->blk[0]->iv[0]) return 0;
+  const trk_block *l = set->blk[nb - 1];
+  if (s >= l->iv[2 * l->n - 2]) return 1; /* starts inside the last interval */
+  uint32_t b, i;
+  trk_find(set, s + 1, &b, &i); /* the first interval ending past s */
+  return set->blk[b]->iv[2 * i] < e;
+}
+
+/* Empties the set (its blocks stay, for reuse). */
+static inline void trk_set_clear(trk_set *set) { set->nb = 0; }
+
+/* Makes block position p (<= nb) an empty block in use: a spare one, or a new one. NULL when out of
+ * memory (the set unchanged). */
+static __attribute__((noinline)) trk_block *trk_set_open_block(trk_set *set, uint32_t p) {
+  uint32_t nb = set->nb;
+  if (nb == set->cap) {
+    uint32_t cap = set->cap ? set->cap * 2 : 4;
+    if (cap < set->cap || (size_t)cap > SIZE_MAX / sizeof(trk_block *)) return NULL;
+    trk_block **blk = realloc(set->blk, (size_t)cap * sizeof *blk);
+    if (!blk) return NULL;
+    memset(blk + set->cap, 0, (size_t)(cap - set->cap) * sizeof *blk);
+    set->blk = blk;
+    uint64_t *last = realloc(set->last, (size_t)cap * sizeof *last);
+    if (!last) return NULL; /* blk grew (its new slots NULL), cap did not: consistent */
+    set->last = last;
+    set->cap = cap;
+  }
+  trk_block *k = set->blk[nb];
+  if (!k && !(k = malloc(sizeof *k))) return NULL;
+  memmove(&set->blk[p + 1], &set->blk[p], (size_t)(nb - p) * sizeof *set->blk);
+  memmove(&set->last[p + 1], &set->last[p], (size_t)(nb - p) * sizeof *set->last);
+  set->blk[p] = k;
+  k->n = 0;
+  set->nb = nb + 1;
+  return k;
+}
+
+/* Takes blocks [p, p + count) out of use; they become spares. */
+static inline void trk_set_close_blocks(trk_set *set, uint32_t p, uint32_t count) {
+  uint32_t nb = set->nb;
+  if (count == 0) return;
+  /* Rotate blk[p .. nb) left by count (three reversals), so the closed blocks end up past nb - count. */
+  trk_block **v = set->blk;
+  for (uint32_t r = 0; r < 3; r++) {
+    uint32_t lo = r == 0 ? p : r == 1 ? p + count : p, hi = r == 0 ? p + count : nb;
+    for (uint32_t x = lo, y = hi > lo ? hi - 1 : lo; x < y; x++, y--) {
+      trk_block *tmp = v[x];
+      v[x] = v[y];
+      v[y] = tmp;
+    }
+  }
+  memmove(&set->last[p], &set->last[p + count], (size_t)(nb - p - count) * sizeof *set->last);
+  set->nb = nb - count;
 }
 
 /* Adds [s, e) (non-empty), merging what it overlaps or touches. Non-zero when out of memory. */
-static inline int trk_set_add(trk_set *set, uint64_t s, uint64_t e) {
-  uint32_t n = set->n;
-  if (n > 0 && s <= set->iv[2 * n - 1] && s >= set->iv[2 * n - 2]) { /* inside or touching the last */
-    if (e > set->iv[2 * n - 1]) set->iv[2 * n - 1] = e;
-    return 0;
-  }
-  uint32_t i = n == 0 || s > set->iv[2 * n - 1] ? n : trk_first_ending_from(set, s);
-  uint32_t j = i; /* one past the last interval touching [s, e) */
-  while (j < n && set->iv[2 * j] <= e) j++;
-  if (j == i) { /* touches nothing: insert at i */
-    if (n == set->cap) {
-      uint32_t cap = set->cap ? set->cap * 2 : 8;
-      if (cap < set->cap || (size_t)cap > SIZE_MAX / (2 * sizeof(uint64_t))) return 1;
-      uint64_t *iv = realloc(set->iv, (size_t)cap * 2 * sizeof(uint64_t));
-      if (!iv) return 1;
-      set->iv = iv;
-      set->cap = cap;
+static __attribute__((noinline)) int trk_set_add(trk_set *set, uint64_t s, uint64_t e) {
+  uint32_t nb = set->nb;
+  trk_block *k;
+  if (nb > 0) {
+    k = set->blk[nb - 1];
+    uint64_t end = set->last[nb - 1];
+    if (s <= end && s >= k->iv[2 * k->n - 2]) { /* inside or touching the last */
+      if (e > end) k->iv[2 * k->n - 1] = set->last[nb - 1] = e;
+      return 0;
     }
-    memmove(&set->iv[2 * i + 2], &set->iv[2 * i], (size_t)(n - i) * 2 * sizeof(uint64_t));
-    set->iv[2 * i] = s;
-    set->iv[2 * i + 1] = e;
-    set->n = n + 1;
+    if (s > end && k->n == TRK_BLOCK && !(k = trk_set_open_block(set, nb))) return 1;
+  } else if (!(k = trk_set_open_block(set, 0))) {
+    return 1;
+  }
+  if (set->nb != nb || s > set->last[nb - 1]) { /* after every interval: append */
+    k->iv[2 * k->n] = s;
+    k->iv[2 * k->n + 1] = e;
+    k->n++;
+    set->last[set->nb - 1] = e;
     return 0;
   }
-  if (s < set->iv[2 * i]) set->iv[2 * i] = s;
-  uint64_t end = set->iv[2 * j - 1];
-  set->iv[2 * i + 1] = e > end ? e : end;
-  if (j - i > 1) {
-    memmove(&set->iv[2 * i + 2], &set->iv[2 * j], (size_t)(n - j) * 2 * sizeof(uint64_t));
-    set->n = n - (j - i - 1);
+  uint32_t b, i;
+  trk_find(set, s, &b, &i);
+  k = set->blk[b];
+  if (k->iv[2 * i] > e) { /* touches nothing: insert before (b, i) */
+    if (k->n == TRK_BLOCK) { /* split the block: its upper half goes into a new one after it */
+      trk_block *hi = trk_set_open_block(set, b + 1);
+      if (!hi) return 1;
+      uint32_t half = TRK_BLOCK / 2;
+      k = set->blk[b];
+      hi->n = k->n - half;
+      memcpy(hi->iv, &k->iv[2 * half], (size_t)hi->n * 2 * sizeof(uint64_t));
+      k->n = half;
+      set->last[b + 1] = set->last[b];
+      set->last[b] = k->iv[2 * half - 1];
+      if (i >= half) {
+        k = hi;
+        i -= half;
+      }
+    }
+    memmove(&k->iv[2 * i + 2], &k->iv[2 * i], (size_t)(k->n - i) * 2 * sizeof(uint64_t));
+    k->iv[2 * i] = s;
+    k->iv[2 * i + 1] = e;
+    k->n++;
+    return 0;
   }
+  /* [s, e) touches intervals (b, i) … (b2, j): the last is the first ending past e, if it starts at
+   * or before e, else the one before it (non-touching intervals: the next starts past its end). */
+  uint32_t b2, j;
+  if (e >= set->last[set->nb - 1]) {
+    b2 = set->nb - 1;
+    j = set->blk[b2]->n - 1;
+  } else {
+    trk_find(set, e + 1, &b2, &j);
+    if (set->blk[b2]->iv[2 * j] > e) { /* starts past e: the one before it */
+      if (j > 0) j--;
+      else j = set->blk[--b2]->n - 1;
+    }
+  }
+  trk_block *k2 = set->blk[b2];
+  uint64_t end = k2->iv[2 * j + 1];
+  if (s < k->iv[2 * i]) k->iv[2 * i] = s;
+  k->iv[2 * i + 1] = e > end ? e : end;
+  if (b2 == b) { /* one block: close the gap of the merged ones */
+    memmove(&k->iv[2 * i + 2], &k->iv[2 * j + 2], (size_t)(k->n - j - 1) * 2 * sizeof(uint64_t));
+    k->n -= j - i;
+    set->last[b] = k->iv[2 * k->n - 1];
+    return 0;
+  }
+  k->n = i + 1; /* block b ends with the merged interval; k2 loses its first j + 1 */
+  set->last[b] = k->iv[2 * i + 1];
+  memmove(&k2->iv[0], &k2->iv[2 * j + 2], (size_t)(k2->n - j - 1) * 2 * sizeof(uint64_t));
+  k2->n -= j + 1;
+  trk_set_close_blocks(set, b + 1, b2 - b - 1 + (k2->n == 0));
   return 0;
 }
 
@@ -200,7 +326,7 @@ static inline int trk_add_to(mlxn_tracker *t, trk_entry *x, int which, uint64_t 
   trk_set *pair = trk_sets_of(t, x);
   if (!pair) return 1;
   trk_set *set = &pair[which];
-  set->n = 0;
+  trk_set_clear(set);
   if (trk_set_add(set, *lo, *hi) || trk_set_add(set, s, e)) return 1;
   x->spill |= bit;
   return 0;
@@ -208,7 +334,7 @@ static inline int trk_add_to(mlxn_tracker *t, trk_entry *x, int which, uint64_t 
 
 /* The allocation is read for the first time in the group after only writes: its written bytes
  * become a copy of its touched bytes. Non-zero when out of memory. */
-static inline int trk_split_written(mlxn_tracker *t, trk_entry *x) {
+static __attribute__((noinline)) int trk_split_written(mlxn_tracker *t, trk_entry *x) {
   x->spill &= ~TRK_WRITTEN_IS_TOUCHED;
   if (!(x->spill & TRK_TOUCHED_SPILLED)) {
     x->ws = x->ts;
@@ -217,14 +343,15 @@ static inline int trk_split_written(mlxn_tracker *t, trk_entry *x) {
   }
   trk_set *pair = trk_sets_of(t, x);
   trk_set *touched = &pair[0], *written = &pair[1];
-  if (written->cap < touched->n) {
-    uint64_t *iv = realloc(written->iv, (size_t)touched->cap * 2 * sizeof(uint64_t));
-    if (!iv) return 1;
-    written->iv = iv;
-    written->cap = touched->cap;
+  trk_set_clear(written);
+  for (uint32_t b = 0; b < touched->nb; b++) {
+    trk_block *k = trk_set_open_block(written, b);
+    if (!k) return 1;
+    const trk_block *from = touched->blk[b];
+    k->n = from->n;
+    memcpy(k->iv, from->iv, (size_t)from->n * 2 * sizeof(uint64_t));
+    written->last[b] = touched->last[b];
   }
-  memcpy(written->iv, touched->iv, (size_t)touched->n * 2 * sizeof(uint64_t));
-  written->n = touched->n;
   x->spill |= TRK_WRITTEN_SPILLED;
   return 0;
 }
