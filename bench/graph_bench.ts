@@ -216,6 +216,23 @@ function wideGroup(dispatches: number): CapturedNode[] {
   }));
 }
 
+/** One wide group whose writes are gapped slices of one buffer in shuffled order: none touch. */
+function wideGroupShuffled(dispatches: number): CapturedNode[] {
+  const order = Array.from({ length: dispatches }, (_, i) => i);
+  for (let i = dispatches - 1, seed = 11; i > 0; i--) {
+    seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+    const j = seed % (i + 1);
+    [order[i], order[j]] = [order[j]!, order[i]!];
+  }
+  return order.map((p): DispatchNode => ({
+    kind: "dispatch",
+    pipeline: { name: "k" },
+    opKind: CapturedOpKind.Other,
+    reads: [[1, 0, 4096]],
+    writes: [[2, p * 512, p * 512 + 256]],
+  }));
+}
+
 /** The first `dispatches` dispatches of a node list (with the barriers among them). */
 function trim(nodes: CapturedNode[], dispatches: number): CapturedNode[] {
   let seen = 0, end = 0;
@@ -234,7 +251,13 @@ const passes: [string, (nodes: CapturedNode[]) => unknown][] = [
   ["hazard validation", (nodes) => findHazards(nodes)],
   ["dependency depth", (nodes) => barrierLowerBound(nodes)],
 ];
-for (const [shape, make] of [["decoder layers", layers], ["one wide group", wideGroup]] as const) {
+for (
+  const [shape, make] of [
+    ["decoder layers", layers],
+    ["one wide group", wideGroup],
+    ["one wide group, shuffled gapped slices", wideGroupShuffled],
+  ] as const
+) {
   for (const size of [100, 1000, 10000]) {
     const nodes = make(size);
     for (const [pass, run] of passes) {

@@ -23,7 +23,9 @@ async function buildAndRun(flags: string[], mayRefuse = false): Promise<string |
     }).output();
     if (!build.success && mayRefuse) return null;
     ok(build.success, new TextDecoder().decode(build.stderr));
-    const run = await new Deno.Command(exe, { stdout: "piped", stderr: "piped" }).output();
+    // A clean environment: under `make sanitize-test` this process preloads an ASan runtime that a
+    // sanitized child must not inherit.
+    const run = await new Deno.Command(exe, { clearEnv: true, stdout: "piped", stderr: "piped" }).output();
     const out = new TextDecoder().decode(run.stdout) + new TextDecoder().decode(run.stderr);
     ok(run.success, out);
     return out.trim();

@@ -217,9 +217,21 @@ static __attribute__((noinline)) int trk_set_add(trk_set *set, uint64_t s, uint6
     k->n++;
     return 0;
   }
-  /* [s, e) touches intervals (b, i) … (b2, j): the last is the first ending past e, if it starts at
-   * or before e, else the one before it (non-touching intervals: the next starts past its end). */
-  uint32_t b2, j;
+  /* [s, e) touches intervals (b, i) … (b2, j). Within block b they are found by walking (each merged
+   * interval is removed: O(1) amortised). */
+  uint32_t b2 = b, j = i;
+  while (j + 1 < k->n && k->iv[2 * j + 2] <= e) j++;
+  if (j + 1 < k->n || b + 1 == set->nb || set->blk[b + 1]->iv[0] > e) {
+    if (s < k->iv[2 * i]) k->iv[2 * i] = s;
+    if (e > k->iv[2 * j + 1]) k->iv[2 * j + 1] = e;
+    k->iv[2 * i + 1] = k->iv[2 * j + 1];
+    memmove(&k->iv[2 * i + 2], &k->iv[2 * j + 2], (size_t)(k->n - j - 1) * 2 * sizeof(uint64_t));
+    k->n -= j - i;
+    set->last[b] = k->iv[2 * k->n - 1];
+    return 0;
+  }
+  /* Past block b: the last is the first interval ending past e, if it starts at or before e, else
+   * the one before it (non-touching intervals: the next starts past its end). */
   if (e >= set->last[set->nb - 1]) {
     b2 = set->nb - 1;
     j = set->blk[b2]->n - 1;
@@ -234,12 +246,6 @@ static __attribute__((noinline)) int trk_set_add(trk_set *set, uint64_t s, uint6
   uint64_t end = k2->iv[2 * j + 1];
   if (s < k->iv[2 * i]) k->iv[2 * i] = s;
   k->iv[2 * i + 1] = e > end ? e : end;
-  if (b2 == b) { /* one block: close the gap of the merged ones */
-    memmove(&k->iv[2 * i + 2], &k->iv[2 * j + 2], (size_t)(k->n - j - 1) * 2 * sizeof(uint64_t));
-    k->n -= j - i;
-    set->last[b] = k->iv[2 * k->n - 1];
-    return 0;
-  }
   k->n = i + 1; /* block b ends with the merged interval; k2 loses its first j + 1 */
   set->last[b] = k->iv[2 * i + 1];
   memmove(&k2->iv[0], &k2->iv[2 * j + 2], (size_t)(k2->n - j - 1) * 2 * sizeof(uint64_t));

@@ -6,9 +6,10 @@
  * conflict. Exact byte ranges, strict overlap; an empty range touches nothing.
  *
  * Each allocation keeps two sorted sets of disjoint byte intervals — the bytes written and the bytes
- * accessed at all — so a check is a binary search (O(1) when ranges arrive in address order) and the
- * cost per dispatch does not grow with the group's width, even for hundreds of disjoint slices of
- * one allocation. {@link GroupWalker} is the one "walk the group, reset at a barrier" loop.
+ * accessed at all — in blocks ({@link ByteIntervals}), so a check is two binary searches (O(1) when
+ * ranges arrive in address order) and an insertion moves at most one block: the cost per dispatch
+ * stays near flat in the group's width, even for thousands of disjoint slices of one allocation in
+ * any order. {@link GroupWalker} is the one "walk the group, reset at a barrier" loop.
  *
  * @module
  */
@@ -36,79 +37,191 @@ function firstEndingFrom(set: Float64Array, count: number, s: number): number {
   return lo;
 }
 
-// Numbers moved element by element rather than with copyWithin when an interval is inserted.
-const SHORT_MOVE = 64;
+/** Index of the first of the first `count` values of `v` (ascending) that is >= `s`, or `count`. */
+function firstAtLeast(v: Float64Array, count: number, s: number): number {
+  let lo = 0, hi = count;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (v[mid]! < s) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/** Intervals per block of a {@link ByteIntervals} unless its constructor is given another size. */
+const BLOCK_INTERVALS = 64;
 
 /**
- * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals. Testing
- * costs O(log k) for k intervals; adding O(log k) plus a memmove of the intervals after the new
- * one (none when ranges arrive in address order).
+ * A set of bytes of one allocation, as sorted, disjoint, non-touching half-open intervals, kept in
+ * blocks of at most `blockSize` intervals with each block's last end in an array of its own. Testing
+ * is two binary searches; adding is the same plus a move of at most one block's intervals (and, when
+ * a full block splits, of the block list), so tens of thousands of intervals added in any order cost
+ * about what a few do. Ranges in address order append in O(1).
  */
 export class ByteIntervals {
-  // Interleaved [s0, e0, s1, e1, …] with e_k < s_{k+1}; the first `n` numbers are in use.
-  #set: Float64Array = new Float64Array(8);
-  #n = 0;
+  // Blocks [0, #nb) are in use, in order, none empty: interleaved [s0, e0, s1, e1, …] with
+  // e_k < s_{k+1} across blocks too. Blocks past #nb are spares kept for reuse.
+  readonly #blocks: Float64Array[] = [];
+  #counts: Int32Array = new Int32Array(4); // intervals in block b
+  #last: Float64Array = new Float64Array(4); // the end of block b's last interval
+  #nb = 0;
+  #size = 0;
+  readonly #blockSize: number;
+
+  /** An empty set; `blockSize` (intervals per block, at least 2) is for tests of the block logic. */
+  constructor(blockSize: number = BLOCK_INTERVALS) {
+    if (!Number.isInteger(blockSize) || blockSize < 2) throw new RangeError("blockSize must be an integer >= 2");
+    this.#blockSize = blockSize;
+  }
 
   /** Number of disjoint intervals. */
   get intervalCount(): number {
-    return this.#n >> 1;
+    return this.#size;
   }
 
   /** Empties the set (keeping its storage). */
   clear(): void {
-    this.#n = 0;
+    this.#nb = 0;
+    this.#size = 0;
   }
 
   /** Whether [s, e) shares a byte with the set (an empty range never does). */
   intersects(s: number, e: number): boolean {
-    const set = this.#set, n = this.#n;
-    if (n === 0 || s >= e || s >= set[n - 1]! || e <= set[0]!) return false;
-    if (s >= set[n - 2]!) return true; // starts inside the last interval
-    return set[2 * firstEndingFrom(set, n >> 1, s + 1)]! < e; // the first interval ending after s
+    const nb = this.#nb, last = this.#last;
+    if (nb === 0 || s >= e || s >= last[nb - 1]! || e <= this.#blocks[0]![0]!) return false;
+    const lb = this.#blocks[nb - 1]!;
+    if (s >= lb[2 * this.#counts[nb - 1]! - 2]!) return true; // starts inside the last interval
+    const b = firstAtLeast(last, nb, s + 1), blk = this.#blocks[b]!; // the first interval ending after s
+    return blk[2 * firstEndingFrom(blk, this.#counts[b]!, s + 1)]! < e;
   }
 
   /** Adds [s, e), merging every interval it overlaps or touches (an empty range adds nothing). */
   add(s: number, e: number): void {
-    const n = this.#n;
     if (s >= e) return;
-    let set: Float64Array = this.#set;
-    if (n === 0 || s > set[n - 1]!) { // after everything: the address-order case
-      if (n === set.length) set = this.#grow();
-      set[n] = s;
-      set[n + 1] = e;
-      this.#n = n + 2;
+    const nb = this.#nb;
+    if (nb === 0 || s > this.#last[nb - 1]!) { // after everything: the address-order case
+      let b = nb - 1;
+      if (nb === 0 || this.#counts[b] === this.#blockSize) this.#open(b = nb);
+      const blk = this.#blocks[b]!, c = this.#counts[b]!;
+      blk[2 * c] = s;
+      blk[2 * c + 1] = e;
+      this.#counts[b] = c + 1;
+      this.#last[b] = e;
+      this.#size++;
       return;
     }
-    if (s >= set[n - 2]!) { // inside or touching the last interval
-      if (e > set[n - 1]!) set[n - 1] = e;
+    const lb = this.#blocks[nb - 1]!;
+    if (s >= lb[2 * this.#counts[nb - 1]! - 2]!) { // inside or touching the last interval
+      if (e > this.#last[nb - 1]!) lb[2 * this.#counts[nb - 1]! - 1] = this.#last[nb - 1] = e;
       return;
     }
-    const count = n >> 1;
-    const i = firstEndingFrom(set, count, s); // the first interval touching or after [s, e)
-    let j = i; // one past the last interval touching [s, e); each merged one is removed, so O(1) amortised
-    while (j < count && set[2 * j]! <= e) j++;
-    if (j === i) { // touches nothing: insert at i
-      if (n === set.length) set = this.#grow();
-      if (n - 2 * i <= SHORT_MOVE) { // a loop beats copyWithin's call for a short move
-        for (let k = n - 1; k >= 2 * i; k--) set[k + 2] = set[k]!;
-      } else set.copyWithin(2 * i + 2, 2 * i, n);
-      set[2 * i] = s;
-      set[2 * i + 1] = e;
-      this.#n = n + 2;
-      return;
-    }
-    set[2 * i] = Math.min(s, set[2 * i]!);
-    set[2 * i + 1] = Math.max(e, set[2 * j - 1]!);
-    if (j - i > 1) {
-      set.copyWithin(2 * i + 2, 2 * j, n);
-      this.#n = n - 2 * (j - i - 1);
-    }
+    const b = firstAtLeast(this.#last, nb, s);
+    let blk = this.#blocks[b]!, i = firstEndingFrom(blk, this.#counts[b]!, s); // first touching or after
+    if (blk[2 * i]! > e) this.#insert(b, blk, i, s, e); // touches nothing
+    else this.#merge(b, blk, i, s, e);
   }
 
-  #grow(): Float64Array {
-    const bigger = new Float64Array(2 * this.#set.length);
-    bigger.set(this.#set);
-    return this.#set = bigger;
+  /** Inserts [s, e), which touches nothing, before interval i of block b. */
+  #insert(b: number, blk: Float64Array, i: number, s: number, e: number): void {
+    let c = this.#counts[b]!;
+    if (c === this.#blockSize) { // split: the upper half goes into a new block after b
+      const half = c >> 1, hi = this.#open(b + 1);
+      hi.set(blk.subarray(2 * half, 2 * c));
+      this.#counts[b + 1] = c - half;
+      this.#last[b + 1] = this.#last[b]!;
+      this.#counts[b] = half;
+      this.#last[b] = blk[2 * half - 1]!;
+      if (i >= half) {
+        blk = hi;
+        b++;
+        i -= half;
+      }
+      c = this.#counts[b]!;
+    }
+    for (let k = 2 * c - 1; k >= 2 * i; k--) blk[k + 2] = blk[k]!;
+    blk[2 * i] = s;
+    blk[2 * i + 1] = e;
+    this.#counts[b] = c + 1;
+    this.#size++;
+  }
+
+  /**
+   * Merges [s, e) with interval i of block b, which it touches, and every later one it touches. Within
+   * block b they are found by walking (each merged interval is removed, so the walk is O(1)
+   * amortised); past it, the last is the first interval ending past e if that one starts at or before
+   * e, else the one before it (found by binary search, so a merge across many blocks stays cheap).
+   */
+  #merge(b: number, blk: Float64Array, i: number, s: number, e: number): void {
+    const nb = this.#nb, counts = this.#counts, c = counts[b]!;
+    let b2 = b, j = i;
+    while (j + 1 < c && blk[2 * j + 2]! <= e) j++; // usually one or two steps
+    if (j + 1 < c || b + 1 === nb || this.#blocks[b + 1]![0]! > e) {
+      // Within block b: close the gap of the merged ones.
+      blk[2 * i] = Math.min(s, blk[2 * i]!);
+      blk[2 * i + 1] = Math.max(e, blk[2 * j + 1]!);
+      if (j > i) {
+        blk.copyWithin(2 * i + 2, 2 * j + 2, 2 * c);
+        counts[b] = c - (j - i);
+        this.#size -= j - i;
+      }
+      this.#last[b] = blk[2 * counts[b]! - 1]!;
+      return;
+    }
+    if (e >= this.#last[nb - 1]!) {
+      b2 = nb - 1;
+      j = counts[b2]! - 1;
+    } else {
+      b2 = firstAtLeast(this.#last, nb, e + 1);
+      j = firstEndingFrom(this.#blocks[b2]!, counts[b2]!, e + 1);
+      if (this.#blocks[b2]![2 * j]! > e) { // starts past e: the one before it
+        if (j > 0) j--;
+        else j = counts[--b2]! - 1;
+      }
+    }
+    // Past block b (b2 > b: block b + 1 starts at or before e).
+    const blk2 = this.#blocks[b2]!, end = blk2[2 * j + 1]!;
+    blk[2 * i] = Math.min(s, blk[2 * i]!);
+    blk[2 * i + 1] = Math.max(e, end);
+    let removed = c - i - 1 + j + 1; // block b past i, and block b2 up to j
+    for (let q = b + 1; q < b2; q++) removed += counts[q]!;
+    counts[b] = i + 1;
+    this.#last[b] = blk[2 * i + 1]!;
+    const c2 = counts[b2]!;
+    blk2.copyWithin(0, 2 * j + 2, 2 * c2);
+    counts[b2] = c2 - j - 1;
+    this.#size -= removed;
+    this.#close(b + 1, b2 - b - 1 + (counts[b2] === 0 ? 1 : 0));
+  }
+
+  /** Puts an empty block in use at position p (<= #nb) and returns it: a spare, or a new one. */
+  #open(p: number): Float64Array {
+    const nb = this.#nb, blocks = this.#blocks;
+    if (nb === this.#counts.length) {
+      const counts = new Int32Array(2 * nb), last = new Float64Array(2 * nb);
+      counts.set(this.#counts);
+      last.set(this.#last);
+      this.#counts = counts;
+      this.#last = last;
+    }
+    const k = blocks[nb] ?? new Float64Array(2 * this.#blockSize);
+    for (let q = nb; q > p; q--) blocks[q] = blocks[q - 1]!;
+    blocks[p] = k;
+    this.#counts.copyWithin(p + 1, p, nb);
+    this.#last.copyWithin(p + 1, p, nb);
+    this.#counts[p] = 0;
+    this.#nb = nb + 1;
+    return k;
+  }
+
+  /** Takes blocks [p, p + count) out of use; they become spares. */
+  #close(p: number, count: number): void {
+    if (count === 0) return;
+    const nb = this.#nb, blocks = this.#blocks, closed = blocks.slice(p, p + count);
+    for (let q = p; q + count < nb; q++) blocks[q] = blocks[q + count]!;
+    for (let q = 0; q < count; q++) blocks[nb - count + q] = closed[q]!;
+    this.#counts.copyWithin(p, p + count, nb);
+    this.#last.copyWithin(p, p + count, nb);
+    this.#nb = nb - count;
   }
 }
 
