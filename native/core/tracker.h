@@ -67,6 +67,10 @@ typedef struct mlxn_tracker {
   uint32_t n_sets, cap_sets; /* pairs */
 } mlxn_tracker;
 
+/* Whether n elements of `size` bytes overflow size_t (never with a 32-bit n on a 64-bit host: a
+ * function, so compilers check it without warning that it is always false there). */
+static inline int trk_too_many(size_t n, size_t size) { return n > SIZE_MAX / size; }
+
 /* Forgets the group (a barrier, or the tracking mode changed): O(1) but every 2^32 groups. */
 static inline void trk_reset(mlxn_tracker *t) {
   if (++t->epoch == 0) {
@@ -132,7 +136,7 @@ static __attribute__((noinline)) trk_block *trk_set_open_block(trk_set *set, uin
   uint32_t nb = set->nb;
   if (nb == set->cap) {
     uint32_t cap = set->cap ? set->cap * 2 : 4;
-    if (cap < set->cap || (size_t)cap > SIZE_MAX / sizeof(trk_block *)) return NULL;
+    if (cap < set->cap || trk_too_many(cap, sizeof(trk_block *))) return NULL;
     trk_block **blk = realloc(set->blk, (size_t)cap * sizeof *blk);
     if (!blk) return NULL;
     memset(blk + set->cap, 0, (size_t)(cap - set->cap) * sizeof *blk);
@@ -287,7 +291,7 @@ static inline int trk_fit(mlxn_tracker *t, uint32_t idx) {
     if (cap > UINT32_MAX / 2) return 1;
     cap *= 2;
   }
-  if ((size_t)cap > SIZE_MAX / sizeof(trk_entry)) return 1;
+  if (trk_too_many(cap, sizeof(trk_entry))) return 1;
   trk_entry *e = realloc(t->e, (size_t)cap * sizeof *e);
   if (!e) return 1;
   memset(e + t->cap, 0, (size_t)(cap - t->cap) * sizeof *e);
@@ -302,7 +306,7 @@ static inline trk_set *trk_sets_of(mlxn_tracker *t, trk_entry *x) {
     if (t->n_sets >= (1u << 24) - 1) return NULL; /* the entry's 24-bit index */
     if (t->n_sets == t->cap_sets) {
       uint32_t cap = t->cap_sets ? t->cap_sets * 2 : 8;
-      if (cap < t->cap_sets || (size_t)cap > SIZE_MAX / (2 * sizeof(trk_set))) return NULL;
+      if (cap < t->cap_sets || trk_too_many(cap, 2 * sizeof(trk_set))) return NULL;
       trk_set *s = realloc(t->sets, (size_t)cap * 2 * sizeof *s);
       if (!s) return NULL;
       memset(s + 2 * t->cap_sets, 0, (size_t)(cap - t->cap_sets) * 2 * sizeof *s);
