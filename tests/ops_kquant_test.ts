@@ -86,6 +86,28 @@ function assertProduct(
   assertClose(got, ref.y, (i) => (k + 4) * U * ref.mag[i]! + slack[i]! + 1e-30, what);
 }
 
+/** An expert-routed product: output row r is x[r / topK] times expert ids[r]'s rows of `w`. */
+function assertExpertRows(
+  got: { subarray(start: number, end: number): ArrayLike<number> },
+  x: Float32Array,
+  w: Float64Array,
+  ids: Uint32Array,
+  o: { tokens: number; topK: number; n: number; k: number },
+  what: string,
+) {
+  const { topK, n, k } = o;
+  for (let r = 0; r < o.tokens * topK; r++) {
+    const t = Math.floor(r / topK);
+    assertProduct(
+      got.subarray(r * n, (r + 1) * n),
+      x.subarray(t * k, (t + 1) * k),
+      w.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
+      { m: 1, n, k },
+      `${what}, row ${r}`,
+    );
+  }
+}
+
 Deno.test("ggml Q4_1/Q5_0/Q5_1/Q4_K/Q5_K matmul: mat-vec and mat-mat match the float64 reference", async (t) => {
   using ctx = testContext();
   const { device, registry } = ctx;
@@ -128,17 +150,8 @@ Deno.test("ggml Q4_1/Q5_0/Q5_1/Q4_K/Q5_K MoE: each output row uses its token and
       using enc = device.commandEncoder();
       ops.quantizedMatmulIdGgml(enc, registry, x, w, idb, y, { tokens, topK, n, k, experts, format });
       enc.commitAndWait();
-      const deq = dequantizeGgml(blocks, experts * n, k, format), got = y.read();
-      for (let r = 0; r < tokens * topK; r++) {
-        const t0 = Math.floor(r / topK);
-        assertProduct(
-          got.subarray(r * n, (r + 1) * n),
-          xv.subarray(t0 * k, (t0 + 1) * k),
-          deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
-          { m: 1, n, k },
-          `${format} row ${r}`,
-        );
-      }
+      const deq = dequantizeGgml(blocks, experts * n, k, format);
+      assertExpertRows(y.read(), xv, deq, ids, { tokens, topK, n, k }, format);
     });
   }
 });
@@ -256,17 +269,7 @@ Deno.test("MLX affine MoE (gather): each output row uses its token and its exper
       for (const [way, run] of ways) {
         y.write(new Float32Array(tokens * topK * n).fill(Number.NaN));
         run();
-        const got = y.read();
-        for (let r = 0; r < tokens * topK; r++) {
-          const t0 = Math.floor(r / topK);
-          assertProduct(
-            got.subarray(r * n, (r + 1) * n),
-            xv.subarray(t0 * k, (t0 + 1) * k),
-            deq.subarray(ids[r]! * n * k, (ids[r]! + 1) * n * k),
-            { m: 1, n, k },
-            `${way}, row ${r}`,
-          );
-        }
+        assertExpertRows(y.read(), xv, deq, ids, { tokens, topK, n, k }, way);
       }
     });
   }
