@@ -116,7 +116,7 @@ export class ByteIntervals {
       return;
     }
     const b = firstAtLeast(this.#last, nb, s);
-    let blk = this.#blocks[b]!, i = firstEndingFrom(blk, this.#counts[b]!, s); // first touching or after
+    const blk = this.#blocks[b]!, i = firstEndingFrom(blk, this.#counts[b]!, s); // first touching or after
     if (blk[2 * i]! > e) this.#insert(b, blk, i, s, e); // touches nothing
     else this.#merge(b, blk, i, s, e);
   }
