@@ -3,19 +3,35 @@
  * and after every add each spilled set's structure (sorted, disjoint, non-touching intervals; no
  * empty block; each block's recorded last end) and its bytes compared with the map's. Build it with
  * -DTRK_BLOCK=n to exercise block splits and merges across blocks with small blocks
- * (tests/tracker_check_test.ts builds it with 2, 3, 8 and the default). Prints
- * "tracker: ok N accesses" and exits 0, or names the first disagreement and exits 1. */
+ * (tests/tracker_check_test.ts builds it with 2, 3, 8 and the default). The same groups run again at
+ * the top of the 64-bit range (ranges ending at UINT64_MAX), the group serial wraps on the way, and
+ * then every allocation the tracker makes is failed in turn: the failing add reports it, the sets stay
+ * whole, and the tracker, reset as a recycled command buffer's is, answers exactly again (a sanitized
+ * build also sees no leak). Prints "tracker: ok N accesses, F allocation failures" and exits 0, or
+ * names the first disagreement and exits 1. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The tracker's allocations, failed on demand: call number fail_at (counted from 0) returns NULL. */
+static long alloc_calls, fail_at = -1;
+static void *check_malloc(size_t n) { return fail_at >= 0 && alloc_calls++ == fail_at ? NULL : malloc(n); }
+static void *check_realloc(void *p, size_t n) {
+  return fail_at >= 0 && alloc_calls++ == fail_at ? NULL : realloc(p, n);
+}
+#define malloc check_malloc
+#define realloc check_realloc
 #include "../../native/core/tracker.h"
+#undef malloc
+#undef realloc
 
 #define ALLOCS 3
 #define BYTES 2048
 
 static unsigned char touched[ALLOCS][BYTES], written[ALLOCS][BYTES];
 static uint64_t seed = 88172645463325252ull;
+static uint64_t base; /* the map's byte 0 is the tracker's byte `base` */
 
 static uint32_t next(uint32_t n) {
   seed ^= seed << 13;
@@ -40,9 +56,9 @@ static int check_set(const trk_set *set, const unsigned char *map, long at) {
     if (set->last[b] != k->iv[2 * k->n - 1]) return fail("a block's recorded last end is stale", at);
     for (uint32_t i = 0; i < k->n; i++) {
       uint64_t s = k->iv[2 * i], e = k->iv[2 * i + 1];
-      if (s >= e || e > BYTES) return fail("an empty or out-of-range interval", at);
+      if (s >= e || s < base || e - base > BYTES) return fail("an empty or out-of-range interval", at);
       if (!first && s <= prev_end) return fail("intervals out of order, overlapping or touching", at);
-      for (uint64_t x = s; x < e; x++) seen[x] = 1;
+      for (uint64_t x = s - base; x < e - base; x++) seen[x] = 1;
       prev_end = e;
       first = 0;
     }
@@ -60,7 +76,7 @@ static int check_entry(const mlxn_tracker *t, uint32_t a, long at) {
   if (x->spill & TRK_TOUCHED_SPILLED) {
     if (check_set(&t->sets[2 * (x->sets - 1)], touched[a], at)) return 1;
   } else {
-    for (uint64_t b = 0; b < BYTES; b++) inline_map[b] = b >= x->ts && b < x->te;
+    for (uint64_t b = 0; b < BYTES; b++) inline_map[b] = b + base >= x->ts && b + base < x->te;
     if (memcmp(inline_map, touched[a], BYTES) != 0) return fail("the inline touched interval differs", at);
   }
   if (x->spill & TRK_WRITTEN_IS_TOUCHED) {
@@ -68,28 +84,41 @@ static int check_entry(const mlxn_tracker *t, uint32_t a, long at) {
   } else if (x->spill & TRK_WRITTEN_SPILLED) {
     if (check_set(&t->sets[2 * (x->sets - 1) + 1], written[a], at)) return 1;
   } else {
-    for (uint64_t b = 0; b < BYTES; b++) inline_map[b] = b >= x->ws && b < x->we;
+    for (uint64_t b = 0; b < BYTES; b++) inline_map[b] = b + base >= x->ws && b + base < x->we;
     if (memcmp(inline_map, written[a], BYTES) != 0) return fail("the inline written interval differs", at);
   }
   return 0;
 }
 
-int main(void) {
-  mlxn_tracker t;
-  memset(&t, 0, sizeof t);
-  t.epoch = 1;
+/* The sets' storage after a failed allocation: every block in use is there. */
+static int check_storage(const mlxn_tracker *t, long at) {
+  for (uint32_t i = 0; i < 2 * t->n_sets; i++) {
+    const trk_set *set = &t->sets[i];
+    if (set->nb > set->cap) return fail("a set has more blocks in use than room", at);
+    for (uint32_t b = 0; b < set->nb; b++)
+      if (!set->blk[b]) return fail("a block in use is missing", at);
+  }
+  return 0;
+}
+
+/* `groups` random groups at `base`. Returns the accesses checked, or -1 on a disagreement. With
+ * fail_at set, an add may fail: then the run stops there (as the decoder does), the sets' storage is
+ * checked and *failed is set. */
+static long run_groups(mlxn_tracker *t, int groups, int *failed) {
   long accesses = 0;
-  for (int group = 0; group < 3000; group++) {
-    trk_reset(&t);
+  for (int group = 0; group < groups; group++) {
+    trk_reset(t);
     memset(touched, 0, sizeof touched);
     memset(written, 0, sizeof written);
     /* Groups of every width, from one access to well past a block's worth of disjoint slices. */
     int width = 1 + (int)next(group % 7 == 0 ? 600 : 60);
-    int style = (int)next(4); /* 0: short ranges anywhere; 1: gapped slices shuffled; 2: long ranges; 3: mixed */
+    /* 0: short ranges anywhere; 1: gapped slices shuffled; 2: long ranges; 3: mixed; 4: gapped slices
+     * written only, then read and written (a read copies the written bytes out of many blocks). */
+    int style = (int)next(5);
     for (int k = 0; k < width; k++, accesses++) {
       uint32_t a = next(ALLOCS);
       uint64_t s, e;
-      if (style == 1 || (style == 3 && next(2))) {
+      if (style == 1 || style == 4 || (style == 3 && next(2))) {
         uint32_t slot = next(BYTES / 8);
         s = slot * 8;
         e = s + 1 + next(4);
@@ -101,19 +130,68 @@ int main(void) {
         e = s + 1 + next(12);
         if (e > BYTES) e = BYTES;
       }
-      int write = (int)next(2);
+      int write = style == 4 && k < width / 2 ? 1 : (int)next(2);
       int want = 0;
       for (uint64_t b = s; b < e; b++) want |= write ? touched[a][b] : written[a][b];
-      if (trk_conflicts(&t, a, s, e, write) != want) return fail("trk_conflicts disagrees with the map", accesses);
-      if (trk_add(&t, a, s, e, write)) return fail("out of memory", accesses);
+      if (trk_conflicts(t, a, base + s, base + e, write) != want) {
+        fail("trk_conflicts disagrees with the map", accesses);
+        return -1;
+      }
+      if (trk_add(t, a, base + s, base + e, write)) {
+        if (fail_at < 0 || alloc_calls <= fail_at) { /* no allocation failed */
+          fail("out of memory", accesses);
+          return -1;
+        }
+        *failed = 1;
+        return check_storage(t, accesses) ? -1 : accesses;
+      }
       for (uint64_t b = s; b < e; b++) {
         touched[a][b] = 1;
         if (write) written[a][b] = 1;
       }
-      if (check_entry(&t, a, accesses)) return 1;
+      if (check_entry(t, a, accesses)) return -1;
     }
   }
+  return accesses;
+}
+
+int main(void) {
+  mlxn_tracker t;
+  memset(&t, 0, sizeof t);
+  t.epoch = UINT32_MAX - 1000; /* the group serial wraps during the run */
+  int failed = 0;
+  long accesses = run_groups(&t, 3000, &failed), more;
+  if (accesses < 0) return 1;
+  base = UINT64_MAX - BYTES; /* the top of the range: the last byte is UINT64_MAX - 1 */
+  if ((more = run_groups(&t, 500, &failed)) < 0) return 1;
+  accesses += more;
   trk_free(&t);
-  printf("tracker: ok %ld accesses\n", accesses);
+  /* Allocation failure: for a few fixed sequences, each allocation call in turn fails on a fresh
+   * tracker; after the failure the tracker is reset and must then run the same sequence exactly. */
+  base = 0;
+  long failures = 0;
+  for (uint64_t run = 1; run <= 3; run++) {
+    for (long at = 0;; at++) {
+      memset(&t, 0, sizeof t);
+      t.epoch = 1;
+      failed = 0;
+      alloc_calls = 0;
+      fail_at = at;
+      seed = run * 0x9e3779b97f4a7c15ull;
+      if ((more = run_groups(&t, 8, &failed)) < 0) return 1;
+      if (!failed && alloc_calls > fail_at) return fail("an allocation failed, yet every add succeeded", accesses);
+      fail_at = -1;
+      accesses += more;
+      if (failed) {
+        failures++;
+        seed = run * 0x9e3779b97f4a7c15ull;
+        if ((more = run_groups(&t, 8, &failed)) < 0) return 1;
+        accesses += more;
+      }
+      trk_free(&t);
+      if (!failed) break; /* every allocation of the sequence has failed once */
+    }
+  }
+  printf("tracker: ok %ld accesses, %ld allocation failures\n", accesses, failures);
   return 0;
 }
