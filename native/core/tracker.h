@@ -156,20 +156,23 @@ static __attribute__((noinline)) trk_block *trk_set_open_block(trk_set *set, uin
   return k;
 }
 
+/* Reverses blocks [lo, hi) of v. */
+static inline void trk_reverse_blocks(trk_block **v, uint32_t lo, uint32_t hi) {
+  for (; lo + 1 < hi; lo++, hi--) {
+    trk_block *tmp = v[lo];
+    v[lo] = v[hi - 1];
+    v[hi - 1] = tmp;
+  }
+}
+
 /* Takes blocks [p, p + count) out of use; they become spares. */
 static inline void trk_set_close_blocks(trk_set *set, uint32_t p, uint32_t count) {
   uint32_t nb = set->nb;
   if (count == 0) return;
   /* Rotate blk[p .. nb) left by count (three reversals), so the closed blocks end up past nb - count. */
-  trk_block **v = set->blk;
-  for (uint32_t r = 0; r < 3; r++) {
-    uint32_t lo = r == 0 ? p : r == 1 ? p + count : p, hi = r == 0 ? p + count : nb;
-    for (uint32_t x = lo, y = hi > lo ? hi - 1 : lo; x < y; x++, y--) {
-      trk_block *tmp = v[x];
-      v[x] = v[y];
-      v[y] = tmp;
-    }
-  }
+  trk_reverse_blocks(set->blk, p, p + count);
+  trk_reverse_blocks(set->blk, p + count, nb);
+  trk_reverse_blocks(set->blk, p, nb);
   memmove(&set->last[p], &set->last[p + count], (size_t)(nb - p - count) * sizeof *set->last);
   set->nb = nb - count;
 }
@@ -225,31 +228,30 @@ static __attribute__((noinline)) int trk_set_add(trk_set *set, uint64_t s, uint6
    * interval is removed: O(1) amortised). */
   uint32_t b2 = b, j = i;
   while (j + 1 < k->n && k->iv[2 * j + 2] <= e) j++;
-  if (j + 1 < k->n || b + 1 == set->nb || set->blk[b + 1]->iv[0] > e) {
-    if (s < k->iv[2 * i]) k->iv[2 * i] = s;
-    if (e > k->iv[2 * j + 1]) k->iv[2 * j + 1] = e;
-    k->iv[2 * i + 1] = k->iv[2 * j + 1];
-    memmove(&k->iv[2 * i + 2], &k->iv[2 * j + 2], (size_t)(k->n - j - 1) * 2 * sizeof(uint64_t));
-    k->n -= j - i;
-    set->last[b] = k->iv[2 * k->n - 1];
-    return 0;
-  }
-  /* Past block b: the last is the first interval ending past e, if it starts at or before e, else
-   * the one before it (non-touching intervals: the next starts past its end). */
-  if (e >= set->last[set->nb - 1]) {
-    b2 = set->nb - 1;
-    j = set->blk[b2]->n - 1;
-  } else {
-    trk_find(set, e + 1, &b2, &j);
-    if (set->blk[b2]->iv[2 * j] > e) { /* starts past e: the one before it */
-      if (j > 0) j--;
-      else j = set->blk[--b2]->n - 1;
+  if (j + 1 == k->n && b + 1 < set->nb && set->blk[b + 1]->iv[0] <= e) {
+    /* Past block b: the last is the first interval ending past e, if it starts at or before e, else
+     * the one before it (non-touching intervals: the next starts past its end). */
+    if (e >= set->last[set->nb - 1]) {
+      b2 = set->nb - 1;
+      j = set->blk[b2]->n - 1;
+    } else {
+      trk_find(set, e + 1, &b2, &j);
+      if (set->blk[b2]->iv[2 * j] > e) { /* starts past e: the one before it */
+        if (j > 0) j--;
+        else j = set->blk[--b2]->n - 1;
+      }
     }
   }
   trk_block *k2 = set->blk[b2];
   uint64_t end = k2->iv[2 * j + 1];
   if (s < k->iv[2 * i]) k->iv[2 * i] = s;
   k->iv[2 * i + 1] = e > end ? e : end;
+  if (b2 == b) { /* one block: close the gap of the merged ones */
+    memmove(&k->iv[2 * i + 2], &k->iv[2 * j + 2], (size_t)(k->n - j - 1) * 2 * sizeof(uint64_t));
+    k->n -= j - i;
+    set->last[b] = k->iv[2 * k->n - 1];
+    return 0;
+  }
   k->n = i + 1; /* block b ends with the merged interval; k2 loses its first j + 1 */
   set->last[b] = k->iv[2 * i + 1];
   memmove(&k2->iv[0], &k2->iv[2 * j + 2], (size_t)(k2->n - j - 1) * 2 * sizeof(uint64_t));

@@ -155,33 +155,29 @@ export class ByteIntervals {
     const nb = this.#nb, counts = this.#counts, c = counts[b]!;
     let b2 = b, j = i;
     while (j + 1 < c && blk[2 * j + 2]! <= e) j++; // usually one or two steps
-    if (j + 1 < c || b + 1 === nb || this.#blocks[b + 1]![0]! > e) {
-      // Within block b: close the gap of the merged ones.
-      blk[2 * i] = Math.min(s, blk[2 * i]!);
-      blk[2 * i + 1] = Math.max(e, blk[2 * j + 1]!);
-      if (j > i) {
-        blk.copyWithin(2 * i + 2, 2 * j + 2, 2 * c);
-        counts[b] = c - (j - i);
-        this.#size -= j - i;
+    if (j + 1 === c && b + 1 < nb && this.#blocks[b + 1]![0]! <= e) { // past block b
+      if (e >= this.#last[nb - 1]!) {
+        b2 = nb - 1;
+        j = counts[b2]! - 1;
+      } else {
+        b2 = firstAtLeast(this.#last, nb, e + 1);
+        j = firstEndingFrom(this.#blocks[b2]!, counts[b2]!, e + 1);
+        if (this.#blocks[b2]![2 * j]! > e) { // starts past e: the one before it
+          if (j > 0) j--;
+          else j = counts[--b2]! - 1;
+        }
       }
+    }
+    const blk2 = this.#blocks[b2]!;
+    blk[2 * i] = Math.min(s, blk[2 * i]!);
+    blk[2 * i + 1] = Math.max(e, blk2[2 * j + 1]!);
+    if (b2 === b) { // one block: close the gap of the merged ones
+      blk.copyWithin(2 * i + 2, 2 * j + 2, 2 * c);
+      counts[b] = c - (j - i);
+      this.#size -= j - i;
       this.#last[b] = blk[2 * counts[b]! - 1]!;
       return;
     }
-    if (e >= this.#last[nb - 1]!) {
-      b2 = nb - 1;
-      j = counts[b2]! - 1;
-    } else {
-      b2 = firstAtLeast(this.#last, nb, e + 1);
-      j = firstEndingFrom(this.#blocks[b2]!, counts[b2]!, e + 1);
-      if (this.#blocks[b2]![2 * j]! > e) { // starts past e: the one before it
-        if (j > 0) j--;
-        else j = counts[--b2]! - 1;
-      }
-    }
-    // Past block b (b2 > b: block b + 1 starts at or before e).
-    const blk2 = this.#blocks[b2]!, end = blk2[2 * j + 1]!;
-    blk[2 * i] = Math.min(s, blk[2 * i]!);
-    blk[2 * i + 1] = Math.max(e, end);
     let removed = c - i - 1 + j + 1; // block b past i, and block b2 up to j
     for (let q = b + 1; q < b2; q++) removed += counts[q]!;
     counts[b] = i + 1;
